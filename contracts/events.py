@@ -1,0 +1,202 @@
+"""Request-path events as msgspec tagged Structs.
+
+Every event is JSON on the wire with a ``type`` tag, so clients in any language can
+produce and read them (``inferbus contracts schema`` prints the JSON Schema).
+Compatible changes add a field with a default; breaking ones get a new tag.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+__all__ = [
+    "Event",
+    "ChatMessage",
+    "SamplingParams",
+    "Usage",
+    "RequestSubmitted",
+    "RequestAccepted",
+    "RequestRejected",
+    "WorkAssigned",
+    "RequestStarted",
+    "TokenChunk",
+    "RequestFinished",
+    "RequestFailed",
+    "RequestCancelled",
+    "CancelRequest",
+    "WorkerHeartbeat",
+    "DeadLetter",
+    "Terminal",
+    "ReplyEvent",
+    "TERMINAL_TYPES",
+    "ALL_EVENTS",
+    "FinishReason",
+    "WorkerState",
+]
+
+
+class Event(msgspec.Struct, kw_only=True, tag_field="type", omit_defaults=False):
+    """Base of every event; the subclass's tag goes into the ``type`` field."""
+
+
+class ChatMessage(msgspec.Struct, kw_only=True):
+    role: str
+    content: str
+    name: str | None = None
+
+
+class SamplingParams(msgspec.Struct, kw_only=True):
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = []
+    seed: int | None = None
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class RequestSubmitted(Event, tag="request.submitted"):
+    """A client asks for a completion. Either ``prompt`` or ``messages`` is set.
+
+    ``reply_to`` is the core NATS subject the token chunks and the terminal event
+    are published to; the client subscribes to it before submitting.
+    """
+
+    request_id: str
+    model: str
+    reply_to: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    tenant: str = "default"
+    created_at: float = 0.0
+    """Unix seconds when the client created the request."""
+
+
+class RequestAccepted(Event, tag="request.accepted"):
+    request: RequestSubmitted
+    accepted_at: float
+
+
+class WorkAssigned(Event, tag="work.assigned"):
+    request: RequestSubmitted
+    worker_id: str
+    attempt: int = 1
+    assigned_at: float = 0.0
+
+
+class RequestStarted(Event, tag="request.started"):
+    """A worker is about to stream the request's first token."""
+
+    request_id: str
+    worker_id: str
+    attempt: int = 1
+
+
+class TokenChunk(Event, tag="token.chunk"):
+    """One or more tokens of output. ``seq`` counts chunks from 0 without gaps."""
+
+    request_id: str
+    seq: int
+    text: str
+    token_ids: list[int] = []
+    attempt: int = 1
+
+
+FinishReason = Literal["stop", "length"]
+
+
+class RequestFinished(Event, tag="request.finished"):
+    request_id: str
+    finish_reason: FinishReason
+    usage: Usage
+    chunks: int
+    """How many TokenChunks were sent before this event, so a reader can spot a gap."""
+    worker_id: str = ""
+    attempt: int = 1
+
+
+class RequestFailed(Event, tag="request.failed"):
+    request_id: str
+    code: str
+    """Machine-readable reason, e.g. ``worker_lost``, ``no_worker``, ``invalid_request``."""
+    reason: str
+    retryable: bool = False
+
+
+class RequestRejected(Event, tag="request.rejected"):
+    """The sanitizer refused the request before it reached a worker."""
+
+    request_id: str
+    code: str
+    reason: str
+    param: str | None = None
+
+
+class RequestCancelled(Event, tag="request.cancelled"):
+    request_id: str
+    reason: str = "cancelled by client"
+
+
+class CancelRequest(Event, tag="request.cancel"):
+    """Asks whoever holds the request to stop it; answered by RequestCancelled."""
+
+    request_id: str
+    reason: str = "cancelled by client"
+
+
+WorkerState = Literal["starting", "ready", "draining", "stopped", "failed"]
+
+
+class WorkerHeartbeat(Event, tag="worker.heartbeat"):
+    worker_id: str
+    models: list[str]
+    engine: str
+    state: WorkerState = "ready"
+    reason: str = ""
+    max_num_seqs: int = 256
+    running: int = 0
+    waiting: int = 0
+    inflight: list[str] = []
+    interval_s: float = 1.0
+    sent_at: float = 0.0
+
+
+class DeadLetter(Event, tag="dead_letter"):
+    """An event a service could not decode or handle, kept with the reason."""
+
+    service: str
+    subject: str
+    reason: str
+    payload: bytes
+    headers: dict[str, str] = {}
+    received_at: float = 0.0
+
+
+Terminal = RequestFinished | RequestFailed | RequestCancelled | RequestRejected
+ReplyEvent = TokenChunk | RequestFinished | RequestFailed | RequestCancelled | RequestRejected
+TERMINAL_TYPES = (RequestFinished, RequestFailed, RequestCancelled, RequestRejected)
+
+ALL_EVENTS: tuple[type[Event], ...] = (
+    RequestSubmitted,
+    RequestAccepted,
+    RequestRejected,
+    WorkAssigned,
+    RequestStarted,
+    TokenChunk,
+    RequestFinished,
+    RequestFailed,
+    RequestCancelled,
+    CancelRequest,
+    WorkerHeartbeat,
+    DeadLetter,
+)

@@ -1,0 +1,151 @@
+"""Subject names and JetStream stream/consumer specs, declared once.
+
+Durable where loss matters (requests, assignments, outcomes, dead letters live in
+JetStream); core NATS where latency matters (token chunks, heartbeats, control).
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+__all__ = [
+    "SUBMIT",
+    "ACCEPTED",
+    "ENDED",
+    "CANCEL",
+    "STARTED",
+    "HEARTBEATS",
+    "REPLY_PREFIX",
+    "heartbeat_subject",
+    "work_subject",
+    "dead_letter_subject",
+    "reply_subject",
+    "subject_token",
+    "status_subject",
+    "StreamSpec",
+    "ConsumerSpec",
+    "STREAMS",
+    "CONSUMERS",
+    "SANITIZER_SUBMITTED",
+    "SCHEDULER_ACCEPTED",
+    "SCHEDULER_ENDED",
+    "HEADER_REQUEST_ID",
+    "HEADER_TRACEPARENT",
+    "HEADER_MSG_ID",
+]
+
+# JetStream subjects
+SUBMIT = "ib.req.submitted"
+"""Clients publish RequestSubmitted here (JetStream; set Nats-Msg-Id to the request id)."""
+ACCEPTED = "ib.req.accepted"
+ENDED = "ib.req.ended"
+"""Every terminal event is recorded here as well as sent to the reply subject."""
+_WORK = "ib.work.{worker_id}"
+_DEAD_LETTER = "ib.dlq.{service}"
+
+# core NATS subjects
+CANCEL = "ib.ctl.cancel"
+STARTED = "ib.ctl.started"
+HEARTBEATS = "ib.hb.*"
+_HEARTBEAT = "ib.hb.{worker_id}"
+REPLY_PREFIX = "ib.reply"
+_STATUS = "ib.svc.{service}.status"
+
+HEADER_REQUEST_ID = "Ib-Request-Id"
+HEADER_TRACEPARENT = "traceparent"
+HEADER_MSG_ID = "Nats-Msg-Id"
+
+
+def subject_token(text: str) -> str:
+    """Make ``text`` safe as one subject token (host names may hold dots)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", text) or "-"
+
+
+def heartbeat_subject(worker_id: str) -> str:
+    return _HEARTBEAT.format(worker_id=worker_id)
+
+
+def work_subject(worker_id: str) -> str:
+    return _WORK.format(worker_id=worker_id)
+
+
+def dead_letter_subject(service: str) -> str:
+    return _DEAD_LETTER.format(service=service)
+
+
+def reply_subject(owner: str, request_id: str) -> str:
+    """A reply subject under an owner's wildcard (``ib.reply.<owner>.>``)."""
+    return f"{REPLY_PREFIX}.{owner}.{request_id}"
+
+
+def status_subject(service: str) -> str:
+    return _STATUS.format(service=service)
+
+
+class StreamSpec(msgspec.Struct, kw_only=True, frozen=True):
+    name: str
+    subjects: tuple[str, ...]
+    max_age_s: float
+    duplicate_window_s: float = 120.0
+    description: str = ""
+
+
+class ConsumerSpec(msgspec.Struct, kw_only=True, frozen=True):
+    """A durable push consumer delivered to ``deliver_subject`` in queue group ``durable``.
+
+    Push rather than pull: each hop of a request adds no fetch round trip, and
+    replicas of a service share the work through the queue group.
+    """
+
+    durable: str
+    stream: str
+    filter_subject: str
+    deliver_subject: str
+    ack_wait_s: float = 30.0
+    max_ack_pending: int = 20_000
+    max_deliver: int = 5
+
+
+STREAMS: tuple[StreamSpec, ...] = (
+    StreamSpec(
+        name="IB_REQUESTS",
+        subjects=("ib.req.>",),
+        max_age_s=24 * 3600,
+        description="submitted, accepted and ended requests: replayable and auditable",
+    ),
+    StreamSpec(
+        name="IB_WORK",
+        subjects=("ib.work.>",),
+        max_age_s=24 * 3600,
+        description="work assignments, one subject per worker",
+    ),
+    StreamSpec(
+        name="IB_DLQ",
+        subjects=("ib.dlq.>",),
+        max_age_s=7 * 24 * 3600,
+        description="events a service could not decode or handle, with the reason",
+    ),
+)
+
+SANITIZER_SUBMITTED = ConsumerSpec(
+    durable="sanitizer",
+    stream="IB_REQUESTS",
+    filter_subject=SUBMIT,
+    deliver_subject="ib.deliver.sanitizer",
+)
+SCHEDULER_ACCEPTED = ConsumerSpec(
+    durable="scheduler-accepted",
+    stream="IB_REQUESTS",
+    filter_subject=ACCEPTED,
+    deliver_subject="ib.deliver.scheduler-accepted",
+)
+SCHEDULER_ENDED = ConsumerSpec(
+    durable="scheduler-ended",
+    stream="IB_REQUESTS",
+    filter_subject=ENDED,
+    deliver_subject="ib.deliver.scheduler-ended",
+    max_deliver=-1,
+)
+CONSUMERS: tuple[ConsumerSpec, ...] = (SANITIZER_SUBMITTED, SCHEDULER_ACCEPTED, SCHEDULER_ENDED)

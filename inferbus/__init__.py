@@ -1,0 +1,2 @@
+"""inferbus: LLM inference platform over NATS JetStream."""
+__version__ = "0.1.0"

@@ -1,0 +1,124 @@
+"""The ``inferbus`` command."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from inferbus.shared.config import DEFAULT_NATS_URL
+
+SERVICES = ("gateway", "sanitizer", "scheduler", "worker")
+
+
+@click.group()
+@click.version_option(package_name="inferbus")
+def main() -> None:
+    """inferbus: LLM inference as event-driven services over NATS JetStream."""
+
+
+@main.command()
+@click.option("--engine", type=click.Choice(["sim"]), default="sim", show_default=True)
+@click.option("--model", default=None, help="Model to serve (sim: any name).")
+@click.option("--port", default=8000, show_default=True, help="Gateway HTTP port.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--nats-url", envvar="NATS_URL", default=None,
+              help="Use this NATS server instead of starting one.")
+@click.option("--nats-port", default=4222, show_default=True, help="Embedded NATS port.")
+@click.option("--state-dir", type=click.Path(path_type=Path), default=Path(".inferbus"),
+              show_default=True, help="NATS store and logs.")
+@click.option("--workers", default=1, show_default=True)
+@click.option("--metrics-port-base", default=9100, show_default=True)
+@click.option("--no-selftest", is_flag=True, help="Skip the request served at start-up.")
+@click.option("--check", is_flag=True, help="Start, serve the self-test request, stop, exit.")
+@click.option("--worker-arg", "worker_args", multiple=True,
+              help="Extra flag for each worker, e.g. --worker-arg=--sim-decode-s-per-step=0.01")
+def up(engine: str, model: str | None, port: int, host: str, nats_url: str | None,
+       nats_port: int, state_dir: Path, workers: int, metrics_port_base: int,
+       no_selftest: bool, check: bool, worker_args: tuple[str, ...]) -> None:
+    """Start the whole platform on this machine."""
+    from inferbus.up import Options, run
+
+    sys.exit(run(Options(engine=engine, model=model, port=port, host=host, nats_url=nats_url,
+                         nats_port=nats_port, state_dir=state_dir, workers=workers,
+                         metrics_port_base=metrics_port_base, selftest=not no_selftest,
+                         check=check, worker_args=list(worker_args))))
+
+
+@main.command()
+@click.argument("prompt")
+@click.option("--model", "-m", required=True)
+@click.option("--max-tokens", default=64, show_default=True)
+@click.option("--temperature", default=1.0, show_default=True)
+@click.option("--stop", multiple=True)
+@click.option("--seed", type=int, default=None)
+@click.option("--chat/--completion", default=True, show_default=True,
+              help="Send the prompt as a user message, or as raw text.")
+@click.option("--nats-url", envvar="NATS_URL", default=DEFAULT_NATS_URL, show_default=True)
+@click.option("--timeout", default=600.0, show_default=True)
+def generate(prompt: str, model: str, max_tokens: int, temperature: float, stop: tuple[str, ...],
+             seed: int | None, chat: bool, nats_url: str, timeout: float) -> None:
+    """Stream a completion to the terminal over NATS."""
+    from inferbus.client import Client, RequestError
+
+    async def go() -> int:
+        client = await Client.connect(nats_url, name="inferbus-generate")
+        try:
+            kwargs = dict(max_tokens=max_tokens, temperature=temperature, stop=list(stop),
+                          seed=seed, timeout=timeout)
+            stream = (client.stream(model, messages=[{"role": "user", "content": prompt}],
+                                    **kwargs) if chat else client.stream(model, prompt, **kwargs))
+            try:
+                async for chunk in stream:
+                    click.echo(chunk.text, nl=False)
+            except RequestError as exc:
+                click.echo(f"\nerror ({exc.code}): {exc}", err=True)
+                return 1
+            click.echo()
+            out = stream.outcome
+            assert out is not None
+            ttft = (stream.first_token_at or stream.submitted_at) - stream.submitted_at
+            click.echo(f"[{out.finish_reason}; {out.usage.prompt_tokens} prompt + "
+                       f"{out.usage.completion_tokens} completion tokens; "
+                       f"ttft {ttft * 1000:.1f} ms]", err=True)
+            return 0
+        finally:
+            await client.close()
+
+    sys.exit(asyncio.run(go()))
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("service", type=click.Choice(SERVICES))
+@click.pass_context
+def serve(ctx: click.Context, service: str) -> None:
+    """Run one service in the foreground (flags as for python -m inferbus.services.NAME)."""
+    import importlib
+
+    from inferbus.shared.runtime import main as run_service
+
+    mod = importlib.import_module(f"inferbus.services.{service}.service")
+    cls = next(v for k, v in vars(mod).items() if k.endswith("Service") and k != "Service")
+    settings = next(v for k, v in vars(mod).items()
+                    if k.endswith("Settings") and k != "ServiceSettings")
+    run_service(cls, settings, ctx.args)
+
+
+@main.group()
+def contracts() -> None:
+    """The event contracts."""
+
+
+@contracts.command()
+def schema() -> None:
+    """Print the JSON Schema of every event, with the subjects they travel on."""
+    from inferbus.contracts.schema import document
+
+    click.echo(json.dumps(document(), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Python client for the NATS entry: submit a request, iterate its token chunks.
+
+    async with await Client.connect("nats://127.0.0.1:4222") as client:
+        stream = client.stream("sim-model", prompt="Hello")
+        async for chunk in stream:
+            print(chunk.text, end="")
+        print(stream.outcome.usage)
+
+Any NATS client can do the same: subscribe to a reply subject, publish a
+``RequestSubmitted`` (JSON) to ``ib.req.submitted`` on JetStream with the header
+``Nats-Msg-Id: <request_id>``, then read TokenChunks until a terminal event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from typing import Any
+
+from nats.aio.client import Client as NatsClient
+
+from inferbus.contracts import (
+    CANCEL,
+    SUBMIT,
+    CancelRequest,
+    ChatMessage,
+    ReplyEvent,
+    RequestCancelled,
+    RequestFailed,
+    RequestFinished,
+    RequestRejected,
+    RequestSubmitted,
+    SamplingParams,
+    TokenChunk,
+)
+from inferbus.shared.bus import connect, publish_durable
+from inferbus.shared.codec import decode, encode
+from inferbus.shared.config import DEFAULT_NATS_URL
+
+__all__ = ["Client", "Stream", "RequestError"]
+
+
+class RequestError(Exception):
+    """The request ended without finishing: rejected, failed, cancelled or timed out."""
+
+    def __init__(self, event: RequestFailed | RequestRejected | RequestCancelled | None,
+                 message: str) -> None:
+        super().__init__(message)
+        self.event = event
+        self.code = getattr(event, "code", "cancelled" if event else "timeout")
+
+
+class Stream:
+    """Async iterator over a request's TokenChunks; ``outcome`` holds the RequestFinished."""
+
+    def __init__(self, client: "Client", request: RequestSubmitted, timeout: float) -> None:
+        self.request = request
+        self.request_id = request.request_id
+        self.outcome: RequestFinished | None = None
+        self.chunks: list[TokenChunk] = []
+        self._client = client
+        self._timeout = timeout
+        self._sub: Any = None
+        self._attempt: int | None = None
+        self._done = False
+        self.submitted_at = 0.0
+        self.first_token_at: float | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(c.text for c in self.chunks)
+
+    async def _open(self) -> None:
+        nc = self._client.nc
+        self._sub = await nc.subscribe(self.request.reply_to, pending_msgs_limit=1_000_000)
+        self.submitted_at = time.monotonic()
+        await publish_durable(self._client.js, SUBMIT, self.request,
+                              request_id=self.request_id, msg_id=self.request_id)
+
+    def __aiter__(self) -> "Stream":
+        return self
+
+    async def __anext__(self) -> TokenChunk:
+        if self._done:
+            raise StopAsyncIteration
+        if self._sub is None:
+            await self._open()
+        deadline = self.submitted_at + self._timeout
+        while True:
+            try:
+                msg = await self._sub.next_msg(timeout=max(0.001, deadline - time.monotonic()))
+            except (asyncio.TimeoutError, TimeoutError):
+                await self.cancel("client timed out")
+                raise RequestError(None, f"no answer within {self._timeout:g}s") from None
+            except Exception:
+                await self._close()
+                raise
+            ev = decode(msg.data, ReplyEvent)
+            if isinstance(ev, TokenChunk):
+                self._attempt = self._attempt or ev.attempt
+                if ev.attempt != self._attempt:
+                    continue
+                if self.first_token_at is None:
+                    self.first_token_at = time.monotonic()
+                self.chunks.append(ev)
+                return ev
+            await self._close()
+            if isinstance(ev, RequestFinished):
+                self.outcome = ev
+                raise StopAsyncIteration
+            raise RequestError(ev, f"{ev.__struct_config__.tag}: {getattr(ev, 'reason', '')}")
+
+    async def cancel(self, reason: str = "cancelled by client") -> None:
+        await self._client.nc.publish(
+            CANCEL, encode(CancelRequest(request_id=self.request_id, reason=reason)))
+        await self._close()
+
+    async def _close(self) -> None:
+        self._done = True
+        if self._sub is not None:
+            sub, self._sub = self._sub, None
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass
+
+
+class Client:
+    def __init__(self, nc: NatsClient) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+
+    @classmethod
+    async def connect(cls, url: str | None = None, name: str = "inferbus-client") -> "Client":
+        return cls(await connect(url or os.environ.get("NATS_URL", DEFAULT_NATS_URL), name))
+
+    async def close(self) -> None:
+        await self.nc.drain()
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def stream(
+        self,
+        model: str,
+        prompt: str | None = None,
+        *,
+        messages: list[ChatMessage] | list[dict[str, str]] | None = None,
+        max_tokens: int = 16,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop: list[str] | None = None,
+        seed: int | None = None,
+        request_id: str | None = None,
+        tenant: str = "default",
+        timeout: float = 600.0,
+    ) -> Stream:
+        msgs = None
+        if messages is not None:
+            msgs = [m if isinstance(m, ChatMessage) else ChatMessage(**m) for m in messages]
+        request = RequestSubmitted(
+            request_id=request_id or uuid.uuid4().hex,
+            model=model,
+            reply_to=self.nc.new_inbox(),
+            prompt=prompt,
+            messages=msgs,
+            sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                    stop=stop or [], seed=seed),
+            tenant=tenant,
+            created_at=time.time(),
+        )
+        return Stream(self, request, timeout)
+
+    async def generate(self, model: str, prompt: str | None = None, **kwargs: Any) -> Stream:
+        """Run a request to its end; the returned stream holds the text and the outcome."""
+        stream = self.stream(model, prompt, **kwargs)
+        async for _ in stream:
+            pass
+        return stream

@@ -1,0 +1,1 @@
+"""Gateway: the OpenAI-compatible HTTP entry to the request path."""

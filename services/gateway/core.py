@@ -1,0 +1,255 @@
+"""The gateway's decisions, free of I/O: OpenAI request validation, response shapes,
+error mapping and the live-model registry built from worker heartbeats."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import msgspec
+
+from inferbus.contracts import (
+    ChatMessage,
+    RequestCancelled,
+    RequestFailed,
+    RequestFinished,
+    RequestRejected,
+    RequestSubmitted,
+    SamplingParams,
+    WorkerHeartbeat,
+)
+
+# -- OpenAI request bodies ---------------------------------------------------------------
+
+
+class ContentPart(msgspec.Struct, kw_only=True):
+    type: str
+    text: str | None = None
+
+
+class ChatMessageIn(msgspec.Struct, kw_only=True):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool = False
+
+
+class _Common(msgspec.Struct, kw_only=True):
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = 1
+    user: str | None = None
+
+
+class ChatCompletionRequest(_Common, kw_only=True):
+    messages: list[ChatMessageIn]
+    max_completion_tokens: int | None = None
+
+
+class CompletionRequest(_Common, kw_only=True):
+    prompt: str | list[str]
+
+
+class ApiError(Exception):
+    """An OpenAI-shaped error: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type = status, message, type
+        self.param, self.code, self.retry_after = param, code, retry_after
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+_AT = re.compile(r"at `\$\.?([^`]*)`")
+
+
+def _decode(body: bytes, cls: type[Any]) -> Any:
+    if not body.strip():
+        raise ApiError(400, "the request body is empty; send a JSON object", code="invalid_json")
+    try:
+        return msgspec.json.decode(body, type=cls)
+    except msgspec.ValidationError as exc:
+        m = _AT.search(str(exc))
+        raise ApiError(400, f"invalid request: {exc}", param=m.group(1) if m else None,
+                       code="invalid_value") from None
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, f"malformed JSON: {exc}", code="invalid_json") from None
+
+
+def _sampling(req: _Common, max_tokens: int | None, default_max_tokens: int) -> SamplingParams:
+    if req.n != 1:
+        raise ApiError(400, "only n=1 is supported", param="n", code="unsupported_value")
+    mt = default_max_tokens if max_tokens is None else max_tokens
+    if mt < 1:
+        raise ApiError(400, "max_tokens must be at least 1", param="max_tokens",
+                       code="invalid_value")
+    if not 0.0 <= req.temperature <= 2.0:
+        raise ApiError(400, "temperature must be between 0 and 2", param="temperature",
+                       code="invalid_value")
+    if not 0.0 < req.top_p <= 1.0:
+        raise ApiError(400, "top_p must be in (0, 1]", param="top_p", code="invalid_value")
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stop) > 4:
+        raise ApiError(400, "at most 4 stop sequences", param="stop", code="invalid_value")
+    return SamplingParams(max_tokens=mt, temperature=req.temperature, top_p=req.top_p,
+                          stop=stop, seed=req.seed)
+
+
+def _content(msg: ChatMessageIn, index: int) -> str:
+    if msg.content is None:
+        return ""
+    if isinstance(msg.content, str):
+        return msg.content
+    parts = []
+    for part in msg.content:
+        if part.type != "text" or part.text is None:
+            raise ApiError(400, f"content part type {part.type!r} is not supported",
+                           param=f"messages[{index}].content", code="unsupported_value")
+        parts.append(part.text)
+    return "".join(parts)
+
+
+def parse_chat(body: bytes, default_max_tokens: int) -> tuple[ChatCompletionRequest, SamplingParams, list[ChatMessage]]:
+    req: ChatCompletionRequest = _decode(body, ChatCompletionRequest)
+    if not req.messages:
+        raise ApiError(400, "messages must not be empty", param="messages", code="invalid_value")
+    messages = [ChatMessage(role=m.role, content=_content(m, i), name=m.name)
+                for i, m in enumerate(req.messages)]
+    limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    return req, _sampling(req, limit, default_max_tokens), messages
+
+
+def parse_completion(body: bytes, default_max_tokens: int) -> tuple[CompletionRequest, SamplingParams, str]:
+    req: CompletionRequest = _decode(body, CompletionRequest)
+    prompt = req.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise ApiError(400, "exactly one prompt per request is supported", param="prompt",
+                           code="unsupported_value")
+        prompt = prompt[0]
+    return req, _sampling(req, req.max_tokens, default_max_tokens), prompt
+
+
+def submitted(*, request_id: str, model: str, reply_to: str, sampling: SamplingParams,
+              now: float, tenant: str = "default", prompt: str | None = None,
+              messages: list[ChatMessage] | None = None) -> RequestSubmitted:
+    return RequestSubmitted(request_id=request_id, model=model, reply_to=reply_to,
+                            prompt=prompt, messages=messages, sampling=sampling, tenant=tenant,
+                            created_at=now)
+
+
+# -- terminal events → HTTP ------------------------------------------------------------
+
+_FAIL_STATUS = {"no_worker": 503, "worker_lost": 503, "worker_shutdown": 503,
+                "queue_timeout": 503, "invalid_request": 400, "timeout": 504}
+
+
+def error_for(event: RequestFailed | RequestRejected | RequestCancelled) -> ApiError:
+    if isinstance(event, RequestRejected):
+        return ApiError(400, event.reason, param=event.param, code=event.code)
+    if isinstance(event, RequestCancelled):
+        return ApiError(499, event.reason, type="cancelled", code="cancelled")
+    status = _FAIL_STATUS.get(event.code, 500)
+    kind = "invalid_request_error" if status == 400 else "server_error"
+    return ApiError(status, event.reason, type=kind, code=event.code,
+                    retry_after=1.0 if event.retryable else None)
+
+
+# -- OpenAI response shapes --------------------------------------------------------------
+
+
+def usage_dict(fin: RequestFinished) -> dict[str, int]:
+    u = fin.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.total_tokens}
+
+
+class Shapes:
+    """Builds the chat or text-completion objects of one response."""
+
+    def __init__(self, *, chat: bool, request_id: str, model: str, created: int) -> None:
+        self.chat = chat
+        self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
+        self.model = model
+        self.created = created
+        self._role_sent = False
+
+    def _choice(self, text: str | None, finish: str | None, stream: bool) -> dict[str, Any]:
+        if not self.chat:
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        if stream:
+            delta: dict[str, Any] = {}
+            if not self._role_sent:
+                delta["role"] = "assistant"
+                self._role_sent = True
+            if text is not None:
+                delta["content"] = text
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "message": {"role": "assistant", "content": text},
+                "logprobs": None, "finish_reason": finish}
+
+    def _envelope(self, choices: list[dict[str, Any]], stream: bool) -> dict[str, Any]:
+        obj = ("chat.completion" if self.chat else "text_completion")
+        if stream and self.chat:
+            obj += ".chunk"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": choices}
+
+    def chunk(self, text: str) -> dict[str, Any]:
+        return self._envelope([self._choice(text, None, True)], True)
+
+    def final_chunk(self, fin: RequestFinished) -> dict[str, Any]:
+        return self._envelope([self._choice(None if self.chat else "", fin.finish_reason, True)],
+                              True)
+
+    def usage_chunk(self, fin: RequestFinished) -> dict[str, Any]:
+        env = self._envelope([], True)
+        env["usage"] = usage_dict(fin)
+        return env
+
+    def complete(self, text: str, fin: RequestFinished) -> dict[str, Any]:
+        env = self._envelope([self._choice(text, fin.finish_reason, False)], False)
+        env["usage"] = usage_dict(fin)
+        return env
+
+
+# -- models served right now ----------------------------------------------------------
+
+
+class ModelRegistry:
+    """Which models live workers serve, from their heartbeats."""
+
+    def __init__(self, stale_after_s: float = 3.0) -> None:
+        self.stale_after_s = stale_after_s
+        self._workers: dict[str, tuple[WorkerHeartbeat, float]] = {}
+
+    def on_heartbeat(self, hb: WorkerHeartbeat, now: float) -> None:
+        if hb.state in ("stopped", "failed"):
+            self._workers.pop(hb.worker_id, None)
+        else:
+            self._workers[hb.worker_id] = (hb, now)
+
+    def models(self, now: float) -> dict[str, int]:
+        """Model → number of ready workers (0 when all are draining or starting)."""
+        out: dict[str, int] = {}
+        for wid, (hb, seen) in list(self._workers.items()):
+            if now - seen > self.stale_after_s:
+                del self._workers[wid]
+                continue
+            for m in hb.models:
+                out[m] = out.get(m, 0) + (hb.state == "ready")
+        return out

@@ -1,0 +1,1 @@
+"""Sanitizer: input checks before scheduling (output PII masking comes later)."""

@@ -1,0 +1,1 @@
+"""Scheduler: assigns accepted requests to live workers."""

@@ -1,0 +1,272 @@
+"""The scheduler's decisions as a state machine with no I/O.
+
+Fed events with the time as a parameter; returns effects for the adapter to carry
+out. Policy for now: per-model FIFO queue, round-robin among live workers that serve
+the model and have a free slot (``max_num_seqs``), reassignment of work a lost
+worker had not started, a clear failure for work it had.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import msgspec
+
+from inferbus.contracts import RequestSubmitted, WorkerHeartbeat
+
+
+class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
+    worker_timeout_s: float = 3.0
+    """A worker silent this long is lost (at least three heartbeat intervals)."""
+    queue_timeout_s: float = 30.0
+    """A request no worker could take for this long fails with ``no_worker``."""
+    max_attempts: int = 3
+    remember_ended: int = 100_000
+
+
+# -- effects ---------------------------------------------------------------------------
+
+
+class Assign(msgspec.Struct, kw_only=True, frozen=True):
+    worker_id: str
+    request: RequestSubmitted
+    attempt: int
+
+
+class Fail(msgspec.Struct, kw_only=True, frozen=True):
+    request: RequestSubmitted
+    code: str
+    reason: str
+    retryable: bool = False
+
+
+class Cancel(msgspec.Struct, kw_only=True, frozen=True):
+    request: RequestSubmitted
+    reason: str
+
+
+Effect = Assign | Fail | Cancel
+
+
+# -- state -----------------------------------------------------------------------------
+
+
+@dataclass
+class Worker:
+    worker_id: str
+    models: list[str]
+    max_num_seqs: int
+    state: str
+    last_seen: float
+    engine: str = ""
+    assigned: set[str] = field(default_factory=set)
+
+    def can_take(self) -> bool:
+        return self.state == "ready" and len(self.assigned) < self.max_num_seqs
+
+
+@dataclass
+class Queued:
+    request: RequestSubmitted
+    since: float
+    attempt: int = 1
+
+
+@dataclass
+class Inflight:
+    request: RequestSubmitted
+    worker_id: str
+    attempt: int
+    assigned_at: float
+    started: bool = False
+
+
+class SchedulerCore:
+    def __init__(self, policy: SchedulerPolicy | None = None) -> None:
+        self.policy = policy or SchedulerPolicy()
+        self.workers: dict[str, Worker] = {}
+        self.queues: dict[str, deque[Queued]] = {}
+        self.inflight: dict[str, Inflight] = {}
+        self._queued_ids: set[str] = set()
+        self._ended: OrderedDict[str, None] = OrderedDict()
+        self._rr: dict[str, int] = {}
+
+    # -- inputs ----------------------------------------------------------------------
+
+    def on_accepted(self, request: RequestSubmitted, now: float) -> list[Effect]:
+        rid = request.request_id
+        if rid in self._queued_ids or rid in self.inflight or rid in self._ended:
+            return []  # redelivery or client retry of a known request: idempotent
+        self._enqueue(Queued(request=request, since=now))
+        return self._dispatch(now)
+
+    def on_heartbeat(self, hb: WorkerHeartbeat, now: float) -> list[Effect]:
+        if hb.state in ("stopped", "failed"):
+            return self._lose_worker(hb.worker_id, now) + self._dispatch(now)
+        w = self.workers.get(hb.worker_id)
+        if w is None:
+            w = self.workers[hb.worker_id] = Worker(
+                worker_id=hb.worker_id,
+                models=list(hb.models),
+                max_num_seqs=hb.max_num_seqs,
+                state=hb.state,
+                last_seen=now,
+                engine=hb.engine,
+            )
+        else:
+            w.models, w.max_num_seqs, w.state, w.last_seen = (
+                list(hb.models), hb.max_num_seqs, hb.state, now,
+            )
+        return self._dispatch(now)
+
+    def on_started(self, request_id: str, attempt: int) -> None:
+        f = self.inflight.get(request_id)
+        if f is not None and f.attempt == attempt:
+            f.started = True
+
+    def on_ended(self, request_id: str, now: float) -> list[Effect]:
+        self._remember_ended(request_id)
+        f = self.inflight.pop(request_id, None)
+        if f is not None:
+            w = self.workers.get(f.worker_id)
+            if w is not None:
+                w.assigned.discard(request_id)
+            return self._dispatch(now)
+        if request_id in self._queued_ids:
+            self._drop_queued(request_id)
+        return []
+
+    def on_cancel(self, request_id: str, reason: str) -> list[Effect]:
+        """Queued requests are cancelled here; running ones by their worker."""
+        for q in self.queues.values():
+            for item in q:
+                if item.request.request_id == request_id:
+                    self._drop_queued(request_id)
+                    return [Cancel(request=item.request, reason=reason)]
+        return []
+
+    def tick(self, now: float) -> list[Effect]:
+        effects: list[Effect] = []
+        for wid in [w.worker_id for w in self.workers.values()
+                    if now - w.last_seen > self.policy.worker_timeout_s]:
+            effects += self._lose_worker(wid, now)
+        for q in self.queues.values():
+            while q and now - q[0].since > self.policy.queue_timeout_s:
+                item = q.popleft()
+                self._queued_ids.discard(item.request.request_id)
+                effects.append(self._timed_out(item.request))
+        return effects + self._dispatch(now)
+
+    # -- views -----------------------------------------------------------------------
+
+    def is_queued(self, request_id: str) -> bool:
+        return request_id in self._queued_ids
+
+    def live_models(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for w in self.workers.values():
+            for m in w.models:
+                out[m] = out.get(m, 0) + (w.state == "ready")
+        return out
+
+    def status(self) -> dict[str, object]:
+        return {
+            "workers": {
+                w.worker_id: {"models": w.models, "state": w.state, "assigned": len(w.assigned),
+                              "max_num_seqs": w.max_num_seqs}
+                for w in self.workers.values()
+            },
+            "queued": {m: len(q) for m, q in self.queues.items()},
+            "inflight": len(self.inflight),
+        }
+
+    # -- internals -------------------------------------------------------------------
+
+    def _enqueue(self, item: Queued, front: bool = False) -> None:
+        q = self.queues.setdefault(item.request.model, deque())
+        q.appendleft(item) if front else q.append(item)
+        self._queued_ids.add(item.request.request_id)
+
+    def _drop_queued(self, request_id: str) -> None:
+        self._queued_ids.discard(request_id)
+        for q in self.queues.values():
+            for item in q:
+                if item.request.request_id == request_id:
+                    q.remove(item)
+                    return
+
+    def _remember_ended(self, request_id: str) -> None:
+        self._ended[request_id] = None
+        if len(self._ended) > self.policy.remember_ended:
+            self._ended.popitem(last=False)
+
+    def _timed_out(self, request: RequestSubmitted) -> Fail:
+        wait = f"{self.policy.queue_timeout_s:g}s"
+        if self.live_models().get(request.model):
+            return Fail(request=request, code="queue_timeout", retryable=True,
+                        reason=f"every worker serving {request.model!r} stayed busy for {wait}")
+        return Fail(request=request, code="no_worker", retryable=True,
+                    reason=f"no worker serving model {request.model!r} appeared within {wait}")
+
+    def _lose_worker(self, worker_id: str, now: float) -> list[Effect]:
+        w = self.workers.pop(worker_id, None)
+        if w is None:
+            return []
+        effects: list[Effect] = []
+        for rid in sorted(w.assigned, key=lambda r: self.inflight[r].assigned_at, reverse=True):
+            f = self.inflight.pop(rid)
+            if f.started:
+                effects.append(Fail(
+                    request=f.request,
+                    code="worker_lost",
+                    reason=f"worker {worker_id} was lost after streaming began; "
+                    "retry with the same request id",
+                    retryable=True,
+                ))
+            elif f.attempt >= self.policy.max_attempts:
+                effects.append(Fail(
+                    request=f.request,
+                    code="worker_lost",
+                    reason=f"lost {f.attempt} workers in a row while serving this request",
+                    retryable=True,
+                ))
+            else:
+                # not started: hand it to another worker ahead of newer requests
+                self._enqueue(Queued(request=f.request, since=now, attempt=f.attempt + 1),
+                              front=True)
+        return effects
+
+    def _dispatch(self, now: float) -> list[Effect]:
+        effects: list[Effect] = []
+        for model, q in self.queues.items():
+            if not q:
+                continue
+            candidates = sorted(
+                (w for w in self.workers.values() if model in w.models and w.state == "ready"),
+                key=lambda w: w.worker_id,
+            )
+            if not candidates:
+                continue
+            start = self._rr.get(model, 0)
+            i = 0
+            misses = 0
+            while q and misses < len(candidates):
+                w = candidates[(start + i) % len(candidates)]
+                i += 1
+                if not w.can_take():
+                    misses += 1
+                    continue
+                misses = 0
+                item = q.popleft()
+                rid = item.request.request_id
+                self._queued_ids.discard(rid)
+                w.assigned.add(rid)
+                self.inflight[rid] = Inflight(
+                    request=item.request, worker_id=w.worker_id, attempt=item.attempt,
+                    assigned_at=now,
+                )
+                effects.append(Assign(worker_id=w.worker_id, request=item.request,
+                                      attempt=item.attempt))
+            self._rr[model] = (start + i) % len(candidates)
+        return effects

@@ -1,0 +1,204 @@
+"""Scheduler adapter: JetStream and heartbeats in, assignments and terminal events out."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from inferbus.contracts import (
+    CANCEL,
+    ENDED,
+    HEARTBEATS,
+    SCHEDULER_ACCEPTED,
+    SCHEDULER_ENDED,
+    STARTED,
+    CancelRequest,
+    RequestAccepted,
+    RequestCancelled,
+    RequestFailed,
+    RequestStarted,
+    Terminal,
+    WorkAssigned,
+    WorkerHeartbeat,
+    work_subject,
+)
+from inferbus.shared import logs, metrics
+from inferbus.shared.bus import consume, publish_durable, request_headers
+from inferbus.shared.codec import DecodeError, decode, encode
+from inferbus.shared.config import ServiceSettings
+from inferbus.shared.runtime import Context, Service
+
+from .core import Assign, Cancel, Effect, Fail, SchedulerCore, SchedulerPolicy
+
+log = logs.get("inferbus.scheduler")
+
+
+class SchedulerSettings(ServiceSettings, kw_only=True):
+    """inferbus scheduler: assigns accepted requests to live workers."""
+
+    worker_timeout_s: float = 3.0
+    queue_timeout_s: float = 30.0
+    max_attempts: int = 3
+    tick_interval_s: float = 0.1
+
+
+class SchedulerService(Service[SchedulerSettings]):
+    name = "scheduler"
+
+    def __init__(self, settings: SchedulerSettings) -> None:
+        super().__init__(settings)
+        self.core = SchedulerCore(
+            SchedulerPolicy(
+                worker_timeout_s=settings.worker_timeout_s,
+                queue_timeout_s=settings.queue_timeout_s,
+                max_attempts=settings.max_attempts,
+            )
+        )
+        # accepted messages are acked only when their request leaves the queue, so a
+        # scheduler crash leaves queued requests in JetStream for redelivery
+        self._unacked: dict[str, Msg] = {}
+        self._ctx: Context[SchedulerSettings] | None = None
+        self._subs: list[Any] = []
+        self._tick_task: asyncio.Task[None] | None = None
+        self._progress_task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    async def start(self, ctx: Context[SchedulerSettings]) -> None:
+        self._ctx = ctx
+        nc = ctx.nc
+        self._subs = [
+            await nc.subscribe(HEARTBEATS, cb=self._on_heartbeat),
+            await nc.subscribe(STARTED, cb=self._on_started),
+            await nc.subscribe(CANCEL, cb=self._on_cancel),
+            await consume(nc, SCHEDULER_ENDED, self._on_ended),
+            await consume(nc, SCHEDULER_ACCEPTED, self._on_accepted),
+        ]
+        self._tick_task = asyncio.create_task(self._ticks(), name="ticks")
+        self._progress_task = asyncio.create_task(self._keep_unacked(), name="in-progress")
+
+    def status(self) -> dict[str, Any]:
+        return self.core.status()
+
+    async def drain(self) -> None:
+        for sub in reversed(self._subs):
+            await sub.drain()
+        for task in (self._tick_task, self._progress_task):
+            if task:
+                task.cancel()
+        # unacked accepted requests go back to JetStream for the next scheduler
+        for msg in self._unacked.values():
+            await msg.nak()
+
+    # -- inputs ----------------------------------------------------------------------
+
+    async def _on_accepted(self, msg: Msg) -> None:
+        assert self._ctx
+        try:
+            event = decode(msg.data, RequestAccepted)
+        except DecodeError as exc:
+            await self._ctx.dead_letters.send(msg, f"undecodable RequestAccepted: {exc}")
+            await msg.ack()
+            return
+        metrics.EVENTS_HANDLED.labels(self.name, "request.accepted").inc()
+        rid = event.request.request_id
+        if rid in self._unacked:  # redelivered while still queued: keep the newest handle
+            self._unacked[rid] = msg
+            return
+        self._unacked[rid] = msg
+        await self._apply(self.core.on_accepted(event.request, time.monotonic()))
+        if not self.core.is_queued(rid) and rid in self._unacked:
+            # a duplicate of a request already served or ended
+            await self._unacked.pop(rid).ack()
+
+    async def _on_heartbeat(self, msg: Msg) -> None:
+        try:
+            hb = decode(msg.data, WorkerHeartbeat)
+        except DecodeError as exc:
+            assert self._ctx
+            await self._ctx.dead_letters.send(msg, f"undecodable WorkerHeartbeat: {exc}")
+            return
+        await self._apply(self.core.on_heartbeat(hb, time.monotonic()))
+
+    async def _on_started(self, msg: Msg) -> None:
+        try:
+            ev = decode(msg.data, RequestStarted)
+        except DecodeError:
+            return
+        self.core.on_started(ev.request_id, ev.attempt)
+
+    async def _on_ended(self, msg: Msg) -> None:
+        try:
+            ev = decode(msg.data, Terminal)
+        except DecodeError as exc:
+            assert self._ctx
+            await self._ctx.dead_letters.send(msg, f"undecodable terminal event: {exc}")
+            await msg.ack()
+            return
+        await self._apply(self.core.on_ended(ev.request_id, time.monotonic()))
+        await msg.ack()
+
+    async def _on_cancel(self, msg: Msg) -> None:
+        try:
+            ev = decode(msg.data, CancelRequest)
+        except DecodeError as exc:
+            assert self._ctx
+            await self._ctx.dead_letters.send(msg, f"undecodable CancelRequest: {exc}")
+            return
+        await self._apply(self.core.on_cancel(ev.request_id, ev.reason))
+
+    async def _ticks(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.tick_interval_s)
+            try:
+                await self._apply(self.core.tick(time.monotonic()))
+                for model, n in self.core.status()["queued"].items():  # type: ignore[union-attr]
+                    metrics.QUEUE_DEPTH.labels(model).set(n)
+                for model, n in self.core.live_models().items():
+                    metrics.LIVE_WORKERS.labels(model).set(n)
+            except Exception:
+                log.exception("tick failed")
+
+    async def _keep_unacked(self) -> None:
+        """Tell JetStream that queued requests are still being handled (no redelivery)."""
+        while True:
+            await asyncio.sleep(SCHEDULER_ACCEPTED.ack_wait_s / 3)
+            for msg in list(self._unacked.values()):
+                try:
+                    await msg.in_progress()
+                except Exception:
+                    log.exception("in_progress failed")
+
+    # -- effects ---------------------------------------------------------------------
+
+    async def _apply(self, effects: list[Effect]) -> None:
+        assert self._ctx
+        js, nc = self._ctx.js, self._ctx.nc
+        for e in effects:
+            rid = e.request.request_id
+            if isinstance(e, Assign):
+                work = WorkAssigned(request=e.request, worker_id=e.worker_id, attempt=e.attempt,
+                                    assigned_at=time.time())
+                await publish_durable(js, work_subject(e.worker_id), work, request_id=rid,
+                                      msg_id=f"{rid}:{e.attempt}")
+                metrics.ASSIGNMENTS.labels(e.request.model,
+                                           "first" if e.attempt == 1 else "retry").inc()
+                log.info("assigned", request_id=rid, worker=e.worker_id, attempt=e.attempt)
+            else:
+                terminal: Any
+                if isinstance(e, Fail):
+                    terminal = RequestFailed(request_id=rid, code=e.code, reason=e.reason,
+                                             retryable=e.retryable)
+                    log.warning("request failed", request_id=rid, code=e.code, reason=e.reason)
+                else:
+                    assert isinstance(e, Cancel)
+                    terminal = RequestCancelled(request_id=rid, reason=e.reason)
+                await nc.publish(e.request.reply_to, encode(terminal),
+                                 headers=request_headers(rid))
+                await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=f"{rid}:end")
+                metrics.REQUESTS.labels(self.name, e.request.model, terminal.__struct_config__.tag).inc()
+            held = self._unacked.pop(rid, None)
+            if held is not None:
+                await held.ack()

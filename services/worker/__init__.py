@@ -1,0 +1,1 @@
+"""Worker: serves work assignments with an inference engine (sim; vLLM next)."""

@@ -1,0 +1,102 @@
+"""The worker's decisions, free of I/O: how engine outputs become request-path events."""
+
+from __future__ import annotations
+
+from inferbus.contracts import (
+    RequestFinished,
+    RequestStarted,
+    TokenChunk,
+    Usage,
+    WorkAssigned,
+    WorkerHeartbeat,
+    WorkerState,
+)
+
+from .engine import EngineOutput, EngineRequest, EngineStats
+
+
+def engine_request(assignment: WorkAssigned) -> EngineRequest:
+    r = assignment.request
+    return EngineRequest(
+        request_id=r.request_id, prompt=r.prompt, messages=r.messages, sampling=r.sampling
+    )
+
+
+class RequestStream:
+    """Numbers the chunks of one request and closes it with exactly one terminal event.
+
+    ``started`` is emitted before the first chunk so the scheduler knows that a lost
+    worker had begun streaming (and the request can no longer be silently retried).
+    """
+
+    __slots__ = ("assignment", "worker_id", "seq", "first_token_at", "started_at")
+
+    def __init__(self, assignment: WorkAssigned, worker_id: str, now: float) -> None:
+        self.assignment = assignment
+        self.worker_id = worker_id
+        self.seq = 0
+        self.started_at = now
+        self.first_token_at: float | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.assignment.request.request_id
+
+    def started(self, now: float) -> RequestStarted | None:
+        if self.first_token_at is not None:
+            return None
+        self.first_token_at = now
+        return RequestStarted(
+            request_id=self.request_id, worker_id=self.worker_id, attempt=self.assignment.attempt
+        )
+
+    def chunk(self, out: EngineOutput) -> TokenChunk | None:
+        if not out.text and not out.token_ids:
+            return None
+        chunk = TokenChunk(
+            request_id=self.request_id,
+            seq=self.seq,
+            text=out.text,
+            token_ids=out.token_ids,
+            attempt=self.assignment.attempt,
+        )
+        self.seq += 1
+        return chunk
+
+    def finished(self, out: EngineOutput) -> RequestFinished:
+        return RequestFinished(
+            request_id=self.request_id,
+            finish_reason="stop" if out.finish_reason == "stop" else "length",
+            usage=Usage(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens),
+            chunks=self.seq,
+            worker_id=self.worker_id,
+            attempt=self.assignment.attempt,
+        )
+
+
+def heartbeat(
+    *,
+    worker_id: str,
+    engine_name: str,
+    models: list[str],
+    max_num_seqs: int,
+    state: WorkerState,
+    stats: EngineStats,
+    inflight: list[str],
+    interval_s: float,
+    now: float,
+    reason: str = "",
+) -> WorkerHeartbeat:
+    return WorkerHeartbeat(
+        worker_id=worker_id,
+        models=models,
+        engine=engine_name,
+        state=state,
+        reason=reason,
+        max_num_seqs=max_num_seqs,
+        running=stats.running,
+        waiting=stats.waiting,
+        inflight=inflight,
+        interval_s=interval_s,
+        sent_at=now,
+    )

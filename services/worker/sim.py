@@ -1,0 +1,180 @@
+"""``sim``: a timing model of a continuous-batching LLM engine, for scale and policy tests.
+
+Each engine step admits waiting sequences (prefill costs ``prefill_s_per_token`` per
+prompt token), then decodes one token for every running sequence (a step costs
+``decode_s_per_step + decode_s_per_seq * batch``). Output is deterministic in the
+prompt and seed. It is never a stand-in where the real engine can run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import zlib
+from collections import deque
+from typing import AsyncIterator
+
+import msgspec
+
+from .engine import EngineOutput, EngineRequest, EngineStats
+
+_WORD = re.compile(r"\w+|[^\w\s]")
+VOCAB = (
+    "the a of to and in is it that for on with as was at by an be this from or are not "
+    "model token stream worker queue request engine cache prefix batch decode prefill "
+    "latency budget signal event subject fleet route lane tenant swap block spill"
+).split()
+
+
+class SimTiming(msgspec.Struct, kw_only=True, frozen=True):
+    prefill_s_per_token: float = 0.0
+    decode_s_per_step: float = 0.0
+    decode_s_per_seq: float = 0.0
+
+    def prefill_seconds(self, prompt_tokens: int) -> float:
+        return self.prefill_s_per_token * prompt_tokens
+
+    def decode_step_seconds(self, batch: int) -> float:
+        return self.decode_s_per_step + self.decode_s_per_seq * batch
+
+
+def prompt_text(request: EngineRequest) -> str:
+    if request.messages is not None:
+        return "".join(f"<|{m.role}|>{m.content}\n" for m in request.messages) + "<|assistant|>"
+    return request.prompt or ""
+
+
+def count_tokens(text: str) -> int:
+    return max(1, len(_WORD.findall(text)))
+
+
+def token_id(prompt_hash: int, index: int) -> int:
+    return zlib.crc32(index.to_bytes(4, "little"), prompt_hash) % len(VOCAB)
+
+
+class _Sequence:
+    __slots__ = ("request", "prompt_tokens", "prompt_hash", "outputs", "generated", "text",
+                 "emitted", "holdback", "aborted")
+
+    def __init__(self, request: EngineRequest) -> None:
+        text = prompt_text(request)
+        self.request = request
+        self.prompt_tokens = count_tokens(text)
+        seed = request.sampling.seed or 0
+        self.prompt_hash = zlib.crc32(f"{seed}\x00{text}".encode())
+        self.outputs: asyncio.Queue[EngineOutput] = asyncio.Queue()
+        self.generated = 0
+        self.text = ""
+        self.emitted = 0
+        # hold back what could still become a stop string, as vLLM does
+        self.holdback = max((len(s) for s in request.sampling.stop), default=1) - 1
+        self.aborted = False
+
+    def step(self) -> EngineOutput:
+        tid = token_id(self.prompt_hash, self.generated)
+        self.generated += 1
+        before = len(self.text)
+        self.text += VOCAB[tid] + " "
+        finish = None
+        for stop in self.request.sampling.stop:
+            cut = self.text.find(stop, max(0, before - len(stop) + 1)) if stop else -1
+            if cut >= 0:
+                self.text = self.text[:cut]
+                finish = "stop"
+                break
+        if finish is None and self.generated >= self.request.sampling.max_tokens:
+            finish = "length"
+        end = len(self.text) if finish else max(self.emitted, len(self.text) - self.holdback)
+        piece = self.text[self.emitted:end]
+        self.emitted = end
+        return EngineOutput(
+            text=piece,
+            token_ids=[tid],
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.generated,
+            finish_reason=finish,
+        )
+
+
+def merge(outputs: list[EngineOutput]) -> EngineOutput:
+    """Coalesce outputs a slow reader let pile up into one delta."""
+    if len(outputs) == 1:
+        return outputs[0]
+    last = outputs[-1]
+    return EngineOutput(
+        text="".join(o.text for o in outputs),
+        token_ids=[t for o in outputs for t in o.token_ids],
+        prompt_tokens=last.prompt_tokens,
+        completion_tokens=last.completion_tokens,
+        finish_reason=last.finish_reason,
+    )
+
+
+class SimEngine:
+    name = "sim"
+
+    def __init__(self, model: str, timing: SimTiming, max_num_seqs: int = 256) -> None:
+        self.models = [model]
+        self.timing = timing
+        self.max_num_seqs = max_num_seqs
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._run(), name="sim-engine")
+
+    async def stop(self) -> None:
+        if self._loop_task:
+            self._loop_task.cancel()
+            try:
+                await self._loop_task
+            except asyncio.CancelledError:
+                pass
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=len(self._running), waiting=len(self._waiting))
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        if self._loop_task is None or self._loop_task.done():
+            raise RuntimeError("sim engine is not running")
+        seq = _Sequence(request)
+        self._waiting.append(seq)
+        self._wake.set()
+        try:
+            while True:
+                batch = [await seq.outputs.get()]
+                while not seq.outputs.empty():
+                    batch.append(seq.outputs.get_nowait())
+                out = merge(batch)
+                yield out
+                if out.finish_reason is not None:
+                    return
+        finally:
+            seq.aborted = True  # frees the slot if the reader left early
+
+    async def _run(self) -> None:
+        sleep = asyncio.sleep
+        while True:
+            if not self._running and not self._waiting:
+                self._wake.clear()
+                await self._wake.wait()
+            admitted = []
+            while self._waiting and len(self._running) + len(admitted) < self.max_num_seqs:
+                seq = self._waiting.popleft()
+                if not seq.aborted:
+                    admitted.append(seq)
+            if admitted:
+                await sleep(self.timing.prefill_seconds(sum(s.prompt_tokens for s in admitted)))
+                self._running.extend(admitted)
+            await sleep(self.timing.decode_step_seconds(len(self._running)))
+            still = []
+            for seq in self._running:
+                if seq.aborted:
+                    continue
+                out = seq.step()
+                seq.outputs.put_nowait(out)
+                if out.finish_reason is None:
+                    still.append(seq)
+            self._running = still

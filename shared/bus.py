@@ -1,0 +1,127 @@
+"""NATS connection, event publishing, dead letters and the pull-consumer loop."""
+
+from __future__ import annotations
+
+import time
+from typing import Awaitable, Callable
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.aio.subscription import Subscription
+
+from inferbus.contracts import (
+    HEADER_MSG_ID,
+    HEADER_REQUEST_ID,
+    ConsumerSpec,
+    DeadLetter,
+    Event,
+    dead_letter_subject,
+)
+from inferbus.shared import logs, metrics
+from inferbus.shared.codec import encode
+
+log = logs.get("inferbus.bus")
+
+
+async def connect(url: str, name: str) -> Client:
+    """Connect with unlimited reconnects; the runtime drains on shutdown."""
+
+    nc = nats.NATS()
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats error", error=repr(exc))
+
+    async def on_disconnect() -> None:
+        if not (nc.is_closed or nc.is_draining):
+            log.warning("nats disconnected")
+
+    async def on_reconnect() -> None:
+        log.info("nats reconnected")
+
+    await nc.connect(
+        url,
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        connect_timeout=5,
+        error_cb=on_error,
+        disconnected_cb=on_disconnect,
+        reconnected_cb=on_reconnect,
+        pending_size=64 * 1024 * 1024,
+    )
+    return nc
+
+
+def request_headers(request_id: str, trace: dict[str, str] | None = None) -> dict[str, str]:
+    headers = {HEADER_REQUEST_ID: request_id}
+    if trace:
+        headers.update(trace)
+    return headers
+
+
+def trace_headers(msg: Msg) -> dict[str, str]:
+    """The W3C trace context of an incoming message, to carry on to the next hop."""
+    h = msg.headers or {}
+    return {k: h[k] for k in ("traceparent", "tracestate") if k in h}
+
+
+async def publish_durable(
+    js: JetStreamContext,
+    subject: str,
+    event: Event,
+    *,
+    request_id: str,
+    msg_id: str | None = None,
+    trace: dict[str, str] | None = None,
+) -> None:
+    """Publish to JetStream and wait for the ack; ``msg_id`` makes retries idempotent."""
+    headers = request_headers(request_id, trace)
+    if msg_id:
+        headers[HEADER_MSG_ID] = msg_id
+    await js.publish(subject, encode(event), headers=headers)
+
+
+class DeadLetterer:
+    """Sends what a service cannot handle to ``ib.dlq.<service>`` with the reason."""
+
+    def __init__(self, js: JetStreamContext, service: str) -> None:
+        self._js = js
+        self._service = service
+        self._subject = dead_letter_subject(service)
+
+    async def send(self, msg: Msg, reason: str) -> None:
+        headers = dict(msg.headers or {})
+        headers.pop(HEADER_MSG_ID, None)
+        letter = DeadLetter(
+            service=self._service,
+            subject=msg.subject,
+            reason=reason,
+            payload=msg.data,
+            headers=headers,
+            received_at=time.time(),
+        )
+        metrics.DEAD_LETTERS.labels(self._service, msg.subject).inc()
+        log.warning("dead letter", subject=msg.subject, reason=reason)
+        await self._js.publish(self._subject, encode(letter))
+
+
+Handler = Callable[[Msg], Awaitable[None]]
+
+
+async def consume(nc: Client, spec: ConsumerSpec, handler: Handler) -> Subscription:
+    """Join the queue group of a durable push consumer provisioned by ``ensure_streams``.
+
+    The handler acks (or not) itself; an exception in it is logged and the message is
+    left for redelivery after ``ack_wait``, so a bug never silently drops a request.
+    Drain the returned subscription to stop.
+    """
+
+    async def guarded(msg: Msg) -> None:
+        try:
+            await handler(msg)
+        except Exception:
+            log.exception("handler failed; message left for redelivery", subject=msg.subject)
+
+    return await nc.subscribe(spec.deliver_subject, queue=spec.durable, cb=guarded)

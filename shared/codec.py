@@ -1,0 +1,29 @@
+"""JSON codec for contracts events: one encoder, cached decoders per target type."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import msgspec
+
+from inferbus.contracts import Event
+
+_encoder = msgspec.json.Encoder()
+encode = _encoder.encode
+
+DecodeError = (msgspec.DecodeError, msgspec.ValidationError)
+
+
+@lru_cache(maxsize=64)
+def _decoder(target: Any) -> msgspec.json.Decoder:
+    return msgspec.json.Decoder(target)
+
+
+def decode(data: bytes, target: Any) -> Any:
+    """Decode ``data`` as ``target`` (an Event type or a union of them)."""
+    return _decoder(target).decode(data)
+
+
+def to_builtins(event: Event) -> Any:
+    return msgspec.to_builtins(event)

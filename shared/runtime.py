@@ -1,0 +1,189 @@
+"""The one service runtime: config → logs → NATS → streams → HTTP → service → signals → drain.
+
+Every service's ``main`` is ``runtime.main(MyService, MySettings)``. A service is a
+small object with ``start``/``drain``/``status``; the runtime owns all the plumbing
+that must behave the same everywhere: reconnecting NATS connection, idempotent stream
+provisioning, ``$SRV`` discovery and stats via nats.micro, /healthz, /readyz and
+/metrics, and SIGTERM/SIGINT → drain → exit.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, Sequence, TypeVar
+
+import msgspec
+from aiohttp import web
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.micro import add_service
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+import inferbus
+from inferbus.contracts import status_subject
+from inferbus.shared import logs
+from inferbus.shared.bus import DeadLetterer, connect
+from inferbus.shared.config import ServiceSettings, load_settings
+from inferbus.shared.streams import ensure_streams
+
+S = TypeVar("S", bound=ServiceSettings)
+
+
+@dataclass
+class Context(Generic[S]):
+    settings: S
+    nc: Client
+    js: JetStreamContext
+    dead_letters: DeadLetterer
+    http_port: int
+
+
+class Service(abc.ABC, Generic[S]):
+    name: ClassVar[str]
+
+    def __init__(self, settings: S) -> None:
+        self.settings = settings
+
+    def routes(self) -> Sequence[web.RouteDef]:
+        """Extra HTTP routes on the service's port (the gateway serves its API here)."""
+        return ()
+
+    @abc.abstractmethod
+    async def start(self, ctx: Context[S]) -> None:
+        """Subscribe and start background tasks; return once serving."""
+
+    @abc.abstractmethod
+    async def drain(self) -> None:
+        """Stop taking new work and finish or hand back what is in flight."""
+
+    def status(self) -> dict[str, Any]:
+        """Live state for ``$SRV`` stats, the status endpoint and ``inferbus top``."""
+        return {}
+
+    def ready(self) -> tuple[bool, str]:
+        return True, "ok"
+
+
+class Runtime:
+    """Runs one service until ``stop`` is set (by a signal, or by a test)."""
+
+    def __init__(self, service: Service[Any], stop: asyncio.Event | None = None) -> None:
+        self.service = service
+        self.settings = service.settings
+        self.stop = stop or asyncio.Event()
+        self.started = asyncio.Event()
+        self.http_port = 0
+        self.log = logs.get(f"inferbus.{service.name}")
+        self._nc: Client | None = None
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        return web.json_response({"status": "alive"})
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        ok, why = self.service.ready()
+        if not (self._nc and self._nc.is_connected):
+            ok, why = False, "not connected to NATS"
+        if self.stop.is_set():
+            ok, why = False, "draining"
+        return web.json_response({"ready": ok, "reason": why}, status=200 if ok else 503)
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        body = generate_latest()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _status_json(self) -> dict[str, Any]:
+        return {
+            "service": self.service.name,
+            "instance": self.settings.instance_id,
+            "http_port": self.http_port,
+            "ready": self.service.ready()[0],
+            **self.service.status(),
+        }
+
+    async def run(self) -> None:
+        s = self.settings
+        nc = self._nc = await connect(s.nats_url, name=f"{self.service.name}:{s.instance_id}")
+        js = nc.jetstream()
+        await ensure_streams(js)
+
+        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app.add_routes(
+            [
+                web.get("/healthz", self._healthz),
+                web.get("/readyz", self._readyz),
+                web.get("/metrics", self._metrics),
+                *self.service.routes(),
+            ]
+        )
+        # handler_cancellation: a client that hangs up cancels its handler, which cancels its request
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, s.http_host, s.http_port)
+        await site.start()
+        self.http_port = runner.addresses[0][1]
+
+        ctx = Context(
+            settings=s,
+            nc=nc,
+            js=js,
+            dead_letters=DeadLetterer(js, self.service.name),
+            http_port=self.http_port,
+        )
+        await self.service.start(ctx)
+
+        micro = await add_service(
+            nc,
+            name=f"inferbus-{self.service.name}",
+            version=inferbus.__version__,
+            description=f"inferbus {self.service.name}",
+            metadata={"instance": s.instance_id, "http_port": str(self.http_port)},
+            stats_handler=lambda _endpoint: self._status_json(),
+        )
+
+        async def status_endpoint(req: Any) -> None:
+            await req.respond(msgspec.json.encode(self._status_json()))
+
+        await micro.add_endpoint(
+            name="status", subject=status_subject(self.service.name), handler=status_endpoint
+        )
+        self.log.info("started", http=f"http://{s.http_host}:{self.http_port}", nats=s.nats_url)
+        self.started.set()
+
+        await self.stop.wait()
+        began = time.monotonic()
+        self.log.info("draining", timeout_s=s.drain_timeout_s)
+        try:
+            await asyncio.wait_for(self.service.drain(), s.drain_timeout_s)
+        except asyncio.TimeoutError:
+            self.log.warning("drain timed out")
+        await micro.stop()
+        await runner.cleanup()
+        try:
+            await asyncio.wait_for(nc.drain(), 5)
+        except Exception:
+            await nc.close()
+        self.log.info("stopped", drain_s=round(time.monotonic() - began, 3))
+
+
+async def serve(service: Service[Any]) -> None:
+    runtime = Runtime(service)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, runtime.stop.set)
+    await runtime.run()
+
+
+def main(service_cls: type[Service[Any]], settings_cls: type[S], argv: Sequence[str] | None = None) -> None:
+    """The ``main`` of every service: settings from env and flags, then serve until signalled."""
+    import sys
+
+    settings = load_settings(settings_cls, sys.argv[1:] if argv is None else argv)
+    logs.configure(service_cls.name, settings.log_level, settings.instance_id)
+    try:
+        asyncio.run(serve(service_cls(settings)))
+    except KeyboardInterrupt:
+        pass
