@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+import json
+
+import pytest
+
+from inferbus.client import Client
+
+from .procs import ServiceProcess, start_all
+
+MODEL = "sim-model"
+SLOW_MODEL = "slow-model"
+
+
+@pytest.fixture(scope="session")
+def log_dir(tmp_path_factory: pytest.TempPathFactory):
+    return tmp_path_factory.mktemp("service-logs")
+
+
+@pytest.fixture(scope="session")
+def platform(nats_url: str, log_dir):
+    """Sanitizer, scheduler, a zero-cost sim worker, a slow sim worker and the gateway."""
+    procs = [
+        ServiceProcess("sanitizer", nats_url, log_dir, "--max-prompt-chars", "2000"),
+        ServiceProcess("scheduler", nats_url, log_dir, "--worker-timeout-s", "1.5",
+                       "--queue-timeout-s", "5"),
+        ServiceProcess("worker", nats_url, log_dir, "--model", MODEL,
+                       "--heartbeat-interval-s", "0.3"),
+        ServiceProcess("worker", nats_url, log_dir, "--model", SLOW_MODEL,
+                       "--heartbeat-interval-s", "0.3", "--sim-decode-s-per-step", "0.02",
+                       name="slow-worker"),
+        ServiceProcess("gateway", nats_url, log_dir, "--worker-stale-s", "1.5",
+                       "--request-timeout-s", "30"),
+    ]
+    start_all(procs)
+    gateway = procs[-1]
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:  # the gateway learns models from heartbeats
+        with urllib.request.urlopen(f"{gateway.base}/v1/models") as r:
+            ids = {m["id"] for m in json.loads(r.read())["data"]}
+        if {MODEL, SLOW_MODEL} <= ids:
+            break
+        time.sleep(0.1)
+    yield {p.name: p for p in procs}
+    for p in reversed(procs):
+        p.stop()
+
+
+@pytest.fixture
+async def client(nats_url: str):
+    c = await Client.connect(nats_url)
+    yield c
+    await c.close()
+
+
+async def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(interval)
+    return False

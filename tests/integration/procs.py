@@ -1,0 +1,73 @@
+"""Run services as real processes, the way ``inferbus up`` and containers do."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from inferbus.shared.natsserver import free_port
+
+
+class ServiceProcess:
+    def __init__(self, service: str, nats_url: str, log_dir: Path, *args: str,
+                 name: str | None = None, http_port: int | None = None) -> None:
+        self.service = service
+        self.name = name or service
+        self.http_port = http_port or free_port()
+        self.log_path = log_dir / f"{self.name}.log"
+        self.argv = [sys.executable, "-m", f"inferbus.services.{service}", "--nats-url", nats_url,
+                     "--http-port", str(self.http_port), "--instance-id", self.name, *args]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def start(self) -> "ServiceProcess":
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT)
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> "ServiceProcess":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc and self.proc.poll() is None, f"{self.name} died:\n{self.logs()}"
+            try:
+                with urllib.request.urlopen(f"{self.base}/readyz", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.name} not ready:\n{self.logs()}")
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode if self.proc else None
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_all(procs: list[ServiceProcess], timeout: float = 30.0) -> list[ServiceProcess]:
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.wait_ready(timeout)
+    return procs

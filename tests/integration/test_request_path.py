@@ -1,0 +1,165 @@
+"""The request path end to end on a real nats-server, services as real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+
+from inferbus.client import RequestError
+from inferbus.contracts import (
+    CANCEL,
+    ENDED,
+    CancelRequest,
+    RequestCancelled,
+    RequestFinished,
+    TokenChunk,
+    Terminal,
+)
+from inferbus.shared.codec import decode, encode
+
+from .conftest import MODEL, SLOW_MODEL
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
+
+
+def gateway_url(platform) -> str:
+    return platform["gateway"].base
+
+
+async def test_tokens_arrive_in_order_and_the_request_ends_once(client):
+    stream = client.stream(MODEL, "count the tokens please", max_tokens=40, seed=7)
+    chunks = [c async for c in stream]
+    assert [c.seq for c in chunks] == list(range(len(chunks)))
+    fin = stream.outcome
+    assert isinstance(fin, RequestFinished)
+    assert fin.finish_reason == "length"
+    assert fin.usage.completion_tokens == 40
+    assert fin.chunks == len(chunks)
+    # deterministic in prompt and seed
+    again = await client.generate(MODEL, "count the tokens please", max_tokens=40, seed=7)
+    assert again.text == stream.text and stream.text
+
+
+async def test_stop_string_and_concurrency(client):
+    base = await client.generate(MODEL, "stop test", max_tokens=30, seed=1)
+    words = base.text.split()
+    stop = " ".join(words[3:5])
+    stopped = await client.generate(MODEL, "stop test", max_tokens=30, seed=1, stop=[stop])
+    assert stopped.outcome.finish_reason == "stop"
+    assert stop not in stopped.text and base.text.startswith(stopped.text)
+
+    streams = await asyncio.gather(*[
+        client.generate(MODEL, f"request {i}", max_tokens=20) for i in range(64)
+    ])
+    assert all(s.outcome.usage.completion_tokens == 20 for s in streams)
+
+
+async def test_http_chat_stream_and_non_stream_agree(platform):
+    body = {"model": MODEL, "max_tokens": 25, "seed": 3,
+            "messages": [{"role": "user", "content": "hello there"}]}
+    async with aiohttp.ClientSession(gateway_url(platform)) as http:
+        async with http.post("/v1/chat/completions", json=body) as r:
+            assert r.status == 200
+            full = await r.json()
+            assert r.headers["x-request-id"]
+        assert full["object"] == "chat.completion"
+        assert full["usage"]["completion_tokens"] == 25
+        text = full["choices"][0]["message"]["content"]
+
+        async with http.post("/v1/chat/completions",
+                             json={**body, "stream": True,
+                                   "stream_options": {"include_usage": True}}) as r:
+            assert r.status == 200
+            assert r.headers["Content-Type"].startswith("text/event-stream")
+            events = []
+            async for line in r.content:
+                line = line.strip()
+                if line.startswith(b"data: "):
+                    events.append(line[6:])
+    assert events[-1] == b"[DONE]"
+    objs = [json.loads(e) for e in events[:-1]]
+    assert objs[0]["choices"][0]["delta"]["role"] == "assistant"
+    streamed = "".join(o["choices"][0]["delta"].get("content", "") for o in objs if o["choices"])
+    assert streamed == text
+    finals = [o for o in objs if o["choices"] and o["choices"][0]["finish_reason"]]
+    assert finals[0]["choices"][0]["finish_reason"] == "length"
+    assert objs[-1]["choices"] == [] and objs[-1]["usage"]["completion_tokens"] == 25
+
+
+async def test_http_completions_and_models(platform):
+    async with aiohttp.ClientSession(gateway_url(platform)) as http:
+        async with http.get("/v1/models") as r:
+            ids = {m["id"] for m in (await r.json())["data"]}
+        assert {MODEL, SLOW_MODEL} <= ids
+        async with http.post("/v1/completions",
+                             json={"model": MODEL, "prompt": "once upon", "max_tokens": 5}) as r:
+            out = await r.json()
+        assert out["object"] == "text_completion" and out["choices"][0]["text"]
+        async with http.post("/v1/completions", json={"model": MODEL, "prompt": "once upon",
+                                                      "max_tokens": 5, "stream": True}) as r:
+            raw = await r.read()
+        assert raw.rstrip().endswith(b"data: [DONE]")
+
+
+async def test_oversized_prompt_is_rejected_with_openai_error(platform, client):
+    big = "word " * 1000  # the sanitizer here accepts 2000 characters
+    async with aiohttp.ClientSession(gateway_url(platform)) as http:
+        for stream in (False, True):
+            async with http.post("/v1/chat/completions", json={
+                "model": MODEL, "stream": stream,
+                "messages": [{"role": "user", "content": big}]}) as r:
+                assert r.status == 400
+                err = (await r.json())["error"]
+        assert err["code"] == "prompt_too_long" and err["param"] == "messages"
+        assert "2000" in err["message"]
+    with pytest.raises(RequestError) as exc:
+        await client.generate(MODEL, big)
+    assert exc.value.code == "prompt_too_long"
+
+
+async def test_unknown_model_and_bad_json(platform):
+    async with aiohttp.ClientSession(gateway_url(platform)) as http:
+        async with http.post("/v1/chat/completions", json={
+                "model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}) as r:
+            assert r.status == 404
+            assert (await r.json())["error"]["code"] == "model_not_found"
+        async with http.post("/v1/chat/completions", data=b"{not json",
+                             headers={"Content-Type": "application/json"}) as r:
+            assert r.status == 400
+            assert (await r.json())["error"]["code"] == "invalid_json"
+        async with http.post("/v1/chat/completions", json={"model": MODEL, "messages": "hi"}) as r:
+            assert r.status == 400
+            assert (await r.json())["error"]["param"] == "messages"
+
+
+async def test_cancel_stops_generation(client):
+    stream = client.stream(SLOW_MODEL, "cancel me", max_tokens=2000)
+    seen = 0
+    with pytest.raises(RequestError) as exc:
+        async for _ in stream:
+            seen += 1
+            if seen == 3:
+                cancel = CancelRequest(request_id=stream.request_id, reason="test")
+                await client.nc.publish(CANCEL, encode(cancel))
+    assert isinstance(exc.value.event, RequestCancelled) and exc.value.event.reason == "test"
+    assert seen < 100  # at 20 ms a step, it stopped long before 2000 tokens
+
+
+async def test_http_client_disconnect_cancels_the_request(platform, client):
+    ended = await client.nc.subscribe(ENDED)
+    rid = "disconnect-test-1"
+    async with aiohttp.ClientSession(gateway_url(platform)) as http:
+        async with http.post("/v1/chat/completions", headers={"x-request-id": rid}, json={
+                "model": SLOW_MODEL, "stream": True, "max_tokens": 2000,
+                "messages": [{"role": "user", "content": "go on forever"}]}) as r:
+            assert r.status == 200
+            await r.content.readline()
+        # leaving the block closes the connection mid-stream
+    while True:
+        ev = decode((await ended.next_msg(timeout=10)).data, Terminal)
+        if ev.request_id == rid:
+            break
+    assert isinstance(ev, RequestCancelled)

@@ -1,0 +1,95 @@
+"""A worker that dies never leaves a client hanging; a graceful stop finishes its work."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from inferbus.client import RequestError
+from inferbus.contracts import STARTED, RequestStarted, WorkAssigned
+from inferbus.shared.codec import decode
+
+from .procs import ServiceProcess, start_all
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
+
+
+def _workers(nats_url, log_dir, model, *args):
+    return start_all([
+        ServiceProcess("worker", nats_url, log_dir, "--model", model,
+                       "--heartbeat-interval-s", "0.3", *args, name=f"{model}-{i}")
+        for i in range(2)
+    ])
+
+
+def _owner(workers, worker_id: str) -> ServiceProcess:
+    return next(w for w in workers if worker_id.startswith(w.name + "-"))
+
+
+async def test_killed_mid_stream_ends_with_a_clear_error(nats_url, log_dir, client):
+    workers = _workers(nats_url, log_dir, "fragile", "--sim-decode-s-per-step", "0.05")
+    try:
+        await asyncio.sleep(1.0)  # the scheduler sees both heartbeats
+        started = await client.nc.subscribe(STARTED)
+        stream = client.stream("fragile", "a long answer", max_tokens=1000)
+        first = await stream.__anext__()
+        assert first.seq == 0
+        ev = decode((await started.next_msg(timeout=5)).data, RequestStarted)
+        assert ev.request_id == stream.request_id
+        _owner(workers, ev.worker_id).kill()
+        killed_at = time.monotonic()
+        with pytest.raises(RequestError) as exc:
+            async for _ in stream:
+                pass
+        waited = time.monotonic() - killed_at
+        assert exc.value.code == "worker_lost" and exc.value.event.retryable
+        assert waited < 5.0  # worker timeout 1.5 s in this platform, plus a tick
+    finally:
+        for w in workers:
+            w.stop()
+
+
+async def test_killed_before_streaming_is_reassigned(nats_url, log_dir, client):
+    # prefill of 0.4 s per prompt token: the request sits in prefill long enough to kill
+    workers = _workers(nats_url, log_dir, "fragile2", "--sim-prefill-s-per-token", "0.4")
+    try:
+        await asyncio.sleep(1.0)
+        assigned = await client.nc.subscribe("ib.work.>")
+        stream = client.stream("fragile2", "four token prompt", max_tokens=5)
+        task = asyncio.create_task(client_collect(stream))
+        work = decode((await assigned.next_msg(timeout=5)).data, WorkAssigned)
+        assert work.attempt == 1
+        _owner(workers, work.worker_id).kill()
+        retry = decode((await assigned.next_msg(timeout=10)).data, WorkAssigned)
+        assert retry.attempt == 2 and retry.worker_id != work.worker_id
+        outcome = await asyncio.wait_for(task, 20)
+        assert outcome.attempt == 2 and outcome.usage.completion_tokens == 5
+    finally:
+        for w in workers:
+            w.stop()
+
+
+async def client_collect(stream):
+    async for _ in stream:
+        pass
+    return stream.outcome
+
+
+async def test_sigterm_drains_in_flight_requests(nats_url, log_dir, client):
+    workers = _workers(nats_url, log_dir, "drainable", "--sim-decode-s-per-step", "0.02")
+    try:
+        await asyncio.sleep(1.0)
+        streams = [client.stream("drainable", f"drain {i}", max_tokens=60) for i in range(4)]
+        tasks = [asyncio.create_task(client_collect(s)) for s in streams]
+        await asyncio.sleep(0.4)  # all four are streaming (60 tokens take ~1.2 s)
+        for w in workers:
+            w.proc.terminate()
+        outcomes = await asyncio.wait_for(asyncio.gather(*tasks), 20)
+        assert all(o.usage.completion_tokens == 60 for o in outcomes)
+        codes = [await asyncio.to_thread(w.proc.wait, 10) for w in workers]
+        assert codes == [0, 0]
+    finally:
+        for w in workers:
+            w.stop()
