@@ -1,0 +1,65 @@
+"""``inferbus up`` brings the whole platform up, serves, and stops cleanly on Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from inferbus.shared.natsserver import free_port
+
+pytestmark = pytest.mark.integration
+
+INFERBUS = [sys.executable, "-m", "inferbus.cli"]
+
+
+def test_up_generate_and_stream_then_ctrl_c(tmp_path: Path):
+    port, nats_port = free_port(), free_port()
+    metrics_base = random.randrange(20000, 40000, 100)
+    up = subprocess.Popen(
+        [*INFERBUS, "up", "--engine", "sim", "--port", str(port), "--nats-port", str(nats_port),
+         "--metrics-port-base", str(metrics_base), "--state-dir", str(tmp_path / "state")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={
+            **__import__("os").environ, "NATS_URL": ""})
+    try:
+        lines = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = up.stdout.readline()
+            assert line, "inferbus up exited:\n" + "".join(lines)
+            lines.append(line)
+            if line.startswith("try:"):
+                break
+        out = "".join(lines)
+        assert "inferbus is up" in out and "self-test" in out
+
+        gen = subprocess.run(
+            [*INFERBUS, "generate", "--model", "sim-model", "--max-tokens", "8",
+             "--nats-url", f"nats://127.0.0.1:{nats_port}", "Hello"],
+            capture_output=True, text=True, timeout=30)
+        assert gen.returncode == 0, gen.stderr
+        assert len(gen.stdout.split()) == 8 and "8 completion tokens" in gen.stderr
+
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            data=json.dumps({"model": "sim-model", "stream": True, "max_tokens": 5,
+                             "messages": [{"role": "user", "content": "hi"}]}).encode(),
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            body = r.read().decode()
+        assert body.count("data: ") == 5 + 2 and body.rstrip().endswith("data: [DONE]")
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_base + 10}/metrics") as r:
+            assert b"inferbus_requests_total" in r.read()
+    finally:
+        up.send_signal(signal.SIGINT)
+        rest, _ = up.communicate(timeout=60)
+    assert up.returncode == 0, rest
+    assert rest.rstrip().endswith("stopped")
