@@ -23,11 +23,11 @@ def main() -> None:
 @main.command()
 @click.option("--engine", type=click.Choice(["sim"]), default="sim", show_default=True)
 @click.option("--model", default=None, help="Model to serve (sim: any name).")
-@click.option("--port", default=8000, show_default=True, help="Gateway HTTP port.")
+@click.option("--port", default=8000, show_default=True, help="Gateway HTTP port (0: any free one).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--nats-url", envvar="NATS_URL", default=None,
               help="Use this NATS server instead of starting one.")
-@click.option("--nats-port", default=4222, show_default=True, help="Embedded NATS port.")
+@click.option("--nats-port", default=4222, show_default=True, help="Embedded NATS port (0: any free one).")
 @click.option("--state-dir", type=click.Path(path_type=Path), default=Path(".inferbus"),
               show_default=True, help="NATS store and logs.")
 @click.option("--workers", default=1, show_default=True)
@@ -91,20 +91,15 @@ def generate(prompt: str, model: str, max_tokens: int, temperature: float, stop:
     sys.exit(asyncio.run(go()))
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@main.command(add_help_option=False,
+              context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("service", type=click.Choice(SERVICES))
 @click.pass_context
 def serve(ctx: click.Context, service: str) -> None:
     """Run one service in the foreground (flags as for python -m inferbus.services.NAME)."""
     import importlib
 
-    from inferbus.shared.runtime import main as run_service
-
-    mod = importlib.import_module(f"inferbus.services.{service}.service")
-    cls = next(v for k, v in vars(mod).items() if k.endswith("Service") and k != "Service")
-    settings = next(v for k, v in vars(mod).items()
-                    if k.endswith("Settings") and k != "ServiceSettings")
-    run_service(cls, settings, ctx.args)
+    importlib.import_module(f"inferbus.services.{service}.__main__").main(ctx.args)
 
 
 @main.group()

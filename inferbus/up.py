@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from inferbus.shared.bus import connect
-from inferbus.shared.natsserver import NatsServer, port_open
+from inferbus.shared.natsserver import NatsServer, free_port, port_open
 from inferbus.shared.streams import ensure_streams
 
 STOP_ORDER = ("gateway", "sanitizer", "worker", "scheduler")
@@ -141,6 +141,8 @@ def _selftest(base: str, model: str) -> str:
 
 def run(o: Options) -> int:
     o.state_dir.mkdir(parents=True, exist_ok=True)
+    o.port = o.port or free_port(o.host)
+    o.nats_port = o.nats_port or free_port()
     model = o.model or ("sim-model" if o.engine == "sim" else "")
     if not model:
         raise SystemExit("--model is required for this engine")

@@ -1,6 +1,15 @@
-from inferbus.shared.runtime import main
+"""`python -m inferbus.services.sanitizer` (or `inferbus serve sanitizer`): run one sanitizer."""
+
+from typing import Sequence
+
+from inferbus.shared import runtime
 
 from .service import SanitizerService, SanitizerSettings
 
+
+def main(argv: Sequence[str] | None = None) -> None:
+    runtime.main(SanitizerService, SanitizerSettings, argv)
+
+
 if __name__ == "__main__":
-    main(SanitizerService, SanitizerSettings)
+    main()

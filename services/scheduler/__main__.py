@@ -1,6 +1,15 @@
-from inferbus.shared.runtime import main
+"""`python -m inferbus.services.scheduler` (or `inferbus serve scheduler`): run one scheduler."""
+
+from typing import Sequence
+
+from inferbus.shared import runtime
 
 from .service import SchedulerService, SchedulerSettings
 
+
+def main(argv: Sequence[str] | None = None) -> None:
+    runtime.main(SchedulerService, SchedulerSettings, argv)
+
+
 if __name__ == "__main__":
-    main(SchedulerService, SchedulerSettings)
+    main()
