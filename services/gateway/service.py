@@ -50,8 +50,11 @@ class GatewaySettings(ServiceSettings, kw_only=True):
 
 
 class _Ended(Exception):
-    def __init__(self, error: ApiError) -> None:
+    """The request is over for the client; ``settled`` when the platform says so too."""
+
+    def __init__(self, error: ApiError, settled: bool = True) -> None:
         self.error = error
+        self.settled = settled
 
 
 class GatewayService(Service[GatewaySettings]):
@@ -175,7 +178,7 @@ class GatewayService(Service[GatewaySettings]):
             ended = True
             return resp
         except _Ended as e:
-            ended = True
+            ended = e.settled
             raise e.error from None
         finally:
             self._pending.pop(rid, None)
@@ -199,7 +202,7 @@ class GatewayService(Service[GatewaySettings]):
                 ev = None
             if ev is None:
                 raise _Ended(ApiError(504, f"no answer within {self.settings.request_timeout_s:g}s",
-                                      type="server_error", code="timeout"))
+                                      type="server_error", code="timeout"), settled=False)
             if isinstance(ev, TokenChunk):
                 attempt = attempt or ev.attempt
                 if ev.attempt == attempt:

@@ -7,9 +7,15 @@ detectors and output PII masking join here later.
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 
 from inferbus.contracts import RequestRejected, RequestSubmitted
+
+
+# dot-separated tokens without whitespace or wildcards
+_PUBLISH_SUBJECT = re.compile(r"[^.\s*>]+(\.[^.\s*>]+)*")
 
 
 class InputLimits(msgspec.Struct, kw_only=True, frozen=True):
@@ -33,6 +39,10 @@ def check(request: RequestSubmitted, limits: InputLimits) -> RequestRejected | N
 
     if not request.request_id or not request.model:
         return reject("invalid_request", "request_id and model must not be empty", "model")
+    if not _PUBLISH_SUBJECT.fullmatch(request.reply_to):
+        return reject("invalid_request",
+                      f"reply_to {request.reply_to!r} is not a subject one can publish to",
+                      "reply_to")
     if (request.prompt is None) == (request.messages is None):
         return reject("invalid_request", "give exactly one of prompt or messages", "messages")
     if request.messages is not None:

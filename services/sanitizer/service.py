@@ -79,7 +79,11 @@ class SanitizerService(Service[SanitizerSettings]):
                                   msg_id=f"{rid}:accepted", trace=trace_headers(msg))
             self._counts["accepted"] += 1
         else:
-            await nc.publish(request.reply_to, encode(rejection), headers=request_headers(rid))
+            if rejection.param == "reply_to":  # nowhere to answer: keep it with the reason
+                await self._ctx.dead_letters.send(msg, rejection.reason)
+            else:
+                await nc.publish(request.reply_to, encode(rejection),
+                                 headers=request_headers(rid))
             await publish_durable(js, ENDED, rejection, request_id=rid, msg_id=f"{rid}:end")
             self._counts["rejected"] += 1
             metrics.REQUESTS.labels(self.name, request.model, "request.rejected").inc()

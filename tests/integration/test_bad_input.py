@@ -73,3 +73,16 @@ async def test_undecodable_assignment_reaches_the_worker_dead_letters(client, pl
     assert "WorkAssigned" in letter.reason
     model = status["models"][0]  # whichever worker answered must still serve
     assert (await client.generate(model, "worker alive?", max_tokens=3)).outcome is not None
+
+
+async def test_request_with_an_unusable_reply_subject_is_dead_lettered(client):
+    from inferbus.contracts import RequestSubmitted
+    from inferbus.shared.codec import encode
+
+    dlq = await client.nc.subscribe(dead_letter_subject("sanitizer"))
+    bad = RequestSubmitted(request_id="r-no-reply", model=MODEL, reply_to="has spaces in it",
+                           prompt="hi")
+    await client.js.publish(SUBMIT, encode(bad))
+    letter = await _dead_letter(dlq, SUBMIT)
+    assert "reply_to" in letter.reason
+    assert (await client.generate(MODEL, "sanitizer alive?", max_tokens=3)).outcome is not None
