@@ -46,10 +46,10 @@ class RequestError(Exception):
     """The request ended without finishing: rejected, failed, cancelled or timed out."""
 
     def __init__(self, event: RequestFailed | RequestRejected | RequestCancelled | None,
-                 message: str) -> None:
+                 message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.event = event
-        self.code = getattr(event, "code", "cancelled" if event else "timeout")
+        self.code = code or getattr(event, "code", "cancelled" if event else "timeout")
 
 
 class Stream:
@@ -76,8 +76,12 @@ class Stream:
         nc = self._client.nc
         self._sub = await nc.subscribe(self.request.reply_to, pending_msgs_limit=1_000_000)
         self.submitted_at = time.monotonic()
-        await publish_durable(self._client.js, SUBMIT, self.request,
-                              request_id=self.request_id, msg_id=self.request_id)
+        ack = await publish_durable(self._client.js, SUBMIT, self.request,
+                                    request_id=self.request_id, msg_id=self.request_id)
+        if ack.duplicate:
+            await self._close()
+            raise RequestError(None, f"request id {self.request_id} was already submitted",
+                               code="duplicate_request")
 
     def __aiter__(self) -> "Stream":
         return self

@@ -9,6 +9,7 @@ import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.js.api import PubAck
 from nats.aio.subscription import Subscription
 
 from inferbus.contracts import (
@@ -75,12 +76,13 @@ async def publish_durable(
     request_id: str,
     msg_id: str | None = None,
     trace: dict[str, str] | None = None,
-) -> None:
-    """Publish to JetStream and wait for the ack; ``msg_id`` makes retries idempotent."""
+) -> PubAck:
+    """Publish to JetStream and wait for the ack; ``msg_id`` makes retries idempotent
+    (the ack says ``duplicate`` when JetStream already had that id)."""
     headers = request_headers(request_id, trace)
     if msg_id:
         headers[HEADER_MSG_ID] = msg_id
-    await js.publish(subject, encode(event), headers=headers)
+    return await js.publish(subject, encode(event), headers=headers)
 
 
 class DeadLetterer:

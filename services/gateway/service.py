@@ -191,7 +191,10 @@ class GatewayService(Service[GatewaySettings]):
         rid = event.request_id
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._pending[rid] = queue
-        await publish_durable(self._ctx.js, SUBMIT, event, request_id=rid, msg_id=rid)
+        ack = await publish_durable(self._ctx.js, SUBMIT, event, request_id=rid, msg_id=rid)
+        if ack.duplicate:
+            raise _Ended(ApiError(409, f"request id {rid} was already submitted; use a new one",
+                                  param="x-request-id", code="duplicate_request"))
         deadline = time.monotonic() + self.settings.request_timeout_s
         attempt = None
         while True:

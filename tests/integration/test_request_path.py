@@ -163,3 +163,19 @@ async def test_http_client_disconnect_cancels_the_request(platform, client):
         if ev.request_id == rid:
             break
     assert isinstance(ev, RequestCancelled)
+
+
+async def test_a_reused_request_id_gets_a_clear_error_not_a_hang(platform, client):
+    first = await client.generate(MODEL, "once", max_tokens=2, request_id="reused-id-1")
+    assert first.outcome is not None
+    with pytest.raises(RequestError) as exc:
+        await client.generate(MODEL, "twice", max_tokens=2, request_id="reused-id-1", timeout=5)
+    assert exc.value.code == "duplicate_request"
+    body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+    async with aiohttp.ClientSession(gateway_url(platform)) as http:
+        for expected in (200, 409):
+            async with http.post("/v1/chat/completions", json=body,
+                                 headers={"x-request-id": "reused-http-1"}) as r:
+                assert r.status == expected
+                reply = await r.json()
+        assert reply["error"]["code"] == "duplicate_request"

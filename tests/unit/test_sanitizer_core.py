@@ -1,0 +1,139 @@
+"""The sanitizer's check(): None lets a request through, else a RequestRejected."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferbus.contracts import ChatMessage, RequestRejected, RequestSubmitted, SamplingParams
+from inferbus.services.sanitizer.core import InputLimits, check, prompt_chars
+
+LIMITS = InputLimits(max_prompt_chars=100, max_tokens=1000, max_messages=4)
+
+
+def prompt_req(prompt: str | None = "Tell me a story.", **sampling) -> RequestSubmitted:
+    return RequestSubmitted(request_id="r1", model="m", reply_to="ib.reply.t.r1", prompt=prompt,
+                            sampling=SamplingParams(**sampling))
+
+
+def chat_req(messages: list[ChatMessage] | None, **sampling) -> RequestSubmitted:
+    return RequestSubmitted(request_id="r1", model="m", reply_to="ib.reply.t.r1",
+                            messages=messages, sampling=SamplingParams(**sampling))
+
+
+def msgs(*contents: str) -> list[ChatMessage]:
+    return [ChatMessage(role="user", content=c) for c in contents]
+
+
+def rejected(result, code: str, param: str | None) -> RequestRejected:
+    assert isinstance(result, RequestRejected), result
+    assert result.request_id == "r1"
+    assert result.code == code
+    assert result.param == param
+    assert result.reason  # a human-readable reason is always given
+    return result
+
+
+def test_accepts_a_normal_prompt():
+    assert check(prompt_req(), LIMITS) is None
+
+
+def test_accepts_normal_messages():
+    m = [ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content="Hi")]
+    assert check(chat_req(m), LIMITS) is None
+
+
+def test_accepts_default_limits_with_a_normal_request():
+    assert check(prompt_req(), InputLimits()) is None
+
+
+def test_accepts_prompt_exactly_at_the_limit():
+    assert check(prompt_req("x" * 100), LIMITS) is None
+
+
+def test_rejects_prompt_over_the_limit():
+    r = rejected(check(prompt_req("x" * 101), LIMITS), "prompt_too_long", "prompt")
+    assert "101" in r.reason and "100" in r.reason
+
+
+def test_rejects_messages_over_the_limit_in_total():
+    # each message is short; together they are over
+    r = rejected(check(chat_req(msgs("a" * 60, "b" * 41)), LIMITS), "prompt_too_long",
+                 "messages")
+    assert "101" in r.reason
+    assert check(chat_req(msgs("a" * 60, "b" * 40)), LIMITS) is None
+
+
+def test_prompt_chars_counts_prompt_or_message_contents():
+    assert prompt_chars(prompt_req("abcd")) == 4
+    assert prompt_chars(chat_req(msgs("ab", "cde"))) == 5
+
+
+def test_rejects_both_prompt_and_messages():
+    both = RequestSubmitted(request_id="r1", model="m", reply_to="x", prompt="p",
+                            messages=msgs("m"))
+    rejected(check(both, LIMITS), "invalid_request", "messages")
+
+
+def test_rejects_neither_prompt_nor_messages():
+    rejected(check(prompt_req(None), LIMITS), "invalid_request", "messages")
+
+
+def test_empty_prompt_string_is_a_prompt():
+    assert check(prompt_req(""), LIMITS) is None
+
+
+def test_rejects_empty_messages():
+    rejected(check(chat_req([]), LIMITS), "invalid_request", "messages")
+
+
+def test_rejects_too_many_messages():
+    rejected(check(chat_req(msgs("a", "b", "c", "d", "e")), LIMITS), "invalid_request",
+             "messages")
+    assert check(chat_req(msgs("a", "b", "c", "d")), LIMITS) is None
+
+
+def test_rejects_empty_request_id_or_model():
+    no_id = RequestSubmitted(request_id="", model="m", reply_to="x", prompt="p")
+    r = check(no_id, LIMITS)
+    assert isinstance(r, RequestRejected) and r.code == "invalid_request"
+    no_model = RequestSubmitted(request_id="r1", model="", reply_to="x", prompt="p")
+    rejected(check(no_model, LIMITS), "invalid_request", "model")
+
+
+@pytest.mark.parametrize("max_tokens", [0, -1, 1001])
+def test_rejects_bad_max_tokens(max_tokens):
+    r = rejected(check(prompt_req(max_tokens=max_tokens), LIMITS), "invalid_request",
+                 "max_tokens")
+    assert str(max_tokens) in r.reason
+
+
+@pytest.mark.parametrize("max_tokens", [1, 1000])
+def test_accepts_max_tokens_at_the_bounds(max_tokens):
+    assert check(prompt_req(max_tokens=max_tokens), LIMITS) is None
+
+
+@pytest.mark.parametrize("temperature", [-0.1, 2.01, float("nan")])
+def test_rejects_bad_temperature(temperature):
+    rejected(check(prompt_req(temperature=temperature), LIMITS), "invalid_request",
+             "temperature")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 2.0])
+def test_accepts_temperature_at_the_bounds(temperature):
+    assert check(prompt_req(temperature=temperature), LIMITS) is None
+
+
+@pytest.mark.parametrize("top_p", [0.0, -0.5, 1.01, float("nan")])
+def test_rejects_bad_top_p(top_p):
+    rejected(check(prompt_req(top_p=top_p), LIMITS), "invalid_request", "top_p")
+
+
+def test_accepts_top_p_of_one_and_a_small_one():
+    assert check(prompt_req(top_p=1.0), LIMITS) is None
+    assert check(prompt_req(top_p=1e-6), LIMITS) is None
+
+
+def test_shape_errors_come_before_size_errors():
+    # a request with a bad max_tokens and a huge prompt is refused for max_tokens
+    rejected(check(prompt_req("x" * 1000, max_tokens=0), LIMITS), "invalid_request",
+             "max_tokens")
