@@ -75,6 +75,14 @@ class ApiError(Exception):
 
 
 _AT = re.compile(r"at `\$\.?([^`]*)`")
+_MISSING = re.compile(r"missing required field `([^`]*)`")
+
+
+def _param(error: str) -> str | None:
+    """The field a msgspec error is about, as OpenAI's ``param`` (``messages[0].role``)."""
+    at, missing = _AT.search(error), _MISSING.search(error)
+    parts = [m.group(1) for m in (at, missing) if m and m.group(1)]
+    return ".".join(parts) or None
 
 
 def _decode(body: bytes, cls: type[Any]) -> Any:
@@ -83,19 +91,19 @@ def _decode(body: bytes, cls: type[Any]) -> Any:
     try:
         return msgspec.json.decode(body, type=cls)
     except msgspec.ValidationError as exc:
-        m = _AT.search(str(exc))
-        raise ApiError(400, f"invalid request: {exc}", param=m.group(1) if m else None,
+        raise ApiError(400, f"invalid request: {exc}", param=_param(str(exc)),
                        code="invalid_value") from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"malformed JSON: {exc}", code="invalid_json") from None
 
 
-def _sampling(req: _Common, max_tokens: int | None, default_max_tokens: int) -> SamplingParams:
+def _sampling(req: _Common, max_tokens: int | None, default_max_tokens: int,
+              limit_param: str = "max_tokens") -> SamplingParams:
     if req.n != 1:
         raise ApiError(400, "only n=1 is supported", param="n", code="unsupported_value")
     mt = default_max_tokens if max_tokens is None else max_tokens
     if mt < 1:
-        raise ApiError(400, "max_tokens must be at least 1", param="max_tokens",
+        raise ApiError(400, f"{limit_param} must be at least 1", param=limit_param,
                        code="invalid_value")
     if not 0.0 <= req.temperature <= 2.0:
         raise ApiError(400, "temperature must be between 0 and 2", param="temperature",
@@ -129,8 +137,10 @@ def parse_chat(body: bytes, default_max_tokens: int) -> tuple[ChatCompletionRequ
         raise ApiError(400, "messages must not be empty", param="messages", code="invalid_value")
     messages = [ChatMessage(role=m.role, content=_content(m, i), name=m.name)
                 for i, m in enumerate(req.messages)]
-    limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    return req, _sampling(req, limit, default_max_tokens), messages
+    if req.max_completion_tokens is not None:
+        return req, _sampling(req, req.max_completion_tokens, default_max_tokens,
+                              "max_completion_tokens"), messages
+    return req, _sampling(req, req.max_tokens, default_max_tokens), messages
 
 
 def parse_completion(body: bytes, default_max_tokens: int) -> tuple[CompletionRequest, SamplingParams, str]:

@@ -70,6 +70,8 @@ class Worker:
 class Queued:
     request: RequestSubmitted
     since: float
+    order: int
+    """Arrival order, kept across reassignment so re-queued work stays FIFO."""
     attempt: int = 1
 
 
@@ -79,6 +81,7 @@ class Inflight:
     worker_id: str
     attempt: int
     assigned_at: float
+    order: int
     started: bool = False
 
 
@@ -91,6 +94,7 @@ class SchedulerCore:
         self._queued_ids: set[str] = set()
         self._ended: OrderedDict[str, None] = OrderedDict()
         self._rr: dict[str, int] = {}
+        self._arrivals = 0
 
     # -- inputs ----------------------------------------------------------------------
 
@@ -98,7 +102,8 @@ class SchedulerCore:
         rid = request.request_id
         if rid in self._queued_ids or rid in self.inflight or rid in self._ended:
             return []  # redelivery or client retry of a known request: idempotent
-        self._enqueue(Queued(request=request, since=now))
+        self._arrivals += 1
+        self._enqueue(Queued(request=request, since=now, order=self._arrivals))
         return self._dispatch(now)
 
     def on_heartbeat(self, hb: WorkerHeartbeat, now: float) -> list[Effect]:
@@ -151,11 +156,15 @@ class SchedulerCore:
         for wid in [w.worker_id for w in self.workers.values()
                     if now - w.last_seen > self.policy.worker_timeout_s]:
             effects += self._lose_worker(wid, now)
-        for q in self.queues.values():
-            while q and now - q[0].since > self.policy.queue_timeout_s:
-                item = q.popleft()
-                self._queued_ids.discard(item.request.request_id)
-                effects.append(self._timed_out(item.request))
+        limit = self.policy.queue_timeout_s
+        for model, q in self.queues.items():
+            # a full scan: re-queued work sits at the front with a newer ``since``
+            if any(now - item.since > limit for item in q):
+                expired = [item for item in q if now - item.since > limit]
+                self.queues[model] = deque(item for item in q if now - item.since <= limit)
+                for item in expired:
+                    self._queued_ids.discard(item.request.request_id)
+                    effects.append(self._timed_out(item.request))
         return effects + self._dispatch(now)
 
     # -- views -----------------------------------------------------------------------
@@ -214,14 +223,15 @@ class SchedulerCore:
         if w is None:
             return []
         effects: list[Effect] = []
-        for rid in sorted(w.assigned, key=lambda r: self.inflight[r].assigned_at, reverse=True):
+        # newest first, each pushed to the front: the oldest ends up first in line
+        for rid in sorted(w.assigned, key=lambda r: self.inflight[r].order, reverse=True):
             f = self.inflight.pop(rid)
             if f.started:
                 effects.append(Fail(
                     request=f.request,
                     code="worker_lost",
                     reason=f"worker {worker_id} was lost after streaming began; "
-                    "retry with the same request id",
+                    "submit the request again (with a new request id)",
                     retryable=True,
                 ))
             elif f.attempt >= self.policy.max_attempts:
@@ -233,8 +243,8 @@ class SchedulerCore:
                 ))
             else:
                 # not started: hand it to another worker ahead of newer requests
-                self._enqueue(Queued(request=f.request, since=now, attempt=f.attempt + 1),
-                              front=True)
+                self._enqueue(Queued(request=f.request, since=now, order=f.order,
+                                     attempt=f.attempt + 1), front=True)
         return effects
 
     def _dispatch(self, now: float) -> list[Effect]:
@@ -264,7 +274,7 @@ class SchedulerCore:
                 w.assigned.add(rid)
                 self.inflight[rid] = Inflight(
                     request=item.request, worker_id=w.worker_id, attempt=item.attempt,
-                    assigned_at=now,
+                    assigned_at=now, order=item.order,
                 )
                 effects.append(Assign(worker_id=w.worker_id, request=item.request,
                                       attempt=item.attempt))

@@ -76,12 +76,11 @@ class _Sequence:
         before = len(self.text)
         self.text += VOCAB[tid] + " "
         finish = None
-        for stop in self.request.sampling.stop:
-            cut = self.text.find(stop, max(0, before - len(stop) + 1)) if stop else -1
-            if cut >= 0:
-                self.text = self.text[:cut]
-                finish = "stop"
-                break
+        cuts = [c for stop in self.request.sampling.stop if stop
+                for c in (self.text.find(stop, max(0, before - len(stop) + 1)),) if c >= 0]
+        if cuts:  # the earliest match wins, whichever stop string it is
+            self.text = self.text[:min(cuts)]
+            finish = "stop"
         if finish is None and self.generated >= self.request.sampling.max_tokens:
             finish = "length"
         end = len(self.text) if finish else max(self.emitted, len(self.text) - self.holdback)

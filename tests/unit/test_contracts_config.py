@@ -1,0 +1,291 @@
+"""Contracts (events, codec, schema, subjects) and settings loading."""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from inferbus.contracts import (
+    ALL_EVENTS,
+    SUBMIT,
+    TERMINAL_TYPES,
+    CancelRequest,
+    ChatMessage,
+    DeadLetter,
+    RequestAccepted,
+    RequestCancelled,
+    RequestFailed,
+    RequestFinished,
+    RequestRejected,
+    RequestStarted,
+    RequestSubmitted,
+    ReplyEvent,
+    SamplingParams,
+    Terminal,
+    TokenChunk,
+    Usage,
+    WorkAssigned,
+    WorkerHeartbeat,
+    heartbeat_subject,
+    reply_subject,
+    subject_token,
+    work_subject,
+)
+from inferbus.contracts.schema import document
+from inferbus.shared import codec
+from inferbus.shared.config import DEFAULT_NATS_URL, ServiceSettings, load_settings
+
+CONTRACTS_DIR = Path(__file__).resolve().parents[2] / "contracts"
+
+SUBMITTED = RequestSubmitted(
+    request_id="r1", model="m", reply_to="ib.reply.g.r1",
+    messages=[ChatMessage(role="user", content="héllo ✓", name="u")],
+    sampling=SamplingParams(max_tokens=5, temperature=0.5, top_p=0.9, stop=["\n"], seed=3),
+    tenant="t1", created_at=1.5,
+)
+
+SAMPLES = {
+    RequestSubmitted: SUBMITTED,
+    RequestAccepted: RequestAccepted(request=SUBMITTED, accepted_at=2.0),
+    RequestRejected: RequestRejected(request_id="r1", code="prompt_too_long", reason="long",
+                                     param="messages"),
+    WorkAssigned: WorkAssigned(request=SUBMITTED, worker_id="w1", attempt=2, assigned_at=3.0),
+    RequestStarted: RequestStarted(request_id="r1", worker_id="w1", attempt=2),
+    TokenChunk: TokenChunk(request_id="r1", seq=4, text="tok ", token_ids=[1, 2], attempt=2),
+    RequestFinished: RequestFinished(request_id="r1", finish_reason="stop",
+                                     usage=Usage(prompt_tokens=3, completion_tokens=4),
+                                     chunks=5, worker_id="w1", attempt=2),
+    RequestFailed: RequestFailed(request_id="r1", code="worker_lost", reason="gone",
+                                 retryable=True),
+    RequestCancelled: RequestCancelled(request_id="r1", reason="bye"),
+    CancelRequest: CancelRequest(request_id="r1", reason="bye"),
+    WorkerHeartbeat: WorkerHeartbeat(worker_id="w1", models=["m"], engine="sim",
+                                     state="draining", reason="shutdown", max_num_seqs=4,
+                                     running=1, waiting=2, inflight=["r1"], interval_s=0.5,
+                                     sent_at=9.0),
+    DeadLetter: DeadLetter(service="sanitizer", subject="ib.req.submitted",
+                           reason="undecodable", payload=b"\x00\xffnot json",
+                           headers={"Ib-Request-Id": "r1"}, received_at=7.0),
+}
+
+
+def test_samples_cover_every_event():
+    assert set(SAMPLES) == set(ALL_EVENTS)
+    assert len(ALL_EVENTS) == len(set(ALL_EVENTS))
+
+
+@pytest.mark.parametrize("cls", ALL_EVENTS, ids=lambda c: c.__name__)
+def test_every_event_round_trips_with_its_type_tag(cls):
+    event = SAMPLES[cls]
+    data = codec.encode(event)
+    assert isinstance(data, bytes)
+    obj = json.loads(data)
+    assert obj["type"] == cls.__struct_config__.tag
+    back = codec.decode(data, cls)
+    assert type(back) is cls
+    assert back == event
+
+
+def test_event_tags_are_unique():
+    tags = [c.__struct_config__.tag for c in ALL_EVENTS]
+    assert len(tags) == len(set(tags))
+    assert all(isinstance(t, str) and t for t in tags)
+
+
+def test_defaults_are_on_the_wire():
+    obj = json.loads(codec.encode(RequestStarted(request_id="r", worker_id="w")))
+    assert obj == {"type": "request.started", "request_id": "r", "worker_id": "w",
+                   "attempt": 1}
+
+
+def test_decoding_a_reply_event_picks_the_right_class():
+    for cls in (TokenChunk, RequestFinished, RequestFailed, RequestCancelled, RequestRejected):
+        back = codec.decode(codec.encode(SAMPLES[cls]), ReplyEvent)
+        assert type(back) is cls
+        assert back == SAMPLES[cls]
+
+
+def test_decoding_a_terminal_picks_the_right_class():
+    for cls in TERMINAL_TYPES:
+        assert type(codec.decode(codec.encode(SAMPLES[cls]), Terminal)) is cls
+
+
+def test_decoding_an_event_not_in_the_union_fails():
+    with pytest.raises(codec.DecodeError):
+        codec.decode(codec.encode(SAMPLES[WorkerHeartbeat]), ReplyEvent)
+
+
+def test_decoding_garbage_fails_with_a_decode_error():
+    with pytest.raises(codec.DecodeError):
+        codec.decode(b"{not json", TokenChunk)
+    with pytest.raises(codec.DecodeError):
+        codec.decode(b'{"type": "token.chunk", "request_id": "r"}', TokenChunk)  # no seq
+
+
+def test_an_older_reader_ignores_new_fields():
+    data = json.dumps({"type": "request.cancelled", "request_id": "r",
+                       "reason": "x", "added_later": 1}).encode()
+    assert codec.decode(data, RequestCancelled) == RequestCancelled(request_id="r", reason="x")
+
+
+def test_to_builtins_has_the_tag():
+    assert codec.to_builtins(SAMPLES[RequestFailed])["type"] == "request.failed"
+
+
+def test_usage_total():
+    assert Usage(prompt_tokens=3, completion_tokens=4).total_tokens == 7
+
+
+# -- schema -----------------------------------------------------------------------------------
+
+
+def test_schema_document_has_every_event_and_the_submit_subject():
+    doc = document()
+    json.dumps(doc)  # serialisable as is
+    tags = {c.__struct_config__.tag for c in ALL_EVENTS}
+    assert set(doc["events"]) == tags
+    for tag, ref in doc["events"].items():
+        name = ref["$ref"].removeprefix("#/$defs/")
+        schema = doc["$defs"][name]
+        assert schema["properties"]["type"]["enum"] == [tag]
+    assert doc["subjects"]["submit"] == SUBMIT
+    assert doc["headers"]["submit"] == {"Nats-Msg-Id": "the request id (idempotent submission)"}
+
+
+def test_schema_validates_required_fields():
+    doc = document()
+    name = doc["events"]["request.submitted"]["$ref"].removeprefix("#/$defs/")
+    required = set(doc["$defs"][name]["required"])
+    assert {"request_id", "model", "reply_to", "type"} <= required
+    assert "prompt" not in required
+
+
+# -- contracts depend on msgspec and the standard library alone -----------------------------
+
+
+def _imported_modules(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    mods = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            mods += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            mods.append(node.module or "")
+    return mods
+
+
+def test_contracts_import_only_msgspec_and_the_standard_library():
+    files = sorted(CONTRACTS_DIR.glob("*.py"))
+    assert {f.name for f in files} >= {"__init__.py", "events.py", "subjects.py", "schema.py"}
+    allowed = set(sys.stdlib_module_names) | {"msgspec"}
+    for f in files:
+        for mod in _imported_modules(f):
+            assert mod.split(".")[0] in allowed, f"{f.name} imports {mod}"
+
+
+def test_import_checker_would_notice_a_third_party_import(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\nfrom nats.aio import client\nfrom . import events\n")
+    assert _imported_modules(bad) == ["os", "nats.aio"]
+
+
+# -- subjects ---------------------------------------------------------------------------------
+
+
+def test_subject_token_replaces_dots_and_other_characters():
+    assert subject_token("host.example.com") == "host-example-com"
+    assert subject_token("a b*c>d") == "a-b-c-d"
+    assert subject_token("ok_Name-1") == "ok_Name-1"
+    assert subject_token("") == "-"
+    assert "." not in subject_token("w.1.2")
+
+
+def test_subject_builders():
+    assert work_subject("w1") == "ib.work.w1"
+    assert heartbeat_subject("w1") == "ib.hb.w1"
+    assert reply_subject("gw1", "r1") == "ib.reply.gw1.r1"
+
+
+# -- load_settings ----------------------------------------------------------------------------
+
+
+class DemoSettings(ServiceSettings, kw_only=True):
+    """a demo service"""
+
+    ratio: float = 1.0
+    count: int = 3
+    verbose: bool = False
+
+
+def test_defaults_without_env_or_flags():
+    s = load_settings(DemoSettings, argv=[], environ={})
+    assert s.nats_url == DEFAULT_NATS_URL
+    assert (s.ratio, s.count, s.verbose) == (1.0, 3, False)
+    assert s.instance_id  # filled in as <hostname>-<pid>
+
+
+def test_env_prefix_sets_fields_with_conversion():
+    s = load_settings(DemoSettings, argv=[], environ={
+        "INFERBUS_RATIO": "0.25", "INFERBUS_COUNT": "7", "INFERBUS_VERBOSE": "true",
+        "INFERBUS_HTTP_PORT": "8080", "INFERBUS_INSTANCE_ID": "me"})
+    assert s.ratio == 0.25 and isinstance(s.ratio, float)
+    assert s.count == 7 and isinstance(s.count, int)
+    assert s.verbose is True
+    assert s.http_port == 8080
+    assert s.instance_id == "me"
+
+
+def test_nats_url_env():
+    s = load_settings(DemoSettings, argv=[], environ={"NATS_URL": "nats://a:1"})
+    assert s.nats_url == "nats://a:1"
+    s = load_settings(DemoSettings, argv=[], environ={"INFERBUS_NATS_URL": "nats://b:2"})
+    assert s.nats_url == "nats://b:2"
+
+
+def test_flags_win_over_env():
+    env = {"INFERBUS_COUNT": "7", "NATS_URL": "nats://env:1", "INFERBUS_RATIO": "0.5"}
+    s = load_settings(DemoSettings, argv=["--count", "9", "--nats-url", "nats://flag:2"],
+                      environ=env)
+    assert s.count == 9
+    assert s.nats_url == "nats://flag:2"
+    assert s.ratio == 0.5  # not given as a flag: env still applies
+
+
+def test_overrides_win_over_flags():
+    s = load_settings(DemoSettings, argv=["--count", "9"], environ={}, count=11)
+    assert s.count == 11
+
+
+def test_env_is_read_from_os_environ_by_default(monkeypatch):
+    monkeypatch.setenv("INFERBUS_COUNT", "42")
+    assert load_settings(DemoSettings, argv=[]).count == 42
+
+
+def test_bad_env_value_raises_system_exit_with_a_clear_message():
+    with pytest.raises(SystemExit) as info:
+        load_settings(DemoSettings, argv=[], environ={"INFERBUS_COUNT": "lots"})
+    msg = str(info.value.code)
+    assert "DemoSettings" in msg
+    assert "count" in msg
+
+
+def test_bad_flag_value_raises_system_exit_with_a_clear_message():
+    with pytest.raises(SystemExit) as info:
+        load_settings(DemoSettings, argv=["--ratio", "fast"], environ={})
+    msg = str(info.value.code)
+    assert "DemoSettings" in msg and "ratio" in msg
+
+
+def test_unknown_flag_is_refused():
+    with pytest.raises(SystemExit):
+        load_settings(DemoSettings, argv=["--no-such-flag", "1"], environ={})
+
+
+def test_settings_are_plain_msgspec_structs():
+    s = load_settings(DemoSettings, argv=[], environ={"INFERBUS_INSTANCE_ID": "x"})
+    assert msgspec.to_builtins(s)["instance_id"] == "x"

@@ -1,0 +1,391 @@
+"""Gateway decisions: OpenAI body parsing, error mapping, response shapes, model registry."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from inferbus.contracts import (
+    ChatMessage,
+    RequestCancelled,
+    RequestFailed,
+    RequestFinished,
+    RequestRejected,
+    Usage,
+    WorkerHeartbeat,
+)
+from inferbus.services.gateway.core import (
+    ApiError,
+    ModelRegistry,
+    Shapes,
+    error_for,
+    parse_chat,
+    parse_completion,
+    submitted,
+)
+
+
+def body(**fields) -> bytes:
+    return json.dumps(fields).encode()
+
+
+USER = [{"role": "user", "content": "Hi"}]
+
+
+def api_error(fn, raw: bytes) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        fn(raw, 16)
+    return info.value
+
+
+# -- parse_chat -------------------------------------------------------------------------
+
+
+def test_chat_with_string_content():
+    req, sampling, messages = parse_chat(
+        body(model="m", messages=[{"role": "system", "content": "Be brief."},
+                                  {"role": "user", "content": "Hi", "name": "bob"}]), 16)
+    assert req.model == "m"
+    assert req.stream is False
+    assert messages == [ChatMessage(role="system", content="Be brief."),
+                        ChatMessage(role="user", content="Hi", name="bob")]
+    assert sampling.max_tokens == 16  # the default given by the caller
+    assert sampling.stop == []
+    assert sampling.temperature == 1.0 and sampling.top_p == 1.0
+
+
+def test_chat_with_list_of_text_parts():
+    _, _, messages = parse_chat(body(model="m", messages=[
+        {"role": "user", "content": [{"type": "text", "text": "Hello, "},
+                                     {"type": "text", "text": "world"}]}]), 16)
+    assert messages == [ChatMessage(role="user", content="Hello, world")]
+
+
+def test_chat_null_content_is_empty():
+    _, _, messages = parse_chat(body(model="m", messages=[{"role": "assistant",
+                                                           "content": None}]), 16)
+    assert messages[0].content == ""
+
+
+def test_chat_max_tokens_is_used():
+    _, sampling, _ = parse_chat(body(model="m", messages=USER, max_tokens=7), 16)
+    assert sampling.max_tokens == 7
+
+
+def test_chat_max_completion_tokens_wins_over_max_tokens():
+    _, sampling, _ = parse_chat(body(model="m", messages=USER, max_tokens=7,
+                                     max_completion_tokens=9), 16)
+    assert sampling.max_tokens == 9
+    _, sampling, _ = parse_chat(body(model="m", messages=USER, max_completion_tokens=3), 16)
+    assert sampling.max_tokens == 3
+
+
+def test_chat_sampling_fields_pass_through():
+    req, sampling, _ = parse_chat(body(model="m", messages=USER, temperature=0.2, top_p=0.5,
+                                       seed=42, stream=True,
+                                       stream_options={"include_usage": True}), 16)
+    assert (sampling.temperature, sampling.top_p, sampling.seed) == (0.2, 0.5, 42)
+    assert req.stream is True
+    assert req.stream_options is not None and req.stream_options.include_usage is True
+
+
+def test_stop_as_string_and_as_list():
+    _, sampling, _ = parse_chat(body(model="m", messages=USER, stop="END"), 16)
+    assert sampling.stop == ["END"]
+    _, sampling, _ = parse_chat(body(model="m", messages=USER, stop=["a", "b"]), 16)
+    assert sampling.stop == ["a", "b"]
+    _, sampling, _ = parse_completion(body(model="m", prompt="p", stop="\n"), 16)
+    assert sampling.stop == ["\n"]
+
+
+def test_more_than_four_stop_sequences():
+    e = api_error(parse_chat, body(model="m", messages=USER, stop=list("abcde")))
+    assert (e.status, e.param) == (400, "stop")
+
+
+def test_malformed_json():
+    for raw in (b"{bad", b'{"model": "m",', b"nope"):
+        e = api_error(parse_chat, raw)
+        assert e.status == 400
+        assert e.code == "invalid_json"
+        assert e.body()["error"]["code"] == "invalid_json"
+
+
+@pytest.mark.parametrize("raw", [b"", b"   \n"])
+def test_empty_body(raw):
+    e = api_error(parse_chat, raw)
+    assert (e.status, e.code) == (400, "invalid_json")
+    e = api_error(parse_completion, raw)
+    assert (e.status, e.code) == (400, "invalid_json")
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"model": 3, "messages": USER}, "model"),
+    ({"model": "m", "messages": "Hi"}, "messages"),
+    ({"model": "m", "messages": USER, "temperature": "hot"}, "temperature"),
+    ({"model": "m", "messages": USER, "max_tokens": "many"}, "max_tokens"),
+    ({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+])
+def test_wrong_types_name_the_field(fields, param):
+    e = api_error(parse_chat, json.dumps(fields).encode())
+    assert e.status == 400
+    assert e.param == param
+    assert e.type == "invalid_request_error"
+    assert e.body()["error"]["param"] == param
+
+
+def test_wrong_type_in_completion_names_the_field():
+    e = api_error(parse_completion, body(model="m", prompt=12))
+    assert (e.status, e.param) == (400, "prompt")
+
+
+def test_missing_required_field_names_the_field():
+    e = api_error(parse_chat, body(model="m"))
+    assert e.status == 400
+    assert e.param == "messages"
+
+
+def test_non_object_body_is_400():
+    e = api_error(parse_chat, b"[]")
+    assert e.status == 400
+
+
+def test_empty_messages():
+    e = api_error(parse_chat, body(model="m", messages=[]))
+    assert (e.status, e.param) == (400, "messages")
+
+
+@pytest.mark.parametrize("fn, fields", [
+    (parse_chat, {"model": "m", "messages": USER, "n": 2}),
+    (parse_completion, {"model": "m", "prompt": "p", "n": 2}),
+])
+def test_n_other_than_one(fn, fields):
+    e = api_error(fn, json.dumps(fields).encode())
+    assert (e.status, e.param, e.code) == (400, "n", "unsupported_value")
+
+
+def test_unknown_content_part_type():
+    e = api_error(parse_chat, body(model="m", messages=[
+        {"role": "user", "content": "ok"},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]))
+    assert e.status == 400
+    assert e.param == "messages[1].content"
+    assert "image_url" in e.message
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_completion_tokens": 0, "max_tokens": 5}, "max_completion_tokens"),
+    ({"temperature": 2.5}, "temperature"),
+    ({"temperature": -1}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+])
+def test_bad_sampling_values(fields, param):
+    e = api_error(parse_chat, body(model="m", messages=USER, **fields))
+    assert (e.status, e.param, e.code) == (400, param, "invalid_value")
+
+
+# -- parse_completion -------------------------------------------------------------------
+
+
+def test_completion_with_string_prompt():
+    req, sampling, prompt = parse_completion(body(model="m", prompt="Once", max_tokens=5), 16)
+    assert (req.model, prompt, sampling.max_tokens) == ("m", "Once", 5)
+
+
+def test_completion_default_max_tokens():
+    _, sampling, _ = parse_completion(body(model="m", prompt="Once"), 33)
+    assert sampling.max_tokens == 33
+
+
+def test_completion_with_one_prompt_in_a_list():
+    _, _, prompt = parse_completion(body(model="m", prompt=["Once"]), 16)
+    assert prompt == "Once"
+
+
+@pytest.mark.parametrize("prompts", [[], ["a", "b"]])
+def test_completion_with_not_exactly_one_prompt(prompts):
+    e = api_error(parse_completion, body(model="m", prompt=prompts))
+    assert (e.status, e.param) == (400, "prompt")
+
+
+def test_submitted_builds_the_contract_event():
+    _, sampling, messages = parse_chat(body(model="m", messages=USER, max_tokens=4), 16)
+    ev = submitted(request_id="r1", model="m", reply_to="ib.reply.g.r1", sampling=sampling,
+                   now=12.5, messages=messages, tenant="t")
+    assert (ev.request_id, ev.model, ev.reply_to, ev.created_at, ev.tenant) == (
+        "r1", "m", "ib.reply.g.r1", 12.5, "t")
+    assert ev.prompt is None and ev.messages == messages
+    assert ev.sampling.max_tokens == 4
+
+
+# -- error_for ------------------------------------------------------------------------------
+
+
+def test_rejected_maps_to_400_with_param():
+    e = error_for(RequestRejected(request_id="r", code="prompt_too_long", reason="too long",
+                                  param="messages"))
+    assert (e.status, e.code, e.param, e.message) == (400, "prompt_too_long", "messages",
+                                                      "too long")
+    assert e.type == "invalid_request_error"
+
+
+def test_failed_no_worker_maps_to_503_with_retry_after():
+    e = error_for(RequestFailed(request_id="r", code="no_worker", reason="none",
+                                retryable=True))
+    assert (e.status, e.code, e.type) == (503, "no_worker", "server_error")
+    assert e.retry_after is not None and e.retry_after > 0
+
+
+def test_failed_worker_lost_maps_to_503():
+    e = error_for(RequestFailed(request_id="r", code="worker_lost", reason="gone",
+                                retryable=True))
+    assert (e.status, e.code) == (503, "worker_lost")
+
+
+def test_failed_not_retryable_has_no_retry_after():
+    e = error_for(RequestFailed(request_id="r", code="queue_timeout", reason="x"))
+    assert e.status == 503 and e.retry_after is None
+
+
+def test_failed_unknown_code_maps_to_500():
+    e = error_for(RequestFailed(request_id="r", code="engine_exploded", reason="boom"))
+    assert (e.status, e.code, e.type) == (500, "engine_exploded", "server_error")
+
+
+def test_cancelled_maps_to_499():
+    e = error_for(RequestCancelled(request_id="r", reason="client left"))
+    assert e.status == 499
+    assert e.message == "client left"
+
+
+def test_error_body_is_openai_shaped():
+    e = ApiError(400, "bad", param="x", code="c")
+    assert e.body() == {"error": {"message": "bad", "type": "invalid_request_error",
+                                  "param": "x", "code": "c"}}
+
+
+# -- Shapes -------------------------------------------------------------------------------
+
+FIN = RequestFinished(request_id="r1", finish_reason="length",
+                      usage=Usage(prompt_tokens=5, completion_tokens=3), chunks=3)
+
+
+def test_chat_stream_first_chunk_has_role_later_ones_do_not():
+    s = Shapes(chat=True, request_id="r1", model="m", created=100)
+    first, second, third = s.chunk("Hel"), s.chunk("lo"), s.chunk("!")
+    for c in (first, second, third):
+        assert c["object"] == "chat.completion.chunk"
+        assert c["id"] == "chatcmpl-r1"
+        assert (c["model"], c["created"]) == ("m", 100)
+        assert c["choices"][0]["finish_reason"] is None
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": "Hel"}
+    assert second["choices"][0]["delta"] == {"content": "lo"}
+    assert third["choices"][0]["delta"] == {"content": "!"}
+
+
+def test_chat_final_chunk_carries_finish_reason_and_no_content():
+    s = Shapes(chat=True, request_id="r1", model="m", created=100)
+    s.chunk("x")
+    final = s.final_chunk(FIN)
+    choice = final["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert choice["delta"] == {}
+    stop = s.final_chunk(RequestFinished(request_id="r1", finish_reason="stop", usage=Usage(),
+                                         chunks=0))
+    assert stop["choices"][0]["finish_reason"] == "stop"
+
+
+def test_chat_final_chunk_carries_role_when_nothing_came_before():
+    s = Shapes(chat=True, request_id="r1", model="m", created=100)
+    assert s.final_chunk(FIN)["choices"][0]["delta"] == {"role": "assistant"}
+
+
+def test_usage_chunk_has_empty_choices_and_totals():
+    s = Shapes(chat=True, request_id="r1", model="m", created=100)
+    u = s.usage_chunk(FIN)
+    assert u["choices"] == []
+    assert u["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    assert u["object"] == "chat.completion.chunk"
+
+
+def test_chat_complete_has_message_and_usage():
+    s = Shapes(chat=True, request_id="r1", model="m", created=100)
+    c = s.complete("Hello!", FIN)
+    assert c["object"] == "chat.completion"
+    assert c["id"] == "chatcmpl-r1"
+    assert c["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Hello!"},
+                             "logprobs": None, "finish_reason": "length"}]
+    assert c["usage"]["total_tokens"] == 8
+
+
+def test_text_completion_shapes():
+    s = Shapes(chat=False, request_id="r1", model="m", created=100)
+    c = s.chunk("Once")
+    assert c["object"] == "text_completion"
+    assert c["id"] == "cmpl-r1"
+    assert c["choices"] == [{"index": 0, "text": "Once", "logprobs": None,
+                             "finish_reason": None}]
+    f = s.final_chunk(FIN)
+    assert f["object"] == "text_completion"
+    assert f["choices"][0]["text"] == "" and f["choices"][0]["finish_reason"] == "length"
+    full = s.complete("Once upon", FIN)
+    assert full["object"] == "text_completion"
+    assert full["choices"][0]["text"] == "Once upon"
+    assert full["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    assert s.usage_chunk(FIN)["choices"] == []
+
+
+def test_shapes_are_json_serialisable():
+    s = Shapes(chat=True, request_id="r1", model="m", created=1)
+    for obj in (s.chunk("a"), s.final_chunk(FIN), s.usage_chunk(FIN), s.complete("a", FIN)):
+        json.dumps(obj)
+
+
+# -- ModelRegistry --------------------------------------------------------------------------
+
+
+def beat(wid: str, models: list[str], state: str = "ready") -> WorkerHeartbeat:
+    return WorkerHeartbeat(worker_id=wid, models=models, engine="sim", state=state)
+
+
+def test_registry_counts_ready_workers_per_model():
+    reg = ModelRegistry(stale_after_s=3.0)
+    reg.on_heartbeat(beat("w1", ["a"]), 0.0)
+    reg.on_heartbeat(beat("w2", ["a", "b"]), 0.0)
+    reg.on_heartbeat(beat("w3", ["b"]), 0.0)
+    assert reg.models(1.0) == {"a": 2, "b": 2}
+    reg.on_heartbeat(beat("w1", ["a"]), 1.0)  # a repeat beat does not double count
+    assert reg.models(1.5) == {"a": 2, "b": 2}
+
+
+def test_registry_drops_stale_workers():
+    reg = ModelRegistry(stale_after_s=3.0)
+    reg.on_heartbeat(beat("w1", ["a"]), 0.0)
+    reg.on_heartbeat(beat("w2", ["a"]), 2.0)
+    assert reg.models(3.0) == {"a": 2}
+    assert reg.models(3.5) == {"a": 1}
+    assert reg.models(10.0) == {}
+    # it comes back with a new beat
+    reg.on_heartbeat(beat("w1", ["a"]), 10.0)
+    assert reg.models(10.0) == {"a": 1}
+
+
+@pytest.mark.parametrize("state", ["stopped", "failed"])
+def test_registry_drops_stopped_workers(state):
+    reg = ModelRegistry()
+    reg.on_heartbeat(beat("w1", ["a"]), 0.0)
+    reg.on_heartbeat(beat("w2", ["a"]), 0.0)
+    reg.on_heartbeat(beat("w1", ["a"], state=state), 0.1)
+    assert reg.models(0.2) == {"a": 1}
+
+
+def test_registry_counts_draining_and_starting_workers_with_zero():
+    reg = ModelRegistry()
+    reg.on_heartbeat(beat("w1", ["a"], state="draining"), 0.0)
+    reg.on_heartbeat(beat("w2", ["b"], state="starting"), 0.0)
+    reg.on_heartbeat(beat("w3", ["b"]), 0.0)
+    assert reg.models(0.5) == {"a": 0, "b": 1}

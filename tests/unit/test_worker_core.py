@@ -1,0 +1,95 @@
+"""RequestStream: how engine outputs become numbered chunks and one terminal event."""
+
+from __future__ import annotations
+
+from inferbus.contracts import (
+    RequestFinished,
+    RequestStarted,
+    RequestSubmitted,
+    SamplingParams,
+    TokenChunk,
+    Usage,
+    WorkAssigned,
+)
+from inferbus.services.worker.core import RequestStream, engine_request, heartbeat
+from inferbus.services.worker.engine import EngineOutput, EngineStats
+
+
+def assignment(attempt: int = 2) -> WorkAssigned:
+    req = RequestSubmitted(request_id="r1", model="m", reply_to="ib.reply.g.r1", prompt="hi",
+                           sampling=SamplingParams(max_tokens=4, seed=1))
+    return WorkAssigned(request=req, worker_id="w1", attempt=attempt)
+
+
+def out(text: str, n: int, finish: str | None = None, ids: list[int] | None = None):
+    return EngineOutput(text=text, token_ids=[n] if ids is None else ids, prompt_tokens=3,
+                        completion_tokens=n, finish_reason=finish)
+
+
+def test_started_is_returned_once():
+    s = RequestStream(assignment(), "w1", now=10.0)
+    first = s.started(10.5)
+    assert first == RequestStarted(request_id="r1", worker_id="w1", attempt=2)
+    assert s.first_token_at == 10.5
+    assert s.started(11.0) is None
+    assert s.started(12.0) is None
+    assert s.first_token_at == 10.5
+
+
+def test_chunks_are_numbered_without_gaps():
+    s = RequestStream(assignment(), "w1", now=0.0)
+    chunks = [s.chunk(out("a ", 1)), s.chunk(out("b ", 2)), s.chunk(out("c ", 3))]
+    assert [c.seq for c in chunks] == [0, 1, 2]
+    assert all(isinstance(c, TokenChunk) for c in chunks)
+    assert [c.text for c in chunks] == ["a ", "b ", "c "]
+    assert all(c.request_id == "r1" and c.attempt == 2 for c in chunks)
+    assert chunks[1].token_ids == [2]
+
+
+def test_empty_output_yields_no_chunk_and_leaves_no_gap():
+    s = RequestStream(assignment(), "w1", now=0.0)
+    assert s.chunk(out("a", 1)).seq == 0
+    assert s.chunk(out("", 2, ids=[])) is None
+    assert s.chunk(out("b", 3)).seq == 1
+    assert s.seq == 2
+
+
+def test_token_ids_without_text_still_make_a_chunk():
+    # e.g. held back for a possible stop string: the tokens are still reported
+    s = RequestStream(assignment(), "w1", now=0.0)
+    c = s.chunk(out("", 1, ids=[5]))
+    assert c is not None and c.seq == 0 and c.text == "" and c.token_ids == [5]
+
+
+def test_finished_carries_usage_chunk_count_and_attempt():
+    s = RequestStream(assignment(attempt=3), "w1", now=0.0)
+    s.chunk(out("a", 1))
+    s.chunk(out("b", 2))
+    fin = s.finished(out("", 4, finish="length", ids=[]))
+    assert fin == RequestFinished(request_id="r1", finish_reason="length",
+                                  usage=Usage(prompt_tokens=3, completion_tokens=4),
+                                  chunks=2, worker_id="w1", attempt=3)
+    assert fin.usage.total_tokens == 7
+
+
+def test_finished_stop_reason_and_no_chunks():
+    s = RequestStream(assignment(), "w1", now=0.0)
+    fin = s.finished(out("", 1, finish="stop", ids=[]))
+    assert fin.finish_reason == "stop"
+    assert fin.chunks == 0
+
+
+def test_engine_request_from_assignment():
+    er = engine_request(assignment())
+    assert er.request_id == "r1" and er.prompt == "hi" and er.messages is None
+    assert er.sampling.max_tokens == 4 and er.sampling.seed == 1
+
+
+def test_heartbeat_builder():
+    hb = heartbeat(worker_id="w1", engine_name="sim", models=["m"], max_num_seqs=8,
+                   state="draining", stats=EngineStats(running=2, waiting=1), inflight=["r1"],
+                   interval_s=0.5, now=42.0, reason="bye")
+    assert (hb.worker_id, hb.engine, hb.models, hb.max_num_seqs, hb.state) == (
+        "w1", "sim", ["m"], 8, "draining")
+    assert (hb.running, hb.waiting, hb.inflight, hb.interval_s, hb.sent_at, hb.reason) == (
+        2, 1, ["r1"], 0.5, 42.0, "bye")
