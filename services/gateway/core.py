@@ -253,6 +253,16 @@ class ModelRegistry:
         else:
             self._workers[hb.worker_id] = (hb, now)
 
+    def admit(self, model: str, now: float) -> None:
+        """Raise the HTTP error for a model no live worker can serve right now."""
+        ready = self.models(now).get(model)
+        if ready is None:
+            raise ApiError(404, f"the model {model!r} does not exist or no worker serves it",
+                           param="model", code="model_not_found")
+        if ready == 0:
+            raise ApiError(503, f"no worker for {model!r} is ready", type="server_error",
+                           code="no_worker", retry_after=1.0)
+
     def models(self, now: float) -> dict[str, int]:
         """Model → number of ready workers (0 when all are draining or starting)."""
         out: dict[str, int] = {}

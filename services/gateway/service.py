@@ -156,13 +156,7 @@ class GatewayService(Service[GatewaySettings]):
             event = submitted(request_id=rid, model=req.model, sampling=sampling,
                               reply_to=reply_subject(self.gateway_id, rid), now=time.time(),
                               prompt=prompt)
-        served = self.registry.models(time.monotonic())
-        if req.model not in served:
-            raise ApiError(404, f"the model {req.model!r} does not exist or no worker serves it",
-                           param="model", code="model_not_found")
-        if served[req.model] == 0:
-            raise ApiError(503, f"no worker for {req.model!r} is ready", type="server_error",
-                           code="no_worker", retry_after=1.0)
+        self.registry.admit(req.model, time.monotonic())
         if rid in self._pending:
             raise ApiError(409, f"request {rid} is already in flight", code="duplicate_request")
         shapes = Shapes(chat=chat, request_id=rid, model=req.model, created=int(time.time()))

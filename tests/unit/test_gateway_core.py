@@ -389,3 +389,17 @@ def test_registry_counts_draining_and_starting_workers_with_zero():
     reg.on_heartbeat(beat("w2", ["b"], state="starting"), 0.0)
     reg.on_heartbeat(beat("w3", ["b"]), 0.0)
     assert reg.models(0.5) == {"a": 0, "b": 1}
+
+
+def test_registry_admit_maps_unknown_and_unready_models():
+    reg = ModelRegistry(stale_after_s=3.0)
+    reg.on_heartbeat(WorkerHeartbeat(worker_id="w1", models=["m"], engine="sim",
+                                     state="draining"), now=0.0)
+    with pytest.raises(ApiError) as unknown:
+        reg.admit("other", now=1.0)
+    assert unknown.value.status == 404 and unknown.value.code == "model_not_found"
+    with pytest.raises(ApiError) as unready:
+        reg.admit("m", now=1.0)
+    assert unready.value.status == 503 and unready.value.retry_after
+    reg.on_heartbeat(WorkerHeartbeat(worker_id="w1", models=["m"], engine="sim"), now=2.0)
+    reg.admit("m", now=2.5)
