@@ -34,6 +34,11 @@ __all__ = [
     "ALL_EVENTS",
     "FinishReason",
     "WorkerState",
+    "StageTimings",
+    "KvBlocksStored",
+    "KvBlocksRemoved",
+    "KvAllCleared",
+    "KvEvent",
 ]
 
 
@@ -51,13 +56,22 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
+    """0 means no top-k cut."""
     stop: list[str] = []
+    stop_token_ids: list[int] = []
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    ignore_eos: bool = False
 
 
 class Usage(msgspec.Struct, kw_only=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    """Prompt tokens served from the engine's prefix cache."""
 
     @property
     def total_tokens(self) -> int:
@@ -115,6 +129,19 @@ class TokenChunk(Event, tag="token.chunk"):
 FinishReason = Literal["stop", "length"]
 
 
+class StageTimings(msgspec.Struct, kw_only=True):
+    """Where a request's time went inside the worker, in seconds (0 when unknown)."""
+
+    queued_s: float = 0.0
+    """From the worker receiving the assignment to the engine scheduling it."""
+    prefill_s: float = 0.0
+    """From scheduling to the first token (prompt processing)."""
+    first_token_s: float = 0.0
+    """From the worker receiving the assignment to the first token."""
+    decode_s: float = 0.0
+    """From the first token to the last."""
+
+
 class RequestFinished(Event, tag="request.finished"):
     request_id: str
     finish_reason: FinishReason
@@ -123,6 +150,7 @@ class RequestFinished(Event, tag="request.finished"):
     """How many TokenChunks were sent before this event, so a reader can spot a gap."""
     worker_id: str = ""
     attempt: int = 1
+    timings: StageTimings = msgspec.field(default_factory=StageTimings)
 
 
 class RequestFailed(Event, tag="request.failed"):
@@ -169,6 +197,13 @@ class WorkerHeartbeat(Event, tag="worker.heartbeat"):
     inflight: list[str] = []
     interval_s: float = 1.0
     sent_at: float = 0.0
+    kv_cache_usage: float = 0.0
+    """Fraction of the engine's KV cache in use, 0..1."""
+    prefix_cache_hits: int = 0
+    """Prompt tokens found in the prefix cache since the worker started."""
+    prefix_cache_queries: int = 0
+    adapters: list[str] = []
+    """LoRA adapters loaded; each is also listed in ``models``."""
 
 
 class DeadLetter(Event, tag="dead_letter"):
@@ -181,6 +216,30 @@ class DeadLetter(Event, tag="dead_letter"):
     headers: dict[str, str] = {}
     received_at: float = 0.0
 
+
+class KvBlocksStored(Event, tag="kv.stored"):
+    """The worker's engine cached these blocks (a chain: each block's parent is the previous)."""
+
+    worker_id: str
+    block_hashes: list[int]
+    parent_block_hash: int | None = None
+    token_ids: list[int] = []
+    block_size: int = 0
+    lora_name: str | None = None
+    medium: str | None = None
+
+
+class KvBlocksRemoved(Event, tag="kv.removed"):
+    worker_id: str
+    block_hashes: list[int]
+    medium: str | None = None
+
+
+class KvAllCleared(Event, tag="kv.cleared"):
+    worker_id: str
+
+
+KvEvent = KvBlocksStored | KvBlocksRemoved | KvAllCleared
 
 Terminal = RequestFinished | RequestFailed | RequestCancelled | RequestRejected
 ReplyEvent = TokenChunk | RequestFinished | RequestFailed | RequestCancelled | RequestRejected
@@ -199,4 +258,7 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     CancelRequest,
     WorkerHeartbeat,
     DeadLetter,
+    KvBlocksStored,
+    KvBlocksRemoved,
+    KvAllCleared,
 )

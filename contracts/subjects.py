@@ -21,6 +21,8 @@ __all__ = [
     "heartbeat_subject",
     "work_subject",
     "dead_letter_subject",
+    "kv_subject",
+    "KV_EVENTS",
     "reply_subject",
     "subject_token",
     "status_subject",
@@ -44,6 +46,8 @@ ENDED = "ib.req.ended"
 """Every terminal event is recorded here as well as sent to the reply subject."""
 _WORK = "ib.work.{worker_id}"
 _DEAD_LETTER = "ib.dlq.{service}"
+_KV = "ib.kv.{worker_id}"
+KV_EVENTS = "ib.kv.*"
 
 # core NATS subjects
 CANCEL = "ib.ctl.cancel"
@@ -69,6 +73,11 @@ def heartbeat_subject(worker_id: str) -> str:
 
 def work_subject(worker_id: str) -> str:
     return _WORK.format(worker_id=worker_id)
+
+
+def kv_subject(worker_id: str) -> str:
+    """A worker's KV cache events (JetStream), for KV-aware routing and the spill service."""
+    return _KV.format(worker_id=worker_id)
 
 
 def dead_letter_subject(service: str) -> str:
@@ -120,6 +129,12 @@ STREAMS: tuple[StreamSpec, ...] = (
         subjects=("ib.work.>",),
         max_age_s=24 * 3600,
         description="work assignments, one subject per worker",
+    ),
+    StreamSpec(
+        name="IB_KV",
+        subjects=("ib.kv.>",),
+        max_age_s=24 * 3600,
+        description="workers' KV cache events (blocks stored, removed, cleared), by worker",
     ),
     StreamSpec(
         name="IB_DLQ",

@@ -21,8 +21,11 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--engine", type=click.Choice(["sim"]), default="sim", show_default=True)
-@click.option("--model", default=None, help="Model to serve (sim: any name).")
+@click.option("--engine", type=click.Choice(["vllm", "sim"]), default="vllm", show_default=True,
+              help="vllm: the real engine. sim: a timing model, for scale tests.")
+@click.option("--model", default=None,
+              help="vllm: a model folder (default: a tiny local Llama, built on first use). "
+                   "sim: any name.")
 @click.option("--port", default=8000, show_default=True, help="Gateway HTTP port (0: any free one).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--nats-url", envvar="NATS_URL", default=None,
@@ -35,7 +38,7 @@ def main() -> None:
 @click.option("--no-selftest", is_flag=True, help="Skip the request served at start-up.")
 @click.option("--check", is_flag=True, help="Start, serve the self-test request, stop, exit.")
 @click.option("--worker-arg", "worker_args", multiple=True,
-              help="Extra flag for each worker, e.g. --worker-arg=--sim-decode-s-per-step=0.01")
+              help="Extra flag for each worker, e.g. --worker-arg=--max-num-seqs=64")
 def up(engine: str, model: str | None, port: int, host: str, nats_url: str | None,
        nats_port: int, state_dir: Path, workers: int, metrics_port_base: int,
        no_selftest: bool, check: bool, worker_args: tuple[str, ...]) -> None:
@@ -100,6 +103,25 @@ def serve(ctx: click.Context, service: str) -> None:
     import importlib
 
     importlib.import_module(f"inferbus.services.{service}.__main__").main(ctx.args)
+
+
+@main.group()
+def model() -> None:
+    """Local models."""
+
+
+@model.command("make-tiny")
+@click.argument("out_dir", type=click.Path(path_type=Path))
+@click.option("--lora", "lora_dir", type=click.Path(path_type=Path), default=None,
+              help="Also write a tiny LoRA adapter for it here.")
+@click.option("--seed", default=0, show_default=True)
+def make_tiny_cmd(out_dir: Path, lora_dir: Path | None, seed: int) -> None:
+    """Build a tiny random-weight Llama with a locally trained tokenizer (seconds)."""
+    from inferbus.tinymodel import make_tiny, make_tiny_lora
+
+    click.echo(f"model  {make_tiny(out_dir, seed=seed)}")
+    if lora_dir is not None:
+        click.echo(f"lora   {make_tiny_lora(out_dir, lora_dir)}")
 
 
 @main.group()

@@ -163,7 +163,13 @@ class Client:
         request_id: str | None = None,
         tenant: str = "default",
         timeout: float = 600.0,
+        **sampling: Any,
     ) -> Stream:
+        """Prepare a request; iterating the stream submits it.
+
+        ``sampling`` takes the other SamplingParams fields: top_k, stop_token_ids,
+        presence_penalty, frequency_penalty, repetition_penalty, ignore_eos.
+        """
         msgs = None
         if messages is not None:
             msgs = [m if isinstance(m, ChatMessage) else ChatMessage(**m) for m in messages]
@@ -174,7 +180,7 @@ class Client:
             prompt=prompt,
             messages=msgs,
             sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                    stop=stop or [], seed=seed),
+                                    stop=stop or [], seed=seed, **sampling),
             tenant=tenant,
             created_at=time.time(),
         )

@@ -28,9 +28,12 @@ from inferbus.shared.streams import ensure_streams
 STOP_ORDER = ("gateway", "sanitizer", "worker", "scheduler")
 
 
+TINY_MODEL = "tiny-llama"
+
+
 @dataclass
 class Options:
-    engine: str = "sim"
+    engine: str = "vllm"
     model: str | None = None
     port: int = 8000
     host: str = "127.0.0.1"
@@ -86,11 +89,14 @@ def _specs(o: Options, nats_url: str, model: str) -> list[Supervised]:
                                       "--http-port", str(o.metrics_port_base + 2)],
                    env, logs / "scheduler.log"),
     ]
+    engine_args = ["--engine", o.engine, "--model", model, "--state-dir", str(o.state_dir)]
+    if o.engine == "vllm" and o.model is None:
+        # the tiny model: eager mode starts in seconds on a CPU, and 2k tokens is its context
+        engine_args += ["--enforce-eager", "true", "--max-model-len", "2048"]
     for i in range(o.workers):
         out.append(Supervised(
             f"worker-{i}",
-            py + ["inferbus.services.worker", "--engine", o.engine, "--model", model,
-                  "--instance-id", f"worker-{i}",
+            py + ["inferbus.services.worker", *engine_args, "--instance-id", f"worker-{i}",
                   "--http-port", str(o.metrics_port_base + 10 + i), *o.worker_args],
             env, logs / f"worker-{i}.log"))
     out.append(Supervised("gateway", py + ["inferbus.services.gateway", "--http-host", o.host,
@@ -139,13 +145,26 @@ def _selftest(base: str, model: str) -> str:
     return reply["choices"][0]["message"]["content"]
 
 
+def _model(o: Options) -> tuple[str, str]:
+    """What the workers load, and the name clients ask for."""
+    if o.engine == "sim":
+        return o.model or "sim-model", o.model or "sim-model"
+    if o.model:
+        return o.model, Path(o.model.rstrip("/")).name
+    path = o.state_dir / "models" / TINY_MODEL
+    if not (path / "model.safetensors").exists():
+        from inferbus.tinymodel import make_tiny
+
+        _say(f"building the tiny local model in {path}")
+        make_tiny(path)
+    return str(path), TINY_MODEL
+
+
 def run(o: Options) -> int:
     o.state_dir.mkdir(parents=True, exist_ok=True)
     o.port = o.port or free_port(o.host)
     o.nats_port = o.nats_port or free_port()
-    model = o.model or ("sim-model" if o.engine == "sim" else "")
-    if not model:
-        raise SystemExit("--model is required for this engine")
+    model, served = _model(o)
     nats: NatsServer | None = None
     nats_url = o.nats_url or os.environ.get("NATS_URL")
     if not nats_url:
@@ -158,6 +177,7 @@ def run(o: Options) -> int:
     asyncio.run(_provision(nats_url))
 
     procs = _specs(o, nats_url, model)
+    model = served
     stopping = False
 
     def on_signal(*_: Any) -> None:

