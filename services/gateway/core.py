@@ -48,6 +48,13 @@ class _Common(msgspec.Struct, kw_only=True):
     seed: int | None = None
     n: int = 1
     user: str | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # vLLM's extensions, which its clients and benchmarks send
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] = []
 
 
 class ChatCompletionRequest(_Common, kw_only=True):
@@ -113,8 +120,24 @@ def _sampling(req: _Common, max_tokens: int | None, default_max_tokens: int,
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > 4:
         raise ApiError(400, "at most 4 stop sequences", param="stop", code="invalid_value")
+    if not -2.0 <= req.presence_penalty <= 2.0:
+        raise ApiError(400, "presence_penalty must be between -2 and 2",
+                       param="presence_penalty", code="invalid_value")
+    if not -2.0 <= req.frequency_penalty <= 2.0:
+        raise ApiError(400, "frequency_penalty must be between -2 and 2",
+                       param="frequency_penalty", code="invalid_value")
+    if req.repetition_penalty <= 0:
+        raise ApiError(400, "repetition_penalty must be above 0", param="repetition_penalty",
+                       code="invalid_value")
+    if req.top_k < -1:
+        raise ApiError(400, "top_k must be -1, 0 (off) or at least 1", param="top_k",
+                       code="invalid_value")
     return SamplingParams(max_tokens=mt, temperature=req.temperature, top_p=req.top_p,
-                          stop=stop, seed=req.seed)
+                          top_k=max(0, req.top_k), stop=stop, seed=req.seed,
+                          presence_penalty=req.presence_penalty,
+                          frequency_penalty=req.frequency_penalty,
+                          repetition_penalty=req.repetition_penalty, ignore_eos=req.ignore_eos,
+                          stop_token_ids=list(req.stop_token_ids))
 
 
 def _content(msg: ChatMessageIn, index: int) -> str:

