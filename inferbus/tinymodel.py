@@ -34,6 +34,18 @@ ARCH = {
     "vocab_size": 2048,
     "max_position_embeddings": 2048,
 }
+# A Llama-3.2-1B-shaped model (about 1.2B parameters) for GPU benchmarks: random
+# weights, the same local tokenizer (a large vocabulary table, mostly unused).
+ARCH_1B = {
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 32768,
+    "max_position_embeddings": 4096,
+}
+ARCHS = {"tiny": ARCH, "1b": ARCH_1B}
 
 
 def _corpus(max_bytes: int = 3_000_000) -> list[str]:
@@ -49,7 +61,7 @@ def _corpus(max_bytes: int = 3_000_000) -> list[str]:
     return texts
 
 
-def build_tokenizer(out: Path, vocab_size: int) -> None:
+def build_tokenizer(out: Path, vocab_size: int, max_len: int) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -69,7 +81,7 @@ def build_tokenizer(out: Path, vocab_size: int) -> None:
         "eos_token": "<|end|>",
         "pad_token": "<pad>",
         "unk_token": None,
-        "model_max_length": ARCH["max_position_embeddings"],
+        "model_max_length": max_len,
         "add_bos_token": False,
         "chat_template": CHAT_TEMPLATE,
     }, indent=2))
@@ -77,18 +89,21 @@ def build_tokenizer(out: Path, vocab_size: int) -> None:
         {"bos_token": "<s>", "eos_token": "<|end|>", "pad_token": "<pad>"}, indent=2))
 
 
-def _weights(seed: int) -> dict[str, np.ndarray]:
+def _weights(arch: dict[str, int], seed: int, dtype: type) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    h, i, v = ARCH["hidden_size"], ARCH["intermediate_size"], ARCH["vocab_size"]
-    heads, kv = ARCH["num_attention_heads"], ARCH["num_key_value_heads"]
+    h, i, v = arch["hidden_size"], arch["intermediate_size"], arch["vocab_size"]
+    heads, kv = arch["num_attention_heads"], arch["num_key_value_heads"]
     head_dim = h // heads
 
     def w(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(dtype)
 
-    out = {"model.embed_tokens.weight": w(v, h), "model.norm.weight": np.ones(h, np.float32),
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype)
+
+    out = {"model.embed_tokens.weight": w(v, h), "model.norm.weight": ones(h),
            "lm_head.weight": w(v, h)}
-    for n in range(ARCH["num_hidden_layers"]):
+    for n in range(arch["num_hidden_layers"]):
         p = f"model.layers.{n}."
         out |= {
             p + "self_attn.q_proj.weight": w(heads * head_dim, h),
@@ -98,24 +113,30 @@ def _weights(seed: int) -> dict[str, np.ndarray]:
             p + "mlp.gate_proj.weight": w(i, h),
             p + "mlp.up_proj.weight": w(i, h),
             p + "mlp.down_proj.weight": w(h, i),
-            p + "input_layernorm.weight": np.ones(h, np.float32),
-            p + "post_attention_layernorm.weight": np.ones(h, np.float32),
+            p + "input_layernorm.weight": ones(h),
+            p + "post_attention_layernorm.weight": ones(h),
         }
     return out
 
 
-def make_tiny(out_dir: str | Path, seed: int = 0) -> Path:
-    """Write the model to ``out_dir`` (created if needed) and return its path."""
+def make_tiny(out_dir: str | Path, seed: int = 0, arch: str = "tiny") -> Path:
+    """Write the model to ``out_dir`` (created if needed) and return its path.
+
+    ``arch`` is "tiny" (float32, 3 MB, for CPUs and tests) or "1b" (float16, ~2.4 GB,
+    for GPU benchmarks).
+    """
     from safetensors.numpy import save_file
 
+    shape = ARCHS[arch]
+    dtype = np.float32 if arch == "tiny" else np.float16
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    build_tokenizer(out, ARCH["vocab_size"])
+    build_tokenizer(out, shape["vocab_size"], shape["max_position_embeddings"])
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        **ARCH,
-        "head_dim": ARCH["hidden_size"] // ARCH["num_attention_heads"],
+        **shape,
+        "head_dim": shape["hidden_size"] // shape["num_attention_heads"],
         "hidden_act": "silu",
         "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0,
@@ -123,12 +144,13 @@ def make_tiny(out_dir: str | Path, seed: int = 0) -> Path:
         "bos_token_id": SPECIAL_TOKENS.index("<s>"),
         "eos_token_id": SPECIAL_TOKENS.index("<|end|>"),
         "pad_token_id": SPECIAL_TOKENS.index("<pad>"),
-        "torch_dtype": "float32",
+        "torch_dtype": "float32" if dtype is np.float32 else "float16",
     }
     (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}))
-    save_file(_weights(seed), str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(_weights(shape, seed, dtype), str(out / "model.safetensors"),
+              metadata={"format": "pt"})
     return out
 
 
