@@ -195,6 +195,15 @@ def main(service_cls: type[Service[Any]], settings_cls: type[S], argv: Sequence[
     settings = load_settings(settings_cls, sys.argv[1:] if argv is None else argv)
     logs.configure(service_cls.name, settings.log_level, settings.instance_id)
     try:
-        asyncio.run(serve(service_cls(settings)))
+        run_loop(serve(service_cls(settings)))
     except KeyboardInterrupt:
         pass
+
+
+def run_loop(main_coro: Any) -> Any:
+    """asyncio.run on uvloop where it is installed: every message and token crosses it."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main_coro)
+    return uvloop.run(main_coro)
