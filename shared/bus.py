@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Awaitable, Callable
 
@@ -127,3 +128,36 @@ async def consume(nc: Client, spec: ConsumerSpec, handler: Handler) -> Subscript
             log.exception("handler failed; message left for redelivery", subject=msg.subject)
 
     return await nc.subscribe(spec.deliver_subject, queue=spec.durable, cb=guarded)
+
+
+class Background:
+    """Work a handler hands off so the next message need not wait for this one's acks.
+
+    A service's hops publish to JetStream and wait for the ack; done one message at a
+    time, every request queues behind the previous one's round trips. Up to ``limit``
+    run at once; ``wait`` lets a draining service finish them. An exception is logged
+    and the message it was handling stays unacked, so JetStream redelivers it.
+    """
+
+    def __init__(self, limit: int = 1024) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(limit)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    async def spawn(self, coro: Awaitable[None]) -> None:
+        await self._slots.acquire()
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background handler failed", error=repr(task.exception()))
+
+    async def wait(self, timeout: float | None = None) -> None:
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=timeout)

@@ -17,7 +17,13 @@ from inferbus.contracts import (
     RequestSubmitted,
 )
 from inferbus.shared import logs, metrics
-from inferbus.shared.bus import consume, publish_durable, request_headers, trace_headers
+from inferbus.shared.bus import (
+    Background,
+    consume,
+    publish_durable,
+    request_headers,
+    trace_headers,
+)
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
@@ -50,6 +56,7 @@ class SanitizerService(Service[SanitizerSettings]):
                                   max_tokens=settings.max_tokens)
         self._ctx: Context[SanitizerSettings] | None = None
         self._sub: Any = None
+        self._work = Background()
         self._counts = {"accepted": 0, "rejected": 0, "invalid": 0}
 
     async def start(self, ctx: Context[SanitizerSettings]) -> None:
@@ -59,11 +66,16 @@ class SanitizerService(Service[SanitizerSettings]):
     async def drain(self) -> None:
         if self._sub:
             await self._sub.drain()
+        await self._work.wait()
 
     def status(self) -> dict[str, Any]:
         return dict(self._counts)
 
     async def _on_submitted(self, msg: Msg) -> None:
+        # requests are independent: check many at once rather than one ack round trip apiece
+        await self._work.spawn(self._check(msg))
+
+    async def _check(self, msg: Msg) -> None:
         assert self._ctx
         js, nc = self._ctx.js, self._ctx.nc
         try:

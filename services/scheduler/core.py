@@ -99,8 +99,7 @@ class SchedulerCore:
     # -- inputs ----------------------------------------------------------------------
 
     def on_accepted(self, request: RequestSubmitted, now: float) -> list[Effect]:
-        rid = request.request_id
-        if rid in self._queued_ids or rid in self.inflight or rid in self._ended:
+        if self.knows(request.request_id):
             return []  # redelivery or client retry of a known request: idempotent
         self._arrivals += 1
         self._enqueue(Queued(request=request, since=now, order=self._arrivals))
@@ -171,6 +170,11 @@ class SchedulerCore:
 
     def is_queued(self, request_id: str) -> bool:
         return request_id in self._queued_ids
+
+    def knows(self, request_id: str) -> bool:
+        """Queued, running, or recently ended: another copy of it changes nothing."""
+        return (request_id in self._queued_ids or request_id in self.inflight
+                or request_id in self._ended)
 
     def live_models(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -26,7 +26,7 @@ from inferbus.contracts import (
     work_subject,
 )
 from inferbus.shared import logs, metrics
-from inferbus.shared.bus import consume, publish_durable, request_headers
+from inferbus.shared.bus import Background, consume, publish_durable, request_headers
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
@@ -64,7 +64,7 @@ class SchedulerService(Service[SchedulerSettings]):
         self._subs: list[Any] = []
         self._tick_task: asyncio.Task[None] | None = None
         self._progress_task: asyncio.Task[None] | None = None
-        self._lock = asyncio.Lock()
+        self._work = Background()
 
     async def start(self, ctx: Context[SchedulerSettings]) -> None:
         self._ctx = ctx
@@ -88,6 +88,7 @@ class SchedulerService(Service[SchedulerSettings]):
         for task in (self._tick_task, self._progress_task):
             if task:
                 task.cancel()
+        await self._work.wait()
         # unacked accepted requests go back to JetStream for the next scheduler
         for msg in self._unacked.values():
             await msg.nak()
@@ -104,14 +105,15 @@ class SchedulerService(Service[SchedulerSettings]):
             return
         metrics.EVENTS_HANDLED.labels(self.name, "request.accepted").inc()
         rid = event.request.request_id
-        if rid in self._unacked:  # redelivered while still queued: keep the newest handle
-            self._unacked[rid] = msg
+        if self.core.knows(rid):  # a redelivery, or a retry of a request we already hold
+            if rid in self._unacked:
+                self._unacked[rid] = msg  # still queued: keep the newest handle
+            else:
+                await msg.ack()
             return
+        # acked once its assignment (or failure) is published, so a crash loses nothing
         self._unacked[rid] = msg
         await self._apply(self.core.on_accepted(event.request, time.monotonic()))
-        if not self.core.is_queued(rid) and rid in self._unacked:
-            # a duplicate of a request already served or ended
-            await self._unacked.pop(rid).ack()
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
@@ -174,31 +176,35 @@ class SchedulerService(Service[SchedulerSettings]):
     # -- effects ---------------------------------------------------------------------
 
     async def _apply(self, effects: list[Effect]) -> None:
+        """The core has already moved on; the publishes run beside the next events."""
+        for e in effects:
+            await self._work.spawn(self._carry_out(e))
+
+    async def _carry_out(self, e: Effect) -> None:
         assert self._ctx
         js, nc = self._ctx.js, self._ctx.nc
-        for e in effects:
-            rid = e.request.request_id
-            if isinstance(e, Assign):
-                work = WorkAssigned(request=e.request, worker_id=e.worker_id, attempt=e.attempt,
-                                    assigned_at=time.time())
-                await publish_durable(js, work_subject(e.worker_id), work, request_id=rid,
-                                      msg_id=f"{rid}:{e.attempt}")
-                metrics.ASSIGNMENTS.labels(e.request.model,
-                                           "first" if e.attempt == 1 else "retry").inc()
-                log.info("assigned", request_id=rid, worker=e.worker_id, attempt=e.attempt)
+        rid = e.request.request_id
+        if isinstance(e, Assign):
+            work = WorkAssigned(request=e.request, worker_id=e.worker_id, attempt=e.attempt,
+                                assigned_at=time.time())
+            await publish_durable(js, work_subject(e.worker_id), work, request_id=rid,
+                                  msg_id=f"{rid}:{e.attempt}")
+            metrics.ASSIGNMENTS.labels(e.request.model,
+                                       "first" if e.attempt == 1 else "retry").inc()
+            log.info("assigned", request_id=rid, worker=e.worker_id, attempt=e.attempt)
+        else:
+            terminal: Any
+            if isinstance(e, Fail):
+                terminal = RequestFailed(request_id=rid, code=e.code, reason=e.reason,
+                                         retryable=e.retryable)
+                log.warning("request failed", request_id=rid, code=e.code, reason=e.reason)
             else:
-                terminal: Any
-                if isinstance(e, Fail):
-                    terminal = RequestFailed(request_id=rid, code=e.code, reason=e.reason,
-                                             retryable=e.retryable)
-                    log.warning("request failed", request_id=rid, code=e.code, reason=e.reason)
-                else:
-                    assert isinstance(e, Cancel)
-                    terminal = RequestCancelled(request_id=rid, reason=e.reason)
-                await nc.publish(e.request.reply_to, encode(terminal),
-                                 headers=request_headers(rid))
-                await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=f"{rid}:end")
-                metrics.REQUESTS.labels(self.name, e.request.model, terminal.__struct_config__.tag).inc()
-            held = self._unacked.pop(rid, None)
-            if held is not None:
-                await held.ack()
+                assert isinstance(e, Cancel)
+                terminal = RequestCancelled(request_id=rid, reason=e.reason)
+            await nc.publish(e.request.reply_to, encode(terminal), headers=request_headers(rid))
+            await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=f"{rid}:end")
+            metrics.REQUESTS.labels(self.name, e.request.model,
+                                    terminal.__struct_config__.tag).inc()
+        held = self._unacked.pop(rid, None)
+        if held is not None:
+            await held.ack()
