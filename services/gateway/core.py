@@ -220,6 +220,7 @@ class Shapes:
         self.model = model
         self.created = created
         self._role_sent = False
+        self._event_parts: tuple[bytes, bytes] | None = None
 
     def _choice(self, text: str | None, finish: str | None, stream: bool) -> dict[str, Any]:
         if not self.chat:
@@ -245,6 +246,21 @@ class Shapes:
     def chunk(self, text: str) -> dict[str, Any]:
         return self._envelope([self._choice(text, None, True)], True)
 
+    def chunk_event(self, text: str) -> bytes:
+        """``chunk`` as a ready SSE event; after the first, only the text is encoded."""
+        if self.chat and not self._role_sent:
+            return sse(self.chunk(text))
+        if self._event_parts is None:
+            head = msgspec.json.encode(self._envelope([], True))[:-len(b'"choices":[]}')]
+            field = b'"delta":{"content":' if self.chat else b'"text":'
+            tail = b'}' if self.chat else b''
+            self._event_parts = (
+                b"data: " + head + b'"choices":[{"index":0,' + field,
+                tail + b',"logprobs":null,"finish_reason":null}]}\n\n',
+            )
+        prefix, suffix = self._event_parts
+        return prefix + msgspec.json.encode(text) + suffix
+
     def final_chunk(self, fin: RequestFinished) -> dict[str, Any]:
         return self._envelope([self._choice(None if self.chat else "", fin.finish_reason, True)],
                               True)
@@ -258,6 +274,10 @@ class Shapes:
         env = self._envelope([self._choice(text, fin.finish_reason, False)], False)
         env["usage"] = usage_dict(fin)
         return env
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
 
 
 # -- models served right now ----------------------------------------------------------

@@ -32,7 +32,16 @@ from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
 
-from .core import ApiError, ModelRegistry, Shapes, error_for, parse_chat, parse_completion, submitted
+from .core import (
+    ApiError,
+    ModelRegistry,
+    Shapes,
+    error_for,
+    parse_chat,
+    parse_completion,
+    sse,
+    submitted,
+)
 
 log = logs.get("inferbus.gateway")
 
@@ -202,9 +211,20 @@ class GatewayService(Service[GatewaySettings]):
                                       type="server_error", code="timeout"), settled=False)
             if isinstance(ev, TokenChunk):
                 attempt = attempt or ev.attempt
-                if ev.attempt == attempt:
-                    yield ev
-                continue
+                if ev.attempt != attempt:
+                    continue
+                # under load, send what piled up as one chunk: fewer events, same text
+                terminal = None
+                while not queue.empty() and terminal is None:
+                    nxt = queue.get_nowait()
+                    if not isinstance(nxt, TokenChunk):
+                        terminal = nxt
+                    elif nxt.attempt == attempt:
+                        ev = merge_chunks(ev, nxt)
+                yield ev
+                if terminal is None:
+                    continue
+                ev = terminal
             yield ev
             return
 
@@ -234,7 +254,7 @@ class GatewayService(Service[GatewaySettings]):
                     resp = web.StreamResponse(headers={**_SSE_HEADERS, "x-request-id": rid})
                     await resp.prepare(http)
                     metrics.TTFT.labels(self.name, shapes.model).observe(time.monotonic() - started)
-                await resp.write(_sse(shapes.chunk(ev.text)))
+                await resp.write(shapes.chunk_event(ev.text))
                 continue
             if resp is None and not isinstance(ev, RequestFinished):
                 self._observe(shapes.model, started, ev.__struct_config__.tag)
@@ -243,11 +263,11 @@ class GatewayService(Service[GatewaySettings]):
                 resp = web.StreamResponse(headers={**_SSE_HEADERS, "x-request-id": rid})
                 await resp.prepare(http)
             if isinstance(ev, RequestFinished):
-                await resp.write(_sse(shapes.final_chunk(ev)))
+                await resp.write(sse(shapes.final_chunk(ev)))
                 if include_usage:
-                    await resp.write(_sse(shapes.usage_chunk(ev)))
+                    await resp.write(sse(shapes.usage_chunk(ev)))
             else:
-                await resp.write(_sse(error_for(ev).body()))
+                await resp.write(sse(error_for(ev).body()))
             self._observe(shapes.model, started, ev.__struct_config__.tag)
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
@@ -267,8 +287,9 @@ class GatewayService(Service[GatewaySettings]):
             log.exception("cancel publish failed", request_id=rid)
 
 
-def _sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
+def merge_chunks(a: TokenChunk, b: TokenChunk) -> TokenChunk:
+    return TokenChunk(request_id=a.request_id, seq=a.seq, text=a.text + b.text,
+                      token_ids=a.token_ids + b.token_ids, attempt=a.attempt)
 
 
 def _error_response(err: ApiError, rid: str) -> web.Response:

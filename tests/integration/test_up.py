@@ -54,7 +54,11 @@ def test_up_generate_and_stream_then_ctrl_c(tmp_path: Path):
             headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as r:
             body = r.read().decode()
-        assert body.count("data: ") == 5 + 2 and body.rstrip().endswith("data: [DONE]")
+        events = [json.loads(line[6:]) for line in body.splitlines()
+                  if line.startswith("data: {")]
+        text = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
+        assert len(text.split()) == 5 and body.rstrip().endswith("data: [DONE]")
+        assert events[-1]["choices"][0]["finish_reason"] == "length"
 
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_base + 10}/metrics") as r:
             assert b"inferbus_requests_total" in r.read()

@@ -419,3 +419,13 @@ def test_vllm_sampling_extensions_reach_the_request():
     with pytest.raises(ApiError) as exc:
         parse_chat(bad, 16)
     assert exc.value.param == "presence_penalty"
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_fast_sse_events_equal_the_full_encoding(chat):
+    fast = Shapes(chat=chat, request_id="r9", model='m "quoted"', created=5)
+    slow = Shapes(chat=chat, request_id="r9", model='m "quoted"', created=5)
+    for text in ["first", 'a "b"\n', "ünï ✓", ""]:
+        event = fast.chunk_event(text)
+        assert event.startswith(b"data: ") and event.endswith(b"\n\n")
+        assert json.loads(event[6:]) == slow.chunk(text)
