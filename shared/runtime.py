@@ -201,9 +201,14 @@ def main(service_cls: type[Service[Any]], settings_cls: type[S], argv: Sequence[
 
 
 def run_loop(main_coro: Any) -> Any:
-    """asyncio.run on uvloop where it is installed: every message and token crosses it."""
+    """asyncio.run on uvloop where it is installed (INFERBUS_EVENT_LOOP=asyncio opts out):
+    every message and token crosses this loop."""
+    import os
+
     try:
         import uvloop
     except ImportError:
+        uvloop = None
+    if uvloop is None or os.environ.get("INFERBUS_EVENT_LOOP") == "asyncio":
         return asyncio.run(main_coro)
     return uvloop.run(main_coro)
