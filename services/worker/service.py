@@ -79,7 +79,7 @@ def parse_lora_modules(spec: str) -> dict[str, str]:
     return out
 
 
-def build_engine(s: WorkerSettings, on_kv_events: Any = None) -> Engine:
+def build_engine(s: WorkerSettings, worker_id: str = "", on_kv_events: Any = None) -> Engine:
     if s.engine == "sim":
         timing = SimTiming(
             prefill_s_per_token=s.sim_prefill_s_per_token,
@@ -99,7 +99,7 @@ def build_engine(s: WorkerSettings, on_kv_events: Any = None) -> Engine:
             tensor_parallel_size=s.tensor_parallel_size, enable_lora=s.enable_lora,
             max_loras=s.max_loras, max_lora_rank=s.max_lora_rank,
             lora_modules=parse_lora_modules(s.lora_modules), kv_events=s.kv_events,
-        ), on_kv_events=on_kv_events)
+        ), worker_id=worker_id, on_kv_events=on_kv_events)
     raise SystemExit(f"unknown engine {s.engine!r}: choose sim or vllm")
 
 
@@ -110,9 +110,7 @@ class WorkerService(Service[WorkerSettings]):
         super().__init__(settings)
         # a fresh id per process: a restarted worker never inherits a dead one's assignments
         self.worker_id = subject_token(f"{settings.instance_id}-{secrets.token_hex(3)}")
-        self.engine = engine or build_engine(settings, on_kv_events=self._publish_kv_events)
-        if hasattr(self.engine, "worker_id"):
-            self.engine.worker_id = self.worker_id
+        self.engine = engine or build_engine(settings, self.worker_id, self._publish_kv_events)
         self.failure = ""
         self.state: WorkerState = "starting"
         self._tasks: dict[str, asyncio.Task[None]] = {}

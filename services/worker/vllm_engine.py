@@ -162,7 +162,7 @@ def _stat_logger(sink: EngineStats) -> type:
 class VllmEngine:
     name = "vllm"
 
-    def __init__(self, options: VllmOptions,
+    def __init__(self, options: VllmOptions, worker_id: str = "",
                  on_kv_events: Callable[[list[KvEvent]], Any] | None = None) -> None:
         self.options = options
         self.models = [options.served_name, *options.lora_modules]
@@ -174,7 +174,7 @@ class VllmEngine:
         self._loras: dict[str, Any] = {}
         self._on_kv_events = on_kv_events
         self._kv_task: asyncio.Task[None] | None = None
-        self.worker_id = ""
+        self.worker_id = worker_id
 
     def engine_args(self, kv_endpoint: str = "") -> Any:
         from vllm.config import KVEventsConfig
