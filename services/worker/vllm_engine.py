@@ -78,6 +78,15 @@ def check_importable() -> None:
         ) from exc
 
 
+def request_errors() -> tuple[type[BaseException], ...]:
+    """What vLLM raises for a request it refuses (its 4xx errors), as opposed to a fault."""
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:  # older vLLM: plain ValueError
+        return (ValueError, TypeError)
+    return (ValueError, TypeError, VLLMClientError)
+
+
 def sampling_params(s: SamplingParams) -> Any:
     from vllm import SamplingParams as VllmSampling
     from vllm.sampling_params import RequestOutputKind
@@ -90,7 +99,7 @@ def sampling_params(s: SamplingParams) -> Any:
             frequency_penalty=s.frequency_penalty, repetition_penalty=s.repetition_penalty,
             ignore_eos=s.ignore_eos, output_kind=RequestOutputKind.DELTA,
         )
-    except (ValueError, TypeError) as exc:
+    except request_errors() as exc:
         raise EngineError("invalid_request", f"invalid sampling parameters: {exc}") from None
 
 
@@ -271,7 +280,7 @@ class VllmEngine:
                     cached_tokens=out.num_cached_tokens or 0,
                     timings=timings_of(out.metrics, received) if out.finished else None,
                 )
-        except ValueError as exc:  # vLLM's way of refusing a request it cannot take
+        except request_errors() as exc:  # vLLM refusing a request it cannot take
             raise EngineError("invalid_request", str(exc)) from None
         finally:
             if not finished and self._engine is not None:
