@@ -188,7 +188,8 @@ def submitted(*, request_id: str, model: str, reply_to: str, sampling: SamplingP
 # -- terminal events → HTTP ------------------------------------------------------------
 
 _FAIL_STATUS = {"no_worker": 503, "worker_lost": 503, "worker_shutdown": 503,
-                "queue_timeout": 503, "invalid_request": 400, "timeout": 504}
+                "queue_timeout": 503, "invalid_request": 400, "timeout": 504,
+                "context_length_exceeded": 400, "model_not_found": 404}
 
 
 def error_for(event: RequestFailed | RequestRejected | RequestCancelled) -> ApiError:

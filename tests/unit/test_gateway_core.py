@@ -429,3 +429,10 @@ def test_fast_sse_events_equal_the_full_encoding(chat):
         event = fast.chunk_event(text)
         assert event.startswith(b"data: ") and event.endswith(b"\n\n")
         assert json.loads(event[6:]) == slow.chunk(text)
+
+
+def test_engine_refusals_are_client_errors():
+    long = error_for(RequestFailed(request_id="r", code="context_length_exceeded",
+                                   reason="too long"))
+    assert long.status == 400 and long.type == "invalid_request_error"
+    assert error_for(RequestFailed(request_id="r", code="model_not_found", reason="x")).status == 404
