@@ -8,7 +8,6 @@ import time
 import uuid
 from typing import Any, AsyncIterator, Sequence
 
-import msgspec
 from aiohttp import web
 from nats.aio.msg import Msg
 

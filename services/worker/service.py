@@ -7,6 +7,7 @@ import secrets
 import time
 from typing import Any
 
+import msgspec
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
@@ -91,15 +92,11 @@ def build_engine(s: WorkerSettings, worker_id: str = "", on_kv_events: Any = Non
         from .vllm_engine import VllmEngine, VllmOptions, prepare_environment
 
         prepare_environment(s.state_dir or None)
-        return VllmEngine(VllmOptions(
-            model=s.model, served_model_name=s.served_model_name, dtype=s.dtype,
-            max_model_len=s.max_model_len, max_num_seqs=s.max_num_seqs,
-            enforce_eager=s.enforce_eager, enable_prefix_caching=s.enable_prefix_caching,
-            gpu_memory_utilization=s.gpu_memory_utilization,
-            tensor_parallel_size=s.tensor_parallel_size, enable_lora=s.enable_lora,
-            max_loras=s.max_loras, max_lora_rank=s.max_lora_rank,
-            lora_modules=parse_lora_modules(s.lora_modules), kv_events=s.kv_events,
-        ), worker_id=worker_id, on_kv_events=on_kv_events)
+        # the engine's options are the settings of the same names
+        fields = {f: getattr(s, f) for f in VllmOptions.__struct_fields__ if hasattr(s, f)}
+        fields["lora_modules"] = parse_lora_modules(s.lora_modules)
+        return VllmEngine(msgspec.convert(fields, VllmOptions), worker_id=worker_id,
+                          on_kv_events=on_kv_events)
     raise SystemExit(f"unknown engine {s.engine!r}: choose sim or vllm")
 
 

@@ -15,7 +15,6 @@ from inferbus.contracts import (
     CancelRequest,
     RequestCancelled,
     RequestFinished,
-    TokenChunk,
     Terminal,
 )
 from inferbus.shared.codec import decode, encode

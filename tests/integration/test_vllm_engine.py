@@ -7,7 +7,6 @@ sanitizer, scheduler and gateway as the other integration tests.
 from __future__ import annotations
 
 import asyncio
-import json
 import urllib.request
 
 import aiohttp
@@ -17,13 +16,15 @@ pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip instal
 
 from inferbus.client import RequestError  # noqa: E402
 from inferbus.contracts import (  # noqa: E402
-    KV_EVENTS,
+    CANCEL,
     HEARTBEATS,
+    KV_EVENTS,
+    CancelRequest,
     KvBlocksStored,
     RequestCancelled,
     WorkerHeartbeat,
 )
-from inferbus.shared.codec import decode  # noqa: E402
+from inferbus.shared.codec import decode, encode  # noqa: E402
 from inferbus.tinymodel import make_tiny, make_tiny_lora  # noqa: E402
 
 from .procs import ServiceProcess  # noqa: E402
@@ -54,12 +55,6 @@ def vllm_worker(nats_url, log_dir, tiny):
     worker.start().wait_ready(timeout=300)
     yield worker
     assert worker.stop(timeout=60) == 0, worker.logs()
-
-
-def worker_status(worker) -> dict:
-    with urllib.request.urlopen(f"{worker.base}/readyz") as r:
-        assert json.loads(r.read())["ready"]
-    return worker
 
 
 async def test_streams_in_order_with_usage_and_timings(vllm_worker, client):
@@ -102,10 +97,8 @@ async def test_cancel_mid_stream_stops_and_frees_the_sequence(vllm_worker, clien
         async for _ in stream:
             seen += 1
             if seen == 3:
-                await stream._client.nc.publish(
-                    "ib.ctl.cancel",
-                    b'{"type":"request.cancel","request_id":"%s","reason":"test"}'
-                    % stream.request_id.encode())
+                cancel = CancelRequest(request_id=stream.request_id, reason="test")
+                await client.nc.publish(CANCEL, encode(cancel))
     assert isinstance(exc.value.event, RequestCancelled)
     assert seen < 1000
     # the engine's own stats (not the worker's bookkeeping) show the sequence gone
