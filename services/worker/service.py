@@ -59,6 +59,9 @@ class WorkerSettings(ServiceSettings, kw_only=True):
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9
     tensor_parallel_size: int = 1
+    distributed_executor_backend: str = ""
+    """vLLM's executor: "uni" runs the model in the engine-core process (one device),
+    "mp" in worker processes; empty lets vLLM choose."""
     enable_lora: bool = False
     max_loras: int = 1
     max_lora_rank: int = 16

@@ -41,6 +41,7 @@ class VllmOptions(msgspec.Struct, kw_only=True, frozen=True):
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9
     tensor_parallel_size: int = 1
+    distributed_executor_backend: str = ""
     enable_lora: bool = False
     max_loras: int = 1
     max_lora_rank: int = 16
@@ -201,6 +202,7 @@ class VllmEngine:
             enforce_eager=o.enforce_eager, enable_prefix_caching=o.enable_prefix_caching,
             gpu_memory_utilization=o.gpu_memory_utilization,
             tensor_parallel_size=o.tensor_parallel_size,
+            distributed_executor_backend=o.distributed_executor_backend or None,
             enable_lora=o.enable_lora or bool(o.lora_modules), max_loras=o.max_loras,
             max_lora_rank=o.max_lora_rank, kv_events_config=kv,
             disable_log_stats=False,
