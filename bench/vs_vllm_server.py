@@ -52,6 +52,22 @@ def wait_http(url: str, timeout: float = 600) -> None:
     raise TimeoutError(url)
 
 
+def pin_tree(root: int, engine_cpus: set[int], service_cpus: set[int]) -> None:
+    """Pin every thread of a server's process tree: vLLM's engine processes (named
+    VLLM::*) to ``engine_cpus``, everything else to ``service_cpus``. Applied the same
+    way to both servers, so neither's frontend shares a core with its engine."""
+    import psutil
+
+    procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+    for proc in procs:
+        cpus = engine_cpus if proc.name().startswith("VLLM::") else service_cpus
+        for tid in os.listdir(f"/proc/{proc.pid}/task"):
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except OSError:
+                pass
+
+
 def stop(proc: subprocess.Popen[Any]) -> None:
     proc.send_signal(signal.SIGINT)
     try:
@@ -187,7 +203,18 @@ def main() -> None:
     p.add_argument("--enforce-eager", type=lambda s: s.lower() in ("1", "true", "yes"),
                    default=True)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engine-cpus", default="",
+                   help="e.g. 0: pin both servers' engine processes to these CPUs")
+    p.add_argument("--service-cpus", default="",
+                   help="e.g. 1: and everything else of both servers to these")
     a = p.parse_args()
+
+    def cpus(spec: str) -> set[int]:
+        return {int(c) for c in spec.split(",") if c.strip()}
+
+    pinning = (cpus(a.engine_cpus), cpus(a.service_cpus))
+    if any(pinning) and not all(pinning):
+        p.error("give both --engine-cpus and --service-cpus, or neither")
 
     with tempfile.TemporaryDirectory() as tmp:
         tmpd = Path(tmp)
@@ -206,6 +233,8 @@ def main() -> None:
             for which in order:
                 if which == "vllm":
                     proc, base = start_vllm(a.model, name, a, tmpd)
+                    if all(pinning):
+                        pin_tree(proc.pid, *pinning)
                     try:
                         vllm_bench(base, name, a.model, a, warm)
                         results["vLLM server (HTTP)"].append(
@@ -214,6 +243,8 @@ def main() -> None:
                         stop(proc)
                 else:
                     proc, base, nats_url = start_inferbus(a.model, a, tmpd / f"state{r}")
+                    if all(pinning):
+                        pin_tree(proc.pid, *pinning)
                     try:
                         vllm_bench(base, name, a.model, a, warm)
                         results["inferbus HTTP gateway"].append(
@@ -225,7 +256,9 @@ def main() -> None:
 
     ref = best(results["vLLM server (HTTP)"])
     print(f"\nmodel {name}; {a.num_prompts} requests, concurrency {a.concurrency}, "
-          f"{a.input_len} in / {a.output_len} out tokens, ignore_eos; best of {a.rounds} rounds")
+          f"{a.input_len} in / {a.output_len} out tokens, ignore_eos; best of {a.rounds} rounds"
+          + (f"; engine on CPUs {a.engine_cpus}, the rest on {a.service_cpus}"
+             if all(pinning) else ""))
     head = (f"{'path':<24}{'out tok/s':>11}{'ratio':>7}{'TTFT p50':>10}{'ratio':>7}"
             f"{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}")
     print(head)
