@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ import nats
 from inferbus.client import Client
 from inferbus.contracts import ReplyEvent, RequestFinished, TokenChunk, Usage
 from inferbus.shared.codec import decode, encode
-from inferbus.shared.natsserver import free_port
+from platform_up import start_up
 
 TRIGGER = "bench.bare.trigger"
 
@@ -159,18 +158,7 @@ async def http_one(http: aiohttp.ClientSession, tokens: int, i: int) -> tuple[fl
 
 
 def start_platform(state: Path) -> tuple[subprocess.Popen[str], str, str]:
-    port, nats_port = free_port(), free_port()
-    up = subprocess.Popen(
-        [sys.executable, "-m", "inferbus.cli", "up", "--engine", "sim", "--no-selftest",
-         "--port", str(port), "--nats-port", str(nats_port), "--state-dir", str(state),
-         "--metrics-port-base", str(free_port() // 100 * 100 % 40000 + 20000)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "NATS_URL": ""})
-    assert up.stdout
-    for line in up.stdout:
-        if line.startswith("try:"):
-            return up, f"nats://127.0.0.1:{nats_port}", f"http://127.0.0.1:{port}"
-    raise RuntimeError("inferbus up failed; see " + str(state / "logs"))
+    return start_up(state, "--engine", "sim")
 
 
 async def measure(args: argparse.Namespace, nats_url: str, gateway: str) -> dict[str, Result]:

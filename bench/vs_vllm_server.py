@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from inferbus.shared.natsserver import free_port
+from platform_up import start_up
 
 ENGINE_FLAGS = {"enforce_eager": True}
 
@@ -95,24 +96,12 @@ def start_vllm(model: str, name: str, a: argparse.Namespace, logs: Path) -> tupl
 
 
 def start_inferbus(model: str, a: argparse.Namespace, state: Path) -> tuple[Any, str, str]:
-    port, nats_port = free_port(), free_port()
-    worker = [f"--worker-arg=--max-model-len={a.max_model_len}",
-              f"--worker-arg=--max-num-seqs={a.max_num_seqs}",
-              f"--worker-arg=--enforce-eager={str(a.enforce_eager).lower()}"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "inferbus.cli", "up", "--engine", "vllm", "--model", model,
-         "--no-selftest", "--port", str(port), "--nats-port", str(nats_port),
-         "--metrics-port-base", str(free_port() // 100 * 100 % 30000 + 20000),
-         "--state-dir", str(state), *worker],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "NATS_URL": ""})
-    assert proc.stdout
-    for line in proc.stdout:
-        if line.startswith("try:"):
-            return proc, f"http://127.0.0.1:{port}", f"nats://127.0.0.1:{nats_port}"
-        if "failed" in line:
-            raise RuntimeError(line)
-    raise RuntimeError(f"inferbus up exited; see {state / 'logs'}")
+    proc, nats_url, base = start_up(
+        state, "--engine", "vllm", "--model", model,
+        f"--worker-arg=--max-model-len={a.max_model_len}",
+        f"--worker-arg=--max-num-seqs={a.max_num_seqs}",
+        f"--worker-arg=--enforce-eager={str(a.enforce_eager).lower()}")
+    return proc, base, nats_url
 
 
 def vllm_bench(base: str, name: str, model: str, a: argparse.Namespace, n: int) -> dict[str, Any]:

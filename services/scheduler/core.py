@@ -176,6 +176,9 @@ class SchedulerCore:
         return (request_id in self._queued_ids or request_id in self.inflight
                 or request_id in self._ended)
 
+    def queue_depths(self) -> dict[str, int]:
+        return {m: len(q) for m, q in self.queues.items()}
+
     def live_models(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for w in self.workers.values():
@@ -190,7 +193,7 @@ class SchedulerCore:
                               "max_num_seqs": w.max_num_seqs}
                 for w in self.workers.values()
             },
-            "queued": {m: len(q) for m, q in self.queues.items()},
+            "queued": self.queue_depths(),
             "inflight": len(self.inflight),
         }
 

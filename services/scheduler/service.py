@@ -156,7 +156,7 @@ class SchedulerService(Service[SchedulerSettings]):
             await asyncio.sleep(self.settings.tick_interval_s)
             try:
                 await self._apply(self.core.tick(time.monotonic()))
-                for model, n in self.core.status()["queued"].items():  # type: ignore[union-attr]
+                for model, n in self.core.queue_depths().items():
                     metrics.QUEUE_DEPTH.labels(model).set(n)
                 for model, n in self.core.live_models().items():
                     metrics.LIVE_WORKERS.labels(model).set(n)

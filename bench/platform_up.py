@@ -1,0 +1,28 @@
+"""Start ``inferbus up`` on free ports for a benchmark; shared by the bench scripts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from inferbus.shared.natsserver import free_port
+
+
+def start_up(state: Path, *args: str) -> tuple[subprocess.Popen[str], str, str]:
+    """``inferbus up --no-selftest ARGS`` on free ports; returns (process, NATS URL, HTTP base)."""
+    port, nats_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferbus.cli", "up", "--no-selftest", "--port", str(port),
+         "--nats-port", str(nats_port), "--state-dir", str(state),
+         "--metrics-port-base", str(free_port() // 100 * 100 % 30000 + 20000), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "NATS_URL": ""})
+    assert proc.stdout
+    for line in proc.stdout:
+        if line.startswith("try:"):
+            return proc, f"nats://127.0.0.1:{nats_port}", f"http://127.0.0.1:{port}"
+        if line.startswith("inferbus up failed"):
+            break
+    raise RuntimeError(f"inferbus up failed; see {state / 'logs'}")
