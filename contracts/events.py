@@ -39,6 +39,8 @@ __all__ = [
     "KvBlocksRemoved",
     "KvAllCleared",
     "KvEvent",
+    "ModelLoad",
+    "SchedulerLoad",
 ]
 
 
@@ -94,6 +96,11 @@ class RequestSubmitted(Event, tag="request.submitted"):
     tenant: str = "default"
     created_at: float = 0.0
     """Unix seconds when the client created the request."""
+    deadline: float = 0.0
+    """Unix seconds after which the request is abandoned and ends ``deadline_exceeded``
+    wherever it is (queue or engine); 0 means none."""
+    priority: str = "standard"
+    """Priority class from the API key (``interactive``, ``standard``, ``batch``)."""
 
 
 class RequestAccepted(Event, tag="request.accepted"):
@@ -204,6 +211,28 @@ class WorkerHeartbeat(Event, tag="worker.heartbeat"):
     prefix_cache_queries: int = 0
     adapters: list[str] = []
     """LoRA adapters loaded; each is also listed in ``models``."""
+    max_model_len: int = 0
+    """Longest sequence (prompt + output tokens) the engine takes; 0 when unknown."""
+
+
+class ModelLoad(msgspec.Struct, kw_only=True):
+    queued: int = 0
+    queue_limit: int = 0
+    """Past this many queued requests the scheduler refuses new ones (``queue_full``)."""
+    ready_workers: int = 0
+    free_slots: int = 0
+    oldest_wait_s: float = 0.0
+    dispatch_per_s: float = 0.0
+    """Recent rate at which queued requests went to workers."""
+
+
+class SchedulerLoad(Event, tag="scheduler.load"):
+    """The scheduler's queues, published a few times a second for the gateways'
+    backpressure (core NATS, ``ib.sched.load``)."""
+
+    scheduler_id: str
+    models: dict[str, ModelLoad] = {}
+    sent_at: float = 0.0
 
 
 class DeadLetter(Event, tag="dead_letter"):
@@ -261,4 +290,5 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     KvBlocksStored,
     KvBlocksRemoved,
     KvAllCleared,
+    SchedulerLoad,
 )

@@ -17,6 +17,7 @@ __all__ = [
     "CANCEL",
     "STARTED",
     "HEARTBEATS",
+    "SCHEDULER_LOAD",
     "REPLY_PREFIX",
     "heartbeat_subject",
     "work_subject",
@@ -53,6 +54,8 @@ KV_EVENTS = "ib.kv.*"
 CANCEL = "ib.ctl.cancel"
 STARTED = "ib.ctl.started"
 HEARTBEATS = "ib.hb.*"
+SCHEDULER_LOAD = "ib.sched.load"
+"""SchedulerLoad, a few times a second: queue depth and limits per model."""
 _HEARTBEAT = "ib.hb.{worker_id}"
 REPLY_PREFIX = "ib.reply"
 _STATUS = "ib.svc.{service}.status"

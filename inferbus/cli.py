@@ -39,16 +39,21 @@ def main() -> None:
 @click.option("--check", is_flag=True, help="Start, serve the self-test request, stop, exit.")
 @click.option("--worker-arg", "worker_args", multiple=True,
               help="Extra flag for each worker, e.g. --worker-arg=--max-num-seqs=64")
+@click.option("--api-keys-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="Require API keys (TOML from 'inferbus keys new'); "
+                                 "without it the gateway is open.")
 def up(engine: str, model: str | None, port: int, host: str, nats_url: str | None,
        nats_port: int, state_dir: Path, workers: int, metrics_port_base: int,
-       no_selftest: bool, check: bool, worker_args: tuple[str, ...]) -> None:
+       no_selftest: bool, check: bool, worker_args: tuple[str, ...],
+       api_keys_file: Path | None) -> None:
     """Start the whole platform on this machine."""
     from inferbus.up import Options, run
 
     sys.exit(run(Options(engine=engine, model=model, port=port, host=host, nats_url=nats_url,
                          nats_port=nats_port, state_dir=state_dir, workers=workers,
                          metrics_port_base=metrics_port_base, selftest=not no_selftest,
-                         check=check, worker_args=list(worker_args))))
+                         check=check, worker_args=list(worker_args),
+                         api_keys_file=api_keys_file)))
 
 
 @main.command()
@@ -124,6 +129,40 @@ def make_tiny_cmd(out_dir: Path, lora_dir: Path | None, seed: int, arch: str) ->
     click.echo(f"model  {make_tiny(out_dir, seed=seed, arch=arch)}")
     if lora_dir is not None:
         click.echo(f"lora   {make_tiny_lora(out_dir, lora_dir)}")
+
+
+@main.group()
+def keys() -> None:
+    """API keys for the gateway."""
+
+
+@keys.command("new")
+@click.option("--name", required=True, help="Who holds the key (shows in logs and metrics).")
+@click.option("--tenant", default="", help="Tenant for fair sharing (default: the name).")
+@click.option("--model", "models", multiple=True, help="A model it may use (default: all).")
+@click.option("--max-tokens", default=0, show_default=True, help="Per request; 0: no cap.")
+@click.option("--rps", default=0.0, show_default=True, help="Requests per second; 0: no limit.")
+@click.option("--tpm", default=0, show_default=True, help="Tokens per minute; 0: no limit.")
+@click.option("--priority", type=click.Choice(["interactive", "standard", "batch"]),
+              default="standard", show_default=True)
+def keys_new(name: str, tenant: str, models: tuple[str, ...], max_tokens: int, rps: float,
+             tpm: int, priority: str) -> None:
+    """Make a key: the secret goes to stderr (shown once), the TOML entry holding only its
+    SHA-256 to stdout, ready to append to the keys file:
+
+        inferbus keys new --name team-a --rps 5 >> keys.toml
+    """
+    from inferbus.services.gateway.auth import digest, new_key
+
+    secret = new_key()
+    click.echo(f"API key for {name} (store it now; only its hash is kept): {secret}", err=True)
+    lines = ["[[keys]]", f"name = {json.dumps(name)}", f'sha256 = "{digest(secret)}"']
+    if tenant:
+        lines.append(f"tenant = {json.dumps(tenant)}")
+    lines.append(f"models = {json.dumps(list(models) or ['*'])}")
+    lines += [f"max_tokens = {max_tokens}", f"requests_per_s = {rps}",
+              f"tokens_per_min = {tpm}", f'priority = "{priority}"', ""]
+    click.echo("\n".join(lines))
 
 
 @main.group()

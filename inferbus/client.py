@@ -51,6 +51,11 @@ class RequestError(Exception):
         self.event = event
         self.code = code or getattr(event, "code", "cancelled" if event else "timeout")
 
+    @property
+    def retryable(self) -> bool:
+        """The platform says the same request may succeed later (with a new id)."""
+        return bool(getattr(self.event, "retryable", False))
+
 
 class Stream:
     """Async iterator over a request's TokenChunks; ``outcome`` holds the RequestFinished."""

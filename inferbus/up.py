@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import msgspec
+
+from inferbus.services.gateway.auth import ApiKey, digest, new_key
 from inferbus.shared.bus import connect
 from inferbus.shared.natsserver import NatsServer, free_port, port_open
 from inferbus.shared.streams import ensure_streams
@@ -45,6 +48,9 @@ class Options:
     selftest: bool = True
     check: bool = False
     worker_args: list[str] = field(default_factory=list)
+    api_keys_file: Path | None = None
+    probe_key: str = ""
+    """With API keys on, up's own key for its readiness probe and self-test."""
 
 
 @dataclass
@@ -99,20 +105,31 @@ def _specs(o: Options, nats_url: str, model: str) -> list[Supervised]:
             py + ["inferbus.services.worker", *engine_args, "--instance-id", f"worker-{i}",
                   "--http-port", str(o.metrics_port_base + 10 + i), *o.worker_args],
             env, logs / f"worker-{i}.log"))
-    out.append(Supervised("gateway", py + ["inferbus.services.gateway", "--http-host", o.host,
-                                           "--http-port", str(o.port)],
-                          env, logs / "gateway.log"))
+    gateway = py + ["inferbus.services.gateway", "--http-host", o.host, "--http-port", str(o.port)]
+    gateway_env = env
+    if o.api_keys_file is not None:
+        gateway += ["--api-keys-file", str(o.api_keys_file)]
+        # up's own key: small and slow, only enough for its probe and self-test
+        probe = ApiKey(name="inferbus-up", sha256=digest(o.probe_key), max_tokens=16,
+                       requests_per_s=5)
+        gateway_env = {**env, "INFERBUS_API_KEYS": msgspec.json.encode([probe]).decode()}
+    out.append(Supervised("gateway", gateway, gateway_env, logs / "gateway.log"))
     return out
 
 
-def _http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 5.0) -> Any:
+def _http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 5.0,
+               key: str = "") -> Any:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, data=data, headers=headers)
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read())
 
 
-def _wait_ready(base: str, model: str, procs: list[Supervised], timeout: float) -> None:
+def _wait_ready(base: str, model: str, procs: list[Supervised], timeout: float,
+                key: str = "") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for p in procs:
@@ -120,7 +137,7 @@ def _wait_ready(base: str, model: str, procs: list[Supervised], timeout: float) 
                 tail = p.log_path.read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"{p.name} exited with {p.proc.returncode}:\n{tail}")
         try:
-            models = _http_json(f"{base}/v1/models")
+            models = _http_json(f"{base}/v1/models", key=key)
             if any(m["id"] == model for m in models["data"]):
                 return
         except (urllib.error.URLError, ConnectionError, OSError, ValueError):
@@ -137,11 +154,11 @@ async def _provision(nats_url: str) -> None:
         await nc.close()
 
 
-def _selftest(base: str, model: str) -> str:
+def _selftest(base: str, model: str, key: str = "") -> str:
     reply = _http_json(f"{base}/v1/chat/completions", {
         "model": model, "max_tokens": 12,
         "messages": [{"role": "user", "content": "Say hello to the operator."}],
-    }, timeout=120)
+    }, timeout=120, key=key)
     return reply["choices"][0]["message"]["content"]
 
 
@@ -165,6 +182,9 @@ def run(o: Options) -> int:
     o.port = o.port or free_port(o.host)
     o.nats_port = o.nats_port or free_port()
     model, served = _model(o)
+    if o.api_keys_file is not None:
+        o.api_keys_file = o.api_keys_file.resolve()
+        o.probe_key = new_key()
     nats: NatsServer | None = None
     nats_url = o.nats_url or os.environ.get("NATS_URL")
     if not nats_url:
@@ -191,7 +211,7 @@ def run(o: Options) -> int:
     try:
         for p in procs:
             p.start()
-        _wait_ready(base, model, procs, timeout=600)
+        _wait_ready(base, model, procs, timeout=600, key=o.probe_key)
         _say(f"inferbus is up ({o.engine} engine, model {model!r})")
         _say(f"  gateway   {base}/v1   (OpenAI API; metrics at {base}/metrics)")
         _say(f"  nats      {nats_url}   (JetStream; store {o.state_dir / 'nats'})"
@@ -199,8 +219,10 @@ def run(o: Options) -> int:
         _say(f"  metrics   sanitizer :{o.metrics_port_base + 1}  scheduler "
              f":{o.metrics_port_base + 2}  workers :{o.metrics_port_base + 10}..")
         _say(f"  logs      {o.state_dir / 'logs'}")
+        _say(f"  auth      API keys from {o.api_keys_file}" if o.api_keys_file else
+             "  auth      open: no API keys (pass --api-keys-file to require them)")
         if o.selftest or o.check:
-            _say(f"  self-test {_selftest(base, model)!r}")
+            _say(f"  self-test {_selftest(base, model, o.probe_key)!r}")
         if o.check:
             return 0
         _say("try:  inferbus generate --model " + model + " \"Hello\"   (Ctrl-C stops everything)")

@@ -29,6 +29,10 @@ LIVE_WORKERS = Gauge("inferbus_live_workers", "Workers heartbeating", ["model"])
 ASSIGNMENTS = Counter(
     "inferbus_assignments_total", "Work assignments by attempt kind", ["model", "kind"]
 )
+GATEWAY_REFUSALS = Counter(
+    "inferbus_gateway_refusals_total",
+    "Requests the gateway answered with an error before submitting them", ["code"],
+)
 INFLIGHT = Gauge("inferbus_inflight_requests", "Requests being served", ["service"])
 
 

@@ -4,12 +4,14 @@ error mapping and the live-model registry built from worker heartbeats."""
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from inferbus.contracts import (
     ChatMessage,
+    ModelLoad,
+    SchedulerLoad,
     RequestCancelled,
     RequestFailed,
     RequestFinished,
@@ -37,33 +39,85 @@ class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False
 
 
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+
+
 class _Common(msgspec.Struct, kw_only=True):
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    n: int = 1
+    max_tokens: PositiveInt | None = None
+    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 1.0
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 1.0
+    stop: str | Annotated[list[str], msgspec.Meta(max_length=4)] | None = None
+    seed: Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)] | None = None
+    n: PositiveInt = 1
     user: str | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    logprobs: bool | int | None = None
+    logit_bias: dict[str, float] | None = None
     # vLLM's extensions, which its clients and benchmarks send
-    top_k: int = 0
-    repetition_penalty: float = 1.0
+    top_k: Annotated[int, msgspec.Meta(ge=-1)] = 0
+    repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0)] = 1.0
     ignore_eos: bool = False
-    stop_token_ids: list[int] = []
+    stop_token_ids: list[Annotated[int, msgspec.Meta(ge=0)]] = []
+    # ours
+    timeout: Annotated[float, msgspec.Meta(gt=0.0, le=86400.0)] | None = None
+    """Seconds the request may take end to end (also the header ``X-Request-Timeout``);
+    past it the request ends ``deadline_exceeded`` wherever it is."""
 
 
 class ChatCompletionRequest(_Common, kw_only=True):
     messages: list[ChatMessageIn]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: PositiveInt | None = None
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(_Common, kw_only=True):
     prompt: str | list[str]
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+def _unsupported(param: str, what: str) -> ApiError:
+    return ApiError(400, f"{what} is not supported by this server", param=param,
+                    code="unsupported_parameter")
+
+
+def _refuse_unsupported(req: _Common) -> None:
+    """Fields clients send that would change the answer's meaning: refused, not ignored."""
+    if req.logit_bias:
+        raise _unsupported("logit_bias", "logit_bias")
+    if req.logprobs not in (None, False, 0):
+        raise _unsupported("logprobs", "logprobs")
+    if isinstance(req, ChatCompletionRequest):
+        if req.top_logprobs:
+            raise _unsupported("top_logprobs", "top_logprobs")
+        for name in ("tools", "functions"):
+            if getattr(req, name):
+                raise _unsupported(name, "tool and function calling")
+        for name in ("tool_choice", "function_call"):
+            if getattr(req, name) not in (None, "none", "auto"):
+                raise _unsupported(name, "tool and function calling")
+        fmt = req.response_format
+        if fmt is not None and fmt.get("type", "text") != "text":
+            raise _unsupported("response_format", f"response_format {fmt.get('type')!r}")
+    elif isinstance(req, CompletionRequest):
+        if req.echo:
+            raise _unsupported("echo", "echo")
+        if req.best_of not in (None, 1):
+            raise _unsupported("best_of", "best_of other than 1")
+        if req.suffix:
+            raise _unsupported("suffix", "suffix")
 
 
 class ApiError(Exception):
@@ -104,35 +158,14 @@ def _decode(body: bytes, cls: type[Any]) -> Any:
         raise ApiError(400, f"malformed JSON: {exc}", code="invalid_json") from None
 
 
-def _sampling(req: _Common, max_tokens: int | None, default_max_tokens: int,
-              limit_param: str = "max_tokens") -> SamplingParams:
+def _sampling(req: _Common, max_tokens: int | None, default_max_tokens: int) -> SamplingParams:
+    """Ranges are checked by the request Structs' constraints; what is left is support."""
     if req.n != 1:
         raise ApiError(400, "only n=1 is supported", param="n", code="unsupported_value")
-    mt = default_max_tokens if max_tokens is None else max_tokens
-    if mt < 1:
-        raise ApiError(400, f"{limit_param} must be at least 1", param=limit_param,
-                       code="invalid_value")
-    if not 0.0 <= req.temperature <= 2.0:
-        raise ApiError(400, "temperature must be between 0 and 2", param="temperature",
-                       code="invalid_value")
-    if not 0.0 < req.top_p <= 1.0:
-        raise ApiError(400, "top_p must be in (0, 1]", param="top_p", code="invalid_value")
+    _refuse_unsupported(req)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    if len(stop) > 4:
-        raise ApiError(400, "at most 4 stop sequences", param="stop", code="invalid_value")
-    if not -2.0 <= req.presence_penalty <= 2.0:
-        raise ApiError(400, "presence_penalty must be between -2 and 2",
-                       param="presence_penalty", code="invalid_value")
-    if not -2.0 <= req.frequency_penalty <= 2.0:
-        raise ApiError(400, "frequency_penalty must be between -2 and 2",
-                       param="frequency_penalty", code="invalid_value")
-    if req.repetition_penalty <= 0:
-        raise ApiError(400, "repetition_penalty must be above 0", param="repetition_penalty",
-                       code="invalid_value")
-    if req.top_k < -1:
-        raise ApiError(400, "top_k must be -1, 0 (off) or at least 1", param="top_k",
-                       code="invalid_value")
-    return SamplingParams(max_tokens=mt, temperature=req.temperature, top_p=req.top_p,
+    return SamplingParams(max_tokens=default_max_tokens if max_tokens is None else max_tokens,
+                          temperature=req.temperature, top_p=req.top_p,
                           top_k=max(0, req.top_k), stop=stop, seed=req.seed,
                           presence_penalty=req.presence_penalty,
                           frequency_penalty=req.frequency_penalty,
@@ -160,10 +193,8 @@ def parse_chat(body: bytes, default_max_tokens: int) -> tuple[ChatCompletionRequ
         raise ApiError(400, "messages must not be empty", param="messages", code="invalid_value")
     messages = [ChatMessage(role=m.role, content=_content(m, i), name=m.name)
                 for i, m in enumerate(req.messages)]
-    if req.max_completion_tokens is not None:
-        return req, _sampling(req, req.max_completion_tokens, default_max_tokens,
-                              "max_completion_tokens"), messages
-    return req, _sampling(req, req.max_tokens, default_max_tokens), messages
+    limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    return req, _sampling(req, limit, default_max_tokens), messages
 
 
 def parse_completion(body: bytes, default_max_tokens: int) -> tuple[CompletionRequest, SamplingParams, str]:
@@ -178,17 +209,42 @@ def parse_completion(body: bytes, default_max_tokens: int) -> tuple[CompletionRe
 
 
 def submitted(*, request_id: str, model: str, reply_to: str, sampling: SamplingParams,
-              now: float, tenant: str = "default", prompt: str | None = None,
+              now: float, tenant: str = "default", priority: str = "standard",
+              timeout_s: float | None = None, prompt: str | None = None,
               messages: list[ChatMessage] | None = None) -> RequestSubmitted:
     return RequestSubmitted(request_id=request_id, model=model, reply_to=reply_to,
                             prompt=prompt, messages=messages, sampling=sampling, tenant=tenant,
-                            created_at=now)
+                            priority=priority, created_at=now,
+                            deadline=now + timeout_s if timeout_s else 0.0)
+
+
+def request_timeout(body_timeout: float | None, header: str | None) -> float | None:
+    """The request's own time limit in seconds: the body's ``timeout`` or the
+    ``X-Request-Timeout`` header, whichever is shorter."""
+    limits = [body_timeout] if body_timeout is not None else []
+    if header is not None:
+        try:
+            value = float(header)
+        except ValueError:
+            value = -1.0
+        if not 0 < value <= 24 * 3600:
+            raise ApiError(400, "X-Request-Timeout must be seconds between 0 and 86400",
+                           param="X-Request-Timeout", code="invalid_value")
+        limits.append(value)
+    return min(limits, default=None)
+
+
+def prompt_chars(prompt: str | None, messages: list[ChatMessage] | None) -> int:
+    if messages is not None:
+        return sum(len(m.content) for m in messages)
+    return len(prompt or "")
 
 
 # -- terminal events → HTTP ------------------------------------------------------------
 
 _FAIL_STATUS = {"no_worker": 503, "worker_lost": 503, "worker_shutdown": 503,
                 "queue_timeout": 503, "invalid_request": 400, "timeout": 504,
+                "deadline_exceeded": 504, "queue_full": 429,
                 "context_length_exceeded": 400, "model_not_found": 404}
 
 
@@ -198,7 +254,8 @@ def error_for(event: RequestFailed | RequestRejected | RequestCancelled) -> ApiE
     if isinstance(event, RequestCancelled):
         return ApiError(499, event.reason, type="cancelled", code="cancelled")
     status = _FAIL_STATUS.get(event.code, 500)
-    kind = "invalid_request_error" if status == 400 else "server_error"
+    kind = {400: "invalid_request_error", 404: "invalid_request_error",
+            429: "rate_limit_error"}.get(status, "server_error")
     return ApiError(status, event.reason, type=kind, code=event.code,
                     retry_after=1.0 if event.retryable else None)
 
@@ -297,7 +354,7 @@ class ModelRegistry:
         else:
             self._workers[hb.worker_id] = (hb, now)
 
-    def admit(self, model: str, now: float) -> None:
+    def admit(self, model: str, now: float, max_tokens: int = 0) -> None:
         """Raise the HTTP error for a model no live worker can serve right now."""
         ready = self.models(now).get(model)
         if ready is None:
@@ -306,6 +363,17 @@ class ModelRegistry:
         if ready == 0:
             raise ApiError(503, f"no worker for {model!r} is ready", type="server_error",
                            code="no_worker", retry_after=1.0)
+        limit = self.max_model_len(model)
+        if limit and max_tokens >= limit:
+            raise ApiError(400, f"max_tokens ({max_tokens}) leaves no room for the prompt in "
+                           f"{model!r}'s {limit}-token context", param="max_tokens",
+                           code="context_length_exceeded")
+
+    def max_model_len(self, model: str) -> int:
+        """The smallest context of the workers serving ``model`` (0 when unknown)."""
+        lens = [hb.max_model_len for hb, _ in self._workers.values()
+                if model in hb.models and hb.max_model_len]
+        return min(lens, default=0)
 
     def models(self, now: float) -> dict[str, int]:
         """Model → number of ready workers (0 when all are draining or starting)."""
@@ -317,3 +385,46 @@ class ModelRegistry:
             for m in hb.models:
                 out[m] = out.get(m, 0) + (hb.state == "ready")
         return out
+
+
+# -- backpressure from the scheduler's queues ---------------------------------------------
+
+
+class LoadView:
+    """The scheduler's last word on its queues; requests for a model whose queue is full
+    get 429 here instead of waiting in a queue without bound."""
+
+    def __init__(self, stale_after_s: float = 2.0) -> None:
+        self.stale_after_s = stale_after_s
+        self._models: dict[str, ModelLoad] = {}
+        self._seen = float("-inf")
+
+    def on_load(self, load: SchedulerLoad, now: float) -> None:
+        self._models, self._seen = dict(load.models), now
+
+    def admit(self, model: str, now: float) -> None:
+        if now - self._seen > self.stale_after_s:
+            return  # no recent report: the scheduler still enforces its own limit
+        m = self._models.get(model)
+        if m is None or not m.queue_limit or m.queued < m.queue_limit:
+            return
+        if not m.ready_workers:
+            raise ApiError(503, f"{m.queued} requests for {model!r} are waiting and no worker "
+                           "serves it now; retry later", type="server_error", code="no_worker",
+                           retry_after=5.0)
+        raise ApiError(429, f"{m.queued} requests for {model!r} are waiting, the most this "
+                       "platform queues; retry later", type="rate_limit_error",
+                       code="queue_full", retry_after=retry_after(m))
+
+    def queued(self, model: str) -> int:
+        m = self._models.get(model)
+        return m.queued if m else 0
+
+
+def retry_after(m: ModelLoad) -> float:
+    """When a slot in the queue should be free: the requests over the limit at the
+    recent dispatch rate, kept within 1..60 s."""
+    over = m.queued - m.queue_limit + 1
+    if m.dispatch_per_s <= 0:
+        return 5.0
+    return min(60.0, max(1.0, over / m.dispatch_per_s))

@@ -15,11 +15,13 @@ from inferbus.contracts import (
     CANCEL,
     HEARTBEATS,
     REPLY_PREFIX,
+    SCHEDULER_LOAD,
     SUBMIT,
     CancelRequest,
     ReplyEvent,
     RequestFinished,
     RequestSubmitted,
+    SchedulerLoad,
     TokenChunk,
     WorkerHeartbeat,
     reply_subject,
@@ -31,16 +33,21 @@ from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
 
+from .auth import AccessControl, ApiKey, load_keys
 from .core import (
     ApiError,
+    LoadView,
     ModelRegistry,
     Shapes,
     error_for,
     parse_chat,
     parse_completion,
+    prompt_chars,
+    request_timeout,
     sse,
     submitted,
 )
+from .openapi import openapi_document
 
 log = logs.get("inferbus.gateway")
 
@@ -54,7 +61,13 @@ class GatewaySettings(ServiceSettings, kw_only=True):
     http_port: int = 8000
     default_max_tokens: int = 256
     request_timeout_s: float = 600.0
+    """The longest any request may take, whatever its own timeout says."""
     worker_stale_s: float = 3.0
+    api_keys_file: str = ""
+    """TOML or JSON file of API keys (``[[keys]]`` with name, sha256, scopes); see
+    ``inferbus keys new``. With no keys at all the gateway runs open."""
+    api_keys: str = ""
+    """The same key objects as a JSON list, for the environment (INFERBUS_API_KEYS)."""
 
 
 class _Ended(Exception):
@@ -72,6 +85,8 @@ class GatewayService(Service[GatewaySettings]):
         super().__init__(settings)
         self.gateway_id = subject_token(f"gw-{settings.instance_id}-{secrets.token_hex(3)}")
         self.registry = ModelRegistry(stale_after_s=settings.worker_stale_s)
+        self.load = LoadView()
+        self.access = AccessControl(load_keys(settings.api_keys_file, settings.api_keys))
         self._pending: dict[str, asyncio.Queue[Any]] = {}
         self._ctx: Context[GatewaySettings] | None = None
         self._subs: list[Any] = []
@@ -82,6 +97,7 @@ class GatewayService(Service[GatewaySettings]):
             web.post("/v1/chat/completions", self.chat_completions),
             web.post("/v1/completions", self.completions),
             web.get("/v1/models", self.list_models),
+            web.get("/openapi.json", self.openapi),
         ]
 
     async def start(self, ctx: Context[GatewaySettings]) -> None:
@@ -90,11 +106,19 @@ class GatewayService(Service[GatewaySettings]):
             await ctx.nc.subscribe(f"{REPLY_PREFIX}.{self.gateway_id}.>", cb=self._on_reply,
                                    pending_msgs_limit=1_000_000),
             await ctx.nc.subscribe(HEARTBEATS, cb=self._on_heartbeat),
+            await ctx.nc.subscribe(SCHEDULER_LOAD, cb=self._on_load),
         ]
+        if self.access.open:
+            log.warning("open mode: no API keys are configured, so every request is served "
+                        "without authentication as tenant 'default'; set --api-keys-file "
+                        "or INFERBUS_API_KEYS to require keys")
+        else:
+            log.info("API keys required", keys=len(self.access.by_digest))
 
     def status(self) -> dict[str, Any]:
         return {"gateway_id": self.gateway_id, "inflight": len(self._pending),
-                "models": self.registry.models(time.monotonic())}
+                "models": self.registry.models(time.monotonic()),
+                "auth": "open" if self.access.open else "api-keys"}
 
     async def drain(self) -> None:
         self._draining = True
@@ -116,6 +140,12 @@ class GatewayService(Service[GatewaySettings]):
         except DecodeError as exc:
             log.error("undecodable reply", request_id=rid, error=str(exc))
 
+    async def _on_load(self, msg: Msg) -> None:
+        try:
+            self.load.on_load(decode(msg.data, SchedulerLoad), time.monotonic())
+        except DecodeError:
+            pass
+
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
             self.registry.on_heartbeat(decode(msg.data, WorkerHeartbeat), time.monotonic())
@@ -124,11 +154,21 @@ class GatewayService(Service[GatewaySettings]):
 
     # -- HTTP ---------------------------------------------------------------------------
 
-    async def list_models(self, _: web.Request) -> web.Response:
+    async def list_models(self, http: web.Request) -> web.Response:
+        rid = _request_id(http)
+        try:
+            key = self._authenticate(http)
+        except ApiError as err:
+            return _error_response(err, rid)
         models = self.registry.models(time.monotonic())
-        data = [{"id": m, "object": "model", "created": 0, "owned_by": "inferbus"}
-                for m, ready in sorted(models.items()) if ready]
-        return web.json_response({"object": "list", "data": data})
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "inferbus",
+                 "max_model_len": self.registry.max_model_len(m) or None}
+                for m, ready in sorted(models.items()) if ready and key.allows(m)]
+        return web.json_response({"object": "list", "data": data},
+                                 headers={"x-request-id": rid})
+
+    async def openapi(self, _: web.Request) -> web.Response:
+        return web.json_response(openapi_document())
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, chat=True)
@@ -136,11 +176,17 @@ class GatewayService(Service[GatewaySettings]):
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, chat=False)
 
+    def _authenticate(self, http: web.Request) -> ApiKey:
+        return self.access.authenticate(http.headers.get("Authorization"),
+                                        http.headers.get("x-api-key"))
+
     async def _handle(self, http: web.Request, chat: bool) -> web.StreamResponse:
-        rid = http.headers.get("x-request-id") or uuid.uuid4().hex
+        rid = _request_id(http)
         try:
             return await self._serve(http, rid, chat)
         except ApiError as err:
+            if err.status != 499:
+                metrics.GATEWAY_REFUSALS.labels(err.code or str(err.status)).inc()
             return _error_response(err, rid)
 
     async def _serve(self, http: web.Request, rid: str, chat: bool) -> web.StreamResponse:
@@ -151,43 +197,53 @@ class GatewayService(Service[GatewaySettings]):
         if not rid.replace("-", "").replace("_", "").isalnum() or len(rid) > 128:
             raise ApiError(400, "x-request-id may hold only letters, digits, - and _",
                            param="x-request-id", code="invalid_value")
+        key = self._authenticate(http)
         body = await http.read()
         s = self.settings
+        prompt: str | None = None
+        messages = None
         if chat:
             req, sampling, messages = parse_chat(body, s.default_max_tokens)
-            event = submitted(request_id=rid, model=req.model, sampling=sampling,
-                              reply_to=reply_subject(self.gateway_id, rid), now=time.time(),
-                              messages=messages)
         else:
             creq, sampling, prompt = parse_completion(body, s.default_max_tokens)
             req = creq
-            event = submitted(request_id=rid, model=req.model, sampling=sampling,
-                              reply_to=reply_subject(self.gateway_id, rid), now=time.time(),
-                              prompt=prompt)
-        self.registry.admit(req.model, time.monotonic())
+        timeout_s = request_timeout(req.timeout, http.headers.get("X-Request-Timeout"))
+        now = time.monotonic()
+        self.registry.admit(req.model, now, sampling.max_tokens)
         if rid in self._pending:
             raise ApiError(409, f"request {rid} is already in flight", code="duplicate_request")
-        shapes = Shapes(chat=chat, request_id=rid, model=req.model, created=int(time.time()))
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        started = time.monotonic()
-        events = self._submit(event)
-        ended = False
+        admission = self.access.admit(key, model=req.model, max_tokens=sampling.max_tokens,
+                                      prompt_chars=prompt_chars(prompt, messages), now=now)
+        used: int | None = None
         try:
-            if req.stream:
-                resp = await self._stream(http, rid, events, shapes, include_usage, started)
-            else:
-                resp = await self._complete(rid, events, shapes, started)
-            ended = True
-            return resp
-        except _Ended as e:
-            ended = e.settled
-            raise e.error from None
+            self.load.admit(req.model, now)
+            event = submitted(request_id=rid, model=req.model, sampling=sampling,
+                              reply_to=reply_subject(self.gateway_id, rid), now=time.time(),
+                              tenant=key.tenant_id, priority=key.priority, timeout_s=timeout_s,
+                              prompt=prompt, messages=messages)
+            shapes = Shapes(chat=chat, request_id=rid, model=req.model, created=int(time.time()))
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            events = self._submit(event, timeout_s)
+            ended = False
+            try:
+                if req.stream:
+                    resp, used = await self._stream(http, rid, events, shapes, include_usage, now)
+                else:
+                    resp, used = await self._complete(rid, events, shapes, now)
+                ended = True
+                return resp
+            except _Ended as e:
+                ended = e.settled
+                raise e.error from None
+            finally:
+                self._pending.pop(rid, None)
+                if not ended:  # client gone, or we gave up waiting: stop the work
+                    await self._cancel(rid, "client disconnected or timed out")
         finally:
-            self._pending.pop(rid, None)
-            if not ended:  # client gone, or we gave up waiting: stop the work
-                await self._cancel(rid, "client disconnected or timed out")
+            self.access.settle(admission, used, time.monotonic())
 
-    async def _submit(self, event: RequestSubmitted) -> AsyncIterator[Any]:
+    async def _submit(self, event: RequestSubmitted,
+                      timeout_s: float | None) -> AsyncIterator[Any]:
         """Register for replies, publish, then yield chunks until the terminal event."""
         assert self._ctx
         rid = event.request_id
@@ -197,7 +253,12 @@ class GatewayService(Service[GatewaySettings]):
         if ack.duplicate:
             raise _Ended(ApiError(409, f"request id {rid} was already submitted; use a new one",
                                   param="x-request-id", code="duplicate_request"))
-        deadline = time.monotonic() + self.settings.request_timeout_s
+        # the platform ends a request at its deadline; the grace covers the last hop
+        limit = self.settings.request_timeout_s
+        own = timeout_s is not None and timeout_s + _DEADLINE_GRACE_S < limit
+        if own:
+            limit = timeout_s + _DEADLINE_GRACE_S  # type: ignore[operator]
+        deadline = time.monotonic() + limit
         attempt = None
         while True:
             remaining = deadline - time.monotonic()
@@ -206,7 +267,11 @@ class GatewayService(Service[GatewaySettings]):
             except asyncio.TimeoutError:
                 ev = None
             if ev is None:
-                raise _Ended(ApiError(504, f"no answer within {self.settings.request_timeout_s:g}s",
+                if own:
+                    raise _Ended(ApiError(504, f"the request's {timeout_s:g}s timeout passed",
+                                          type="server_error", code="deadline_exceeded"),
+                                 settled=False)
+                raise _Ended(ApiError(504, f"no answer within {limit:g}s",
                                       type="server_error", code="timeout"), settled=False)
             if isinstance(ev, TokenChunk):
                 attempt = attempt or ev.attempt
@@ -228,7 +293,7 @@ class GatewayService(Service[GatewaySettings]):
             return
 
     async def _complete(self, rid: str, events: AsyncIterator[Any], shapes: Shapes,
-                        started: float) -> web.Response:
+                        started: float) -> tuple[web.Response, int]:
         parts: list[str] = []
         async for ev in events:
             if isinstance(ev, TokenChunk):
@@ -236,7 +301,7 @@ class GatewayService(Service[GatewaySettings]):
             elif isinstance(ev, RequestFinished):
                 self._observe(shapes.model, started, "request.finished")
                 return web.json_response(shapes.complete("".join(parts), ev),
-                                         headers={"x-request-id": rid})
+                                         headers={"x-request-id": rid}), ev.usage.total_tokens
             else:
                 self._observe(shapes.model, started, ev.__struct_config__.tag)
                 raise _Ended(error_for(ev))
@@ -244,7 +309,8 @@ class GatewayService(Service[GatewaySettings]):
                               type="server_error", code="internal_error"))
 
     async def _stream(self, http: web.Request, rid: str, events: AsyncIterator[Any],
-                      shapes: Shapes, include_usage: bool, started: float) -> web.StreamResponse:
+                      shapes: Shapes, include_usage: bool,
+                      started: float) -> tuple[web.StreamResponse, int | None]:
         resp: web.StreamResponse | None = None
         async for ev in events:
             if isinstance(ev, TokenChunk):
@@ -261,16 +327,18 @@ class GatewayService(Service[GatewaySettings]):
             if resp is None:
                 resp = web.StreamResponse(headers={**_SSE_HEADERS, "x-request-id": rid})
                 await resp.prepare(http)
+            used = None
             if isinstance(ev, RequestFinished):
                 await resp.write(sse(shapes.final_chunk(ev)))
                 if include_usage:
                     await resp.write(sse(shapes.usage_chunk(ev)))
+                used = ev.usage.total_tokens
             else:
                 await resp.write(sse(error_for(ev).body()))
             self._observe(shapes.model, started, ev.__struct_config__.tag)
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
-            return resp
+            return resp, used
         raise _Ended(ApiError(500, "the reply stream ended without a terminal event",
                               type="server_error", code="internal_error"))
 
@@ -289,6 +357,13 @@ class GatewayService(Service[GatewaySettings]):
 def merge_chunks(a: TokenChunk, b: TokenChunk) -> TokenChunk:
     return TokenChunk(request_id=a.request_id, seq=a.seq, text=a.text + b.text,
                       token_ids=a.token_ids + b.token_ids, attempt=a.attempt)
+
+
+_DEADLINE_GRACE_S = 2.0
+
+
+def _request_id(http: web.Request) -> str:
+    return http.headers.get("x-request-id") or uuid.uuid4().hex
 
 
 def _error_response(err: ApiError, rid: str) -> web.Response:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from inferbus.contracts import RequestSubmitted, WorkerHeartbeat
+from inferbus.contracts import ModelLoad, RequestSubmitted, WorkerHeartbeat
 
 
 class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
@@ -23,6 +23,9 @@ class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
     """A request no worker could take for this long fails with ``no_worker``."""
     max_attempts: int = 3
     remember_ended: int = 100_000
+    max_queue_per_model: int = 1000
+    """Past this many queued requests for a model, new ones end ``queue_full`` (HTTP 429);
+    the gateways see the depth in SchedulerLoad and push back before that."""
 
 
 # -- effects ---------------------------------------------------------------------------
@@ -73,6 +76,8 @@ class Queued:
     order: int
     """Arrival order, kept across reassignment so re-queued work stays FIFO."""
     attempt: int = 1
+    deadline: float = float("inf")
+    """The request's deadline on the core's clock."""
 
 
 @dataclass
@@ -83,6 +88,7 @@ class Inflight:
     assigned_at: float
     order: int
     started: bool = False
+    deadline: float = float("inf")
 
 
 class SchedulerCore:
@@ -95,14 +101,32 @@ class SchedulerCore:
         self._ended: OrderedDict[str, None] = OrderedDict()
         self._rr: dict[str, int] = {}
         self._arrivals = 0
+        self._dispatched: dict[str, int] = {}
+        self._rates: dict[str, tuple[float, int, float]] = {}
+        """model → (time, dispatched count, smoothed dispatch rate) at the last load()."""
 
     # -- inputs ----------------------------------------------------------------------
 
-    def on_accepted(self, request: RequestSubmitted, now: float) -> list[Effect]:
+    def on_accepted(self, request: RequestSubmitted, now: float,
+                    wall: float | None = None) -> list[Effect]:
+        """``wall`` is the Unix time matching ``now``, to place the request's deadline."""
         if self.knows(request.request_id):
             return []  # redelivery or client retry of a known request: idempotent
+        deadline = float("inf")
+        if request.deadline:
+            deadline = now + (request.deadline - (now if wall is None else wall))
+            if deadline <= now:
+                self._remember_ended(request.request_id)
+                return [self._deadline_fail(request, "before it was queued")]
+        queued = len(self.queues.get(request.model, ()))
+        if queued >= self.policy.max_queue_per_model:
+            self._remember_ended(request.request_id)
+            return [Fail(request=request, code="queue_full", retryable=True,
+                         reason=f"{queued} requests for {request.model!r} are already "
+                         "waiting; retry later")]
         self._arrivals += 1
-        self._enqueue(Queued(request=request, since=now, order=self._arrivals))
+        self._enqueue(Queued(request=request, since=now, order=self._arrivals,
+                             deadline=deadline))
         return self._dispatch(now)
 
     def on_heartbeat(self, hb: WorkerHeartbeat, now: float) -> list[Effect]:
@@ -156,14 +180,20 @@ class SchedulerCore:
                     if now - w.last_seen > self.policy.worker_timeout_s]:
             effects += self._lose_worker(wid, now)
         limit = self.policy.queue_timeout_s
+
+        def expired(item: Queued) -> bool:
+            return now - item.since > limit or now >= item.deadline
+
         for model, q in self.queues.items():
             # a full scan: re-queued work sits at the front with a newer ``since``
-            if any(now - item.since > limit for item in q):
-                expired = [item for item in q if now - item.since > limit]
-                self.queues[model] = deque(item for item in q if now - item.since <= limit)
-                for item in expired:
+            if any(expired(item) for item in q):
+                gone = [item for item in q if expired(item)]
+                self.queues[model] = deque(item for item in q if not expired(item))
+                for item in gone:
                     self._queued_ids.discard(item.request.request_id)
-                    effects.append(self._timed_out(item.request))
+                    self._remember_ended(item.request.request_id)
+                    effects.append(self._deadline_fail(item.request, "while queued")
+                                   if now >= item.deadline else self._timed_out(item.request))
         return effects + self._dispatch(now)
 
     # -- views -----------------------------------------------------------------------
@@ -178,6 +208,37 @@ class SchedulerCore:
 
     def queue_depths(self) -> dict[str, int]:
         return {m: len(q) for m, q in self.queues.items()}
+
+    def load(self, now: float) -> dict[str, ModelLoad]:
+        """Per-model queue state for the gateways' backpressure."""
+        out: dict[str, ModelLoad] = {}
+        models = set(self.queues) | {m for w in self.workers.values() for m in w.models}
+        for model in sorted(models):
+            q = self.queues.get(model, ())
+            ready = [w for w in self.workers.values() if model in w.models and w.state == "ready"]
+            out[model] = ModelLoad(
+                queued=len(q),
+                queue_limit=self.policy.max_queue_per_model,
+                ready_workers=len(ready),
+                free_slots=sum(max(0, w.max_num_seqs - len(w.assigned)) for w in ready),
+                oldest_wait_s=max((now - item.since for item in q), default=0.0),
+                dispatch_per_s=self._dispatch_rate(model, now),
+            )
+        return out
+
+    def _dispatch_rate(self, model: str, now: float) -> float:
+        count = self._dispatched.get(model, 0)
+        last = self._rates.get(model)
+        if last is None:
+            self._rates[model] = (now, count, 0.0)
+            return 0.0
+        then, before, rate = last
+        if now - then < 0.05:
+            return rate
+        instant = (count - before) / (now - then)
+        rate = instant if rate == 0.0 else 0.7 * rate + 0.3 * instant
+        self._rates[model] = (now, count, rate)
+        return rate
 
     def live_models(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -217,6 +278,11 @@ class SchedulerCore:
         if len(self._ended) > self.policy.remember_ended:
             self._ended.popitem(last=False)
 
+    @staticmethod
+    def _deadline_fail(request: RequestSubmitted, where: str) -> Fail:
+        return Fail(request=request, code="deadline_exceeded",
+                    reason=f"the request's deadline passed {where}")
+
     def _timed_out(self, request: RequestSubmitted) -> Fail:
         wait = f"{self.policy.queue_timeout_s:g}s"
         if self.live_models().get(request.model):
@@ -251,7 +317,7 @@ class SchedulerCore:
             else:
                 # not started: hand it to another worker ahead of newer requests
                 self._enqueue(Queued(request=f.request, since=now, order=f.order,
-                                     attempt=f.attempt + 1), front=True)
+                                     attempt=f.attempt + 1, deadline=f.deadline), front=True)
         return effects
 
     def _dispatch(self, now: float) -> list[Effect]:
@@ -281,8 +347,9 @@ class SchedulerCore:
                 w.assigned.add(rid)
                 self.inflight[rid] = Inflight(
                     request=item.request, worker_id=w.worker_id, attempt=item.attempt,
-                    assigned_at=now, order=item.order,
+                    assigned_at=now, order=item.order, deadline=item.deadline,
                 )
+                self._dispatched[model] = self._dispatched.get(model, 0) + 1
                 effects.append(Assign(worker_id=w.worker_id, request=item.request,
                                       attempt=item.attempt))
             self._rr[model] = (start + i) % len(candidates)

@@ -14,12 +14,14 @@ from inferbus.contracts import (
     HEARTBEATS,
     SCHEDULER_ACCEPTED,
     SCHEDULER_ENDED,
+    SCHEDULER_LOAD,
     STARTED,
     CancelRequest,
     RequestAccepted,
     RequestCancelled,
     RequestFailed,
     RequestStarted,
+    SchedulerLoad,
     Terminal,
     WorkAssigned,
     WorkerHeartbeat,
@@ -43,6 +45,10 @@ class SchedulerSettings(ServiceSettings, kw_only=True):
     queue_timeout_s: float = 30.0
     max_attempts: int = 3
     tick_interval_s: float = 0.1
+    max_queue_per_model: int = 1000
+    """Queued requests per model past which new ones are refused (HTTP 429)."""
+    load_interval_s: float = 0.25
+    """How often the queue state goes to the gateways (``ib.sched.load``)."""
 
 
 class SchedulerService(Service[SchedulerSettings]):
@@ -55,6 +61,7 @@ class SchedulerService(Service[SchedulerSettings]):
                 worker_timeout_s=settings.worker_timeout_s,
                 queue_timeout_s=settings.queue_timeout_s,
                 max_attempts=settings.max_attempts,
+                max_queue_per_model=settings.max_queue_per_model,
             )
         )
         # accepted messages are acked only when their request leaves the queue, so a
@@ -113,7 +120,7 @@ class SchedulerService(Service[SchedulerSettings]):
             return
         # acked once its assignment (or failure) is published, so a crash loses nothing
         self._unacked[rid] = msg
-        await self._apply(self.core.on_accepted(event.request, time.monotonic()))
+        await self._apply(self.core.on_accepted(event.request, time.monotonic(), time.time()))
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
@@ -152,10 +159,18 @@ class SchedulerService(Service[SchedulerSettings]):
         await self._apply(self.core.on_cancel(ev.request_id, ev.reason))
 
     async def _ticks(self) -> None:
+        assert self._ctx
+        next_load = 0.0
         while True:
             await asyncio.sleep(self.settings.tick_interval_s)
             try:
-                await self._apply(self.core.tick(time.monotonic()))
+                now = time.monotonic()
+                await self._apply(self.core.tick(now))
+                if now >= next_load:
+                    next_load = now + self.settings.load_interval_s
+                    load = SchedulerLoad(scheduler_id=self.settings.instance_id,
+                                         models=self.core.load(now), sent_at=time.time())
+                    await self._ctx.nc.publish(SCHEDULER_LOAD, encode(load))
                 for model, n in self.core.queue_depths().items():
                     metrics.QUEUE_DEPTH.labels(model).set(n)
                 for model, n in self.core.live_models().items():

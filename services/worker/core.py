@@ -94,6 +94,7 @@ def heartbeat(
     now: float,
     reason: str = "",
     adapters: list[str] | None = None,
+    max_model_len: int = 0,
 ) -> WorkerHeartbeat:
     return WorkerHeartbeat(
         worker_id=worker_id,
@@ -111,4 +112,5 @@ def heartbeat(
         prefix_cache_hits=stats.prefix_cache_hits,
         prefix_cache_queries=stats.prefix_cache_queries,
         adapters=adapters or [],
+        max_model_len=max_model_len,
     )

@@ -53,6 +53,8 @@ class Engine(Protocol):
     """Served names: the base model first, then any LoRA adapters."""
     adapters: list[str]
     max_num_seqs: int
+    max_model_len: int
+    """Longest prompt + output in tokens (known once the engine has started)."""
 
     async def start(self) -> None: ...
 

@@ -50,6 +50,7 @@ class WorkerSettings(ServiceSettings, kw_only=True):
     sim_prefill_s_per_token: float = 0.0
     sim_decode_s_per_step: float = 0.0
     sim_decode_s_per_seq: float = 0.0
+    sim_max_model_len: int = 8192
     # vllm engine
     served_model_name: str = ""
     """Name clients ask for; defaults to the model folder's name."""
@@ -90,7 +91,7 @@ def build_engine(s: WorkerSettings, worker_id: str = "", on_kv_events: Any = Non
             decode_s_per_step=s.sim_decode_s_per_step,
             decode_s_per_seq=s.sim_decode_s_per_seq,
         )
-        return SimEngine(s.model, timing, s.max_num_seqs)
+        return SimEngine(s.model, timing, s.max_num_seqs, s.sim_max_model_len)
     if s.engine == "vllm":
         from .vllm_engine import VllmEngine, VllmOptions, prepare_environment
 
@@ -115,6 +116,8 @@ class WorkerService(Service[WorkerSettings]):
         self.state: WorkerState = "starting"
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel_reasons: dict[str, str] = {}
+        self._expired: set[str] = set()
+        """Requests cancelled because their deadline passed."""
         self._hb_task: asyncio.Task[None] | None = None
         self._ctx: Context[WorkerSettings] | None = None
         self._subs: list[Any] = []
@@ -201,6 +204,10 @@ class WorkerService(Service[WorkerSettings]):
         stream = RequestStream(assignment, self.worker_id, time.monotonic())
         outputs = self.engine.generate(engine_request(assignment))
         terminal: Any = None
+        expiry = None
+        if req.deadline:
+            left = req.deadline - time.time()
+            expiry = asyncio.get_running_loop().call_later(max(0.0, left), self._expire, rid)
         try:
             async for out in outputs:
                 started = stream.started(time.monotonic())
@@ -218,7 +225,11 @@ class WorkerService(Service[WorkerSettings]):
                     metrics.TOKENS.labels(self.name, model, "decode").inc(out.completion_tokens)
         except asyncio.CancelledError:
             reason = self._cancel_reasons.pop(rid, None)
-            if reason is None:
+            if rid in self._expired:
+                terminal = RequestFailed(
+                    request_id=rid, code="deadline_exceeded",
+                    reason=f"the request's deadline passed after {stream.seq} chunks")
+            elif reason is None:
                 terminal = RequestFailed(
                     request_id=rid, code="worker_shutdown",
                     reason="the worker shut down before the request finished; retry it",
@@ -234,6 +245,9 @@ class WorkerService(Service[WorkerSettings]):
                 request_id=rid, code="engine_error", reason=f"engine error: {exc}"
             )
         finally:
+            if expiry is not None:
+                expiry.cancel()
+            self._expired.discard(rid)
             await outputs.aclose()
             self._tasks.pop(rid, None)
             metrics.INFLIGHT.labels(self.name).set(len(self._tasks))
@@ -248,6 +262,12 @@ class WorkerService(Service[WorkerSettings]):
         await nc.publish(reply, data, headers=request_headers(rid))
         await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=f"{rid}:end")
         log.info("request ended", request_id=rid, outcome=outcome, chunks=stream.seq)
+
+    def _expire(self, rid: str) -> None:
+        task = self._tasks.get(rid)
+        if task is not None:
+            self._expired.add(rid)
+            task.cancel()
 
     async def _on_cancel(self, msg: Msg) -> None:
         try:
@@ -275,6 +295,7 @@ class WorkerService(Service[WorkerSettings]):
             now=time.time(),
             reason=self.failure,
             adapters=self.engine.adapters,
+            max_model_len=self.engine.max_model_len,
         )
         await self._ctx.nc.publish(heartbeat_subject(self.worker_id), encode(hb))
 

@@ -16,7 +16,7 @@ from typing import AsyncIterator
 
 import msgspec
 
-from .engine import EngineOutput, EngineRequest, EngineStats
+from .engine import EngineError, EngineOutput, EngineRequest, EngineStats
 
 _WORD = re.compile(r"\w+|[^\w\s]")
 VOCAB = (
@@ -112,11 +112,13 @@ def merge(outputs: list[EngineOutput]) -> EngineOutput:
 class SimEngine:
     name = "sim"
 
-    def __init__(self, model: str, timing: SimTiming, max_num_seqs: int = 256) -> None:
+    def __init__(self, model: str, timing: SimTiming, max_num_seqs: int = 256,
+                 max_model_len: int = 8192) -> None:
         self.models = [model]
         self.adapters: list[str] = []
         self.timing = timing
         self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._wake = asyncio.Event()
@@ -140,6 +142,12 @@ class SimEngine:
         if self._loop_task is None or self._loop_task.done():
             raise RuntimeError("sim engine is not running")
         seq = _Sequence(request)
+        if seq.prompt_tokens + request.sampling.max_tokens > self.max_model_len:
+            raise EngineError(
+                "context_length_exceeded",
+                f"the prompt ({seq.prompt_tokens} tokens) plus max_tokens "
+                f"({request.sampling.max_tokens}) exceeds the model's "
+                f"{self.max_model_len}-token context")
         self._waiting.append(seq)
         self._wake.set()
         try:

@@ -237,6 +237,12 @@ class VllmEngine:
     def stats(self) -> EngineStats:
         return self._stats
 
+    @property
+    def max_model_len(self) -> int:
+        if self._engine is not None:
+            return int(self._engine.model_config.max_model_len)
+        return self.options.max_model_len
+
     def _prompt(self, request: EngineRequest) -> dict[str, Any]:
         tok = self._tokenizer
         if request.messages is not None:

@@ -12,10 +12,13 @@ from inferbus.client import RequestError
 from inferbus.contracts import (
     CANCEL,
     ENDED,
+    REPLY_PREFIX,
     CancelRequest,
+    ReplyEvent,
     RequestCancelled,
     RequestFinished,
     Terminal,
+    TokenChunk,
 )
 from inferbus.shared.codec import decode, encode
 
@@ -150,6 +153,15 @@ async def test_cancel_stops_generation(client):
 async def test_http_client_disconnect_cancels_the_request(platform, client):
     ended = await client.nc.subscribe(ENDED)
     rid = "disconnect-test-1"
+    chunks = []  # what the worker sends to the gateway, whatever its id
+
+    async def seen(msg):
+        ev = decode(msg.data, ReplyEvent)
+        if isinstance(ev, TokenChunk):
+            chunks.append(ev.seq)
+
+    await client.nc.subscribe(f"{REPLY_PREFIX}.*.{rid}", cb=seen)
+    await client.nc.flush()
     async with aiohttp.ClientSession(gateway_url(platform)) as http:
         async with http.post("/v1/chat/completions", headers={"x-request-id": rid}, json={
                 "model": SLOW_MODEL, "stream": True, "max_tokens": 2000,
@@ -162,6 +174,10 @@ async def test_http_client_disconnect_cancels_the_request(platform, client):
         if ev.request_id == rid:
             break
     assert isinstance(ev, RequestCancelled)
+    # the worker stopped generating: no token after the cancel, far fewer than asked for
+    count = len(chunks)
+    await asyncio.sleep(0.5)
+    assert len(chunks) == count and 0 < count < 500
 
 
 async def test_a_reused_request_id_gets_a_clear_error_not_a_hang(platform, client):

@@ -670,3 +670,60 @@ def test_property_no_double_assignment_and_nothing_dropped(ops):
     for rid, how in m.terminal.items():
         if how.startswith("finished"):
             assert rid in m.ever_assigned
+
+
+# -- backpressure and deadlines ----------------------------------------------------------
+
+
+def test_a_full_queue_refuses_new_requests_as_retryable():
+    core = SchedulerCore(SchedulerPolicy(max_queue_per_model=2))
+    assert core.on_accepted(req("a"), 0.0) == []
+    assert core.on_accepted(req("b"), 0.0) == []
+    [fail] = only(core.on_accepted(req("c"), 0.0), Fail)
+    assert (fail.code, fail.retryable) == ("queue_full", True)
+    assert core.knows("c")  # a redelivery of c changes nothing
+    assert core.on_accepted(req("c"), 0.1) == []
+    # the queue drains: there is room again
+    core.on_heartbeat(hb("w1", max_num_seqs=2), 1.0)
+    assert core.on_accepted(req("d"), 1.0) == []
+
+
+def test_load_reports_queue_depth_limit_and_dispatch_rate():
+    core = SchedulerCore(SchedulerPolicy(max_queue_per_model=50))
+    for i in range(5):
+        core.on_accepted(req(f"r{i}"), 0.0)
+    load = core.load(1.0)["m"]
+    assert (load.queued, load.queue_limit, load.ready_workers) == (5, 50, 0)
+    assert load.oldest_wait_s == 1.0
+    core.on_heartbeat(hb("w1", max_num_seqs=3), 1.0)  # takes three of them
+    load = core.load(2.0)["m"]
+    assert (load.queued, load.ready_workers, load.free_slots) == (2, 1, 0)
+    assert load.dispatch_per_s == 3.0  # three dispatched in the second since the last report
+
+
+def test_a_request_past_its_deadline_is_not_queued():
+    core = SchedulerCore(POLICY)
+    r = RequestSubmitted(request_id="late", model="m", reply_to="x", prompt="p", deadline=99.0)
+    [fail] = only(core.on_accepted(r, now=5.0, wall=100.0), Fail)
+    assert fail.code == "deadline_exceeded" and not fail.retryable
+
+
+def test_a_queued_request_ends_at_its_deadline_before_the_queue_timeout():
+    core = SchedulerCore(POLICY)  # queue timeout 10 s
+    r = RequestSubmitted(request_id="d", model="m", reply_to="x", prompt="p", deadline=1002.0)
+    assert core.on_accepted(r, now=0.0, wall=1000.0) == []  # deadline 2 s from now
+    assert core.tick(1.9) == []
+    [fail] = only(core.tick(2.0), Fail)
+    assert fail.code == "deadline_exceeded"
+    assert not core.is_queued("d") and core.knows("d")
+
+
+def test_requeued_work_keeps_its_deadline():
+    core = SchedulerCore(POLICY)
+    core.on_heartbeat(hb("w1"), 0.0)
+    r = RequestSubmitted(request_id="d", model="m", reply_to="x", prompt="p", deadline=1005.0)
+    assert assigns(core.on_accepted(r, now=0.0, wall=1000.0)) == [("d", "w1", 1)]
+    assert core.tick(3.5) == []  # w1 lost, d back in the queue with no worker
+    assert core.is_queued("d")
+    [fail] = only(core.tick(5.0), Fail)
+    assert fail.code == "deadline_exceeded"

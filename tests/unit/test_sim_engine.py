@@ -8,7 +8,7 @@ import time
 import pytest
 
 from inferbus.contracts import ChatMessage, SamplingParams
-from inferbus.services.worker.engine import EngineOutput, EngineRequest
+from inferbus.services.worker.engine import EngineError, EngineOutput, EngineRequest
 from inferbus.services.worker.sim import (
     VOCAB,
     SimEngine,
@@ -246,7 +246,7 @@ async def test_two_slots_run_requests_together():
 async def test_closing_the_generator_early_frees_the_slot():
     timing = SimTiming(decode_s_per_step=0.001)
     async with Running(timing, max_num_seqs=1) as engine:
-        gen = engine.generate(request("long", max_tokens=1_000_000))
+        gen = engine.generate(request("long", max_tokens=8000))
         await gen.__anext__()
         await gen.__anext__()
         await gen.aclose()
@@ -270,3 +270,10 @@ async def test_stats_report_running_and_waiting():
         await a.aclose()
         await asyncio.wait_for(task, 2.0)
         await b.aclose()
+
+
+async def test_a_request_over_the_context_is_refused():
+    async with Running(SimTiming()) as engine:
+        with pytest.raises(EngineError) as err:
+            await collect(engine, request("big", max_tokens=engine.max_model_len))
+        assert err.value.code == "context_length_exceeded"

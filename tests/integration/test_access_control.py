@@ -1,0 +1,125 @@
+"""API keys, scopes and rate limits end to end: a gateway with keys on the shared
+platform, the OpenAI SDK as the client, tenants checked on the submitted events."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import openai
+import pytest
+from openai import OpenAI
+
+from inferbus.contracts import SUBMIT, RequestSubmitted
+from inferbus.services.gateway.auth import digest
+from inferbus.shared.codec import decode
+
+from .conftest import MODEL, SLOW_MODEL
+from .procs import ServiceProcess, start_all
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
+
+KEYS = {"full": "ib-full-secret", "limited": "ib-limited-secret", "tpm": "ib-tpm-secret"}
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture(scope="module")
+def keyed_gateway(nats_url, log_dir, tmp_path_factory):
+    path = tmp_path_factory.mktemp("keys") / "keys.toml"
+    path.write_text(f"""
+[[keys]]
+name = "full"
+sha256 = "{digest(KEYS['full'])}"
+tenant = "acme"
+priority = "interactive"
+
+[[keys]]
+name = "limited"
+sha256 = "{digest(KEYS['limited'])}"
+models = ["{MODEL}"]
+max_tokens = 50
+requests_per_s = 2
+
+[[keys]]
+name = "tpm"
+sha256 = "{digest(KEYS['tpm'])}"
+tokens_per_min = 600
+""")
+    gw = ServiceProcess("gateway", nats_url, log_dir, "--api-keys-file", str(path),
+                        "--worker-stale-s", "1.5", name="keyed-gateway")
+    start_all([gw])
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:  # it learns the models from heartbeats
+        req = urllib.request.Request(f"{gw.base}/v1/models",
+                                     headers={"Authorization": f"Bearer {KEYS['full']}"})
+        with urllib.request.urlopen(req) as r:
+            if {MODEL, SLOW_MODEL} <= {m["id"] for m in json.loads(r.read())["data"]}:
+                break
+        time.sleep(0.1)
+    yield gw
+    gw.stop()
+
+
+def sdk(gw, key: str | None) -> OpenAI:
+    return OpenAI(base_url=gw.base + "/v1", api_key=KEYS.get(key, key or "none"), max_retries=0)
+
+
+def test_requests_without_a_valid_key_get_401(keyed_gateway):
+    for key in ("ib-wrong", None):
+        with pytest.raises(openai.AuthenticationError) as e:
+            sdk(keyed_gateway, key).chat.completions.create(model=MODEL, messages=MESSAGES)
+        assert e.value.code == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        sdk(keyed_gateway, "ib-wrong").models.list()
+
+
+async def test_the_key_sets_tenant_and_priority_on_the_request(keyed_gateway, client):
+    sub = await client.nc.subscribe(SUBMIT)
+    await client.nc.flush()  # subscribed at the server before the blocking SDK call
+    r = sdk(keyed_gateway, "full").chat.completions.with_raw_response.create(
+        model=SLOW_MODEL, messages=MESSAGES, max_tokens=2)
+    rid = r.headers["x-request-id"]
+    while True:
+        ev = decode((await sub.next_msg(timeout=5)).data, RequestSubmitted)
+        if ev.request_id == rid:
+            break
+    assert (ev.tenant, ev.priority) == ("acme", "interactive")
+    await sub.unsubscribe()
+
+
+def test_scopes_limit_models_and_max_tokens(keyed_gateway):
+    c = sdk(keyed_gateway, "limited")
+    assert {m.id for m in c.models.list()} == {MODEL}  # only what the key may use
+    with pytest.raises(openai.PermissionDeniedError) as e:
+        c.chat.completions.create(model=SLOW_MODEL, messages=MESSAGES, max_tokens=2)
+    assert e.value.code == "model_not_allowed"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=51)
+    assert e.value.param == "max_tokens"
+
+
+def test_requests_per_second_limit_gives_429_with_retry_after(keyed_gateway):
+    time.sleep(1.1)  # a full bucket (2 requests/s, burst 2)
+    c = sdk(keyed_gateway, "limited")
+    for _ in range(2):
+        c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
+    with pytest.raises(openai.RateLimitError) as e:
+        c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
+    assert e.value.code == "rate_limit_exceeded"
+    assert int(e.value.response.headers["retry-after"]) >= 1
+    time.sleep(0.6)
+    c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
+
+
+def test_tokens_per_minute_are_settled_against_real_usage(keyed_gateway):
+    c = sdk(keyed_gateway, "tpm")  # 600 tokens a minute
+    # each request is charged 2 + 250 up front; it uses about 10, so the rest comes back
+    for _ in range(5):
+        r = c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=250,
+                                      stop=["the"])
+        assert r.usage.total_tokens < 250
+    with pytest.raises(openai.RateLimitError) as e:  # more than the whole minute's budget
+        c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=599)
+        c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=599)
+    assert "tokens per minute" in e.value.message

@@ -1,0 +1,82 @@
+"""Backpressure end to end: a platform of its own whose scheduler queues at most three
+requests per model, and one slow worker with a single slot."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from inferbus.client import Client, RequestError
+from inferbus.contracts import SCHEDULER_LOAD, SchedulerLoad
+from inferbus.shared.codec import decode
+from inferbus.shared.natsserver import NatsServer
+
+from .procs import ServiceProcess, start_all
+
+pytestmark = [pytest.mark.integration]
+
+MODEL = "narrow-model"
+
+
+@pytest.fixture(scope="module")
+def narrow(tmp_path_factory):
+    root = tmp_path_factory.mktemp("backpressure")
+    server = NatsServer(root / "nats", log_file=root / "nats.log").start()
+    url = server.url
+    procs = [
+        ServiceProcess("sanitizer", url, root, name="bp-sanitizer"),
+        ServiceProcess("scheduler", url, root, "--max-queue-per-model", "3",
+                       "--load-interval-s", "0.1", name="bp-scheduler"),
+        ServiceProcess("worker", url, root, "--model", MODEL, "--max-num-seqs", "1",
+                       "--sim-decode-s-per-step", "0.01", "--heartbeat-interval-s", "0.3",
+                       name="bp-worker"),
+        ServiceProcess("gateway", url, root, name="bp-gateway"),
+    ]
+    start_all(procs)
+    yield {"url": url, "gateway": procs[-1]}
+    for p in reversed(procs):
+        p.stop()
+    server.stop()
+
+
+async def test_a_full_queue_gets_429_with_retry_after_and_nothing_is_lost(narrow):
+    c = await Client.connect(narrow["url"])
+    try:
+        # one request holds the only slot, three fill the queue
+        held = [asyncio.create_task(c.generate(MODEL, f"job {i}", max_tokens=100,
+                                               request_id=f"bp-{i}", timeout=60))
+                for i in range(4)]
+        # wait for the scheduler to report its queue full, as the gateway hears it
+        loads = await c.nc.subscribe(SCHEDULER_LOAD)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            load = decode((await loads.next_msg(timeout=5)).data, SchedulerLoad)
+            if MODEL in load.models and load.models[MODEL].queued == 3:
+                break
+        await loads.unsubscribe()
+        await asyncio.sleep(0.3)  # a report or two later the gateway has it too
+        body = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+        async with aiohttp.ClientSession(narrow["gateway"].base) as http:
+            async with http.post("/v1/chat/completions", json=body) as r:
+                status, headers, reply = r.status, r.headers, await r.json()
+        assert status == 429, reply
+        assert reply["error"]["code"] == "queue_full"
+        assert reply["error"]["type"] == "rate_limit_error"
+        assert 1 <= int(headers["Retry-After"]) <= 60
+        # a client on NATS that skips the gateway is refused by the scheduler itself
+        with pytest.raises(RequestError) as err:
+            await c.generate(MODEL, "one too many", max_tokens=5, timeout=10)
+        assert (err.value.code, err.value.retryable) == ("queue_full", True)
+        # the queued ones are still served, in order
+        results = await asyncio.gather(*held)
+        assert [r.outcome.finish_reason for r in results] == ["length"] * 4
+        # and once the queue drains, requests are admitted again
+        async with aiohttp.ClientSession(narrow["gateway"].base) as http:
+            await asyncio.sleep(0.3)
+            async with http.post("/v1/chat/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+    finally:
+        await c.close()
