@@ -25,8 +25,10 @@ from inferbus.contracts import (
 
 
 class ContentPart(msgspec.Struct, kw_only=True):
-    type: str
-    text: str | None = None
+    """Text only: other part types (images, audio) are refused by name."""
+
+    type: Literal["text"]
+    text: str
 
 
 class ChatMessageIn(msgspec.Struct, kw_only=True):
@@ -40,7 +42,8 @@ class StreamOptions(msgspec.Struct, kw_only=True):
 
 
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
-PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+_I32 = 2**31 - 1
+PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=_I32)]
 
 
 class _Common(msgspec.Struct, kw_only=True):
@@ -59,10 +62,10 @@ class _Common(msgspec.Struct, kw_only=True):
     logprobs: bool | int | None = None
     logit_bias: dict[str, float] | None = None
     # vLLM's extensions, which its clients and benchmarks send
-    top_k: Annotated[int, msgspec.Meta(ge=-1)] = 0
+    top_k: Annotated[int, msgspec.Meta(ge=-1, le=_I32)] = 0
     repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0)] = 1.0
     ignore_eos: bool = False
-    stop_token_ids: list[Annotated[int, msgspec.Meta(ge=0)]] = []
+    stop_token_ids: list[Annotated[int, msgspec.Meta(ge=0, le=_I32)]] = []
     # ours
     timeout: Annotated[float, msgspec.Meta(gt=0.0, le=86400.0)] | None = None
     """Seconds the request may take end to end (also the header ``X-Request-Timeout``);
@@ -70,7 +73,7 @@ class _Common(msgspec.Struct, kw_only=True):
 
 
 class ChatCompletionRequest(_Common, kw_only=True):
-    messages: list[ChatMessageIn]
+    messages: Annotated[list[ChatMessageIn], msgspec.Meta(min_length=1)]
     max_completion_tokens: PositiveInt | None = None
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
@@ -82,7 +85,8 @@ class ChatCompletionRequest(_Common, kw_only=True):
 
 
 class CompletionRequest(_Common, kw_only=True):
-    prompt: str | list[str]
+    prompt: str | Annotated[list[str], msgspec.Meta(min_length=1, max_length=1)]
+    """One prompt per request (a list of exactly one is taken too)."""
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
@@ -152,10 +156,28 @@ def _decode(body: bytes, cls: type[Any]) -> Any:
     try:
         return msgspec.json.decode(body, type=cls)
     except msgspec.ValidationError as exc:
-        raise ApiError(400, f"invalid request: {exc}", param=_param(str(exc)),
-                       code="invalid_value") from None
+        error = exc
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"malformed JSON: {exc}", code="invalid_json") from None
+    if "got `float`" in str(error):
+        # JSON has one number type: 16.0 is an integer to JSON Schema and to OpenAI's
+        # servers, so take it as one (off the hot path: only after a failed decode)
+        try:
+            return msgspec.convert(_integral(msgspec.json.decode(body)), cls)
+        except msgspec.ValidationError as exc:
+            error = exc
+    raise ApiError(400, f"invalid request: {error}", param=_param(str(error)),
+                   code="invalid_value") from None
+
+
+def _integral(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    return value
 
 
 def _sampling(req: _Common, max_tokens: int | None, default_max_tokens: int) -> SamplingParams:
@@ -173,38 +195,25 @@ def _sampling(req: _Common, max_tokens: int | None, default_max_tokens: int) -> 
                           stop_token_ids=list(req.stop_token_ids))
 
 
-def _content(msg: ChatMessageIn, index: int) -> str:
+def _content(msg: ChatMessageIn) -> str:
     if msg.content is None:
         return ""
     if isinstance(msg.content, str):
         return msg.content
-    parts = []
-    for part in msg.content:
-        if part.type != "text" or part.text is None:
-            raise ApiError(400, f"content part type {part.type!r} is not supported",
-                           param=f"messages[{index}].content", code="unsupported_value")
-        parts.append(part.text)
-    return "".join(parts)
+    return "".join(part.text for part in msg.content)
 
 
 def parse_chat(body: bytes, default_max_tokens: int) -> tuple[ChatCompletionRequest, SamplingParams, list[ChatMessage]]:
     req: ChatCompletionRequest = _decode(body, ChatCompletionRequest)
-    if not req.messages:
-        raise ApiError(400, "messages must not be empty", param="messages", code="invalid_value")
-    messages = [ChatMessage(role=m.role, content=_content(m, i), name=m.name)
-                for i, m in enumerate(req.messages)]
+    messages = [ChatMessage(role=m.role, content=_content(m), name=m.name)
+                for m in req.messages]
     limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     return req, _sampling(req, limit, default_max_tokens), messages
 
 
 def parse_completion(body: bytes, default_max_tokens: int) -> tuple[CompletionRequest, SamplingParams, str]:
     req: CompletionRequest = _decode(body, CompletionRequest)
-    prompt = req.prompt
-    if isinstance(prompt, list):
-        if len(prompt) != 1:
-            raise ApiError(400, "exactly one prompt per request is supported", param="prompt",
-                           code="unsupported_value")
-        prompt = prompt[0]
+    prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
     return req, _sampling(req, req.max_tokens, default_max_tokens), prompt
 
 

@@ -56,6 +56,39 @@ class Completion(msgspec.Struct, kw_only=True):
     usage: UsageOut
 
 
+class Delta(msgspec.Struct, kw_only=True):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(msgspec.Struct, kw_only=True):
+    index: int
+    delta: Delta
+    logprobs: None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class ChatCompletionChunk(msgspec.Struct, kw_only=True):
+    """One server-sent event of a chat stream; with stream_options.include_usage the
+    last one before ``[DONE]`` has no choices and the usage."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: UsageOut | None = None
+
+
+class CompletionChunk(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[TextChoice]
+    usage: UsageOut | None = None
+
+
 class ModelCard(msgspec.Struct, kw_only=True):
     id: str
     object: Literal["model"]
@@ -104,7 +137,17 @@ _HEADERS = {"x-request-id": {"description": "The request's id (yours, or a new o
                              "schema": {"type": "string"}}}
 
 
-def _completion_op(summary: str, request: str, response: str) -> dict[str, Any]:
+def _events(chunk: str) -> dict[str, Any]:
+    """Each server-sent event: ``data`` is a JSON chunk (or an error, after which the
+    stream ends), and the last event's data is ``[DONE]``."""
+    json_data = {"type": "string", "contentMediaType": "application/json",
+                 "contentSchema": {"oneOf": [{"$ref": _REF.format(name=chunk)},
+                                             {"$ref": _REF.format(name="ErrorResponse")}]}}
+    return {"type": "object", "required": ["data"],
+            "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_data]}}}
+
+
+def _completion_op(summary: str, request: str, response: str, chunk: str) -> dict[str, Any]:
     return {
         "summary": summary,
         "parameters": [
@@ -124,17 +167,51 @@ def _completion_op(summary: str, request: str, response: str) -> dict[str, Any]:
                                    "chunks ending with 'data: [DONE]'",
                     "headers": _HEADERS,
                     "content": {"application/json": {"schema": {"$ref": _REF.format(name=response)}},
-                                "text/event-stream": {"schema": {"type": "string"}}}},
+                                "text/event-stream": {"schema": _events(chunk)}}},
             **{code: _error(text) for code, text in _ERRORS.items()},
         },
     }
+
+
+_ONLY = "Not supported: only {} is accepted (anything else gets 400)."
+
+_UNSUPPORTED: dict[str, dict[str, Any]] = {
+    # OpenAI fields the server takes only at their neutral value; the Structs decode
+    # them wider so the error names the field instead of a type mismatch
+    "n": {"enum": [1], "description": _ONLY.format("1")},
+    "logprobs": {"enum": [False, 0, None], "description": _ONLY.format("false")},
+    "logit_bias": {"anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}],
+                   "description": _ONLY.format("{}")},
+}
+_UNSUPPORTED_CHAT: dict[str, dict[str, Any]] = {
+    "top_logprobs": {"enum": [0, None], "description": _ONLY.format("0")},
+    "tools": {"anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}],
+              "description": _ONLY.format("[]")},
+    "functions": {"anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}],
+                  "description": _ONLY.format("[]")},
+    "tool_choice": {"enum": ["none", "auto", None], "description": _ONLY.format('"none"')},
+    "function_call": {"enum": ["none", "auto", None], "description": _ONLY.format('"none"')},
+    "response_format": {"anyOf": [{"type": "object", "properties": {
+        "type": {"enum": ["text"]}}}, {"type": "null"}], "description": _ONLY.format("text")},
+}
+_UNSUPPORTED_COMPLETION: dict[str, dict[str, Any]] = {
+    "echo": {"enum": [False], "description": _ONLY.format("false")},
+    "best_of": {"enum": [1, None], "description": _ONLY.format("1")},
+    "suffix": {"enum": ["", None], "description": _ONLY.format('""')},
+}
 
 
 @cache
 def openapi_document() -> dict[str, Any]:
     _, components = msgspec.json.schema_components(
         [ChatCompletionRequest, CompletionRequest, ChatCompletion, Completion, ModelList,
-         ErrorResponse], ref_template=_REF)
+         ErrorResponse, ChatCompletionChunk, CompletionChunk], ref_template=_REF)
+    for name, extra in (("ChatCompletionRequest", _UNSUPPORTED_CHAT),
+                        ("CompletionRequest", _UNSUPPORTED_COMPLETION)):
+        props = components[name]["properties"]
+        for field, override in {**_UNSUPPORTED, **extra}.items():
+            props[field] = {**override, **({"default": props[field]["default"]}
+                                           if "default" in props[field] else {})}
     return {
         "openapi": "3.1.0",
         "info": {"title": "inferbus gateway", "version": "1",
@@ -146,9 +223,11 @@ def openapi_document() -> dict[str, Any]:
         "security": [{"bearer": []}, {}],
         "paths": {
             "/v1/chat/completions": {"post": _completion_op(
-                "Create a chat completion", "ChatCompletionRequest", "ChatCompletion")},
+                "Create a chat completion", "ChatCompletionRequest", "ChatCompletion",
+                "ChatCompletionChunk")},
             "/v1/completions": {"post": _completion_op(
-                "Create a text completion", "CompletionRequest", "Completion")},
+                "Create a text completion", "CompletionRequest", "Completion",
+                "CompletionChunk")},
             "/v1/models": {"get": {
                 "summary": "Models live workers serve (those the API key may use)",
                 "responses": {

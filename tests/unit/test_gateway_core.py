@@ -171,7 +171,7 @@ def test_unknown_content_part_type():
         {"role": "user", "content": "ok"},
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]))
     assert e.status == 400
-    assert e.param == "messages[1].content"
+    assert e.param.startswith("messages[1].content")
     assert "image_url" in e.message
 
 
@@ -436,3 +436,15 @@ def test_engine_refusals_are_client_errors():
                                    reason="too long"))
     assert long.status == 400 and long.type == "invalid_request_error"
     assert error_for(RequestFailed(request_id="r", code="model_not_found", reason="x")).status == 404
+
+
+def test_integral_floats_are_taken_as_integers_but_strings_are_not():
+    req, sampling, _ = parse_chat(body(model="m", max_tokens=16.0, top_k=5.0, temperature=1,
+                                       messages=[{"role": "user", "content": "x"}]), 8)
+    assert (sampling.max_tokens, sampling.top_k) == (16, 5)
+    e = api_error(parse_chat, body(model="m", max_tokens=16.5,
+                                   messages=[{"role": "user", "content": "x"}]))
+    assert e.param == "max_tokens"
+    e = api_error(parse_chat, body(model="m", max_tokens="16",
+                                   messages=[{"role": "user", "content": "x"}]))
+    assert e.param == "max_tokens"

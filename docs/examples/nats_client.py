@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""Stream a completion from inferbus over NATS with nothing but nats-py and the stdlib.
+
+    python docs/examples/nats_client.py --nats-url nats://127.0.0.1:4222 \\
+        --model sim-model --max-tokens 64 --timeout 30 "Tell me a story"
+
+The text goes to stdout as it arrives; the usage goes to stderr at the end. Exit
+status: 0 when the request finished, 1 when it failed or was rejected (stderr says
+``error: <code>: <reason>``), 130 when it was cancelled (Ctrl-C sends a cancel).
+
+This file is the reference for clients in other languages: it follows the contract
+in docs/nats-api.md step by step (subscribe to a reply subject, publish the request
+to JetStream with ``Nats-Msg-Id``, read ``token.chunk`` events until one terminal
+event).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import time
+import uuid
+
+import nats
+
+SUBMIT = "ib.req.submitted"  # JetStream: RequestSubmitted
+CANCEL = "ib.ctl.cancel"  # core NATS: request.cancel
+CANCEL_GRACE_S = 5.0  # how long to wait for request.cancelled after sending a cancel
+DEADLINE_GRACE_S = 10.0  # how long past the deadline to wait for the platform's answer
+
+EXIT_OK, EXIT_FAILED, EXIT_CANCELLED = 0, 1, 130
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Stream a completion from inferbus over NATS.")
+    p.add_argument("prompt")
+    p.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"))
+    p.add_argument("--model", required=True)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--timeout", type=float, default=0.0,
+                   help="seconds; sets the request's deadline (0: none)")
+    p.add_argument("--chat", action="store_true",
+                   help="send the prompt as one user message instead of a raw prompt")
+    p.add_argument("--request-id", default=None, help="default: a fresh random id")
+    p.add_argument("--tenant", default="default")
+    return p.parse_args(argv)
+
+
+def subject_token(text: str) -> str:
+    """One safe subject token: no dots, spaces or wildcards."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", text) or "-"
+
+
+def build_request(args: argparse.Namespace, request_id: str, reply_to: str) -> dict:
+    now = time.time()
+    request = {
+        "type": "request.submitted",
+        "request_id": request_id,
+        "model": args.model,
+        "reply_to": reply_to,
+        "sampling": {"max_tokens": args.max_tokens, "temperature": args.temperature,
+                     "seed": args.seed},
+        "tenant": args.tenant,
+        "created_at": now,
+        "deadline": now + args.timeout if args.timeout > 0 else 0.0,
+    }
+    if args.chat:
+        request["messages"] = [{"role": "user", "content": args.prompt}]
+    else:
+        request["prompt"] = args.prompt
+    return request
+
+
+def fail(code: str, reason: str, retryable: bool = False) -> int:
+    print(f"error: {code}: {reason}" + (" (retryable)" if retryable else ""), file=sys.stderr)
+    return EXIT_FAILED
+
+
+async def run(args: argparse.Namespace) -> int:
+    async def quiet(exc: Exception) -> None:  # connection trouble ends in one error line
+        pass
+
+    nc = await nats.connect(args.nats_url, name="inferbus-nats-example",
+                            max_reconnect_attempts=3, error_cb=quiet)
+    js = nc.jetstream()
+    loop = asyncio.get_running_loop()
+    request_id = args.request_id or uuid.uuid4().hex
+    owner = subject_token(f"{socket.gethostname()}-{os.getpid()}")
+    reply_to = f"ib.reply.{owner}.{subject_token(request_id)}"
+
+    # 1. subscribe to the reply subject before submitting, so no event is missed
+    inbox: asyncio.Queue = asyncio.Queue()
+
+    async def on_reply(msg) -> None:
+        inbox.put_nowait(msg)
+
+    sub = await nc.subscribe(reply_to, cb=on_reply)
+    written = False  # text on stdout not yet ended by a newline
+
+    def end_line() -> None:
+        nonlocal written
+        if written:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            written = False
+
+    try:
+        # 2. submit on JetStream; Nats-Msg-Id = request id makes a resend idempotent
+        request = build_request(args, request_id, reply_to)
+        headers = {
+            "Nats-Msg-Id": request_id,
+            "traceparent": f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01",
+        }
+        ack = await js.publish(SUBMIT, json.dumps(request).encode(), headers=headers)
+        if ack.duplicate:
+            return fail("duplicate_request",
+                        f"request id {request_id} was already submitted; use a new id")
+
+        # 3. Ctrl-C: ask the platform to stop the request, then wait for its answer
+        give_up_at = (request["deadline"] + DEADLINE_GRACE_S - time.time() + loop.time()
+                      if request["deadline"] else None)
+        cancelling = False
+
+        def on_sigint() -> None:
+            nonlocal give_up_at, cancelling
+            if cancelling:
+                os._exit(EXIT_CANCELLED)  # a second Ctrl-C: stop waiting
+            cancelling = True
+            cancel = {"type": "request.cancel", "request_id": request_id,
+                      "reason": "cancelled by client"}
+            loop.create_task(nc.publish(CANCEL, json.dumps(cancel).encode()))
+            give_up_at = loop.time() + CANCEL_GRACE_S
+            inbox.put_nowait(None)  # wake the reader so it sees the new limit
+
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+
+        # 4. read events: token.chunk × n, then exactly one terminal event
+        attempt, next_seq = 0, 0
+        while True:
+            wait = None if give_up_at is None else max(0.0, give_up_at - loop.time())
+            try:
+                msg = await asyncio.wait_for(inbox.get(), wait)
+            except asyncio.TimeoutError:
+                if cancelling:
+                    print("error: cancelled: no answer to the cancel", file=sys.stderr)
+                    return EXIT_CANCELLED
+                return fail("timeout", "no answer from the platform past the deadline")
+            if msg is None:
+                continue
+            try:
+                event = json.loads(msg.data)
+            except ValueError:
+                continue
+            kind = event.get("type")
+            if event.get("request_id") != request_id:
+                continue
+            if kind == "token.chunk":
+                # a request reassigned after its worker was lost before streaming runs
+                # again as attempt + 1: keep the newest attempt, drop older ones
+                chunk_attempt = event.get("attempt", 1)
+                if chunk_attempt < attempt:
+                    continue
+                if chunk_attempt > attempt:
+                    if written:
+                        print(f"\nwarning: attempt {chunk_attempt} restarts the output",
+                              file=sys.stderr)
+                    attempt, next_seq = chunk_attempt, 0
+                if event["seq"] != next_seq:
+                    print(f"\nwarning: expected chunk {next_seq}, got {event['seq']}",
+                          file=sys.stderr)
+                next_seq = event["seq"] + 1
+                sys.stdout.write(event["text"])
+                sys.stdout.flush()
+                written = True
+            elif kind == "request.finished":
+                if event.get("attempt", 1) < attempt:
+                    continue  # the end of a superseded attempt
+                usage = event.get("usage", {})
+                timings = event.get("timings", {})
+                if event.get("chunks", next_seq) != next_seq:
+                    print(f"warning: {event['chunks']} chunks sent, {next_seq} read",
+                          file=sys.stderr)
+                end_line()
+                print(f"usage: prompt_tokens={usage.get('prompt_tokens', 0)} "
+                      f"completion_tokens={usage.get('completion_tokens', 0)} "
+                      f"cached_prompt_tokens={usage.get('cached_prompt_tokens', 0)} "
+                      f"finish_reason={event.get('finish_reason')} "
+                      f"first_token_s={timings.get('first_token_s', 0.0):.3f}",
+                      file=sys.stderr)
+                return EXIT_OK
+            elif kind in ("request.failed", "request.rejected"):
+                end_line()
+                where = f" (param {event['param']})" if event.get("param") else ""
+                return fail(event.get("code", "unknown"), event.get("reason", "") + where,
+                            bool(event.get("retryable")))
+            elif kind == "request.cancelled":
+                end_line()
+                print(f"cancelled: {event.get('reason', '')}", file=sys.stderr)
+                return EXIT_CANCELLED
+            # anything else (a type added later) is ignored
+    finally:
+        end_line()
+        loop.remove_signal_handler(signal.SIGINT)
+        await sub.unsubscribe()
+        await nc.drain()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return asyncio.run(run(args))
+    except (OSError, nats.errors.Error) as exc:  # no server, no stream, ...
+        return fail("nats_error", f"{type(exc).__name__}: {exc} ({args.nats_url})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
