@@ -49,7 +49,16 @@ class Cancel(msgspec.Struct, kw_only=True, frozen=True):
     reason: str
 
 
-Effect = Assign | Fail | Cancel
+class Refuse(msgspec.Struct, kw_only=True, frozen=True):
+    """Answer only this copy's sender: another request with the same id lives or lived
+    (its record is not touched)."""
+
+    request: RequestSubmitted
+    code: str
+    reason: str
+
+
+Effect = Assign | Fail | Cancel | Refuse
 
 
 # -- state -----------------------------------------------------------------------------
@@ -98,7 +107,8 @@ class SchedulerCore:
         self.queues: dict[str, deque[Queued]] = {}
         self.inflight: dict[str, Inflight] = {}
         self._queued_ids: set[str] = set()
-        self._ended: OrderedDict[str, None] = OrderedDict()
+        self._ended: OrderedDict[str, str | None] = OrderedDict()
+        """Recently ended ids → their reply subject when known."""
         self._rr: dict[str, int] = {}
         self._arrivals = 0
         self._dispatched: dict[str, int] = {}
@@ -108,19 +118,26 @@ class SchedulerCore:
     # -- inputs ----------------------------------------------------------------------
 
     def on_accepted(self, request: RequestSubmitted, now: float,
-                    wall: float | None = None) -> list[Effect]:
-        """``wall`` is the Unix time matching ``now``, to place the request's deadline."""
+                    wall: float | None = None, redelivered: bool = False) -> list[Effect]:
+        """``wall`` is the Unix time matching ``now``, to place the request's deadline.
+        ``redelivered``: JetStream delivered this message before."""
         if self.knows(request.request_id):
-            return []  # redelivery or client retry of a known request: idempotent
+            if redelivered or self._same_request(request):
+                return []  # a redelivery or a resend of a known request: idempotent
+            # the id was reused (past JetStream's duplicate window): without an answer
+            # this sender would wait forever
+            return [Refuse(request=request, code="duplicate_request",
+                           reason=f"request id {request.request_id!r} was already used; "
+                           "submit with a new id")]
         deadline = float("inf")
         if request.deadline:
             deadline = now + (request.deadline - (now if wall is None else wall))
             if deadline <= now:
-                self._remember_ended(request.request_id)
+                self._remember_ended(request.request_id, request.reply_to)
                 return [self._deadline_fail(request, "before it was queued")]
         queued = len(self.queues.get(request.model, ()))
         if queued >= self.policy.max_queue_per_model:
-            self._remember_ended(request.request_id)
+            self._remember_ended(request.request_id, request.reply_to)
             return [Fail(request=request, code="queue_full", retryable=True,
                          reason=f"{queued} requests for {request.model!r} are already "
                          "waiting; retry later")]
@@ -154,8 +171,8 @@ class SchedulerCore:
             f.started = True
 
     def on_ended(self, request_id: str, now: float) -> list[Effect]:
-        self._remember_ended(request_id)
         f = self.inflight.pop(request_id, None)
+        self._remember_ended(request_id, f.request.reply_to if f else None)
         if f is not None:
             w = self.workers.get(f.worker_id)
             if w is not None:
@@ -171,6 +188,7 @@ class SchedulerCore:
             for item in q:
                 if item.request.request_id == request_id:
                     self._drop_queued(request_id)
+                    self._remember_ended(request_id, item.request.reply_to)
                     return [Cancel(request=item.request, reason=reason)]
         return []
 
@@ -191,7 +209,7 @@ class SchedulerCore:
                 self.queues[model] = deque(item for item in q if not expired(item))
                 for item in gone:
                     self._queued_ids.discard(item.request.request_id)
-                    self._remember_ended(item.request.request_id)
+                    self._remember_ended(item.request.request_id, item.request.reply_to)
                     effects.append(self._deadline_fail(item.request, "while queued")
                                    if now >= item.deadline else self._timed_out(item.request))
         return effects + self._dispatch(now)
@@ -205,6 +223,20 @@ class SchedulerCore:
         """Queued, running, or recently ended: another copy of it changes nothing."""
         return (request_id in self._queued_ids or request_id in self.inflight
                 or request_id in self._ended)
+
+    def _same_request(self, request: RequestSubmitted) -> bool:
+        """The held copy has the same reply subject (a resend); when unknown (its end
+        overtook it), assume so: the request is over either way."""
+        rid = request.request_id
+        held = self.inflight.get(rid)
+        if held is not None:
+            return held.request.reply_to == request.reply_to
+        for q in self.queues.values():
+            for item in q:
+                if item.request.request_id == rid:
+                    return item.request.reply_to == request.reply_to
+        known = self._ended.get(rid)
+        return known is None or known == request.reply_to
 
     def queue_depths(self) -> dict[str, int]:
         return {m: len(q) for m, q in self.queues.items()}
@@ -273,8 +305,8 @@ class SchedulerCore:
                     q.remove(item)
                     return
 
-    def _remember_ended(self, request_id: str) -> None:
-        self._ended[request_id] = None
+    def _remember_ended(self, request_id: str, reply_to: str | None = None) -> None:
+        self._ended[request_id] = reply_to or self._ended.get(request_id)
         if len(self._ended) > self.policy.remember_ended:
             self._ended.popitem(last=False)
 

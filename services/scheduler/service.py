@@ -33,7 +33,7 @@ from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
 
-from .core import Assign, Cancel, Effect, Fail, SchedulerCore, SchedulerPolicy
+from .core import Assign, Cancel, Effect, Fail, Refuse, SchedulerCore, SchedulerPolicy
 
 log = logs.get("inferbus.scheduler")
 
@@ -112,15 +112,20 @@ class SchedulerService(Service[SchedulerSettings]):
             return
         metrics.EVENTS_HANDLED.labels(self.name, "request.accepted").inc()
         rid = event.request.request_id
-        if self.core.knows(rid):  # a redelivery, or a retry of a request we already hold
-            if rid in self._unacked:
+        redelivered = msg.metadata.num_delivered > 1
+        if self.core.knows(rid):  # a redelivery or resend (nothing) or a reused id (refused)
+            effects = self.core.on_accepted(event.request, time.monotonic(), time.time(),
+                                            redelivered)
+            if rid in self._unacked and not effects:
                 self._unacked[rid] = msg  # still queued: keep the newest handle
             else:
                 await msg.ack()
+            await self._apply(effects)
             return
         # acked once its assignment (or failure) is published, so a crash loses nothing
         self._unacked[rid] = msg
-        await self._apply(self.core.on_accepted(event.request, time.monotonic(), time.time()))
+        await self._apply(self.core.on_accepted(event.request, time.monotonic(), time.time(),
+                                                redelivered))
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
@@ -199,6 +204,11 @@ class SchedulerService(Service[SchedulerSettings]):
         assert self._ctx
         js, nc = self._ctx.js, self._ctx.nc
         rid = e.request.request_id
+        if isinstance(e, Refuse):  # only this sender hears it; the id's owner is untouched
+            refusal = RequestFailed(request_id=rid, code=e.code, reason=e.reason)
+            await nc.publish(e.request.reply_to, encode(refusal), headers=request_headers(rid))
+            log.warning("request refused", request_id=rid, code=e.code)
+            return
         if isinstance(e, Assign):
             work = WorkAssigned(request=e.request, worker_id=e.worker_id, attempt=e.attempt,
                                 assigned_at=time.time())

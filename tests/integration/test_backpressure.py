@@ -45,10 +45,13 @@ def narrow(tmp_path_factory):
 async def test_a_full_queue_gets_429_with_retry_after_and_nothing_is_lost(narrow):
     c = await Client.connect(narrow["url"])
     try:
-        # one request holds the only slot, three fill the queue
-        held = [asyncio.create_task(c.generate(MODEL, f"job {i}", max_tokens=100,
+        # a long request holds the only slot; three short ones fill the queue behind it
+        long = c.stream(MODEL, "a long job", max_tokens=5000, timeout=60)
+        first = await long.__anext__()
+        assert first.seq == 0
+        held = [asyncio.create_task(c.generate(MODEL, f"job {i}", max_tokens=5,
                                                request_id=f"bp-{i}", timeout=60))
-                for i in range(4)]
+                for i in range(3)]
         # wait for the scheduler to report its queue full, as the gateway hears it
         loads = await c.nc.subscribe(SCHEDULER_LOAD)
         deadline = time.monotonic() + 10
@@ -70,12 +73,13 @@ async def test_a_full_queue_gets_429_with_retry_after_and_nothing_is_lost(narrow
         with pytest.raises(RequestError) as err:
             await c.generate(MODEL, "one too many", max_tokens=5, timeout=10)
         assert (err.value.code, err.value.retryable) == ("queue_full", True)
-        # the queued ones are still served, in order
+        # the long one ends; the queued ones are still served
+        await long.cancel()
         results = await asyncio.gather(*held)
-        assert [r.outcome.finish_reason for r in results] == ["length"] * 4
+        assert [r.outcome.finish_reason for r in results] == ["length"] * 3
         # and once the queue drains, requests are admitted again
+        await asyncio.sleep(0.3)
         async with aiohttp.ClientSession(narrow["gateway"].base) as http:
-            await asyncio.sleep(0.3)
             async with http.post("/v1/chat/completions", json=body) as r:
                 assert r.status == 200, await r.text()
     finally:

@@ -135,6 +135,47 @@ async def test_concurrent_requests_over_http(vllm_worker, platform):
     assert len(outs) == 12
 
 
+async def test_openai_sdk_on_the_real_engine(vllm_worker, platform):
+    import openai
+
+    async with openai.AsyncOpenAI(base_url=platform["gateway"].base + "/v1", api_key="x",
+                                  max_retries=0) as sdk:
+        whole = await sdk.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=16,
+                                                  temperature=0.0, extra_body={"ignore_eos": True})
+        stream = await sdk.chat.completions.create(
+            model=MODEL, messages=CHAT, max_tokens=16, temperature=0.0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        chunks = [c async for c in stream]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+            whole.choices[0].message.content
+        assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 16
+        assert whole.usage.prompt_tokens == chunks[-1].usage.prompt_tokens > 5
+        models = {m.id: m for m in (await sdk.models.list()).data}
+        assert models[MODEL].model_extra["max_model_len"] == 1024  # from the heartbeats
+        with pytest.raises(openai.BadRequestError) as e:  # refused at the gateway
+            await sdk.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=1024)
+        assert e.value.code == "context_length_exceeded"
+
+
+async def test_vllm_serving_benchmark_runs_against_the_gateway(vllm_worker, platform, tiny):
+    """vLLM's own serving benchmark (``vllm bench serve --backend openai-chat``), unmodified,
+    pointed at the gateway."""
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args([
+        "--backend", "openai-chat", "--base-url", platform["gateway"].base,
+        "--endpoint", "/v1/chat/completions", "--model", MODEL, "--tokenizer", str(tiny[0]),
+        "--dataset-name", "random", "--random-input-len", "32", "--random-output-len", "8",
+        "--num-prompts", "16", "--max-concurrency", "4", "--seed", "0", "--disable-tqdm",
+    ])
+    result = await asyncio.to_thread(main, args)
+    assert (result["completed"], result["failed"]) == (16, 0)
+    assert result["total_output_tokens"] == 16 * 8  # random datasets ignore EOS
+
+
 async def test_kv_events_heartbeat_stats_and_metrics(vllm_worker, client):
     kv = await client.nc.subscribe(KV_EVENTS)
     hbs = await client.nc.subscribe(HEARTBEATS)

@@ -12,6 +12,7 @@ from inferbus.services.scheduler.core import (
     Assign,
     Cancel,
     Fail,
+    Refuse,
     SchedulerCore,
     SchedulerPolicy,
 )
@@ -727,3 +728,25 @@ def test_requeued_work_keeps_its_deadline():
     assert core.is_queued("d")
     [fail] = only(core.tick(5.0), Fail)
     assert fail.code == "deadline_exceeded"
+
+
+def test_a_reused_id_is_refused_to_its_new_sender_only():
+    core = SchedulerCore(POLICY)
+    core.on_heartbeat(hb("w1"), 0.0)
+    first = req("dup")
+    assert assigns(core.on_accepted(first, 0.0)) == [("dup", "w1", 1)]
+    # the same request again (redelivered, or resent to the same reply subject): nothing
+    assert core.on_accepted(first, 0.1, redelivered=True) == []
+    assert core.on_accepted(first, 0.1) == []
+    # another sender with the same id, while the first runs: refused, the first untouched
+    other = RequestSubmitted(request_id="dup", model="m", reply_to="ib.reply.other.dup",
+                             prompt="x")
+    [refuse] = core.on_accepted(other, 0.2)
+    assert isinstance(refuse, Refuse) and refuse.code == "duplicate_request"
+    assert refuse.request.reply_to == "ib.reply.other.dup"
+    assert "dup" in core.inflight
+    # and after the first ended (past JetStream's duplicate window), still refused
+    core.on_ended("dup", 1.0)
+    [refuse] = core.on_accepted(other, 200.0)
+    assert isinstance(refuse, Refuse)
+    assert core.on_accepted(first, 200.0) == []
