@@ -66,10 +66,6 @@ class _Common(msgspec.Struct, kw_only=True):
     repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0)] = 1.0
     ignore_eos: bool = False
     stop_token_ids: list[Annotated[int, msgspec.Meta(ge=0, le=_I32)]] = []
-    # ours
-    timeout: Annotated[float, msgspec.Meta(gt=0.0, le=86400.0)] | None = None
-    """Seconds the request may take end to end (also the header ``X-Request-Timeout``);
-    past it the request ends ``deadline_exceeded`` wherever it is."""
 
 
 class ChatCompletionRequest(_Common, kw_only=True):
@@ -227,20 +223,19 @@ def submitted(*, request_id: str, model: str, reply_to: str, sampling: SamplingP
                             deadline=now + timeout_s if timeout_s else 0.0)
 
 
-def request_timeout(body_timeout: float | None, header: str | None) -> float | None:
-    """The request's own time limit in seconds: the body's ``timeout`` or the
-    ``X-Request-Timeout`` header, whichever is shorter."""
-    limits = [body_timeout] if body_timeout is not None else []
-    if header is not None:
-        try:
-            value = float(header)
-        except ValueError:
-            value = -1.0
-        if not 0 < value <= 24 * 3600:
-            raise ApiError(400, "X-Request-Timeout must be seconds between 0 and 86400",
-                           param="X-Request-Timeout", code="invalid_value")
-        limits.append(value)
-    return min(limits, default=None)
+def request_timeout(header: str | None) -> float | None:
+    """The request's own time limit in seconds, from the ``X-Request-Timeout`` header
+    (a header, so clients set it without touching the OpenAI body)."""
+    if header is None:
+        return None
+    try:
+        value = float(header)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 24 * 3600:
+        raise ApiError(400, "X-Request-Timeout must be seconds between 0 and 86400",
+                       param="X-Request-Timeout", code="invalid_value")
+    return value
 
 
 def prompt_chars(prompt: str | None, messages: list[ChatMessage] | None) -> int:

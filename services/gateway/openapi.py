@@ -201,8 +201,21 @@ _UNSUPPORTED_COMPLETION: dict[str, dict[str, Any]] = {
 }
 
 
+def openapi_document(models: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The document, with the models served right now as the ``model`` examples."""
+    doc = _document()
+    if not models:
+        return doc
+    schemas = dict(doc["components"]["schemas"])
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
+        props = dict(schemas[name]["properties"])
+        props["model"] = {**props["model"], "examples": list(models)}
+        schemas[name] = {**schemas[name], "properties": props}
+    return {**doc, "components": {**doc["components"], "schemas": schemas}}
+
+
 @cache
-def openapi_document() -> dict[str, Any]:
+def _document() -> dict[str, Any]:
     _, components = msgspec.json.schema_components(
         [ChatCompletionRequest, CompletionRequest, ChatCompletion, Completion, ModelList,
          ErrorResponse, ChatCompletionChunk, CompletionChunk], ref_template=_REF)

@@ -169,7 +169,8 @@ class GatewayService(Service[GatewaySettings]):
                                  headers={"x-request-id": rid})
 
     async def openapi(self, _: web.Request) -> web.Response:
-        return web.json_response(openapi_document())
+        live = self.registry.models(time.monotonic())
+        return web.json_response(openapi_document(tuple(sorted(m for m, n in live.items() if n))))
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, chat=True)
@@ -196,7 +197,7 @@ class GatewayService(Service[GatewaySettings]):
             raise ApiError(503, "the gateway is shutting down", type="server_error",
                            code="draining", retry_after=1.0)
         if not _REQUEST_ID.fullmatch(rid):
-            raise ApiError(400, "x-request-id may hold only letters, digits, - and _",
+            raise ApiError(400, "x-request-id must be 1 to 128 letters, digits, - or _",
                            param="x-request-id", code="invalid_value")
         key = self._authenticate(http)
         body = await http.read()
@@ -208,7 +209,7 @@ class GatewayService(Service[GatewaySettings]):
         else:
             creq, sampling, prompt = parse_completion(body, s.default_max_tokens)
             req = creq
-        timeout_s = request_timeout(req.timeout, http.headers.get("X-Request-Timeout"))
+        timeout_s = request_timeout(http.headers.get("X-Request-Timeout"))
         now = time.monotonic()
         self.registry.admit(req.model, now, sampling.max_tokens)
         if rid in self._pending:
@@ -365,7 +366,9 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 def _request_id(http: web.Request) -> str:
-    return http.headers.get("x-request-id") or uuid.uuid4().hex
+    """The client's id (checked before use; an empty one is refused), or a new one."""
+    rid = http.headers.get("x-request-id")
+    return uuid.uuid4().hex if rid is None else rid
 
 
 def _error_response(err: ApiError, rid: str) -> web.Response:

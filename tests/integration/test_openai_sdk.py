@@ -109,7 +109,7 @@ def test_a_timeout_ends_the_request_with_504(sdk: OpenAI):
 
 def test_a_timeout_mid_stream_ends_with_an_error_event(sdk: OpenAI):
     stream = sdk.chat.completions.create(model=SLOW_MODEL, messages=MESSAGES, max_tokens=2000,
-                                         stream=True, extra_body={"timeout": 0.6})
+                                         stream=True, extra_headers={"X-Request-Timeout": "0.6"})
     got = 0
     with pytest.raises(openai.APIError) as e:
         for chunk in stream:

@@ -34,8 +34,6 @@ def steer(case) -> None:
         for name in ("max_tokens", "max_completion_tokens"):
             if isinstance(body.get(name), (int, float)) and body[name] > 64:
                 body[name] = 64
-        if isinstance(body.get("timeout"), (int, float)):
-            body["timeout"] = 30
         for m in body.get("messages") or []:
             if isinstance(m, dict) and isinstance(m.get("content"), str):
                 m["content"] = m["content"][:200]

@@ -67,3 +67,20 @@ def test_up_generate_and_stream_then_ctrl_c(tmp_path: Path):
         rest, _ = up.communicate(timeout=60)
     assert up.returncode == 0, rest
     assert rest.rstrip().endswith("stopped")
+
+
+def test_keys_new_then_up_with_keys_serves_its_self_test(tmp_path: Path):
+    made = subprocess.run([*INFERBUS, "keys", "new", "--name", "ops", "--rps", "5"],
+                          capture_output=True, text=True, check=True)
+    secret = made.stderr.strip().rsplit(" ", 1)[-1]
+    assert secret.startswith("ib-") and secret not in made.stdout  # only the hash is kept
+    keys = tmp_path / "keys.toml"
+    keys.write_text(made.stdout)
+    run = subprocess.run(
+        [*INFERBUS, "up", "--check", "--engine", "sim", "--port", "0", "--nats-port", "0",
+         "--metrics-port-base", str(random.randrange(20000, 40000, 100)),
+         "--state-dir", str(tmp_path / "state"), "--api-keys-file", str(keys)],
+        capture_output=True, text=True, timeout=120, env={
+            **__import__("os").environ, "NATS_URL": ""})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"API keys from {keys}" in run.stdout and "self-test" in run.stdout
