@@ -233,6 +233,8 @@ class SchedulerLoad(Event, tag="scheduler.load"):
     scheduler_id: str
     models: dict[str, ModelLoad] = {}
     sent_at: float = 0.0
+    interval_s: float = 0.25
+    """How often this scheduler reports; a reader treats silence past a few as gone."""
 
 
 class DeadLetter(Event, tag="dead_letter"):

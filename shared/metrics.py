@@ -31,7 +31,7 @@ ASSIGNMENTS = Counter(
 )
 GATEWAY_REFUSALS = Counter(
     "inferbus_gateway_refusals_total",
-    "Requests the gateway answered with an error before submitting them", ["code"],
+    "Requests the gateway answered with an error status, by error code", ["code"],
 )
 INFLIGHT = Gauge("inferbus_inflight_requests", "Requests being served", ["service"])
 

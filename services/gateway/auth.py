@@ -23,7 +23,7 @@ from .core import ApiError
 Priority = Literal["interactive", "standard", "batch"]
 
 
-class ApiKey(msgspec.Struct, kw_only=True, frozen=True):
+class ApiKey(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     name: str
     """Who holds it, for logs and metrics (never the key itself)."""
     sha256: str
@@ -48,7 +48,7 @@ class ApiKey(msgspec.Struct, kw_only=True, frozen=True):
         return self.tenant or self.name
 
 
-class KeyFile(msgspec.Struct, kw_only=True):
+class KeyFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     keys: list[ApiKey] = []
 
 
@@ -79,6 +79,9 @@ def load_keys(path: str = "", inline: str = "") -> list[ApiKey]:
             keys += msgspec.json.decode(inline, type=list[ApiKey])
     except (OSError, ValueError, msgspec.ValidationError, tomllib.TOMLDecodeError) as exc:
         raise SystemExit(f"cannot load API keys: {exc}") from None
+    if (path or inline.strip()) and not keys:
+        # a typo must not turn authentication off
+        raise SystemExit("cannot load API keys: keys were configured but none was found")
     for k in keys:
         if len(k.sha256) != 64 or any(c not in "0123456789abcdef" for c in k.sha256):
             raise SystemExit(f"API key {k.name!r}: sha256 must be 64 lowercase hex digits")
@@ -146,12 +149,16 @@ class AccessControl:
                            code="invalid_api_key")
         return key
 
-    def admit(self, key: ApiKey, *, model: str, max_tokens: int, prompt_chars: int,
-              now: float) -> Admission:
-        """Check the key's scopes and limits for one request, charging its budgets."""
+    @staticmethod
+    def authorize_model(key: ApiKey, model: str) -> None:
         if not key.allows(model):
             raise ApiError(403, f"the API key {key.name!r} may not use the model {model!r}",
                            type="permission_error", param="model", code="model_not_allowed")
+
+    def admit(self, key: ApiKey, *, model: str, max_tokens: int, prompt_chars: int,
+              now: float) -> Admission:
+        """Check the key's scopes and limits for one request, charging its budgets."""
+        self.authorize_model(key, model)
         if key.max_tokens and max_tokens > key.max_tokens:
             raise ApiError(400, f"max_tokens is {max_tokens}, over this key's limit of "
                            f"{key.max_tokens}", param="max_tokens", code="max_tokens_over_limit")
@@ -159,13 +166,13 @@ class AccessControl:
         waits: list[float] = []
         req_bucket = tok_bucket = None
         if key.requests_per_s > 0:
-            req_bucket = self._bucket(self._requests, key.name, key.requests_per_s,
+            req_bucket = self._bucket(self._requests, key.sha256, key.requests_per_s,
                                       max(1.0, key.requests_per_s), now)
             waits.append(req_bucket.wait_for(1, now))
         if key.tokens_per_min > 0:
             # a request bigger than the whole budget waits for a full bucket, not forever
             charge = min(estimate_prompt_tokens(prompt_chars) + max_tokens, key.tokens_per_min)
-            tok_bucket = self._bucket(self._tokens, key.name, key.tokens_per_min / 60.0,
+            tok_bucket = self._bucket(self._tokens, key.sha256, key.tokens_per_min / 60.0,
                                       key.tokens_per_min, now)
             waits.append(tok_bucket.wait_for(charge, now))
         wait = max(waits, default=0.0)
@@ -182,11 +189,11 @@ class AccessControl:
         return Admission(key=key, charged_tokens=charge)
 
     def settle(self, admission: Admission, used_tokens: int | None, now: float) -> None:
-        """Give back what the request was charged beyond its real usage
-        (everything, when it ended before using any)."""
+        """Give back what the request was charged beyond its real usage (everything
+        when ``used_tokens`` is None: it ended before any token reached the client)."""
         if not admission.charged_tokens:
             return
-        bucket = self._tokens.get(admission.key.name)
+        bucket = self._tokens.get(admission.key.sha256)
         if bucket is not None:
             refund = admission.charged_tokens - (used_tokens or 0)
             if refund > 0:

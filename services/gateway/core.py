@@ -248,7 +248,7 @@ def prompt_chars(prompt: str | None, messages: list[ChatMessage] | None) -> int:
 
 _FAIL_STATUS = {"no_worker": 503, "worker_lost": 503, "worker_shutdown": 503,
                 "queue_timeout": 503, "invalid_request": 400, "timeout": 504,
-                "deadline_exceeded": 504, "queue_full": 429,
+                "deadline_exceeded": 504, "queue_full": 429, "duplicate_request": 409,
                 "context_length_exceeded": 400, "model_not_found": 404}
 
 
@@ -259,7 +259,7 @@ def error_for(event: RequestFailed | RequestRejected | RequestCancelled) -> ApiE
         return ApiError(499, event.reason, type="cancelled", code="cancelled")
     status = _FAIL_STATUS.get(event.code, 500)
     kind = {400: "invalid_request_error", 404: "invalid_request_error",
-            429: "rate_limit_error"}.get(status, "server_error")
+            409: "invalid_request_error", 429: "rate_limit_error"}.get(status, "server_error")
     return ApiError(status, event.reason, type=kind, code=event.code,
                     retry_after=1.0 if event.retryable else None)
 
@@ -395,21 +395,40 @@ class ModelRegistry:
 
 
 class LoadView:
-    """The scheduler's last word on its queues; requests for a model whose queue is full
-    get 429 here instead of waiting in a queue without bound."""
+    """The schedulers' last word on their queues; requests for a model whose queue is
+    full get 429 here instead of waiting in a queue without bound."""
 
-    def __init__(self, stale_after_s: float = 2.0) -> None:
-        self.stale_after_s = stale_after_s
-        self._models: dict[str, ModelLoad] = {}
-        self._seen = float("-inf")
+    def __init__(self, min_stale_s: float = 2.0) -> None:
+        self.min_stale_s = min_stale_s
+        self._reports: dict[str, tuple[SchedulerLoad, float]] = {}
 
     def on_load(self, load: SchedulerLoad, now: float) -> None:
-        self._models, self._seen = dict(load.models), now
+        self._reports[load.scheduler_id] = (load, now)
+
+    def model(self, model: str, now: float) -> ModelLoad | None:
+        """The model's load summed over the schedulers heard from recently (replicas
+        share the accepted requests, each with a queue and limit of its own)."""
+        total: ModelLoad | None = None
+        for sid, (load, seen) in list(self._reports.items()):
+            if now - seen > max(self.min_stale_s, 4 * load.interval_s):
+                del self._reports[sid]  # gone quiet: the scheduler enforces its own limit
+                continue
+            m = load.models.get(model)
+            if m is None:
+                continue
+            if total is None:
+                total = ModelLoad(**msgspec.structs.asdict(m))
+                continue
+            total.queued += m.queued
+            total.queue_limit += m.queue_limit
+            total.free_slots += m.free_slots
+            total.dispatch_per_s += m.dispatch_per_s
+            total.oldest_wait_s = max(total.oldest_wait_s, m.oldest_wait_s)
+            total.ready_workers = max(total.ready_workers, m.ready_workers)
+        return total
 
     def admit(self, model: str, now: float) -> None:
-        if now - self._seen > self.stale_after_s:
-            return  # no recent report: the scheduler still enforces its own limit
-        m = self._models.get(model)
+        m = self.model(model, now)
         if m is None or not m.queue_limit or m.queued < m.queue_limit:
             return
         if not m.ready_workers:
@@ -419,10 +438,6 @@ class LoadView:
         raise ApiError(429, f"{m.queued} requests for {model!r} are waiting, the most this "
                        "platform queues; retry later", type="rate_limit_error",
                        code="queue_full", retry_after=retry_after(m))
-
-    def queued(self, model: str) -> int:
-        m = self._models.get(model)
-        return m.queued if m else 0
 
 
 def retry_after(m: ModelLoad) -> float:

@@ -34,7 +34,7 @@ from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
 
-from .auth import AccessControl, ApiKey, load_keys
+from .auth import AccessControl, ApiKey, estimate_prompt_tokens, load_keys
 from .core import (
     ApiError,
     LoadView,
@@ -169,7 +169,8 @@ class GatewayService(Service[GatewaySettings]):
                                  headers={"x-request-id": rid})
 
     async def openapi(self, _: web.Request) -> web.Response:
-        live = self.registry.models(time.monotonic())
+        # the document needs no key, so it names the live models only on an open gateway
+        live = self.registry.models(time.monotonic()) if self.access.open else {}
         return web.json_response(openapi_document(tuple(sorted(m for m, n in live.items() if n))))
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -201,37 +202,40 @@ class GatewayService(Service[GatewaySettings]):
                            param="x-request-id", code="invalid_value")
         key = self._authenticate(http)
         body = await http.read()
-        s = self.settings
+        # a request that names no max_tokens gets the default, within the key's cap
+        default_max = min(self.settings.default_max_tokens, key.max_tokens or 2**31)
         prompt: str | None = None
         messages = None
         if chat:
-            req, sampling, messages = parse_chat(body, s.default_max_tokens)
+            req, sampling, messages = parse_chat(body, default_max)
         else:
-            creq, sampling, prompt = parse_completion(body, s.default_max_tokens)
+            creq, sampling, prompt = parse_completion(body, default_max)
             req = creq
         timeout_s = request_timeout(http.headers.get("X-Request-Timeout"))
         now = time.monotonic()
+        self.access.authorize_model(key, req.model)  # first: no probing for other models
         self.registry.admit(req.model, now, sampling.max_tokens)
         if rid in self._pending:
             raise ApiError(409, f"request {rid} is already in flight", code="duplicate_request")
+        self.load.admit(req.model, now)  # before charging the key: a full queue costs nothing
+        chars = prompt_chars(prompt, messages)
         admission = self.access.admit(key, model=req.model, max_tokens=sampling.max_tokens,
-                                      prompt_chars=prompt_chars(prompt, messages), now=now)
-        used: int | None = None
+                                      prompt_chars=chars, now=now)
+        flow = _Flow()
         try:
-            self.load.admit(req.model, now)
             event = submitted(request_id=rid, model=req.model, sampling=sampling,
                               reply_to=reply_subject(self.gateway_id, rid), now=time.time(),
                               tenant=key.tenant_id, priority=key.priority, timeout_s=timeout_s,
                               prompt=prompt, messages=messages)
             shapes = Shapes(chat=chat, request_id=rid, model=req.model, created=int(time.time()))
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            events = self._submit(event, timeout_s)
+            events = self._submit(event, timeout_s, flow)
             ended = False
             try:
                 if req.stream:
-                    resp, used = await self._stream(http, rid, events, shapes, include_usage, now)
+                    resp = await self._stream(http, rid, events, shapes, include_usage, now)
                 else:
-                    resp, used = await self._complete(rid, events, shapes, now)
+                    resp = await self._complete(rid, events, shapes, now)
                 ended = True
                 return resp
             except _Ended as e:
@@ -242,10 +246,10 @@ class GatewayService(Service[GatewaySettings]):
                 if not ended:  # client gone, or we gave up waiting: stop the work
                     await self._cancel(rid, "client disconnected or timed out")
         finally:
-            self.access.settle(admission, used, time.monotonic())
+            self.access.settle(admission, flow.used_tokens(chars), time.monotonic())
 
-    async def _submit(self, event: RequestSubmitted,
-                      timeout_s: float | None) -> AsyncIterator[Any]:
+    async def _submit(self, event: RequestSubmitted, timeout_s: float | None,
+                      flow: "_Flow") -> AsyncIterator[Any]:
         """Register for replies, publish, then yield chunks until the terminal event."""
         assert self._ctx
         rid = event.request_id
@@ -287,15 +291,18 @@ class GatewayService(Service[GatewaySettings]):
                         terminal = nxt
                     elif nxt.attempt == attempt:
                         ev = merge_chunks(ev, nxt)
+                flow.completion_tokens += len(ev.token_ids)
                 yield ev
                 if terminal is None:
                     continue
                 ev = terminal
+            if isinstance(ev, RequestFinished):
+                flow.usage = ev.usage.total_tokens
             yield ev
             return
 
     async def _complete(self, rid: str, events: AsyncIterator[Any], shapes: Shapes,
-                        started: float) -> tuple[web.Response, int]:
+                        started: float) -> web.Response:
         parts: list[str] = []
         async for ev in events:
             if isinstance(ev, TokenChunk):
@@ -303,7 +310,7 @@ class GatewayService(Service[GatewaySettings]):
             elif isinstance(ev, RequestFinished):
                 self._observe(shapes.model, started, "request.finished")
                 return web.json_response(shapes.complete("".join(parts), ev),
-                                         headers={"x-request-id": rid}), ev.usage.total_tokens
+                                         headers={"x-request-id": rid})
             else:
                 self._observe(shapes.model, started, ev.__struct_config__.tag)
                 raise _Ended(error_for(ev))
@@ -312,7 +319,7 @@ class GatewayService(Service[GatewaySettings]):
 
     async def _stream(self, http: web.Request, rid: str, events: AsyncIterator[Any],
                       shapes: Shapes, include_usage: bool,
-                      started: float) -> tuple[web.StreamResponse, int | None]:
+                      started: float) -> web.StreamResponse:
         resp: web.StreamResponse | None = None
         async for ev in events:
             if isinstance(ev, TokenChunk):
@@ -329,18 +336,16 @@ class GatewayService(Service[GatewaySettings]):
             if resp is None:
                 resp = web.StreamResponse(headers={**_SSE_HEADERS, "x-request-id": rid})
                 await resp.prepare(http)
-            used = None
             if isinstance(ev, RequestFinished):
                 await resp.write(sse(shapes.final_chunk(ev)))
                 if include_usage:
                     await resp.write(sse(shapes.usage_chunk(ev)))
-                used = ev.usage.total_tokens
             else:
                 await resp.write(sse(error_for(ev).body()))
             self._observe(shapes.model, started, ev.__struct_config__.tag)
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
-            return resp, used
+            return resp
         raise _Ended(ApiError(500, "the reply stream ended without a terminal event",
                               type="server_error", code="internal_error"))
 
@@ -359,6 +364,25 @@ class GatewayService(Service[GatewaySettings]):
 def merge_chunks(a: TokenChunk, b: TokenChunk) -> TokenChunk:
     return TokenChunk(request_id=a.request_id, seq=a.seq, text=a.text + b.text,
                       token_ids=a.token_ids + b.token_ids, attempt=a.attempt)
+
+
+class _Flow:
+    """What a request used, for settling its key's token budget."""
+
+    __slots__ = ("completion_tokens", "usage")
+
+    def __init__(self) -> None:
+        self.completion_tokens = 0
+        self.usage: int | None = None
+
+    def used_tokens(self, prompt_chars: int) -> int | None:
+        """The engine's count when it finished; else what was generated for the client
+        (and its prompt); None when nothing was (the whole charge comes back)."""
+        if self.usage is not None:
+            return self.usage
+        if self.completion_tokens:
+            return estimate_prompt_tokens(prompt_chars) + self.completion_tokens
+        return None
 
 
 _DEADLINE_GRACE_S = 2.0

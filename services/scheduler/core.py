@@ -107,8 +107,8 @@ class SchedulerCore:
         self.queues: dict[str, deque[Queued]] = {}
         self.inflight: dict[str, Inflight] = {}
         self._queued_ids: set[str] = set()
-        self._ended: OrderedDict[str, str | None] = OrderedDict()
-        """Recently ended ids → their reply subject when known."""
+        self._ended: OrderedDict[str, tuple[str, float] | None] = OrderedDict()
+        """Recently ended ids → the identity of their request, when known."""
         self._rr: dict[str, int] = {}
         self._arrivals = 0
         self._dispatched: dict[str, int] = {}
@@ -124,8 +124,9 @@ class SchedulerCore:
         if self.knows(request.request_id):
             if redelivered or self._same_request(request):
                 return []  # a redelivery or a resend of a known request: idempotent
-            # the id was reused (past JetStream's duplicate window): without an answer
-            # this sender would wait forever
+            # the id was reused (past JetStream's duplicate window), or its first use is
+            # unknown here (it ended before we saw it): without an answer this sender
+            # would wait forever
             return [Refuse(request=request, code="duplicate_request",
                            reason=f"request id {request.request_id!r} was already used; "
                            "submit with a new id")]
@@ -133,11 +134,11 @@ class SchedulerCore:
         if request.deadline:
             deadline = now + (request.deadline - (now if wall is None else wall))
             if deadline <= now:
-                self._remember_ended(request.request_id, request.reply_to)
+                self._remember_ended(request.request_id, request)
                 return [self._deadline_fail(request, "before it was queued")]
         queued = len(self.queues.get(request.model, ()))
         if queued >= self.policy.max_queue_per_model:
-            self._remember_ended(request.request_id, request.reply_to)
+            self._remember_ended(request.request_id, request)
             return [Fail(request=request, code="queue_full", retryable=True,
                          reason=f"{queued} requests for {request.model!r} are already "
                          "waiting; retry later")]
@@ -172,7 +173,7 @@ class SchedulerCore:
 
     def on_ended(self, request_id: str, now: float) -> list[Effect]:
         f = self.inflight.pop(request_id, None)
-        self._remember_ended(request_id, f.request.reply_to if f else None)
+        self._remember_ended(request_id, f.request if f else None)
         if f is not None:
             w = self.workers.get(f.worker_id)
             if w is not None:
@@ -188,7 +189,7 @@ class SchedulerCore:
             for item in q:
                 if item.request.request_id == request_id:
                     self._drop_queued(request_id)
-                    self._remember_ended(request_id, item.request.reply_to)
+                    self._remember_ended(request_id, item.request)
                     return [Cancel(request=item.request, reason=reason)]
         return []
 
@@ -209,7 +210,7 @@ class SchedulerCore:
                 self.queues[model] = deque(item for item in q if not expired(item))
                 for item in gone:
                     self._queued_ids.discard(item.request.request_id)
-                    self._remember_ended(item.request.request_id, item.request.reply_to)
+                    self._remember_ended(item.request.request_id, item.request)
                     effects.append(self._deadline_fail(item.request, "while queued")
                                    if now >= item.deadline else self._timed_out(item.request))
         return effects + self._dispatch(now)
@@ -225,18 +226,17 @@ class SchedulerCore:
                 or request_id in self._ended)
 
     def _same_request(self, request: RequestSubmitted) -> bool:
-        """The held copy has the same reply subject (a resend); when unknown (its end
-        overtook it), assume so: the request is over either way."""
+        """A resend of the held copy: same reply subject and same creation time (one
+        gateway reuses its reply subject for a reused id, but not the creation time)."""
         rid = request.request_id
         held = self.inflight.get(rid)
         if held is not None:
-            return held.request.reply_to == request.reply_to
+            return _identity(held.request) == _identity(request)
         for q in self.queues.values():
             for item in q:
                 if item.request.request_id == rid:
-                    return item.request.reply_to == request.reply_to
-        known = self._ended.get(rid)
-        return known is None or known == request.reply_to
+                    return _identity(item.request) == _identity(request)
+        return self._ended.get(rid) == _identity(request)
 
     def queue_depths(self) -> dict[str, int]:
         return {m: len(q) for m, q in self.queues.items()}
@@ -305,8 +305,10 @@ class SchedulerCore:
                     q.remove(item)
                     return
 
-    def _remember_ended(self, request_id: str, reply_to: str | None = None) -> None:
-        self._ended[request_id] = reply_to or self._ended.get(request_id)
+    def _remember_ended(self, request_id: str,
+                        request: RequestSubmitted | None = None) -> None:
+        self._ended[request_id] = (_identity(request) if request is not None
+                                   else self._ended.get(request_id))
         if len(self._ended) > self.policy.remember_ended:
             self._ended.popitem(last=False)
 
@@ -386,3 +388,7 @@ class SchedulerCore:
                                       attempt=item.attempt))
             self._rr[model] = (start + i) % len(candidates)
         return effects
+
+
+def _identity(request: RequestSubmitted) -> tuple[str, float]:
+    return request.reply_to, request.created_at

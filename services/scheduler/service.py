@@ -37,6 +37,8 @@ from .core import Assign, Cancel, Effect, Fail, Refuse, SchedulerCore, Scheduler
 
 log = logs.get("inferbus.scheduler")
 
+_PUBLISH_ATTEMPTS = 5
+
 
 class SchedulerSettings(ServiceSettings, kw_only=True):
     """inferbus scheduler: assigns accepted requests to live workers."""
@@ -174,7 +176,8 @@ class SchedulerService(Service[SchedulerSettings]):
                 if now >= next_load:
                     next_load = now + self.settings.load_interval_s
                     load = SchedulerLoad(scheduler_id=self.settings.instance_id,
-                                         models=self.core.load(now), sent_at=time.time())
+                                         models=self.core.load(now), sent_at=time.time(),
+                                         interval_s=self.settings.load_interval_s)
                     await self._ctx.nc.publish(SCHEDULER_LOAD, encode(load))
                 for model, n in self.core.queue_depths().items():
                     metrics.QUEUE_DEPTH.labels(model).set(n)
@@ -201,6 +204,30 @@ class SchedulerService(Service[SchedulerSettings]):
             await self._work.spawn(self._carry_out(e))
 
     async def _carry_out(self, e: Effect) -> None:
+        """Publish with bounded retries (a JetStream leader change, a slow ack), then
+        release the held message either way: an accepted message kept in progress
+        forever would pin its request and a consumer slot."""
+        rid = e.request.request_id
+        for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
+            try:
+                await self._publish(e)
+                break
+            except Exception:
+                if attempt == _PUBLISH_ATTEMPTS:
+                    log.exception("could not publish an effect; its request may not end",
+                                  request_id=rid, effect=type(e).__name__)
+                else:
+                    await asyncio.sleep(0.25 * 2 ** attempt)
+        if isinstance(e, Refuse):
+            return  # the held message, if any, is the first request's
+        held = self._unacked.pop(rid, None)
+        if held is not None:
+            try:
+                await held.ack()
+            except Exception:
+                log.exception("ack failed", request_id=rid)
+
+    async def _publish(self, e: Effect) -> None:
         assert self._ctx
         js, nc = self._ctx.js, self._ctx.nc
         rid = e.request.request_id
@@ -230,6 +257,3 @@ class SchedulerService(Service[SchedulerSettings]):
             await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=f"{rid}:end")
             metrics.REQUESTS.labels(self.name, e.request.model,
                                     terminal.__struct_config__.tag).inc()
-        held = self._unacked.pop(rid, None)
-        if held is not None:
-            await held.ack()

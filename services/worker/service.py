@@ -223,6 +223,7 @@ class WorkerService(Service[WorkerSettings]):
                     terminal = stream.finished(out, time.monotonic())
                     metrics.TOKENS.labels(self.name, model, "prefill").inc(out.prompt_tokens)
                     metrics.TOKENS.labels(self.name, model, "decode").inc(out.completion_tokens)
+                    break  # finished: a deadline or cancel from here on changes nothing
         except asyncio.CancelledError:
             reason = self._cancel_reasons.pop(rid, None)
             if rid in self._expired:
@@ -265,7 +266,7 @@ class WorkerService(Service[WorkerSettings]):
 
     def _expire(self, rid: str) -> None:
         task = self._tasks.get(rid)
-        if task is not None:
+        if task is not None and not task.cancelling():
             self._expired.add(rid)
             task.cancel()
 
@@ -275,7 +276,8 @@ class WorkerService(Service[WorkerSettings]):
         except DecodeError:
             return  # the scheduler dead-letters bad cancels; the worker just ignores them
         task = self._tasks.get(cancel.request_id)
-        if task is not None:
+        # one cancel only: a second would land in the cleanup and lose the terminal event
+        if task is not None and not task.cancelling():
             self._cancel_reasons[cancel.request_id] = cancel.reason
             task.cancel()
 
@@ -317,7 +319,8 @@ class WorkerService(Service[WorkerSettings]):
             budget = max(0.0, self.settings.drain_timeout_s - 2.0)
             _, pending = await asyncio.wait(list(self._tasks.values()), timeout=budget)
             for task in pending:
-                task.cancel()  # ends as worker_shutdown, retryable
+                if not task.cancelling():
+                    task.cancel()  # ends as worker_shutdown, retryable
             if pending:
                 await asyncio.wait(pending, timeout=2.0)
         if self._hb_task:

@@ -20,7 +20,8 @@ from .procs import ServiceProcess, start_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 
-KEYS = {"full": "ib-full-secret", "limited": "ib-limited-secret", "tpm": "ib-tpm-secret"}
+KEYS = {"full": "ib-full-secret", "limited": "ib-limited-secret", "tpm": "ib-tpm-secret",
+        "tpm-cut": "ib-tpm-cut-secret"}
 MESSAGES = [{"role": "user", "content": "hello"}]
 
 
@@ -44,6 +45,11 @@ requests_per_s = 2
 [[keys]]
 name = "tpm"
 sha256 = "{digest(KEYS['tpm'])}"
+tokens_per_min = 600
+
+[[keys]]
+name = "tpm-cut"
+sha256 = "{digest(KEYS['tpm-cut'])}"
 tokens_per_min = 600
 """)
     gw = ServiceProcess("gateway", nats_url, log_dir, "--api-keys-file", str(path),
@@ -123,3 +129,14 @@ def test_tokens_per_minute_are_settled_against_real_usage(keyed_gateway):
         c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=599)
         c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=599)
     assert "tokens per minute" in e.value.message
+
+
+def test_tokens_delivered_before_a_cut_are_charged(keyed_gateway):
+    c = sdk(keyed_gateway, "tpm-cut")  # 600 tokens a minute, 10 a second
+    with pytest.raises(openai.InternalServerError):  # 504 at the deadline, after ~25 tokens
+        c.chat.completions.create(model=SLOW_MODEL, messages=MESSAGES, max_tokens=500,
+                                  extra_headers={"X-Request-Timeout": "0.5"})
+    # what was generated stays charged: the whole minute's budget is not there again
+    with pytest.raises(openai.RateLimitError):
+        c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=598)
+    c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=300)

@@ -108,7 +108,11 @@ def test_keys_load_from_toml_json_and_env(tmp_path):
 
 
 @pytest.mark.parametrize("text", ['[[keys]]\nname = "a"\nsha256 = "nothex"\n',
-                                  '[[keys]]\nname = "a"\n', "not toml ["])
+                                  '[[keys]]\nname = "a"\n', "not toml [",
+                                  # typos must not open the gateway or widen a key
+                                  f'[[key]]\nname = "a"\nsha256 = "{"0" * 64}"\n',
+                                  f'[[keys]]\nname = "a"\nsha256 = "{"0" * 64}"\n'
+                                  'model = ["m"]\n', ""])
 def test_bad_key_files_stop_the_gateway_with_a_clear_message(tmp_path, text):
     f = tmp_path / "keys.toml"
     f.write_text(text)
@@ -118,7 +122,7 @@ def test_bad_key_files_stop_the_gateway_with_a_clear_message(tmp_path, text):
 
 
 def test_load_view_pushes_back_only_on_a_fresh_full_queue():
-    view = LoadView(stale_after_s=2.0)
+    view = LoadView(min_stale_s=2.0)
     view.admit("m", 0.0)  # nothing heard: the scheduler enforces its own limit
     full = ModelLoad(queued=10, queue_limit=10, ready_workers=1, dispatch_per_s=4.0)
     view.on_load(SchedulerLoad(scheduler_id="s", models={"m": full, "n": ModelLoad(
@@ -130,6 +134,21 @@ def test_load_view_pushes_back_only_on_a_fresh_full_queue():
     workerless = ModelLoad(queued=10, queue_limit=10, ready_workers=0)
     view.on_load(SchedulerLoad(scheduler_id="s", models={"m": workerless}), now=4.0)
     raises(503, "no_worker", view.admit, "m", 4.0)
+
+
+def test_load_view_sums_scheduler_replicas_and_drops_quiet_ones():
+    view = LoadView(min_stale_s=2.0)
+    half = ModelLoad(queued=6, queue_limit=10, ready_workers=2, dispatch_per_s=2.0)
+    view.on_load(SchedulerLoad(scheduler_id="a", models={"m": half}), now=0.0)
+    view.on_load(SchedulerLoad(scheduler_id="b", models={"m": half}, interval_s=5.0), now=0.0)
+    view.admit("m", 0.5)  # 12 of 20 queued
+    full = ModelLoad(queued=10, queue_limit=10, ready_workers=2, dispatch_per_s=2.0)
+    view.on_load(SchedulerLoad(scheduler_id="a", models={"m": full}), now=1.0)
+    view.on_load(SchedulerLoad(scheduler_id="b", models={"m": full}, interval_s=5.0), now=1.0)
+    err = raises(429, "queue_full", view.admit, "m", 1.5)
+    assert err.retry_after == 1.0  # (20 - 20 + 1) / 4 per second, at least 1
+    assert view.model("m", 3.5).queued == 10  # a is quiet past 2 s; b reports every 5 s
+    assert view.model("m", 25.0) is None
 
 
 def test_retry_after_follows_the_dispatch_rate():

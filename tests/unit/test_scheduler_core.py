@@ -374,11 +374,14 @@ def test_duplicate_accepted_while_queued_inflight_or_ended_yields_nothing():
     assert core.tick(0.7) == []
 
 
-def test_ended_request_that_never_was_seen_is_remembered():
+def test_ended_request_that_never_was_seen_is_not_run():
     core = SchedulerCore(POLICY)
     core.on_heartbeat(hb("w1"), 0.0)
     assert core.on_ended("early", 0.0) == []  # the ended record overtook the accepted one
-    assert core.on_accepted(req("early"), 0.1) == []
+    # never run; its sender (who already has a terminal event) hears duplicate_request
+    assert [type(e) for e in core.on_accepted(req("early"), 0.1)] == [Refuse]
+    assert core.on_accepted(req("early"), 0.1, redelivered=True) == []
+    assert not core.is_queued("early") and "early" not in core.inflight
 
 
 def test_ended_while_queued_removes_it():
@@ -749,4 +752,8 @@ def test_a_reused_id_is_refused_to_its_new_sender_only():
     core.on_ended("dup", 1.0)
     [refuse] = core.on_accepted(other, 200.0)
     assert isinstance(refuse, Refuse)
-    assert core.on_accepted(first, 200.0) == []
+    assert core.on_accepted(first, 200.0) == []  # the very same request: a resend
+    # the same gateway reuses its reply subject for a reused id: told apart by creation time
+    again = RequestSubmitted(request_id="dup", model="m", reply_to=first.reply_to,
+                             prompt="hello", created_at=first.created_at + 150)
+    assert [type(e) for e in core.on_accepted(again, 200.0)] == [Refuse]
