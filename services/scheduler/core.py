@@ -111,6 +111,9 @@ class SchedulerCore:
         """Recently ended ids → the identity of their request, when known."""
         self._rr: dict[str, int] = {}
         self._arrivals = 0
+        self._cancelled_unseen: OrderedDict[str, str] = OrderedDict()
+        """Cancels that came before their request (id → reason): a client that went
+        away while its request was still in the sanitizer."""
         self._dispatched: dict[str, int] = {}
         self._rates: dict[str, tuple[float, int, float]] = {}
         """model → (time, dispatched count, smoothed dispatch rate) at the last load()."""
@@ -130,6 +133,10 @@ class SchedulerCore:
             return [Refuse(request=request, code="duplicate_request",
                            reason=f"request id {request.request_id!r} was already used; "
                            "submit with a new id")]
+        reason = self._cancelled_unseen.pop(request.request_id, None)
+        if reason is not None:
+            self._remember_ended(request.request_id, request)
+            return [Cancel(request=request, reason=reason)]
         deadline = float("inf")
         if request.deadline:
             deadline = now + (request.deadline - (now if wall is None else wall))
@@ -184,13 +191,18 @@ class SchedulerCore:
         return []
 
     def on_cancel(self, request_id: str, reason: str) -> list[Effect]:
-        """Queued requests are cancelled here; running ones by their worker."""
+        """Queued requests are cancelled here; running ones by their worker; ones not
+        seen yet when they arrive."""
         for q in self.queues.values():
             for item in q:
                 if item.request.request_id == request_id:
                     self._drop_queued(request_id)
                     self._remember_ended(request_id, item.request)
                     return [Cancel(request=item.request, reason=reason)]
+        if not self.knows(request_id):
+            self._cancelled_unseen[request_id] = reason
+            if len(self._cancelled_unseen) > self.policy.remember_ended:
+                self._cancelled_unseen.popitem(last=False)
         return []
 
     def tick(self, now: float) -> list[Effect]:

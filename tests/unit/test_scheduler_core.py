@@ -757,3 +757,13 @@ def test_a_reused_id_is_refused_to_its_new_sender_only():
     again = RequestSubmitted(request_id="dup", model="m", reply_to=first.reply_to,
                              prompt="hello", created_at=first.created_at + 150)
     assert [type(e) for e in core.on_accepted(again, 200.0)] == [Refuse]
+
+
+def test_a_cancel_that_overtakes_its_request_still_cancels_it():
+    core = SchedulerCore(POLICY)
+    core.on_heartbeat(hb("w1"), 0.0)
+    assert core.on_cancel("early", "client disconnected") == []
+    [cancel] = core.on_accepted(req("early"), 0.1)
+    assert isinstance(cancel, Cancel) and cancel.reason == "client disconnected"
+    assert "early" not in core.inflight and core.knows("early")
+    assert core.on_accepted(req("early"), 0.2, redelivered=True) == []
