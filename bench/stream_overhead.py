@@ -129,7 +129,7 @@ async def nats_one(client: Client, tokens: int, i: int) -> tuple[float, int]:
     async for chunk in stream:
         if n == 0:
             ttft = time.perf_counter() - t0
-        n += len(chunk.token_ids)
+        n += chunk.tokens
     assert stream.outcome and stream.outcome.usage.completion_tokens == tokens
     return ttft, n
 

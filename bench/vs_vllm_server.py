@@ -156,7 +156,7 @@ async def nats_bench(nats_url: str, name: str, a: argparse.Namespace, n: int) ->
                 if last is None:
                     ttfts.append(now - t0)
                 else:
-                    itls.extend([(now - last) / len(chunk.token_ids)] * len(chunk.token_ids))
+                    itls.extend([(now - last) / chunk.tokens] * chunk.tokens)
                 last = now
             tokens += stream.outcome.usage.completion_tokens
 

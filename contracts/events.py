@@ -40,6 +40,7 @@ __all__ = [
     "KvAllCleared",
     "KvEvent",
     "ModelLoad",
+    "InputFinding",
     "SchedulerLoad",
 ]
 
@@ -101,11 +102,21 @@ class RequestSubmitted(Event, tag="request.submitted"):
     wherever it is (queue or engine); 0 means none."""
     priority: str = "standard"
     """Priority class from the API key (``interactive``, ``standard``, ``batch``)."""
+    input_policy: str = ""
+    """What the sanitizer does with injection findings: ``block``, ``flag`` or ``off``;
+    empty means the deployment's policy for the model."""
+    mask_pii: bool | None = None
+    """Mask PII in the output stream; None means the deployment's default (on)."""
+    client_reply_to: str = ""
+    """Set by the sanitizer when it filters the output: the client's own reply subject
+    (``reply_to`` then names the sanitizer's filter)."""
 
 
 class RequestAccepted(Event, tag="request.accepted"):
     request: RequestSubmitted
     accepted_at: float
+    findings: list[InputFinding] = []
+    """Input findings let through under the ``flag`` policy."""
 
 
 class WorkAssigned(Event, tag="work.assigned"):
@@ -131,6 +142,13 @@ class TokenChunk(Event, tag="token.chunk"):
     text: str
     token_ids: list[int] = []
     attempt: int = 1
+    n_tokens: int = 0
+    """Tokens in this chunk when ``token_ids`` is left out (a filtered stream: the
+    ids would carry the text that was masked)."""
+
+    @property
+    def tokens(self) -> int:
+        return len(self.token_ids) or self.n_tokens
 
 
 FinishReason = Literal["stop", "length"]
@@ -168,6 +186,17 @@ class RequestFailed(Event, tag="request.failed"):
     retryable: bool = False
 
 
+class InputFinding(msgspec.Struct, kw_only=True):
+    """What an input check found: the rule, its type (``sql_injection``, ``xss``,
+    ``prompt_injection``), and where (``field``, character offsets in it)."""
+
+    rule: str
+    type: str
+    field: str
+    start: int
+    end: int
+
+
 class RequestRejected(Event, tag="request.rejected"):
     """The sanitizer refused the request before it reached a worker."""
 
@@ -175,6 +204,7 @@ class RequestRejected(Event, tag="request.rejected"):
     code: str
     reason: str
     param: str | None = None
+    findings: list[InputFinding] = []
 
 
 class RequestCancelled(Event, tag="request.cancelled"):

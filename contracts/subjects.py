@@ -19,6 +19,7 @@ __all__ = [
     "HEARTBEATS",
     "SCHEDULER_LOAD",
     "REPLY_PREFIX",
+    "FILTER_PREFIX",
     "heartbeat_subject",
     "work_subject",
     "dead_letter_subject",
@@ -58,6 +59,8 @@ SCHEDULER_LOAD = "ib.sched.load"
 """SchedulerLoad, a few times a second: queue depth and limits per model."""
 _HEARTBEAT = "ib.hb.{worker_id}"
 REPLY_PREFIX = "ib.reply"
+FILTER_PREFIX = "ib.filter"
+"""Output streams pass through a sanitizer instance at ``ib.filter.<instance>.<rid>``."""
 _STATUS = "ib.svc.{service}.status"
 
 HEADER_REQUEST_ID = "Ib-Request-Id"

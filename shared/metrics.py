@@ -33,6 +33,15 @@ GATEWAY_REFUSALS = Counter(
     "inferbus_gateway_refusals_total",
     "Requests the gateway answered with an error status, by error code", ["code"],
 )
+PII_MASKED = Counter("inferbus_pii_masked_total", "PII entities masked in output", ["type"])
+INPUT_FINDINGS = Counter(
+    "inferbus_input_findings_total", "Injection findings on input, by rule and decision",
+    ["rule", "decision"],
+)
+FILTER_SECONDS = Histogram(
+    "inferbus_output_filter_seconds", "Time to mask one output event",
+    buckets=(0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.001, 0.01),
+)
 INFLIGHT = Gauge("inferbus_inflight_requests", "Requests being served", ["service"])
 
 

@@ -291,7 +291,7 @@ class GatewayService(Service[GatewaySettings]):
                         terminal = nxt
                     elif nxt.attempt == attempt:
                         ev = merge_chunks(ev, nxt)
-                flow.completion_tokens += len(ev.token_ids)
+                flow.completion_tokens += ev.tokens
                 yield ev
                 if terminal is None:
                     continue
@@ -363,7 +363,8 @@ class GatewayService(Service[GatewaySettings]):
 
 def merge_chunks(a: TokenChunk, b: TokenChunk) -> TokenChunk:
     return TokenChunk(request_id=a.request_id, seq=a.seq, text=a.text + b.text,
-                      token_ids=a.token_ids + b.token_ids, attempt=a.attempt)
+                      token_ids=a.token_ids + b.token_ids, attempt=a.attempt,
+                      n_tokens=a.n_tokens + b.n_tokens)
 
 
 class _Flow:

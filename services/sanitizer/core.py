@@ -1,8 +1,9 @@
-"""The sanitizer's input decisions, free of I/O.
+"""The sanitizer's decisions, free of I/O.
 
-For now: request shape and prompt size limits, enforced for every entry (the
-gateway validates HTTP, but NATS clients reach the sanitizer directly). Injection
-detectors and output PII masking join here later.
+Input: request shape and prompt size limits, enforced for every entry (the gateway
+validates HTTP, but NATS clients reach the sanitizer directly), then the injection
+checks under the request's policy. Output: the PII filter that a request's token
+stream passes through on its way to the client.
 """
 
 from __future__ import annotations
@@ -11,7 +12,17 @@ import re
 
 import msgspec
 
-from inferbus.contracts import RequestRejected, RequestSubmitted
+from inferbus.contracts import (
+    InputFinding,
+    ReplyEvent,
+    RequestFinished,
+    RequestRejected,
+    RequestSubmitted,
+    TokenChunk,
+)
+
+from .injection import Policy, decide, findings
+from .pii import StreamMasker
 
 
 # dot-separated tokens without whitespace or wildcards
@@ -70,3 +81,105 @@ def check(request: RequestSubmitted, limits: InputLimits) -> RequestRejected | N
             "messages" if request.messages is not None else "prompt",
         )
     return None
+
+
+# -- input checks ---------------------------------------------------------------------
+
+
+class InputPolicies(msgspec.Struct, kw_only=True, frozen=True):
+    default: Policy = "block"
+    by_model: dict[str, Policy] = {}
+
+    def for_request(self, request: RequestSubmitted) -> Policy:
+        """The API key's policy, else the model's, else the deployment's."""
+        if request.input_policy in ("block", "flag", "off"):
+            return request.input_policy  # type: ignore[return-value]
+        return self.by_model.get(request.model, self.default)
+
+
+def parse_policies(default: str, by_model: str) -> InputPolicies:
+    """``by_model``: comma-separated model=policy pairs."""
+    pairs = {}
+    for item in filter(None, (x.strip() for x in by_model.split(","))):
+        model, _, policy = item.partition("=")
+        pairs[model.strip()] = policy.strip()
+    try:
+        return msgspec.convert({"default": default, "by_model": pairs}, InputPolicies)
+    except msgspec.ValidationError as exc:
+        raise SystemExit(f"input policy: {exc} (choose block, flag or off)") from None
+
+
+def inspect(request: RequestSubmitted, policy: Policy) -> tuple[str, list[InputFinding]]:
+    """(decision, findings) for the text a user controls: the prompt, or the user and
+    tool messages (system prompts are the application's own)."""
+    if policy == "off":
+        return "pass", []
+    texts: list[tuple[str, str]] = []
+    if request.messages is not None:
+        texts = [(f"messages[{i}].content", m.content) for i, m in enumerate(request.messages)
+                 if m.role in ("user", "tool")]
+    elif request.prompt is not None:
+        texts = [("prompt", request.prompt)]
+    found = [InputFinding(rule=f.rule, type=f.type, field=where, start=f.start, end=f.end)
+             for where, text in texts for f in findings(text)]
+    return decide(found, policy), found  # type: ignore[arg-type]
+
+
+def blocked(request: RequestSubmitted, found: list[InputFinding]) -> RequestRejected:
+    first = found[0]
+    rules = ", ".join(sorted({f.rule for f in found}))
+    return RequestRejected(
+        request_id=request.request_id, code="input_blocked", param=first.field,
+        reason=f"the input looks like a {first.type.replace('_', ' ')} payload "
+               f"(rule {first.rule}); blocked by policy ({rules})",
+        findings=found)
+
+
+# -- the output filter -----------------------------------------------------------------
+
+
+class FilteredStream:
+    """One request's output on its way to the client: chunks masked and renumbered,
+    a terminal event after the held-back text."""
+
+    __slots__ = ("request_id", "client_reply_to", "attempt", "masker", "seq", "tokens",
+                 "last_seen")
+
+    def __init__(self, request_id: str, client_reply_to: str, now: float) -> None:
+        self.request_id = request_id
+        self.client_reply_to = client_reply_to
+        self.attempt = 0
+        self.masker = StreamMasker()
+        self.seq = 0
+        self.tokens = 0
+        """Tokens received and not yet sent on (they go with the next chunk out)."""
+        self.last_seen = now
+
+    def on_event(self, event: ReplyEvent, now: float) -> tuple[list[ReplyEvent], bool]:
+        """(events for the client, whether the stream is over)."""
+        self.last_seen = now
+        if isinstance(event, TokenChunk):
+            if event.attempt != self.attempt:
+                if event.attempt < self.attempt:
+                    return [], False  # a lost attempt's straggler
+                # a new attempt restarts the text (the client drops the older attempt)
+                self.attempt, self.masker, self.seq, self.tokens = (
+                    event.attempt, StreamMasker(), 0, 0)
+            self.tokens += event.tokens
+            text = self.masker.feed(event.text)
+            return ([self._chunk(text)] if text else []), False
+        out: list[ReplyEvent] = []
+        rest = self.masker.flush()
+        if rest or self.tokens:
+            out.append(self._chunk(rest))
+        if isinstance(event, RequestFinished):
+            event = msgspec.structs.replace(event, chunks=self.seq)
+        out.append(event)
+        return out, True
+
+    def _chunk(self, text: str) -> TokenChunk:
+        chunk = TokenChunk(request_id=self.request_id, seq=self.seq, text=text,
+                           attempt=max(1, self.attempt), n_tokens=self.tokens)
+        self.seq += 1
+        self.tokens = 0
+        return chunk

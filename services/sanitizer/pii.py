@@ -39,15 +39,15 @@ _CANDIDATE = re.compile(
     r"|(?P<iban>(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?"
     r"(?![A-Za-z0-9]))"
     r"|(?P<ip>(?<![A-Za-z0-9.\-])(?:\d{1,3}\.){3}\d{1,3}(?![0-9]|\.\d|-[A-Za-z0-9]))"
-    r"|(?P<digits>(?<![A-Za-z0-9+\-.(])" + _DIGITS + r"(?![A-Za-z0-9]|[\-.]\d))"
+    r"|(?P<digits>(?<![A-Za-z0-9+\-.])" + _DIGITS + r"(?![A-Za-z0-9]|[\-.]\d))"
 )
 
 # Entities live inside "runs": characters that can be part of one, where a single
-# space joins digit groups ("4111 1111") and upper-case groups ("GB29 NWBK").
+# space joins groups of digits and capitals ("4111 1111", "GB29 NWBK", "(415) 555").
 # Anything else ends a run, so a stream can release a run once the character after
 # it is known, and whole texts and streams split into the same runs.
 _CH = r"[A-Za-z0-9@._%+\-()]"
-_JOIN = r"(?: (?=[0-9(+])|(?<=[A-Z0-9]) (?=[A-Z]))"
+_JOIN = r"(?<=[A-Z0-9)]) (?=[A-Z0-9(+])"
 _RUN = re.compile(_CH + r"+(?:" + _JOIN + _CH + r"+)*")
 _RUN_REST = re.compile(r"(?:" + _CH + r"|" + _JOIN + _CH + r")*")
 _PIECE = 256
@@ -105,6 +105,7 @@ def ipv4_ok(text: str) -> bool:
     return all(len(p) == 1 or (p[0] != "0" and int(p) <= 255) for p in parts)
 
 
+_IPV4 = re.compile(r"(?:\d{1,3}\.){3}\d{1,3}")
 _CN_MOBILE = re.compile(r"(?:\+86[ \-]?)?(1[3-9]\d)[ \-]?(\d{4})[ \-]?(\d{4})")
 _SSN = re.compile(r"(\d{3})-(\d{2})-(\d{4})")
 _US_PHONE = re.compile(r"(?:\+1[ \-.]?)?(?:\(\d{3}\) ?|\d{3}[ \-.])\d{3}[ \-.]\d{4}"
@@ -140,6 +141,8 @@ def _classify_digits(text: str) -> tuple[str, str] | None:
         return "US_SSN", "***-**-" + m.group(3)
     if text[-1] in "Xx":
         return None
+    if _IPV4.fullmatch(text):
+        return ("IP_ADDRESS", text.split(".")[0] + ".*.*.*") if ipv4_ok(text) else None
     if m := _CN_MOBILE.fullmatch(text):
         prefix = text[:text.index(m.group(1))]
         return "PHONE", prefix + m.group(1) + "****" + m.group(3)
@@ -163,19 +166,70 @@ def _card_shape(text: str) -> bool:
     return False
 
 
+_GROUP = re.compile(r"\d+(?:[Xx](?!\d))?")
+
+
+def _digit_entities(text: str, offset: int) -> list[Entity]:
+    """Entities in a run of digit groups: the whole run, else the longest spans of
+    whole groups that are one ("Order 2 4111111111111111": the card after the 2)."""
+    found = _classify_digits(text)
+    if found:
+        return [Entity(found[0], offset, offset + len(text), found[1])]
+    groups, starts = [], []
+    for g in _GROUP.finditer(text):
+        start = g.start()
+        while start and text[start - 1] in "(+":  # a phone's "(415)" or "+86"
+            start -= 1
+        groups.append((start, g.end()))
+        starts.append(g.start())
+    out: list[Entity] = []
+
+    def dotted(a: int, b: int) -> bool:  # "1.2.3.4.5" is one version, not an address in it
+        return "." in text[a:b]
+
+    n = len(groups)
+    i = 0
+    while i < n:
+        if i and dotted(groups[i - 1][1], groups[i][0]):
+            i += 1
+            continue
+        hit = None
+        for j in range(n - 1, i - 1, -1):
+            if j < n - 1 and dotted(groups[j][1], groups[j + 1][0]):
+                continue
+            end = groups[j][1]
+            for start in dict.fromkeys((groups[i][0], starts[i])):  # with "(" / "+", without
+                if text[start:end] != text:
+                    hit = _classify_digits(text[start:end])
+                    if hit:
+                        out.append(Entity(hit[0], offset + start, offset + end, hit[1]))
+                        break
+            if hit:
+                i = j
+                break
+        i += 1
+    return out
+
+
+def _entities(m: re.Match[str]) -> list[Entity]:
+    if m.lastgroup == "digits":
+        return _digit_entities(m.group(), m.start())
+    e = _entity(m)
+    return [e] if e else []
+
+
 def _entity(m: re.Match[str]) -> Entity | None:
     kind = m.lastgroup
     text = m.group()
-    if kind == "digits":
-        found = _classify_digits(text)
-        return Entity(found[0], m.start(), m.end(), found[1]) if found else None
     if kind == "email":
         local, _, domain = text.partition("@")
         return Entity("EMAIL", m.start(), m.end(), local[0] + "***@" + domain)
     if kind == "iban":
-        if not iban_ok(text):
-            return None
-        return Entity("IBAN", m.start(), m.end(), _mask_alnum(text, 4, 4))
+        while not iban_ok(text):  # a number after it may have been read as its last group
+            if " " not in text:
+                return None
+            text = text.rsplit(" ", 1)[0]
+        return Entity("IBAN", m.start(), m.start() + len(text), _mask_alnum(text, 4, 4))
     if kind == "ip":
         if not ipv4_ok(text):
             return None
@@ -188,8 +242,7 @@ def find(text: str) -> Iterator[Entity]:
     for start, end in _pieces(text):
         piece = text[start:end]
         for m in _CANDIDATE.finditer(piece):
-            e = _entity(m)
-            if e is not None:
+            for e in _entities(m):
                 yield Entity(e.type, e.start + start, e.end + start, e.masked)
 
 
@@ -203,13 +256,11 @@ def _scan(piece: str, offset: int) -> tuple[str, list[Entity]]:
     """Mask one piece; entities get offsets from ``offset``."""
     out, at, found = [], 0, []
     for m in _CANDIDATE.finditer(piece):
-        e = _entity(m)
-        if e is None:
-            continue
-        out.append(piece[at:e.start])
-        out.append(e.masked)
-        at = e.end
-        found.append(Entity(e.type, e.start + offset, e.end + offset, e.masked))
+        for e in _entities(m):
+            out.append(piece[at:e.start])
+            out.append(e.masked)
+            at = e.end
+            found.append(Entity(e.type, e.start + offset, e.end + offset, e.masked))
     if not found:
         return piece, found
     out.append(piece[at:])

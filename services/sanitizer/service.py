@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -11,10 +12,14 @@ from nats.aio.msg import Msg
 from inferbus.contracts import (
     ACCEPTED,
     ENDED,
+    FILTER_PREFIX,
     SANITIZER_SUBMITTED,
+    InputFinding,
+    ReplyEvent,
     RequestAccepted,
     RequestFailed,
     RequestSubmitted,
+    subject_token,
 )
 from inferbus.shared import logs, metrics
 from inferbus.shared.bus import (
@@ -28,16 +33,26 @@ from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
 
-from .core import InputLimits, check
+from .core import FilteredStream, InputLimits, blocked, check, inspect, parse_policies
 
 log = logs.get("inferbus.sanitizer")
 
 
 class SanitizerSettings(ServiceSettings, kw_only=True):
-    """inferbus sanitizer: checks every submitted request before it is scheduled."""
+    """inferbus sanitizer: checks every submitted request before it is scheduled, and
+    masks PII in the output streams that pass through it."""
 
     max_prompt_chars: int = 32_768
     max_tokens: int = 32_768
+    input_policy: str = "block"
+    """Injection findings: block (HTTP 400 naming the rule), flag (let through, logged
+    and recorded on the accepted event) or off; an API key's policy wins."""
+    model_input_policies: str = ""
+    """Per-model policies, e.g. "code-model=flag,chat-model=block"."""
+    mask_output_pii: bool = True
+    """Mask PII in every output stream unless the request (its API key) says not to."""
+    filter_idle_s: float = 900.0
+    """A filtered stream silent this long is forgotten (its worker and scheduler died)."""
 
 
 class _Addressed(msgspec.Struct):
@@ -57,19 +72,75 @@ class SanitizerService(Service[SanitizerSettings]):
         self._ctx: Context[SanitizerSettings] | None = None
         self._sub: Any = None
         self._work = Background()
-        self._counts = {"accepted": 0, "rejected": 0, "invalid": 0}
+        self._counts = {"accepted": 0, "rejected": 0, "invalid": 0, "blocked": 0,
+                        "flagged": 0}
+        self.policies = parse_policies(settings.input_policy, settings.model_input_policies)
+        self.filter_id = subject_token(settings.instance_id)
+        self._filter_prefix = f"{FILTER_PREFIX}.{self.filter_id}."
+        self._streams: dict[str, FilteredStream] = {}
+        self._filter_sub: Any = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self, ctx: Context[SanitizerSettings]) -> None:
         self._ctx = ctx
+        # the filter first: an accepted request's tokens may come back at once
+        self._filter_sub = await ctx.nc.subscribe(self._filter_prefix + ">",
+                                                  cb=self._on_output,
+                                                  pending_msgs_limit=1_000_000)
         self._sub = await consume(ctx.nc, SANITIZER_SUBMITTED, self._on_submitted)
+        self._sweeper = asyncio.create_task(self._sweep(), name="filter-sweep")
 
     async def drain(self) -> None:
         if self._sub:
             await self._sub.drain()
         await self._work.wait()
+        # streams in flight still pass through here: let them end
+        deadline = time.monotonic() + max(0.0, self.settings.drain_timeout_s - 2.0)
+        while self._streams and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self._sweeper:
+            self._sweeper.cancel()
+        if self._filter_sub:
+            await self._filter_sub.unsubscribe()
 
     def status(self) -> dict[str, Any]:
-        return dict(self._counts)
+        return {**self._counts, "filtering": len(self._streams),
+                "input_policy": self.policies.default}
+
+    # -- output: the PII filter -----------------------------------------------------------
+
+    async def _on_output(self, msg: Msg) -> None:
+        assert self._ctx
+        client = msg.subject[len(self._filter_prefix):]
+        try:
+            event = decode(msg.data, ReplyEvent)
+        except DecodeError as exc:
+            log.error("undecodable output event", subject=msg.subject, error=str(exc))
+            return
+        rid = event.request_id
+        stream = self._streams.get(rid)
+        if stream is None:  # accepted by this instance before a restart: filter from here
+            stream = self._streams[rid] = FilteredStream(rid, client, time.monotonic())
+        t0 = time.perf_counter()
+        before = len(stream.masker.entities)
+        out, over = stream.on_event(event, time.monotonic())
+        metrics.FILTER_SECONDS.observe(time.perf_counter() - t0)
+        for e in stream.masker.entities[before:]:
+            metrics.PII_MASKED.labels(e.type).inc()
+        headers = request_headers(rid)
+        for ev in out:
+            await self._ctx.nc.publish(client, encode(ev), headers=headers)
+        if over:
+            self._streams.pop(rid, None)
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(min(60.0, self.settings.filter_idle_s / 2))
+            now = time.monotonic()
+            for rid, s in list(self._streams.items()):
+                if now - s.last_seen > self.settings.filter_idle_s:
+                    del self._streams[rid]
+                    log.warning("filtered stream forgotten: silent too long", request_id=rid)
 
     async def _on_submitted(self, msg: Msg) -> None:
         # requests are independent: check many at once rather than one ack round trip apiece
@@ -85,8 +156,29 @@ class SanitizerService(Service[SanitizerSettings]):
             return
         rid = request.request_id
         rejection = check(request, self.limits)
+        found: list[InputFinding] = []
         if rejection is None:
-            accepted = RequestAccepted(request=request, accepted_at=time.time())
+            decision, found = inspect(request, self.policies.for_request(request))
+            for f in found:
+                metrics.INPUT_FINDINGS.labels(f.rule, decision).inc()
+            if decision == "block":
+                rejection = blocked(request, found)
+                self._counts["blocked"] += 1
+            elif decision == "flag":
+                self._counts["flagged"] += 1
+                log.warning("input flagged", request_id=rid,
+                            findings=[msgspec.to_builtins(f) for f in found])
+        if rejection is None:
+            if request.mask_pii if request.mask_pii is not None else \
+                    self.settings.mask_output_pii:
+                # the output comes back through this instance's filter, then to the client
+                request = msgspec.structs.replace(
+                    request, client_reply_to=request.reply_to,
+                    reply_to=self._filter_prefix + request.reply_to)
+                self._streams[rid] = FilteredStream(rid, request.client_reply_to,
+                                                    time.monotonic())
+            accepted = RequestAccepted(request=request, accepted_at=time.time(),
+                                       findings=found)
             await publish_durable(js, ACCEPTED, accepted, request_id=rid,
                                   msg_id=f"{rid}:accepted", trace=trace_headers(msg))
             self._counts["accepted"] += 1

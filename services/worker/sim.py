@@ -4,6 +4,10 @@ Each engine step admits waiting sequences (prefill costs ``prefill_s_per_token``
 prompt token), then decodes one token for every running sequence (a step costs
 ``decode_s_per_step + decode_s_per_seq * batch``). Output is deterministic in the
 prompt and seed. It is never a stand-in where the real engine can run.
+
+A prompt (or last message) that starts with ``/echo `` is answered with the rest of
+it, three characters a token, then ends ("stop"): a way to put known text (PII, stop
+strings) into an output stream in tests.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ class SimTiming(msgspec.Struct, kw_only=True, frozen=True):
         return self.decode_s_per_step + self.decode_s_per_seq * batch
 
 
+ECHO = "/echo "
+
+
 def prompt_text(request: EngineRequest) -> str:
     if request.messages is not None:
         return "".join(f"<|{m.role}|>{m.content}\n" for m in request.messages) + "<|assistant|>"
@@ -54,7 +61,7 @@ def token_id(prompt_hash: int, index: int) -> int:
 
 class _Sequence:
     __slots__ = ("request", "prompt_tokens", "prompt_hash", "outputs", "generated", "text",
-                 "emitted", "holdback", "aborted")
+                 "emitted", "holdback", "aborted", "echo")
 
     def __init__(self, request: EngineRequest) -> None:
         text = prompt_text(request)
@@ -69,13 +76,20 @@ class _Sequence:
         # hold back what could still become a stop string, as vLLM does
         self.holdback = max((len(s) for s in request.sampling.stop), default=1) - 1
         self.aborted = False
+        last = request.messages[-1].content if request.messages else request.prompt or ""
+        self.echo = last[len(ECHO):] if last.startswith(ECHO) else None
 
     def step(self) -> EngineOutput:
         tid = token_id(self.prompt_hash, self.generated)
         self.generated += 1
         before = len(self.text)
-        self.text += VOCAB[tid] + " "
         finish = None
+        if self.echo is not None:
+            self.text += self.echo[before:before + 3]
+            if len(self.text) >= len(self.echo):
+                finish = "stop"
+        else:
+            self.text += VOCAB[tid] + " "
         cuts = [c for stop in self.request.sampling.stop if stop
                 for c in (self.text.find(stop, max(0, before - len(stop) + 1)),) if c >= 0]
         if cuts:  # the earliest match wins, whichever stop string it is

@@ -64,7 +64,7 @@ async def test_streams_in_order_with_usage_and_timings(vllm_worker, client):
     assert [c.seq for c in chunks] == list(range(len(chunks)))
     fin = stream.outcome
     assert fin.finish_reason == "length"
-    assert fin.usage.completion_tokens == 24 == sum(len(c.token_ids) for c in chunks)
+    assert fin.usage.completion_tokens == 24 == sum(c.tokens for c in chunks)
     assert fin.usage.prompt_tokens > 5  # the chat template wraps the message
     assert fin.timings.first_token_s > 0 and fin.timings.decode_s > 0
 

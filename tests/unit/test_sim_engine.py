@@ -277,3 +277,11 @@ async def test_a_request_over_the_context_is_refused():
         with pytest.raises(EngineError) as err:
             await collect(engine, request("big", max_tokens=engine.max_model_len))
         assert err.value.code == "context_length_exceeded"
+
+
+async def test_echo_prompts_are_answered_with_their_text():
+    async with Running(SimTiming()) as engine:
+        outs = await collect(engine, request("e", prompt="/echo card 4111 1111 1111 1111.",
+                                             max_tokens=100))
+    assert "".join(o.text for o in outs) == "card 4111 1111 1111 1111."
+    assert outs[-1].finish_reason == "stop" and len(outs) > 5

@@ -1,0 +1,150 @@
+"""PII detection and masking: each entity with its hard negatives, and the stream
+masker's promise (any split masks like the whole text; no generated entity survives)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inferbus.services.sanitizer.pii import (
+    StreamMasker,
+    cn_id_ok,
+    iban_ok,
+    luhn_ok,
+    mask,
+)
+from inferbus.piidata import (
+    card_number,
+    cn_id,
+    cn_mobile,
+    email,
+    iban,
+    ipv4,
+    ssn,
+    us_phone,
+)
+
+
+def only(text: str) -> list[tuple[str, str]]:
+    return [(e.type, text[e.start:e.end]) for e in mask(text)[1]]
+
+
+@pytest.mark.parametrize("text, masked", [
+    ("pay with 4111 1111 1111 1111 now", "pay with ****1111 now"),
+    ("pay with 4111-1111-1111-1111.", "pay with ****1111."),
+    ("amex 378282246310005!", "amex ****0005!"),
+    ("卡号6222021234567890128，谢谢", None),  # checked below: Luhn decides
+    ("ID 11010519491231002X ok", "ID 110***********002X ok"),
+    ("call +86 138 0013 8000 now", "call +86 138****8000 now"),
+    ("手机13800138000。", "手机138****8000。"),
+    ("US (415) 555-2671", "US (415) ***-2671"),
+    ("intl +44 20 7946 0958", "intl +44 20 7*** 0958"),
+    ("mail john.doe@example.com", "mail j***@example.com"),
+    ("iban DE89 3704 0044 0532 0130 00", "iban DE89 **** **** **** **30 00"),
+    ("ip 192.168.1.10", "ip 192.*.*.*"),
+    ("ssn 123-45-6789", "ssn ***-**-6789"),
+])
+def test_each_entity_is_masked(text, masked):
+    out, found = mask(text)
+    if masked is not None:
+        assert out == masked
+    assert found
+
+
+@pytest.mark.parametrize("text", [
+    "order 4111111111111112 shipped",          # 16 digits, not Luhn-valid
+    "tracking 1234 5678 9012 3456",            # grouped, not Luhn-valid
+    "at 2023-11-16 18:17:03.97 UTC",           # a timestamp
+    "unix time 1700154423123",                 # 13 digits, not Luhn-valid
+    "release v1.2.3.4 and 1.2.3.4.5",          # version strings
+    "id 110105194912310021",                   # 18 digits, wrong GB 11643 check digit
+    "id 110105194913310024",                   # month 13
+    "ssn 000-12-3456 and 666-12-3456",         # numbers the SSA never issues
+    "iban DE89 3704 0044 0532 0130 01",        # mod-97 fails
+    "ip 256.1.1.1 and 10.0.0",                 # not an IPv4 address
+    "call 12345 or 555-12",                    # too short for a phone
+    "price 1,234.56 and 3.14159",
+    "email me at john at example dot com",
+])
+def test_hard_negatives_stay_as_they_are(text):
+    assert only(text) == []
+    assert mask(text)[0] == text
+
+
+def test_validators():
+    assert luhn_ok("4111111111111111") and not luhn_ok("4111111111111112")
+    assert cn_id_ok("11010519491231002X") and not cn_id_ok("110105194912310021")
+    assert iban_ok("GB82 WEST 1234 5698 7654 32") and not iban_ok("GB82 WEST 1234 5698 7654 33")
+
+
+def test_entity_offsets_point_into_the_input():
+    text = "a 4111 1111 1111 1111 b john@x.io c"
+    assert only(text) == [("CREDIT_CARD", "4111 1111 1111 1111"), ("EMAIL", "john@x.io")]
+
+
+# -- streams --------------------------------------------------------------------------
+
+ENTITY = st.sampled_from([card_number, cn_id, cn_mobile, us_phone, email, iban, ipv4, ssn])
+FILLER = st.text(alphabet=st.sampled_from(list("abc XYZ.,:;-@+()0123456789\n你好，。")),
+                 max_size=12)
+
+
+@st.composite
+def texts_with_entities(draw):
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    parts, entities = [], []
+    for _ in range(draw(st.integers(1, 4))):
+        parts.append(draw(FILLER))
+        parts.append(draw(st.sampled_from([" ", ": ", "，", "\n", " ("])))
+        value = draw(ENTITY)(rng)
+        entities.append(value)
+        parts.append(value)
+        parts.append(draw(st.sampled_from([" ", ". ", "，", ")", "\n"])))
+    return "".join(parts), entities
+
+
+def split(text: str, cuts: list[int]) -> list[str]:
+    points = sorted({c % (len(text) + 1) for c in cuts})
+    return [text[a:b] for a, b in zip([0, *points], [*points, len(text)])]
+
+
+def stream(parts: list[str]) -> tuple[str, StreamMasker]:
+    m = StreamMasker()
+    return "".join(m.feed(p) for p in parts) + m.flush(), m
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=st.text(max_size=200), cuts=st.lists(st.integers(0, 10_000), max_size=30))
+def test_any_split_masks_like_the_whole_text(text, cuts):
+    out, m = stream(split(text, cuts))
+    whole, entities = mask(text)
+    assert out == whole
+    assert m.entities == entities
+
+
+@settings(max_examples=300, deadline=None)
+@given(sample=texts_with_entities(), cuts=st.lists(st.integers(0, 10_000), max_size=40))
+def test_no_generated_entity_survives_any_split(sample, cuts):
+    text, entities = sample
+    out, _ = stream(split(text, cuts))
+    assert out == mask(text)[0]
+    for value in entities:
+        digits = "".join(c for c in value if c.isalnum())
+        assert value not in out
+        assert digits not in "".join(c for c in out if c.isalnum()) or len(digits) < 8
+
+
+def test_a_stream_holds_back_only_what_could_still_be_an_entity():
+    m = StreamMasker()
+    assert m.feed("Hello there, ") == "Hello there, "
+    assert m.feed("my card is 4111 ") == "my card is "  # a number could go on
+    assert m.feed("1111 1111 1111") == ""
+    assert m.feed(" thanks") == "****1111 "  # the word could still be an email's start
+    assert m.flush() == "thanks"
+    # Chinese text around a phone number: released at the first CJK character
+    m = StreamMasker()
+    assert m.feed("请拨打1380013") == "请拨打"
+    assert m.feed("8000，谢谢") == "138****8000，谢谢"
