@@ -6,6 +6,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -129,6 +130,66 @@ def make_tiny_cmd(out_dir: Path, lora_dir: Path | None, seed: int, arch: str) ->
     click.echo(f"model  {make_tiny(out_dir, seed=seed, arch=arch)}")
     if lora_dir is not None:
         click.echo(f"lora   {make_tiny_lora(out_dir, lora_dir)}")
+
+
+def _json_lines(stream: Any) -> Any:
+    """``{"text": ...}`` objects, one a line (blank lines skipped); a bad line stops
+    with its number."""
+    for n, line in enumerate(stream, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            text = obj["text"]
+            if not isinstance(text, str):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            raise click.ClickException(f'line {n}: want a JSON object {{"text": "..."}}')
+        yield text
+
+
+@main.group()
+def pii() -> None:
+    """PII detection and masking."""
+
+
+@pii.command("scan")
+def pii_scan() -> None:
+    """Read {"text": ...} JSON lines on stdin; write {"masked", "entities": [{"type",
+    "start", "end"}]} for each (character offsets into the input text). Works on log
+    files converted to JSON lines as well:
+
+        jq -Rc '{text: .}' app.log | inferbus pii scan
+    """
+    from inferbus.services.sanitizer.pii import mask
+
+    out = sys.stdout
+    for text in _json_lines(sys.stdin):
+        masked, entities = mask(text)
+        out.write(json.dumps({"masked": masked, "entities": [
+            {"type": e.type, "start": e.start, "end": e.end} for e in entities]},
+            ensure_ascii=False) + "\n")
+
+
+@main.group()
+def sanitize() -> None:
+    """Input checks: SQL injection, XSS and prompt injection."""
+
+
+@sanitize.command("check")
+@click.option("--policy", type=click.Choice(["block", "flag"]), default="block",
+              show_default=True, help="What a finding means (the platform's default: block).")
+def sanitize_check(policy: str) -> None:
+    """Read {"text": ...} JSON lines on stdin; write {"decision": block|flag|pass,
+    "findings": [{"rule", "type", "start", "end"}]} for each."""
+    from inferbus.services.sanitizer.injection import decide, findings
+
+    out = sys.stdout
+    for text in _json_lines(sys.stdin):
+        found = findings(text)
+        out.write(json.dumps({"decision": decide(found, policy), "findings": [  # type: ignore[arg-type]
+            {"rule": f.rule, "type": f.type, "start": f.start, "end": f.end} for f in found]})
+            + "\n")
 
 
 @main.group()

@@ -168,16 +168,22 @@ class Client:
         request_id: str | None = None,
         tenant: str = "default",
         timeout: float = 600.0,
+        input_policy: str = "",
+        mask_pii: bool | None = None,
         **sampling: Any,
     ) -> Stream:
         """Prepare a request; iterating the stream submits it.
 
-        ``sampling`` takes the other SamplingParams fields: top_k, stop_token_ids,
-        presence_penalty, frequency_penalty, repetition_penalty, ignore_eos.
+        ``timeout`` is also the request's deadline: past it the platform stops the work.
+        ``input_policy`` (block, flag, off) and ``mask_pii`` override the deployment's
+        sanitizer defaults. ``sampling`` takes the other SamplingParams fields: top_k,
+        stop_token_ids, presence_penalty, frequency_penalty, repetition_penalty,
+        ignore_eos.
         """
         msgs = None
         if messages is not None:
             msgs = [m if isinstance(m, ChatMessage) else ChatMessage(**m) for m in messages]
+        now = time.time()
         request = RequestSubmitted(
             request_id=request_id or uuid.uuid4().hex,
             model=model,
@@ -187,7 +193,10 @@ class Client:
             sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                     stop=stop or [], seed=seed, **sampling),
             tenant=tenant,
-            created_at=time.time(),
+            created_at=now,
+            deadline=now + timeout,
+            input_policy=input_policy,
+            mask_pii=mask_pii,
         )
         return Stream(self, request, timeout)
 

@@ -39,6 +39,10 @@ class ApiKey(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     tokens_per_min: int = 0
     """Prompt + output tokens per minute; 0: unlimited."""
     priority: Priority = "standard"
+    input_policy: Literal["", "block", "flag", "off"] = ""
+    """Injection findings on this key's input: block, flag or off ("": the deployment's)."""
+    mask_pii: bool | None = None
+    """Mask PII in this key's output (None: the deployment's default, on)."""
 
     def allows(self, model: str) -> bool:
         return "*" in self.models or model in self.models

@@ -216,11 +216,13 @@ def parse_completion(body: bytes, default_max_tokens: int) -> tuple[CompletionRe
 def submitted(*, request_id: str, model: str, reply_to: str, sampling: SamplingParams,
               now: float, tenant: str = "default", priority: str = "standard",
               timeout_s: float | None = None, prompt: str | None = None,
-              messages: list[ChatMessage] | None = None) -> RequestSubmitted:
+              messages: list[ChatMessage] | None = None, input_policy: str = "",
+              mask_pii: bool | None = None) -> RequestSubmitted:
     return RequestSubmitted(request_id=request_id, model=model, reply_to=reply_to,
                             prompt=prompt, messages=messages, sampling=sampling, tenant=tenant,
                             priority=priority, created_at=now,
-                            deadline=now + timeout_s if timeout_s else 0.0)
+                            deadline=now + timeout_s if timeout_s else 0.0,
+                            input_policy=input_policy, mask_pii=mask_pii)
 
 
 def request_timeout(header: str | None) -> float | None:

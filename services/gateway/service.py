@@ -226,7 +226,8 @@ class GatewayService(Service[GatewaySettings]):
             event = submitted(request_id=rid, model=req.model, sampling=sampling,
                               reply_to=reply_subject(self.gateway_id, rid), now=time.time(),
                               tenant=key.tenant_id, priority=key.priority, timeout_s=timeout_s,
-                              prompt=prompt, messages=messages)
+                              prompt=prompt, messages=messages, input_policy=key.input_policy,
+                              mask_pii=key.mask_pii)
             shapes = Shapes(chat=chat, request_id=rid, model=req.model, created=int(time.time()))
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             events = self._submit(event, timeout_s, flow)

@@ -137,3 +137,42 @@ def test_shape_errors_come_before_size_errors():
     # a request with a bad max_tokens and a huge prompt is refused for max_tokens
     rejected(check(prompt_req("x" * 1000, max_tokens=0), LIMITS), "invalid_request",
              "max_tokens")
+
+
+# -- the output filter ------------------------------------------------------------------
+
+from inferbus.contracts import RequestFailed, RequestFinished, TokenChunk, Usage  # noqa: E402
+from inferbus.services.sanitizer.core import FilteredStream  # noqa: E402
+
+
+def chunk(seq: int, text: str, attempt: int = 1) -> TokenChunk:
+    return TokenChunk(request_id="r", seq=seq, text=text, token_ids=[seq], attempt=attempt)
+
+
+def test_filtered_stream_masks_renumbers_and_ends_with_the_held_text():
+    s = FilteredStream("r", "ib.reply.gw.r", 0.0)
+    out = []
+    for i, piece in enumerate(["Card ", "4111 11", "11 1111 ", "1111", " ok"]):
+        events, over = s.on_event(chunk(i, piece), 0.0)
+        assert not over
+        out += events
+    fin = RequestFinished(request_id="r", finish_reason="stop", chunks=5,
+                          usage=Usage(prompt_tokens=1, completion_tokens=5))
+    events, over = s.on_event(fin, 1.0)
+    assert over
+    out += events
+    chunks = [e for e in out if isinstance(e, TokenChunk)]
+    assert "".join(c.text for c in chunks) == "Card ****1111 ok"
+    assert [c.seq for c in chunks] == list(range(len(chunks)))
+    assert all(c.token_ids == [] for c in chunks) and sum(c.tokens for c in chunks) == 5
+    assert out[-1].chunks == len(chunks)  # the terminal event counts what the client got
+
+
+def test_filtered_stream_restarts_on_a_new_attempt_and_drops_stragglers():
+    s = FilteredStream("r", "c", 0.0)
+    s.on_event(chunk(0, "hello "), 0.0)
+    events, _ = s.on_event(chunk(0, "again and ", attempt=2), 0.0)
+    assert events[0].seq == 0 and events[0].attempt == 2
+    assert s.on_event(chunk(1, "late", attempt=1), 0.0) == ([], False)
+    events, over = s.on_event(RequestFailed(request_id="r", code="worker_lost", reason="x"), 0.0)
+    assert over and isinstance(events[-1], RequestFailed)
