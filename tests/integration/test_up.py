@@ -22,7 +22,7 @@ INFERBUS = [sys.executable, "-m", "inferbus.cli"]
 
 def test_up_generate_and_stream_then_ctrl_c(tmp_path: Path):
     port, nats_port = free_port(), free_port()
-    metrics_base = random.randrange(20000, 40000, 100)
+    metrics_base = random.randrange(20000, 32000, 100)  # below the ephemeral port range
     up = subprocess.Popen(
         [*INFERBUS, "up", "--engine", "sim", "--port", str(port), "--nats-port", str(nats_port),
          "--metrics-port-base", str(metrics_base), "--state-dir", str(tmp_path / "state")],
@@ -78,7 +78,7 @@ def test_keys_new_then_up_with_keys_serves_its_self_test(tmp_path: Path):
     keys.write_text(made.stdout)
     run = subprocess.run(
         [*INFERBUS, "up", "--check", "--engine", "sim", "--port", "0", "--nats-port", "0",
-         "--metrics-port-base", str(random.randrange(20000, 40000, 100)),
+         "--metrics-port-base", str(random.randrange(20000, 32000, 100)),
          "--state-dir", str(tmp_path / "state"), "--api-keys-file", str(keys)],
         capture_output=True, text=True, timeout=120, env={
             **__import__("os").environ, "NATS_URL": ""})
