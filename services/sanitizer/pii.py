@@ -49,6 +49,7 @@ _CANDIDATE = re.compile(
 _CH = r"[A-Za-z0-9@._%+\-()]"
 _JOIN = r"(?<=[A-Z0-9)]) (?=[A-Z0-9(+])"
 _RUN = re.compile(_CH + r"+(?:" + _JOIN + _CH + r"+)*")
+_JOINS_AFTER = re.compile(r"[A-Z0-9)]")
 _RUN_REST = re.compile(r"(?:" + _CH + r"|" + _JOIN + _CH + r")*")
 _PIECE = 256
 """Runs are scanned in pieces of at most this many characters (no entity is longer),
@@ -84,6 +85,12 @@ def cn_id_ok(text: str) -> bool:
         return False
     s = sum(int(c) * w for c, w in zip(text[:17], _GB11643_WEIGHTS))
     return _GB11643_CHECK[s % 11] == text[17].upper()
+
+
+def _cn_id_shaped(digits: str) -> bool:
+    """Region and birth date in place, whatever the check digit."""
+    return cn_id_ok(digits[:17] + _GB11643_CHECK[
+        sum(int(c) * w for c, w in zip(digits[:17], _GB11643_WEIGHTS)) % 11])
 
 
 def iban_ok(text: str) -> bool:
@@ -133,9 +140,12 @@ def _classify_digits(text: str) -> tuple[str, str] | None:
     plain = text.replace(" ", "").replace("-", "")
     if len(plain) == 18 and cn_id_ok(plain):
         return "CN_ID_CARD", plain[:3] + "*" * 11 + plain[-4:]
+    if len(digits) == 18 and _cn_id_shaped(digits):
+        return None  # an ID with a wrong check digit, not a card that happens to pass Luhn
     if text[-1] in "Xx" or "(" in text or text.startswith("+"):
         pass  # only phones (or IDs, above) take these shapes
-    elif 13 <= len(digits) <= 19 and luhn_ok(digits) and _card_shape(text):
+    elif 13 <= len(digits) <= 19 and digits[0] in "23456" and luhn_ok(digits) \
+            and _card_shape(text):  # issuers' numbers start 2-6 (ISO/IEC 7812)
         return "CREDIT_CARD", "****" + digits[-4:]
     elif (m := _SSN.fullmatch(text)) and ssn_ok(*m.groups()):
         return "US_SSN", "***-**-" + m.group(3)
@@ -330,8 +340,10 @@ class StreamMasker:
                     break
                 out.append(buf[pos:m.start()])
                 start, end = m.start(), m.end()
-            # a run is over once the character after it cannot join it
-            if final or end + 1 < n or (end < n and buf[end] != " "):
+            # a run is over once the character after it cannot join it: anything but a
+            # space, or a space that only joins after a capital, digit or ")"
+            if final or end + 1 < n or (end < n and (
+                    buf[end] != " " or not _JOINS_AFTER.match(buf, end - 1))):
                 self._emit(out, start, end)
                 self._in_run, self._run_done = False, 0
                 pos = end
