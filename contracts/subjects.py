@@ -60,7 +60,8 @@ SCHEDULER_LOAD = "ib.sched.load"
 _HEARTBEAT = "ib.hb.{worker_id}"
 REPLY_PREFIX = "ib.reply"
 FILTER_PREFIX = "ib.filter"
-"""Output streams pass through a sanitizer instance at ``ib.filter.<instance>.<rid>``."""
+"""Output streams pass through a sanitizer instance at
+``ib.filter.<instance>.<client reply subject>``."""
 _STATUS = "ib.svc.{service}.status"
 
 HEADER_REQUEST_ID = "Ib-Request-Id"

@@ -133,10 +133,13 @@ def make_tiny_cmd(out_dir: Path, lora_dir: Path | None, seed: int, arch: str) ->
 
 
 def _json_lines(stream: Any) -> Any:
-    """``{"text": ...}`` objects, one a line (blank lines skipped); a bad line stops
-    with its number."""
-    for n, line in enumerate(stream, start=1):
+    """``{"text": ...}`` objects, one a line, read as UTF-8 whatever the locale (so
+    offsets count characters); a blank line is an empty text, so output line N always
+    answers input line N; a bad line stops with its number."""
+    for n, raw in enumerate(stream.buffer if hasattr(stream, "buffer") else stream, start=1):
+        line = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
         if not line.strip():
+            yield ""
             continue
         try:
             obj = json.loads(line)
@@ -146,6 +149,20 @@ def _json_lines(stream: Any) -> Any:
         except (ValueError, KeyError, TypeError):
             raise click.ClickException(f'line {n}: want a JSON object {{"text": "..."}}')
         yield text
+
+
+def _write_json(obj: Any) -> None:
+    """One JSON line on stdout as UTF-8 (escaped where a lone surrogate cannot be)."""
+    try:
+        data = json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        data = json.dumps(obj).encode()
+    out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else None
+    if out is None:
+        sys.stdout.write(data.decode() + "\n")
+    else:
+        out.write(data + b"\n")
+        out.flush()
 
 
 @main.group()
@@ -163,12 +180,10 @@ def pii_scan() -> None:
     """
     from inferbus.services.sanitizer.pii import mask
 
-    out = sys.stdout
     for text in _json_lines(sys.stdin):
         masked, entities = mask(text)
-        out.write(json.dumps({"masked": masked, "entities": [
-            {"type": e.type, "start": e.start, "end": e.end} for e in entities]},
-            ensure_ascii=False) + "\n")
+        _write_json({"masked": masked, "entities": [
+            {"type": e.type, "start": e.start, "end": e.end} for e in entities]})
 
 
 @main.group()
@@ -184,12 +199,10 @@ def sanitize_check(policy: str) -> None:
     "findings": [{"rule", "type", "start", "end"}]} for each."""
     from inferbus.services.sanitizer.injection import decide, findings
 
-    out = sys.stdout
     for text in _json_lines(sys.stdin):
         found = findings(text)
-        out.write(json.dumps({"decision": decide(found, policy), "findings": [  # type: ignore[arg-type]
+        _write_json({"decision": decide(found, policy), "findings": [  # type: ignore[arg-type]
             {"rule": f.rule, "type": f.type, "start": f.start, "end": f.end} for f in found]})
-            + "\n")
 
 
 @main.group()

@@ -19,6 +19,7 @@ import time
 import uuid
 from typing import Any
 
+import msgspec
 from nats.aio.client import Client as NatsClient
 
 from inferbus.contracts import (
@@ -81,6 +82,9 @@ class Stream:
         nc = self._client.nc
         self._sub = await nc.subscribe(self.request.reply_to, pending_msgs_limit=1_000_000)
         self.submitted_at = time.monotonic()
+        now = time.time()  # the clock starts at submission, not when the stream was made
+        self.request = msgspec.structs.replace(self.request, created_at=now,
+                                               deadline=now + self._timeout)
         ack = await publish_durable(self._client.js, SUBMIT, self.request,
                                     request_id=self.request_id, msg_id=self.request_id)
         if ack.duplicate:
@@ -183,7 +187,6 @@ class Client:
         msgs = None
         if messages is not None:
             msgs = [m if isinstance(m, ChatMessage) else ChatMessage(**m) for m in messages]
-        now = time.time()
         request = RequestSubmitted(
             request_id=request_id or uuid.uuid4().hex,
             model=model,
@@ -193,8 +196,6 @@ class Client:
             sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                     stop=stop or [], seed=seed, **sampling),
             tenant=tenant,
-            created_at=now,
-            deadline=now + timeout,
             input_policy=input_policy,
             mask_pii=mask_pii,
         )

@@ -50,7 +50,8 @@ def check(request: RequestSubmitted, limits: InputLimits) -> RequestRejected | N
 
     if not request.request_id or not request.model:
         return reject("invalid_request", "request_id and model must not be empty", "model")
-    if not _PUBLISH_SUBJECT.fullmatch(request.reply_to):
+    if not _PUBLISH_SUBJECT.fullmatch(request.reply_to) or (
+            request.reply_to.startswith("ib.") and not request.reply_to.startswith("ib.reply.")):
         return reject("invalid_request",
                       f"reply_to {request.reply_to!r} is not a subject one can publish to",
                       "reply_to")
@@ -109,19 +110,26 @@ def parse_policies(default: str, by_model: str) -> InputPolicies:
         raise SystemExit(f"input policy: {exc} (choose block, flag or off)") from None
 
 
+_TRUSTED_ROLES = frozenset({"system", "developer", "assistant"})
+"""The application's own messages and the model's earlier turns; any other role's
+text (user, tool, or a role a NATS client made up) is checked."""
+
+
 def inspect(request: RequestSubmitted, policy: Policy) -> tuple[str, list[InputFinding]]:
-    """(decision, findings) for the text a user controls: the prompt, or the user and
-    tool messages (system prompts are the application's own)."""
+    """(decision, findings) for the text a user controls: the prompt, or every message
+    but the system's, developer's and assistant's (the application's own)."""
     if policy == "off":
         return "pass", []
-    texts: list[tuple[str, str]] = []
+    texts: list[tuple[str, str, bool]] = []
     if request.messages is not None:
-        texts = [(f"messages[{i}].content", m.content) for i, m in enumerate(request.messages)
-                 if m.role in ("user", "tool")]
+        # a tool's output (fetched HTML, query results) is checked for prompt injection only
+        texts = [(f"messages[{i}].content", m.content, m.role == "tool")
+                 for i, m in enumerate(request.messages) if m.role not in _TRUSTED_ROLES]
     elif request.prompt is not None:
-        texts = [("prompt", request.prompt)]
+        texts = [("prompt", request.prompt, False)]
     found = [InputFinding(rule=f.rule, type=f.type, field=where, start=f.start, end=f.end)
-             for where, text in texts for f in findings(text)]
+             for where, text, tool in texts for f in findings(text)
+             if not tool or f.type == "prompt_injection"]
     return decide(found, policy), found  # type: ignore[arg-type]
 
 
@@ -143,7 +151,7 @@ class FilteredStream:
     a terminal event after the held-back text."""
 
     __slots__ = ("request_id", "client_reply_to", "attempt", "masker", "seq", "tokens",
-                 "last_seen")
+                 "last_seen", "upstream_seq", "lost")
 
     def __init__(self, request_id: str, client_reply_to: str, now: float) -> None:
         self.request_id = request_id
@@ -154,6 +162,10 @@ class FilteredStream:
         self.tokens = 0
         """Tokens received and not yet sent on (they go with the next chunk out)."""
         self.last_seen = now
+        self.upstream_seq = 0
+        """The next chunk number expected from the worker."""
+        self.lost = 0
+        """Chunks that never arrived (the count the client is told goes up by these)."""
 
     def on_event(self, event: ReplyEvent, now: float) -> tuple[list[ReplyEvent], bool]:
         """(events for the client, whether the stream is over)."""
@@ -165,15 +177,24 @@ class FilteredStream:
                 # a new attempt restarts the text (the client drops the older attempt)
                 self.attempt, self.masker, self.seq, self.tokens = (
                     event.attempt, StreamMasker(), 0, 0)
+                self.upstream_seq = self.lost = 0
+            if event.seq != self.upstream_seq:  # a chunk was lost on the way here
+                self.lost += max(0, event.seq - self.upstream_seq)
+            self.upstream_seq = event.seq + 1
             self.tokens += event.tokens
             text = self.masker.feed(event.text)
             return ([self._chunk(text)] if text else []), False
+        if isinstance(event, RequestFinished) and self.attempt and event.attempt < self.attempt:
+            return [], False  # a lost worker's late word: the stream goes on
         out: list[ReplyEvent] = []
         rest = self.masker.flush()
         if rest or self.tokens:
             out.append(self._chunk(rest))
         if isinstance(event, RequestFinished):
-            event = msgspec.structs.replace(event, chunks=self.seq)
+            if event.chunks > self.upstream_seq:
+                self.lost += event.chunks - self.upstream_seq
+            # what the client got, plus what was lost: a gap it can see
+            event = msgspec.structs.replace(event, chunks=self.seq + self.lost)
         out.append(event)
         return out, True
 

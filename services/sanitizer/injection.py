@@ -40,7 +40,7 @@ class Finding:
 _SQL_TOKEN = re.compile(
     r"""(?P<ws>\s+)
     |(?P<comment>--|\#|/\*)
-    |(?P<string>'(?:[^'\\]|\\.|'')*'?|"(?:[^"\\]|\\.|"")*"?|`[^`]*`?)
+    |(?P<string>'(?:[^'\\]|\\.|''){0,200}'?|"(?:[^"\\]|\\.|""){0,200}"?|`[^`]{0,200}`?)
     |(?P<number>0x[0-9a-fA-F]+|\d+(?:\.\d+)?)
     |(?P<word>[A-Za-z_@$][\w@$.]*)
     |(?P<op><=>|<>|!=|<=|>=|\|\||&&|[=<>+\-*/%^~|&!])
@@ -49,8 +49,13 @@ _SQL_TOKEN = re.compile(
     re.VERBOSE | re.DOTALL,
 )
 _LOGIC = {"or", "and", "xor", "||", "&&", "not"}
-_STACKABLE = {"drop", "delete", "insert", "update", "select", "exec", "execute", "shutdown",
-              "truncate", "alter", "create", "declare", "waitfor", "grant", "rename", "set"}
+# a stacked statement: its keyword and what must follow for it to be SQL, not prose
+_STACKED = re.compile(
+    r";\s*(?:drop\s+(?:table|database|view|index|user|schema)\b|delete\s+from\b|"
+    r"insert\s+into\b|update\s+\w+\s+set\b|select\s+(?:\*|@@|\d|null\b|\w+\s*\(|"
+    r"[\w.,\s]{1,60}?\bfrom\b)|exec(?:ute)?\s+\w|declare\s+@|shutdown\b|"
+    r"truncate\s+table\b|alter\s+(?:table|user|database)\b|create\s+(?:table|user|database|"
+    r"procedure|function)\b|waitfor\s+delay\b)", re.IGNORECASE)
 _TIME_FUNCS = {"sleep", "benchmark", "pg_sleep", "dbms_lock.sleep", "waitfor"}
 _DANGER_FUNCS = _TIME_FUNCS | {"load_file", "extractvalue", "updatexml", "xp_cmdshell",
                                "char", "concat", "version", "database", "user", "ascii",
@@ -74,9 +79,13 @@ class _Tok:
         return self.kind in ("string", "number", "word") and self.low not in _LOGIC
 
 
+_WINDOW = 400
+"""An attack's shape shows in its first tokens: read no further than this."""
+
+
 def _sql_tokens(text: str, pos: int, limit: int = 12) -> list[_Tok]:
     out: list[_Tok] = []
-    for m in _SQL_TOKEN.finditer(text, pos):
+    for m in _SQL_TOKEN.finditer(text, pos, pos + _WINDOW):
         kind = m.lastgroup or "other"
         if kind == "ws":
             continue
@@ -99,6 +108,40 @@ def _rest_is_blank(text: str, tok: _Tok) -> bool:
     return tok.text == "/*" or not rest.strip(" \t-#;+")
 
 
+def _literal(tok: _Tok) -> str | None:
+    if tok.kind == "number":
+        return tok.text
+    if tok.kind == "string":
+        return tok.text.strip("'\"`")
+    return None
+
+
+def _always_true(a: _Tok, op: _Tok, b: _Tok) -> bool:
+    """``1=1``, ``'a'='a``, ``2>1``, ``x=x``: a comparison that holds whatever the row."""
+    la, lb = _literal(a), _literal(b)
+    if la is None or lb is None:
+        return a.kind == b.kind == "word" and a.low == b.low and op.text == "="
+    if b.kind == "string" and b.text[-1] != b.text[0] or len(b.text) == 1:
+        # left open for the application's own closing quote: "' OR '1'='1"
+        lb = lb[:len(la)] if lb.startswith(la) and not lb[len(la):len(la) + 1].isalnum() else lb
+    if op.text in ("=", "<=>", ">=", "<=") and la == lb:
+        return True
+    try:
+        x, y = float(la), float(lb)
+    except ValueError:
+        return op.text in ("<>", "!=") and la != lb
+    return {"<": x < y, ">": x > y, "<>": x != y, "!=": x != y}.get(op.text, False)
+
+
+def _ends_query(text: str, toks: list[_Tok], i: int, at_end: bool = True) -> bool:
+    """Nothing SQL-like follows token ``i``: a comment cutting off the rest, or (when
+    ``at_end``) the end of the text."""
+    if i >= len(toks):
+        return at_end
+    nxt = toks[i]
+    return nxt.kind == "comment" and _rest_is_blank(text, nxt)
+
+
 def _sql_shape(text: str, toks: list[_Tok], broke_out: bool) -> str | None:
     """The rule an attack shape matches, reading ``toks`` as the SQL after a value."""
     i = 0
@@ -111,49 +154,57 @@ def _sql_shape(text: str, toks: list[_Tok], broke_out: bool) -> str | None:
     if broke_out and first.kind == "comment" and _rest_is_blank(text, first):
         return "sqli.comment-truncation"
     if first.low in _LOGIC and first.low != "not" and len(t) >= 2:
-        rest = t[1:]
-        while rest and rest[0].text == "(":
-            rest = rest[1:]
-        if len(rest) >= 3 and rest[0].value and rest[1].kind == "op" and (
-                rest[2].value or rest[2].text == "("):
+        j = 1
+        while j < len(t) and t[j].text == "(":
+            j += 1
+        rest = t[j:]
+        if len(rest) >= 3 and rest[1].kind == "op" and rest[0].value and (
+                _always_true(rest[0], rest[1], rest[2]) or rest[2].text == "(" and
+                len(rest) > 3 and rest[3].low == "select"):
             return "sqli.tautology"
         if rest and rest[0].kind == "func" and rest[0].low in _DANGER_FUNCS:
             return "sqli.function"
-        if broke_out and len(rest) >= 2 and rest[0].value and (
-                rest[1].kind == "comment" or rest[1].text == ";"):
-            return "sqli.tautology"
-        if len(rest) == 1 and (broke_out and rest[0].kind == "number" or
-                               rest[0].low in ("true", "1")):
-            return "sqli.tautology"
+        if rest and (rest[0].kind == "number" or rest[0].low == "true") and \
+                _ends_query(text, t, j + 1, at_end=not broke_out):
+            return "sqli.tautology"  # "' OR 1 --", "1 or true"
+        if len(rest) >= 3 and rest[0].value and rest[1].low in ("like", "is") and \
+                _literal(rest[0]) is not None and _literal(rest[2]) is not None:
+            return "sqli.tautology"  # "' OR 'x' LIKE 'x"
+    if broke_out and first.low in ("order", "group") and len(t) >= 4 and \
+            t[1].low == "by" and t[2].kind == "number" and _ends_query(text, t, 3):
+        return "sqli.column-probe"  # "1' ORDER BY 3--": counting the query's columns
+    if broke_out and first.low == "having" and len(t) >= 4 and \
+            _always_true(t[1], t[2], t[3]):
+        return "sqli.tautology"
     if first.low == "union":
-        nxt = t[1:3]
-        words = [x.low for x in nxt]
+        words = [x.low for x in t[1:3]]
         if words[:1] == ["select"] or words[:2] in (["all", "select"], ["distinct", "select"]):
             return "sqli.union"
-    if first.text == ";" and len(t) >= 2 and t[1].low in _STACKABLE and (
-            broke_out or t[1].low != "set"):
+    if first.text == ";" and _STACKED.match(text, first.start):
         return "sqli.stacked"
     return None
 
 
 _QUOTES = re.compile(r"['\"`]")
-# a numeric value where a field's value starts: the text's start, or after "=" / ":"
-_BARE_VALUE = re.compile(r"(?:^|[=:])\s*-?\d+(?:\.\d+)?\s*\)*\s*(?=\S)")
+# a numeric field's value: the text's start, or a label's ("id=", "username: ")
+_BARE_VALUE = re.compile(r"\A[ \t]*(?:[\w.-]{1,30}[ \t]*[=:][ \t]*)?-?\d+(?:\.\d+)?[ \t)]*")
 _UNION_SELECT = re.compile(r"\bunion(?:\s+(?:all|distinct))?\s+select\b", re.IGNORECASE)
 _UNION_EXTRACT = re.compile(
     r"\bnull\b|@@\w+|information_schema|\bconcat(?:_ws)?\s*\(|\bgroup_concat\s*\(|"
-    r"\bversion\s*\(|\bdatabase\s*\(|\buser\s*\(|\bfrom\s+\w+\s*(?:--|#|/\*|;|$)|"
-    r"(?:\b\d+\s*,\s*){2,}", re.IGNORECASE)
+    r"\bversion\s*\(|\bdatabase\s*\(|\buser\s*\(|(?:\b\d+\s*,\s*){2,}|"
+    r"(?:--|#|/\*)[ \t\-#+]*$", re.IGNORECASE | re.MULTILINE)
 
 
 def sql_findings(text: str) -> Iterator[Finding]:
     seen: set[int] = set()
     # a value breaking out of a string literal at a quote
-    for q in _QUOTES.finditer(text):
+    for n, q in enumerate(_QUOTES.finditer(text)):
         at = q.start()
         prev = text[at - 1] if at else " "
         if prev.isalpha() and at + 1 < len(text) and text[at + 1].isalpha():
             continue  # an apostrophe inside a word: "don't"
+        if n > 1000 or prev in "'\"`":
+            continue  # a run of quotes breaks out once; the rest is noise
         toks = _sql_tokens(text, q.end())
         rule = _sql_shape(text, toks, broke_out=True)
         if rule and at not in seen:
@@ -167,7 +218,8 @@ def sql_findings(text: str) -> Iterator[Finding]:
             yield Finding(rule, "sql_injection", m.start(), toks[-1].end)
     # UNION-based extraction anywhere, when its select list reads like one
     for u in _UNION_SELECT.finditer(text):
-        tail = text[u.end(): u.end() + 160]
+        line_end = text.find("\n", u.end())
+        tail = text[u.end(): min(u.end() + 160, len(text) if line_end < 0 else line_end)]
         if _UNION_EXTRACT.search(tail) or _before_is_value_break(text, u.start()):
             yield Finding("sqli.union", "sql_injection", u.start(), min(len(text), u.end() + 40))
     # time delays after a logic operator: "1 AND SLEEP(5)"
@@ -176,9 +228,13 @@ def sql_findings(text: str) -> Iterator[Finding]:
         yield Finding("sqli.time-delay", "sql_injection", t.start(), t.end())
 
 
+_VALUE_BEFORE = re.compile(r"(?:['\")]|(?:^|[\s=(])-?\d+)\s*$")
+
+
 def _before_is_value_break(text: str, at: int) -> bool:
-    before = text[max(0, at - 6):at].rstrip()
-    return bool(before) and before[-1] in "'\")0123456789"
+    """A quote, a parenthesis or a lone number ends right before: a value broke out
+    ("1 UNION SELECT", "' UNION SELECT"), not a table name ("t1 UNION SELECT")."""
+    return bool(_VALUE_BEFORE.search(text[max(0, at - 12):at]))
 
 
 # -- XSS -----------------------------------------------------------------------------------
@@ -187,20 +243,21 @@ _XSS_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("xss.attribute-break", re.compile(r"""["'`]\s*/?\s*>\s*<\s*[a-z!/]""", re.IGNORECASE)),
     ("xss.attribute-handler", re.compile(  # out of one attribute, into an event handler
         r"""["'`]\s*/?\s*on[a-z]{3,}\s*=\s*["'`]?[^\s"'`>]*\(""", re.IGNORECASE)),
-    ("xss.event-handler", re.compile(
-        r"<\s*[a-z][\w:-]*\b[^>]*?[\s/\"']on[a-z]{3,}\s*=\s*[^\s>]", re.IGNORECASE)),
+    ("xss.event-handler", re.compile(  # not JSX's onClick={handler}
+        r"<\s*[a-z][\w:-]*\b[^>]{0,200}?[\s/\"']on[a-z]{3,}\s*=\s*[^\s>{]", re.IGNORECASE)),
     ("xss.script-body", re.compile(  # a body that does something: a call, an assignment
-        r"<\s*script\b[^>]*>[^<]*?(?:\w\s*\(|=|;|\b(?:document|window)\.)", re.IGNORECASE)),
-    ("xss.script-src", re.compile(r"<\s*script\b[^>]*\bsrc\s*=", re.IGNORECASE)),
+        r"<\s*script\b[^>]{0,200}>[^<]{0,400}?(?:\w\s*\(|=|;|\b(?:document|window)\.)",
+        re.IGNORECASE)),
+    ("xss.script-src", re.compile(r"<\s*script\b[^>]{0,200}\bsrc\s*=", re.IGNORECASE)),
     ("xss.js-url", re.compile(
         r"(?:\b(?:href|src|action|formaction|data|xlink:href)\s*=\s*[\"']?\s*|^\s*)"
         r"(?:java|vb)script\s*:|\b(?:java|vb)script\s*:\s*[\w.]+\s*\(", re.IGNORECASE)),
     ("xss.data-html", re.compile(
         r"\b(?:href|src|data)\s*=\s*[\"']?\s*data\s*:\s*text/html", re.IGNORECASE)),
-    ("xss.frame", re.compile(
-        r"<\s*(?:iframe|frame|object|embed|base)\b[^>]*\b(?:src|data|href|srcdoc)\s*=",
-        re.IGNORECASE)),
-    ("xss.meta-refresh", re.compile(r"<\s*meta\b[^>]*http-equiv\s*=\s*[\"']?refresh",
+    ("xss.frame", re.compile(  # an iframe showing a video is not one: srcdoc, plugins
+        r"<\s*(?:iframe|frame)\b[^>]{0,200}\bsrcdoc\s*=|"
+        r"<\s*(?:object|embed|base)\b[^>]{0,200}\b(?:src|data|href)\s*=", re.IGNORECASE)),
+    ("xss.meta-refresh", re.compile(r"<\s*meta\b[^>]{0,200}http-equiv\s*=\s*[\"']?refresh",
                                     re.IGNORECASE)),
     ("xss.css-expression", re.compile(r"\bstyle\s*=\s*[\"'][^\"']*expression\s*\(",
                                       re.IGNORECASE)),
@@ -220,27 +277,37 @@ def xss_findings(text: str) -> Iterator[Finding]:
 
 _PI_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("prompt.ignore-instructions", re.compile(
-        r"\b(?:ignore|disregard|forget|override|bypass|skip)\b[^.\n]{0,40}?"
-        r"\b(?:previous|prior|above|earlier|preceding|all|any|your|the|these|those|system)"
-        r"\b[^.\n]{0,30}?\b(?:instructions?|prompts?|rules|guidelines|directions|directives"
-        r"|system\s+(?:prompt|message)|context|constraints)\b", re.IGNORECASE)),
+        r"\b(?:ignore|disregard|forget|override|bypass)\s+(?:(?:all|any|the|your|of|my)\s+)*"
+        r"(?:previous|prior|above|earlier|preceding|system|original|initial|these|those|all)"
+        r"\s+(?:\w+\s+)?(?:instructions?|prompts?|rules|guidelines|directions|directives)\b"
+        r"|\b(?:ignore|disregard|forget|override)\s+your\s+(?:\w+\s+)?(?:instructions|rules|"
+        r"guidelines|programming|training|system\s+prompt)\b"
+        r"|\b(?:ignore|disregard|forget)\s+(?:(?:the|everything|all|anything)\s+)?"
+        r"(?:above|before this|said before)\b", re.IGNORECASE)),
     ("prompt.ignore-instructions-zh", re.compile(
-        r"(?:忽略|无视|忘记|忘掉|不要理会|绕过)(?:掉)?(?:你)?(?:之前|以上|上面|前面|先前|所有|全部|一切)"
-        r"的?(?:所有)?(?:指令|指示|提示词?|规则|设定|要求|限制)")),
+        r"(?:忽略|无视|忘记|忘掉|不要理会|绕过)[^，。,.!！?？\n]{0,8}?"
+        r"(?:指令|指示|提示词|系统提示|规则|设定)")),
     ("prompt.role-tag", re.compile(
         r"<\|(?:im_start|im_end|system|user|assistant|begin_of_text|end_of_text|eot_id|"
-        r"start_header_id|end_header_id)\|>|\[/?INST\]|<</?SYS>>|"
-        r"(?m:^\s*(?:#{2,}\s*)?(?:system|developer)\s*(?:prompt|message)?\s*:\s*\S)",
-        re.IGNORECASE)),
+        r"start_header_id|end_header_id)\|>|\[/?INST\]|<</?SYS>>", re.IGNORECASE)),
     ("prompt.jailbreak-persona", re.compile(
-        r"\b(?:you\s+are\s+now|act\s+as|pretend\s+(?:to\s+be|you\s+are)|from\s+now\s+on\s+you"
-        r"\s+are)\b[^.\n]{0,40}?\b(?:DAN|jailbr(?:oken|eak)|unrestricted|unfiltered|"
-        r"developer\s+mode|without\s+(?:any\s+)?(?:restrictions|filters|limits|rules))",
+        r"\b(?:you\s+are\s+now|act\s+as|pretend\s+(?:to\s+be|you\s+are)|from\s+now\s+on"
+        r"\s+you\s+are)\s+(?:an?\s+|in\s+)?(?:DAN\b|jailbr(?:oken|eak)|unrestricted|unfiltered|"
+        r"uncensored|developer\s+mode|(?:evil|rogue)\s+(?:AI|assistant|model)|"
+        r"(?:AI|assistant|model|chatbot)\b[^.\n]{0,30}?\b(?:without|with\s+no)\s+(?:any\s+)?"
+        r"(?:restrictions|filters|limits|rules|guidelines|censorship))"
+        r"|\b(?:enable|enter|activate)\s+(?:the\s+)?(?:developer|god|jailbreak)\s+mode\b",
+        re.IGNORECASE)),
+    ("prompt.disable-safety", re.compile(
+        r"\b(?:override|disable|bypass|turn\s+off|ignore)\s+(?:your\s+|the\s+|all\s+)*"
+        r"(?:safety|content|moderation)\s+(?:filters?|guidelines|policies|restrictions|rules)",
         re.IGNORECASE)),
     ("prompt.exfiltrate-system", re.compile(
-        r"\b(?:reveal|print|show|repeat|output|leak|display|tell\s+me)\b[^.\n]{0,25}?"
-        r"\b(?:your\s+)?(?:system\s+prompt|hidden\s+(?:instructions|prompt)|"
-        r"initial\s+(?:instructions|prompt)|developer\s+message)", re.IGNORECASE)),
+        r"\b(?:reveal|print|show|repeat|output|leak|display|tell\s+me|give\s+me)\s+(?:me\s+)?"
+        r"(?:your|the\s+(?:above|original|initial|hidden))\s+(?:system\s+prompt|"
+        r"(?:original\s+|initial\s+|hidden\s+)?instructions|hidden\s+prompt|initial\s+prompt|"
+        r"developer\s+message)|\bwhat\s+(?:were|are)\s+your\s+(?:original|initial|system)\s+"
+        r"(?:instructions|prompt)", re.IGNORECASE)),
 )
 
 

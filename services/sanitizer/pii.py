@@ -33,13 +33,13 @@ class Entity:
 # digit groups joined by single separators: cards, IDs, phones, SSNs
 _DIGITS = r"(?:\+\s?)?(?:\(\d{1,4}\)\s?)?\d(?:[ \-.]?\d|\)\s?\d|\s?\(\d)*(?:(?<=\d)[Xx])?"
 _CANDIDATE = re.compile(
-    r"(?P<email>(?<![A-Za-z0-9._%+\-])[A-Za-z0-9][A-Za-z0-9._%+\-]{0,63}@"
+    r"(?P<email>(?<![A-Za-z0-9_%+\-])[A-Za-z0-9][A-Za-z0-9._%+\-]{0,63}@"
     r"[A-Za-z0-9](?:[A-Za-z0-9\-]{0,62}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9\-]{0,62}"
     r"[A-Za-z0-9])?)*\.[A-Za-z]{2,24}(?![A-Za-z0-9\-]))"
     r"|(?P<iban>(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?"
     r"(?![A-Za-z0-9]))"
     r"|(?P<ip>(?<![A-Za-z0-9.\-])(?:\d{1,3}\.){3}\d{1,3}(?![0-9]|\.\d|-[A-Za-z0-9]))"
-    r"|(?P<digits>(?<![A-Za-z0-9+\-.])" + _DIGITS + r"(?![A-Za-z0-9]|[\-.]\d))"
+    r"|(?P<digits>(?<![0-9+])(?<![0-9][\-.])" + _DIGITS + r"(?![A-Za-z0-9]|[\-.]\d))"
 )
 
 # Entities live inside "runs": characters that can be part of one, where a single
@@ -50,10 +50,12 @@ _CH = r"[A-Za-z0-9@._%+\-()]"
 _JOIN = r"(?<=[A-Z0-9)]) (?=[A-Z0-9(+])"
 _RUN = re.compile(_CH + r"+(?:" + _JOIN + _CH + r"+)*")
 _JOINS_AFTER = re.compile(r"[A-Z0-9)]")
-_RUN_REST = re.compile(r"(?:" + _CH + r"|" + _JOIN + _CH + r")*")
-_PIECE = 256
-"""Runs are scanned in pieces of at most this many characters (no entity is longer),
-which bounds what a stream holds back."""
+_WINDOW = 256
+_OVERLAP = 96
+"""Long runs are scanned in windows of ``_WINDOW`` characters, each read on for
+``_OVERLAP`` more (longer than any entity) so that nothing is missed at a seam; a
+window owns the entities that start in it. Whole texts and streams use the same
+windows, and a stream never holds back more than one window and its overlap."""
 
 
 # -- validation ------------------------------------------------------------------------
@@ -91,6 +93,12 @@ def _cn_id_shaped(digits: str) -> bool:
     """Region and birth date in place, whatever the check digit."""
     return cn_id_ok(digits[:17] + _GB11643_CHECK[
         sum(int(c) * w for c, w in zip(digits[:17], _GB11643_WEIGHTS)) % 11])
+
+
+_IBAN_COUNTRIES = frozenset(
+    "AD AE AL AT AZ BA BE BG BH BR BY CH CR CY CZ DE DK DO EE EG ES FI FO FR GB GE GI GL GR "
+    "GT HR HU IE IL IQ IS IT JO KW KZ LB LC LI LT LU LV LY MC MD ME MK MR MT MU NI NL NO OM "
+    "PK PL PS PT QA RO RS RU SA SC SD SE SI SK SM SO ST SV TL TN TR UA VA VG XK".split())
 
 
 def iban_ok(text: str) -> bool:
@@ -204,7 +212,17 @@ def _digit_entities(text: str, offset: int) -> list[Entity]:
             i += 1
             continue
         hit = None
-        for j in range(n - 1, i - 1, -1):
+        if starts[i] + 1 == groups[i][1] and (i + 1 == n or not dotted(groups[i][1], groups[i + 1][0])):
+            i += 1  # no entity starts with a lone digit unless it is an address's octet
+            continue
+        # no entity has more than 19 digits or 32 characters: longer spans are not tried
+        last, digits = i, 0
+        while last < n and groups[last][1] - groups[i][0] <= 32:
+            digits += groups[last][1] - starts[last]
+            if digits > 19:
+                break
+            last += 1
+        for j in range(last - 1, i - 1, -1):
             if j < n - 1 and dotted(groups[j][1], groups[j + 1][0]):
                 continue
             end = groups[j][1]
@@ -248,44 +266,68 @@ def _entity(m: re.Match[str]) -> Entity | None:
 
 
 def find(text: str) -> Iterator[Entity]:
-    """Entities in a text, scanned run by run."""
-    for start, end in _pieces(text):
-        piece = text[start:end]
-        for m in _CANDIDATE.finditer(piece):
-            for e in _entities(m):
-                yield Entity(e.type, e.start + start, e.end + start, e.masked)
+    """Entities in a text, offsets into it."""
+    yield from mask(text)[1]
 
 
-def _pieces(text: str) -> Iterator[tuple[int, int]]:
-    for m in _RUN.finditer(text):
-        for s in range(m.start(), m.end(), _PIECE):
-            yield s, min(s + _PIECE, m.end())
+def _window_entities(window: str) -> Iterator[Entity]:
+    pos = 0
+    while (m := _CANDIDATE.search(window, pos)) is not None:
+        found = _entities(m)
+        if m.lastgroup == "digits" and m.start() and _after_word(window, m.start()):
+            # "Tel.13800138000", "ID11010519491231002X"; but "v1.2.3.4" is a version
+            found = [e for e in found if e.type != "IP_ADDRESS" or e.start != m.start()]
+        yield from found
+        if m.lastgroup == "digits":  # its spans were tried already
+            pos = m.end()
+        elif not found and m.lastgroup == "iban" and m.group()[:2] in _IBAN_COUNTRIES:
+            pos = m.end()  # a mistyped IBAN: its digits are not something else
+        else:  # a failed email or IBAN-like word may have read over an entity: look inside
+            pos = max([e.end for e in found], default=m.start() + 1)
 
 
-def _scan(piece: str, offset: int) -> tuple[str, list[Entity]]:
-    """Mask one piece; entities get offsets from ``offset``."""
-    out, at, found = [], 0, []
-    for m in _CANDIDATE.finditer(piece):
-        for e in _entities(m):
-            out.append(piece[at:e.start])
+def _after_word(text: str, at: int) -> bool:
+    before = text[at - 1]
+    if before in ".-" and at > 1:
+        before = text[at - 2]
+    return before.isalpha()
+
+
+def _scan_run(run: str, window: int, done: int, final: bool,
+              out: list[str], found: list[tuple[int, int, str, str]]) -> tuple[int, int]:
+    """Mask ``run`` window by window from window number ``window``, releasing text
+    from ``done`` on; stops at a window not yet complete (unless ``final``). Returns
+    the next window and how far the run is released."""
+    n = len(run)
+    while window * _WINDOW < n:
+        s = window * _WINDOW
+        if not final and n < s + _WINDOW + _OVERLAP:
+            break
+        for e in _window_entities(run[s:s + _WINDOW + _OVERLAP]):
+            if e.start >= _WINDOW or s + e.start < done:
+                continue  # the next window's, or over text already released
+            out.append(run[done:s + e.start])
             out.append(e.masked)
-            at = e.end
-            found.append(Entity(e.type, e.start + offset, e.end + offset, e.masked))
-    if not found:
-        return piece, found
-    out.append(piece[at:])
-    return "".join(out), found
+            found.append((s + e.start, s + e.end, e.type, e.masked))
+            done = s + e.end
+        release = max(done, min(s + _WINDOW, n))
+        out.append(run[done:release])
+        done = release
+        window += 1
+    return window, done
 
 
 def mask(text: str) -> tuple[str, list[Entity]]:
     """The text with every entity masked, and the entities (offsets into ``text``)."""
-    out, entities, at = [], [], 0
-    for start, end in _pieces(text):
-        out.append(text[at:start])
-        masked, found = _scan(text[start:end], start)
-        out.append(masked)
-        entities += found
-        at = end
+    out: list[str] = []
+    entities: list[Entity] = []
+    at = 0
+    for m in _RUN.finditer(text):
+        out.append(text[at:m.start()])
+        found: list[tuple[int, int, str, str]] = []
+        _scan_run(m.group(), 0, 0, True, out, found)
+        entities += [Entity(t, m.start() + a, m.start() + b, mk) for a, b, t, mk in found]
+        at = m.end()
     out.append(text[at:])
     return "".join(out), entities
 
@@ -298,26 +340,25 @@ class StreamMasker:
     ``flush`` the rest at the end of the stream. The concatenated output equals
     ``mask(whole text)`` however the text was split."""
 
-    __slots__ = ("_buf", "_pos", "_offset", "_in_run", "_run_done", "entities")
+    __slots__ = ("_buf", "_pos", "_offset", "_window", "_done", "entities")
 
     def __init__(self) -> None:
         self._buf = ""
         self._pos = 0
-        """Where unreleased text starts in ``_buf`` (one character before it stays, for
-        the join rule's look-behind)."""
+        """Where unreleased text starts in ``_buf``: the open run's start (whose first
+        ``_done`` characters may be released already), or text not yet read."""
         self._offset = 0
         """Offset of ``_buf[0]`` in the whole stream."""
-        self._in_run = False
-        """``_buf[_pos:]`` continues a run whose first pieces were released."""
-        self._run_done = 0
-        """Characters of that run released so far (a multiple of the piece size)."""
+        self._window = 0
+        self._done = 0
+        """The open run's next window and how much of it is released."""
         self.entities: list[Entity] = []
         """Everything masked so far, with offsets into the unmasked stream."""
 
     @property
     def held(self) -> int:
         """Characters held back now."""
-        return len(self._buf) - self._pos
+        return len(self._buf) - self._pos - self._done
 
     def feed(self, chunk: str) -> str:
         self._buf += chunk
@@ -330,45 +371,30 @@ class StreamMasker:
         buf, pos, n = self._buf, self._pos, len(self._buf)
         out: list[str] = []
         while pos < n:
-            if self._in_run:
-                start, end = pos, _RUN_REST.match(buf, pos).end()  # type: ignore[union-attr]
-            else:
-                m = _RUN.search(buf, pos)
-                if m is None:
-                    out.append(buf[pos:])
-                    pos = n
-                    break
+            m = _RUN.search(buf, pos) if self._done == 0 else _RUN.match(buf, pos)
+            if m is None:
+                out.append(buf[pos:])
+                pos = n
+                break
+            if self._done == 0:
                 out.append(buf[pos:m.start()])
-                start, end = m.start(), m.end()
+            start, end = m.start(), m.end()
             # a run is over once the character after it cannot join it: anything but a
             # space, or a space that only joins after a capital, digit or ")"
-            if final or end + 1 < n or (end < n and (
-                    buf[end] != " " or not _JOINS_AFTER.match(buf, end - 1))):
-                self._emit(out, start, end)
-                self._in_run, self._run_done = False, 0
+            over = final or end + 1 < n or (end < n and (
+                buf[end] != " " or not _JOINS_AFTER.match(buf, end - 1)))
+            found: list[tuple[int, int, str, str]] = []
+            self._window, self._done = _scan_run(buf[start:end], self._window, self._done,
+                                                 over, out, found)
+            base = self._offset + start
+            self.entities += [Entity(t, base + a, base + b, mk) for a, b, t, mk in found]
+            if over:
+                self._window = self._done = 0
                 pos = end
                 continue
-            # still open: release only whole pieces, as a whole text would split it
-            whole = (self._run_done + end - start) // _PIECE * _PIECE - self._run_done
-            if whole > 0:
-                self._emit(out, start, start + whole)
-                self._in_run, self._run_done = True, self._run_done + whole
-                start += whole
-            pos = start
+            pos = start  # the open run stays whole in the buffer, from its start
             break
-        keep = max(0, pos - 1)
+        keep = max(0, pos - 1)  # one character before it, for the join rule's look-behind
         self._offset += keep
         self._buf, self._pos = buf[keep:], pos - keep
         return "".join(out)
-
-    def _emit(self, out: list[str], start: int, end: int) -> None:
-        """Release ``_buf[start:end]`` of a run, masked piece by piece."""
-        at = start
-        done = self._run_done if self._in_run else 0
-        while at < end:
-            step = min(end - at, _PIECE - done % _PIECE)
-            masked, found = _scan(self._buf[at:at + step], self._offset + at)
-            out.append(masked)
-            self.entities += found
-            at += step
-            done += step

@@ -118,9 +118,9 @@ class SanitizerService(Service[SanitizerSettings]):
             log.error("undecodable output event", subject=msg.subject, error=str(exc))
             return
         rid = event.request_id
-        stream = self._streams.get(rid)
+        stream = self._streams.get(client)
         if stream is None:  # accepted by this instance before a restart: filter from here
-            stream = self._streams[rid] = FilteredStream(rid, client, time.monotonic())
+            stream = self._streams[client] = FilteredStream(rid, client, time.monotonic())
         t0 = time.perf_counter()
         before = len(stream.masker.entities)
         out, over = stream.on_event(event, time.monotonic())
@@ -128,19 +128,23 @@ class SanitizerService(Service[SanitizerSettings]):
         for e in stream.masker.entities[before:]:
             metrics.PII_MASKED.labels(e.type).inc()
         headers = request_headers(rid)
+        if stream.lost and over:
+            log.warning("output chunks lost before the filter", request_id=rid,
+                        lost=stream.lost)
         for ev in out:
             await self._ctx.nc.publish(client, encode(ev), headers=headers)
         if over:
-            self._streams.pop(rid, None)
+            self._streams.pop(client, None)
 
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(min(60.0, self.settings.filter_idle_s / 2))
             now = time.monotonic()
-            for rid, s in list(self._streams.items()):
+            for key, s in list(self._streams.items()):
                 if now - s.last_seen > self.settings.filter_idle_s:
-                    del self._streams[rid]
-                    log.warning("filtered stream forgotten: silent too long", request_id=rid)
+                    del self._streams[key]
+                    log.warning("filtered stream forgotten: silent too long",
+                                request_id=s.request_id)
 
     async def _on_submitted(self, msg: Msg) -> None:
         # requests are independent: check many at once rather than one ack round trip apiece
@@ -172,15 +176,21 @@ class SanitizerService(Service[SanitizerSettings]):
             if request.mask_pii if request.mask_pii is not None else \
                     self.settings.mask_output_pii:
                 # the output comes back through this instance's filter, then to the client
+                client = request.reply_to
                 request = msgspec.structs.replace(
-                    request, client_reply_to=request.reply_to,
-                    reply_to=self._filter_prefix + request.reply_to)
-                self._streams[rid] = FilteredStream(rid, request.client_reply_to,
-                                                    time.monotonic())
+                    request, client_reply_to=client, reply_to=self._filter_prefix + client)
+                # keyed by the client's subject: another request reusing the id (or a
+                # redelivery of this one) never shares or resets this stream
+                self._streams.setdefault(client, FilteredStream(rid, client, time.monotonic()))
             accepted = RequestAccepted(request=request, accepted_at=time.time(),
                                        findings=found)
-            await publish_durable(js, ACCEPTED, accepted, request_id=rid,
-                                  msg_id=f"{rid}:accepted", trace=trace_headers(msg))
+            try:
+                await publish_durable(js, ACCEPTED, accepted, request_id=rid,
+                                      msg_id=f"{rid}:accepted", trace=trace_headers(msg))
+            except BaseException:
+                if request.client_reply_to:  # nothing will come through it: JetStream
+                    self._streams.pop(request.client_reply_to, None)  # redelivers the submit
+                raise
             self._counts["accepted"] += 1
         else:
             if rejection.param == "reply_to":  # nowhere to answer: keep it with the reason

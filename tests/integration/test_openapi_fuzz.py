@@ -14,10 +14,16 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
+from schemathesis.checks import positive_data_acceptance
 
 from .conftest import MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
+
+
+DEPLOYMENT_REFUSALS = {"prompt_too_long", "input_blocked", "context_length_exceeded"}
+"""Schema-valid requests a deployment refuses by design: the fixture caps prompts at
+2000 characters, and fuzzed text can look like an injection payload."""
 
 
 def steer(case) -> None:
@@ -58,6 +64,13 @@ def test_no_server_errors_and_responses_match_the_document(platform, mode):
         def run(case):
             if mode is GenerationMode.POSITIVE:
                 steer(case)
-            case.call_and_validate(base_url=base, timeout=30)
+            response = case.call(base_url=base, timeout=30)
+            if response.status_code == 400 and \
+                    response.json()["error"]["code"] in DEPLOYMENT_REFUSALS:
+                # a deployment's limit or policy, which no schema states: still an
+                # OpenAI-shaped error, and every check but "valid input is accepted"
+                case.validate_response(response, excluded_checks=[positive_data_acceptance])
+                return
+            case.validate_response(response)
 
         run()

@@ -150,3 +150,23 @@ def test_a_stream_holds_back_only_what_could_still_be_an_entity():
     m = StreamMasker()
     assert m.feed("请拨打1380013") == "请拨打"
     assert m.feed("8000，谢谢") == "138****8000，谢谢"
+
+
+@settings(max_examples=150, deadline=None)
+@given(head=st.text(alphabet=st.sampled_from(list("AB1 9.-")), min_size=150, max_size=700),
+       sample=texts_with_entities(), cuts=st.lists(st.integers(0, 10_000), max_size=30))
+def test_long_runs_are_scanned_in_windows_without_missing_a_seam(head, sample, cuts):
+    text = head + sample[0]
+    out, _ = stream(split(text, cuts))
+    whole = mask(text)[0]
+    assert out == whole
+    for value in sample[1]:
+        assert value not in whole
+
+
+@pytest.mark.parametrize("text", [
+    "X" * 250 + " 4111 1111 1111 1111", "1 " * 126 + "4111 1111 1111 1111",
+    "A" * 239 + " 4111 1111 1111 1111 END", "." * 250 + "john.doe@example.com"])
+def test_entities_at_a_window_seam(text):
+    masked = mask(text)[0]
+    assert "4111 1111" not in masked and "john.doe" not in masked

@@ -176,3 +176,30 @@ def test_filtered_stream_restarts_on_a_new_attempt_and_drops_stragglers():
     assert s.on_event(chunk(1, "late", attempt=1), 0.0) == ([], False)
     events, over = s.on_event(RequestFailed(request_id="r", code="worker_lost", reason="x"), 0.0)
     assert over and isinstance(events[-1], RequestFailed)
+
+
+def test_a_stale_attempts_finish_does_not_end_the_live_stream():
+    s = FilteredStream("r", "c", 0.0)
+    s.on_event(chunk(0, "x ", attempt=2), 0.0)
+    s.on_event(chunk(1, "card 4111 1111", attempt=2), 0.0)
+    late = RequestFinished(request_id="r", finish_reason="length", chunks=3, attempt=1,
+                           usage=Usage(prompt_tokens=1, completion_tokens=3))
+    assert s.on_event(late, 0.0) == ([], False)
+    out, _ = s.on_event(chunk(2, " 1111 1111 ok", attempt=2), 0.0)
+    fin = RequestFinished(request_id="r", finish_reason="stop", chunks=3, attempt=2,
+                          usage=Usage(prompt_tokens=1, completion_tokens=3))
+    events, over = s.on_event(fin, 0.0)
+    text = "".join(e.text for e in [*out, *events] if isinstance(e, TokenChunk))
+    assert over and "4111" not in text and "****1111" in text
+
+
+def test_chunks_lost_before_the_filter_show_in_the_count():
+    s = FilteredStream("r", "c", 0.0)
+    out = []
+    for seq in (0, 2):  # chunk 1 never arrived
+        out += s.on_event(chunk(seq, f"word{seq} "), 0.0)[0]
+    fin = RequestFinished(request_id="r", finish_reason="stop", chunks=3,
+                          usage=Usage(prompt_tokens=1, completion_tokens=3))
+    events, _ = s.on_event(fin, 0.0)
+    got = len([e for e in [*out, *events] if isinstance(e, TokenChunk)])
+    assert events[-1].chunks == got + 1  # the client sees one missing
