@@ -110,6 +110,9 @@ class RequestSubmitted(Event, tag="request.submitted"):
     client_reply_to: str = ""
     """Set by the sanitizer when it filters the output: the client's own reply subject
     (``reply_to`` then names the sanitizer's filter)."""
+    prefix_hashes: list[int] = []
+    """Chained hashes of the prompt's leading blocks, for KV-aware routing, when the
+    client knows them; otherwise the scheduler hashes the prompt text itself."""
 
 
 class RequestAccepted(Event, tag="request.accepted"):

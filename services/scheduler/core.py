@@ -13,7 +13,11 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from inferbus.contracts import ModelLoad, RequestSubmitted, WorkerHeartbeat
+from typing import Literal
+
+from inferbus.contracts import KvEvent, ModelLoad, RequestSubmitted, WorkerHeartbeat
+
+from .kvindex import KvIndex, text_blocks
 
 
 class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
@@ -26,6 +30,17 @@ class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
     max_queue_per_model: int = 1000
     """Past this many queued requests for a model, new ones end ``queue_full`` (HTTP 429);
     the gateways see the depth in SchedulerLoad and push back before that."""
+    routing: Literal["kv", "round_robin"] = "kv"
+    """kv: weigh each worker's cached prefix of the request against its load."""
+    overlap_weight: float = 1.0
+    """Worth of the request's share of cached prefix blocks, against ``load_weight``
+    times the worker's share of busy slots."""
+    load_weight: float = 1.0
+    max_load_skew: float = 0.2
+    """Never route above (1 + this) times the mean load plus one request, whatever the
+    cache says: hit rate may not buy imbalance."""
+    kv_block_chars: int = 256
+    approx_cache_blocks: int = 4096
 
 
 # -- effects ---------------------------------------------------------------------------
@@ -87,6 +102,8 @@ class Queued:
     attempt: int = 1
     deadline: float = float("inf")
     """The request's deadline on the core's clock."""
+    blocks: list[int] | None = None
+    """Its prefix block hashes, computed once."""
 
 
 @dataclass
@@ -114,6 +131,10 @@ class SchedulerCore:
         self._cancelled_unseen: OrderedDict[str, str] = OrderedDict()
         """Cancels that came before their request (id → reason): a client that went
         away while its request was still in the sanitizer."""
+        self.kv = KvIndex(self.policy.approx_cache_blocks)
+        self.routed_blocks = 0
+        self.routed_hits = 0
+        """Prefix blocks of routed requests, and those already on the chosen worker."""
         self._dispatched: dict[str, int] = {}
         self._rates: dict[str, tuple[float, int, float]] = {}
         """model → (time, dispatched count, smoothed dispatch rate) at the last load()."""
@@ -172,6 +193,9 @@ class SchedulerCore:
                 list(hb.models), hb.max_num_seqs, hb.state, now,
             )
         return self._dispatch(now)
+
+    def on_kv_event(self, event: KvEvent) -> None:
+        self.kv.on_event(event)
 
     def on_started(self, request_id: str, attempt: int) -> None:
         f = self.inflight.get(request_id)
@@ -300,6 +324,10 @@ class SchedulerCore:
             },
             "queued": self.queue_depths(),
             "inflight": len(self.inflight),
+            "routing": {"policy": self.policy.routing,
+                        "prefix_blocks_routed": self.routed_blocks,
+                        "prefix_hit_rate": round(self.routed_hits / self.routed_blocks, 4)
+                        if self.routed_blocks else None},
         }
 
     # -- internals -------------------------------------------------------------------
@@ -339,6 +367,7 @@ class SchedulerCore:
 
     def _lose_worker(self, worker_id: str, now: float) -> list[Effect]:
         w = self.workers.pop(worker_id, None)
+        self.kv.drop_worker(worker_id)
         if w is None:
             return []
         effects: list[Effect] = []
@@ -375,19 +404,12 @@ class SchedulerCore:
                 (w for w in self.workers.values() if model in w.models and w.state == "ready"),
                 key=lambda w: w.worker_id,
             )
-            if not candidates:
-                continue
-            start = self._rr.get(model, 0)
-            i = 0
-            misses = 0
-            while q and misses < len(candidates):
-                w = candidates[(start + i) % len(candidates)]
-                i += 1
-                if not w.can_take():
-                    misses += 1
-                    continue
-                misses = 0
-                item = q.popleft()
+            while q and candidates:
+                item = q[0]
+                w = self._route(model, item, candidates)
+                if w is None:
+                    break  # every worker is full: the queue waits
+                q.popleft()
                 rid = item.request.request_id
                 self._queued_ids.discard(rid)
                 w.assigned.add(rid)
@@ -398,8 +420,41 @@ class SchedulerCore:
                 self._dispatched[model] = self._dispatched.get(model, 0) + 1
                 effects.append(Assign(worker_id=w.worker_id, request=item.request,
                                       attempt=item.attempt))
-            self._rr[model] = (start + i) % len(candidates)
         return effects
+
+    def _route(self, model: str, item: Queued, candidates: list[Worker]) -> Worker | None:
+        free = [w for w in candidates if w.can_take()]
+        if not free:
+            return None
+        p = self.policy
+        if p.routing == "round_robin":
+            start = self._rr.get(model, 0)
+            order = candidates[start % len(candidates):] + candidates[:start % len(candidates)]
+            w = next(w for w in order if w.can_take())
+            self._rr[model] = (candidates.index(w) + 1) % len(candidates)
+            return w
+        if item.blocks is None:
+            r = item.request
+            item.blocks = list(r.prefix_hashes) or text_blocks(
+                r.prompt if r.prompt is not None else
+                "".join(f"{m.role}\n{m.content}\n" for m in r.messages or ()), p.kv_block_chars)
+        load = {w.worker_id: len(w.assigned) / max(1, w.max_num_seqs) for w in candidates}
+        mean = sum(load.values()) / len(load)
+        ceiling = (1 + p.max_load_skew) * mean + 1 / max(1, min(w.max_num_seqs
+                                                               for w in candidates))
+        allowed = [w for w in free if load[w.worker_id] <= ceiling] or free
+        overlap = self.kv.overlaps(item.blocks, [w.worker_id for w in allowed])
+        n = max(1, len(item.blocks))
+
+        def cost(w: Worker) -> tuple[float, str]:
+            return (p.load_weight * load[w.worker_id]
+                    - p.overlap_weight * overlap[w.worker_id] / n, w.worker_id)
+
+        best = min(allowed, key=cost)
+        self.routed_blocks += len(item.blocks)
+        self.routed_hits += overlap[best.worker_id]
+        self.kv.on_routed(best.worker_id, item.blocks)
+        return best
 
 
 def _identity(request: RequestSubmitted) -> tuple[str, float]:

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy
 
 from inferbus.contracts import (
     CANCEL,
@@ -16,6 +17,8 @@ from inferbus.contracts import (
     SCHEDULER_ENDED,
     SCHEDULER_LOAD,
     STARTED,
+    KV_EVENTS,
+    KvEvent,
     CancelRequest,
     RequestAccepted,
     RequestCancelled,
@@ -51,6 +54,12 @@ class SchedulerSettings(ServiceSettings, kw_only=True):
     """Queued requests per model past which new ones are refused (HTTP 429)."""
     load_interval_s: float = 0.25
     """How often the queue state goes to the gateways (``ib.sched.load``)."""
+    routing: str = "kv"
+    """kv: prefer the worker already holding the request's prefix, within a load bound;
+    round_robin: ignore caches."""
+    overlap_weight: float = 1.0
+    load_weight: float = 1.0
+    max_load_skew: float = 0.2
 
 
 class SchedulerService(Service[SchedulerSettings]):
@@ -64,6 +73,10 @@ class SchedulerService(Service[SchedulerSettings]):
                 queue_timeout_s=settings.queue_timeout_s,
                 max_attempts=settings.max_attempts,
                 max_queue_per_model=settings.max_queue_per_model,
+                routing=settings.routing,  # type: ignore[arg-type]
+                overlap_weight=settings.overlap_weight,
+                load_weight=settings.load_weight,
+                max_load_skew=settings.max_load_skew,
             )
         )
         # accepted messages are acked only when their request leaves the queue, so a
@@ -84,6 +97,10 @@ class SchedulerService(Service[SchedulerSettings]):
             await nc.subscribe(CANCEL, cb=self._on_cancel),
             await consume(nc, SCHEDULER_ENDED, self._on_ended),
             await consume(nc, SCHEDULER_ACCEPTED, self._on_accepted),
+            # the workers' KV events, replayed from the stream's start: the index of
+            # which worker holds which prefix is rebuilt after a restart
+            await ctx.js.subscribe(KV_EVENTS, stream="IB_KV", cb=self._on_kv,
+                                   ordered_consumer=True, deliver_policy=DeliverPolicy.ALL),
         ]
         self._tick_task = asyncio.create_task(self._ticks(), name="ticks")
         self._progress_task = asyncio.create_task(self._keep_unacked(), name="in-progress")
@@ -137,6 +154,12 @@ class SchedulerService(Service[SchedulerSettings]):
             await self._ctx.dead_letters.send(msg, f"undecodable WorkerHeartbeat: {exc}")
             return
         await self._apply(self.core.on_heartbeat(hb, time.monotonic()))
+
+    async def _on_kv(self, msg: Msg) -> None:
+        try:
+            self.core.on_kv_event(decode(msg.data, KvEvent))
+        except DecodeError as exc:
+            log.warning("undecodable KV event", subject=msg.subject, error=str(exc))
 
     async def _on_started(self, msg: Msg) -> None:
         try:
