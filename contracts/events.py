@@ -113,6 +113,9 @@ class RequestSubmitted(Event, tag="request.submitted"):
     prefix_hashes: list[int] = []
     """Chained hashes of the prompt's leading blocks, for KV-aware routing, when the
     client knows them; otherwise the scheduler hashes the prompt text itself."""
+    prompt_tokens: int = 0
+    """The prompt's length in tokens when the client knows it (0: the scheduler
+    estimates it from the text), for lanes and token budgets."""
 
 
 class RequestAccepted(Event, tag="request.accepted"):
@@ -246,6 +249,9 @@ class WorkerHeartbeat(Event, tag="worker.heartbeat"):
     """LoRA adapters loaded; each is also listed in ``models``."""
     max_model_len: int = 0
     """Longest sequence (prompt + output tokens) the engine takes; 0 when unknown."""
+    kv_capacity_tokens: int = 0
+    """Tokens the engine's KV cache holds in all; 0 when unknown (then only
+    ``max_num_seqs`` bounds what the scheduler sends)."""
 
 
 class ModelLoad(msgspec.Struct, kw_only=True):

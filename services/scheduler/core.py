@@ -8,7 +8,7 @@ worker had not started, a clear failure for work it had.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import msgspec
@@ -18,6 +18,7 @@ from typing import Literal
 from inferbus.contracts import KvEvent, ModelLoad, RequestSubmitted, WorkerHeartbeat
 
 from .kvindex import KvIndex, text_blocks
+from .lanes import ModelQueue, cost_tokens
 
 
 class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
@@ -41,6 +42,17 @@ class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
     cache says: hit rate may not buy imbalance."""
     kv_block_chars: int = 256
     approx_cache_blocks: int = 4096
+    lanes: bool = True
+    """Short prompts before long ones (within the bound), tenants by fair share."""
+    short_prompt_tokens: int = 2048
+    long_wait_bound_s: float = 10.0
+    """A long request waits at most this long for short ones: past it, it goes first,
+    to any worker with room."""
+    short_reserve: float = 0.25
+    """Share of the workers kept free of long prompts (at least one, with two or more
+    workers), so short requests never wait behind a long prefill."""
+    long_per_worker: int = 1
+    """Long prompts a worker prefills at once."""
 
 
 # -- effects ---------------------------------------------------------------------------
@@ -87,10 +99,19 @@ class Worker:
     state: str
     last_seen: float
     engine: str = ""
+    kv_capacity_tokens: int = 0
     assigned: set[str] = field(default_factory=set)
+    assigned_tokens: int = 0
+    """Prompt + max output tokens of what it holds: against ``kv_capacity_tokens``."""
+    prefilling_long: set[str] = field(default_factory=set)
+    """Long prompts assigned here whose first token has not come yet."""
 
-    def can_take(self) -> bool:
-        return self.state == "ready" and len(self.assigned) < self.max_num_seqs
+    def can_take(self, tokens: int = 0) -> bool:
+        if self.state != "ready" or len(self.assigned) >= self.max_num_seqs:
+            return False
+        # a request bigger than the whole cache still goes to an idle worker
+        return (not self.kv_capacity_tokens or not self.assigned
+                or self.assigned_tokens + tokens <= self.kv_capacity_tokens)
 
 
 @dataclass
@@ -115,13 +136,15 @@ class Inflight:
     order: int
     started: bool = False
     deadline: float = float("inf")
+    tokens: int = 0
+    long: bool = False
 
 
 class SchedulerCore:
     def __init__(self, policy: SchedulerPolicy | None = None) -> None:
         self.policy = policy or SchedulerPolicy()
         self.workers: dict[str, Worker] = {}
-        self.queues: dict[str, deque[Queued]] = {}
+        self.queues: dict[str, ModelQueue] = {}
         self.inflight: dict[str, Inflight] = {}
         self._queued_ids: set[str] = set()
         self._ended: OrderedDict[str, tuple[str, float] | None] = OrderedDict()
@@ -187,10 +210,11 @@ class SchedulerCore:
                 state=hb.state,
                 last_seen=now,
                 engine=hb.engine,
+                kv_capacity_tokens=hb.kv_capacity_tokens,
             )
         else:
-            w.models, w.max_num_seqs, w.state, w.last_seen = (
-                list(hb.models), hb.max_num_seqs, hb.state, now,
+            w.models, w.max_num_seqs, w.state, w.last_seen, w.kv_capacity_tokens = (
+                list(hb.models), hb.max_num_seqs, hb.state, now, hb.kv_capacity_tokens,
             )
         return self._dispatch(now)
 
@@ -201,6 +225,9 @@ class SchedulerCore:
         f = self.inflight.get(request_id)
         if f is not None and f.attempt == attempt:
             f.started = True
+            w = self.workers.get(f.worker_id)
+            if w is not None:
+                w.prefilling_long.discard(request_id)  # its prefill is done
 
     def on_ended(self, request_id: str, now: float) -> list[Effect]:
         f = self.inflight.pop(request_id, None)
@@ -209,6 +236,8 @@ class SchedulerCore:
             w = self.workers.get(f.worker_id)
             if w is not None:
                 w.assigned.discard(request_id)
+                w.prefilling_long.discard(request_id)
+                w.assigned_tokens -= f.tokens
             return self._dispatch(now)
         if request_id in self._queued_ids:
             self._drop_queued(request_id)
@@ -239,12 +268,10 @@ class SchedulerCore:
         def expired(item: Queued) -> bool:
             return now - item.since > limit or now >= item.deadline
 
-        for model, q in self.queues.items():
+        for q in self.queues.values():
             # a full scan: re-queued work sits at the front with a newer ``since``
             if any(expired(item) for item in q):
-                gone = [item for item in q if expired(item)]
-                self.queues[model] = deque(item for item in q if not expired(item))
-                for item in gone:
+                for item in q.drop_where(expired):
                     self._queued_ids.discard(item.request.request_id)
                     self._remember_ended(item.request.request_id, item.request)
                     effects.append(self._deadline_fail(item.request, "while queued")
@@ -333,8 +360,12 @@ class SchedulerCore:
     # -- internals -------------------------------------------------------------------
 
     def _enqueue(self, item: Queued, front: bool = False) -> None:
-        q = self.queues.setdefault(item.request.model, deque())
-        q.appendleft(item) if front else q.append(item)
+        q = self.queues.get(item.request.model)
+        if q is None:
+            p = self.policy
+            q = self.queues[item.request.model] = ModelQueue(
+                p.short_prompt_tokens, p.long_wait_bound_s, lanes=p.lanes)
+        q.push(item, front)
         self._queued_ids.add(item.request.request_id)
 
     def _drop_queued(self, request_id: str) -> None:
@@ -404,33 +435,63 @@ class SchedulerCore:
                 (w for w in self.workers.values() if model in w.models and w.state == "ready"),
                 key=lambda w: w.worker_id,
             )
+            blocked: set[str] = set()  # lanes no worker can take more of in this pass
             while q and candidates:
-                item = q[0]
-                w = self._route(model, item, candidates)
+                item = q.next(now, allow=lambda lane: lane not in blocked)
+                if item is None:
+                    break
+                lane = q.lane_of(item)
+                overdue = lane == "long" and now - item.since >= self.policy.long_wait_bound_s
+                w = self._route(model, item, self._eligible(candidates, lane, overdue))
                 if w is None:
-                    break  # every worker is full: the queue waits
-                q.popleft()
+                    blocked.add(lane)
+                    continue
+                q.take(item)
                 rid = item.request.request_id
                 self._queued_ids.discard(rid)
+                tokens = cost_tokens(item.request)
                 w.assigned.add(rid)
+                w.assigned_tokens += tokens
+                if lane == "long" and self.policy.lanes:
+                    w.prefilling_long.add(rid)
                 self.inflight[rid] = Inflight(
                     request=item.request, worker_id=w.worker_id, attempt=item.attempt,
                     assigned_at=now, order=item.order, deadline=item.deadline,
+                    tokens=tokens, long=lane == "long",
                 )
                 self._dispatched[model] = self._dispatched.get(model, 0) + 1
                 effects.append(Assign(worker_id=w.worker_id, request=item.request,
                                       attempt=item.attempt))
         return effects
 
+    def _eligible(self, candidates: list[Worker], lane: str, overdue: bool) -> list[Worker]:
+        """Workers a request of ``lane`` may go to: long prompts stay off the reserved
+        share and prefill one at a time per worker, unless overdue."""
+        p = self.policy
+        if not p.lanes or overdue:
+            return candidates
+        if lane == "short":
+            # away from long prefills when possible: they would stall its first token
+            clear = [w for w in candidates if not w.prefilling_long]
+            return clear if any(w.can_take() for w in clear) else candidates
+        reserved = max(1, round(p.short_reserve * len(candidates))) if len(candidates) > 1 else 0
+        holding = [w for w in candidates if w.prefilling_long]
+        if len(holding) >= len(candidates) - reserved:
+            pool = holding
+        else:
+            pool = candidates
+        return [w for w in pool if len(w.prefilling_long) < p.long_per_worker]
+
     def _route(self, model: str, item: Queued, candidates: list[Worker]) -> Worker | None:
-        free = [w for w in candidates if w.can_take()]
+        tokens = cost_tokens(item.request)
+        free = [w for w in candidates if w.can_take(tokens)]
         if not free:
             return None
         p = self.policy
         if p.routing == "round_robin":
             start = self._rr.get(model, 0)
             order = candidates[start % len(candidates):] + candidates[:start % len(candidates)]
-            w = next(w for w in order if w.can_take())
+            w = next(w for w in order if w.can_take(tokens))
             self._rr[model] = (candidates.index(w) + 1) % len(candidates)
             return w
         if item.blocks is None:

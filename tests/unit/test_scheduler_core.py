@@ -230,7 +230,7 @@ def test_started_with_a_stale_attempt_is_ignored():
     effects = core.tick(7.5)  # w2 lost too
     assert not any(isinstance(e, Fail) for e in effects)
     assert core.is_queued("a")
-    assert core.queues["m"][0].attempt == 3
+    assert next(iter(core.queues["m"])).attempt == 3
 
 
 def test_max_attempts_exhausted_fails():

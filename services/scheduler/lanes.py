@@ -1,0 +1,132 @@
+"""One model's queue: lanes by prompt length, fair shares between tenants. No I/O.
+
+Short requests (prompt below ``short_prompt_tokens``) go first, so a burst of long
+contexts never holds a chat behind it; long ones keep a bound: one that has waited
+``long_wait_bound_s`` goes ahead of every short one. Within a lane, tenants share by
+virtual token counters (VTC): the next request is the oldest of the tenant that has
+been served the fewest tokens, and a tenant arriving idle starts level with the
+least-served busy one, so it cannot bank an idle hour into a burst.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Callable, Iterator, Protocol
+
+
+class Item(Protocol):
+    request: Any
+    since: float
+    order: int
+
+
+def prompt_tokens(request: Any) -> int:
+    """The request's own count when the client knows it, else about 4 characters a token."""
+    if request.prompt_tokens:
+        return int(request.prompt_tokens)
+    if request.prompt is not None:
+        return len(request.prompt) // 4 + 1
+    return sum(len(m.content) for m in request.messages or ()) // 4 + 1
+
+
+def cost_tokens(request: Any) -> int:
+    return prompt_tokens(request) + request.sampling.max_tokens
+
+
+class ModelQueue:
+    """FIFO per tenant, tenants by VTC, short lane before long (within the bound)."""
+
+    def __init__(self, short_prompt_tokens: int, long_wait_bound_s: float,
+                 lanes: bool = True) -> None:
+        self.short_prompt_tokens = short_prompt_tokens
+        self.long_wait_bound_s = long_wait_bound_s
+        self.lanes = lanes
+        self._lanes: dict[str, dict[str, deque[Any]]] = {"short": {}, "long": {}}
+        self.counters: dict[str, float] = {}
+        """Tenant → tokens served (virtual)."""
+        self._level = 0.0
+        """The counter of the tenant served last: where an arrival starts when no one
+        else is waiting."""
+        self._n = 0
+
+    def lane_of(self, item: Item) -> str:
+        if not self.lanes:
+            return "short"
+        return "short" if prompt_tokens(item.request) < self.short_prompt_tokens else "long"
+
+    def push(self, item: Item, front: bool = False) -> None:
+        tenants = self._lanes[self.lane_of(item)]
+        tenant = item.request.tenant
+        if tenant not in tenants or not tenants[tenant]:
+            # idle until now: start level with the least-served tenant that is waiting
+            busy = [self.counters.get(t, 0.0) for lane in self._lanes.values()
+                    for t, q in lane.items() if q]
+            self.counters[tenant] = max(self.counters.get(tenant, 0.0),
+                                        min(busy, default=self._level))
+        q = tenants.setdefault(tenant, deque())
+        q.appendleft(item) if front else q.append(item)
+        self._n += 1
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[Any]:
+        for lane in self._lanes.values():
+            for q in lane.values():
+                yield from q
+
+    def depths(self) -> dict[str, int]:
+        return {name: sum(len(q) for q in lane.values()) for name, lane in self._lanes.items()}
+
+    def oldest_wait(self, lane: str, now: float) -> float:
+        return max((now - q[0].since for q in self._lanes[lane].values() if q), default=0.0)
+
+    def next(self, now: float, allow: Callable[[str], bool] = lambda lane: True) -> Any | None:
+        """The request to place next (not removed): a long one past its bound, else
+        the short lane's, else the long lane's; ``allow`` may refuse a lane (no worker
+        can take a long prompt now)."""
+        long_head = self._head("long")
+        if long_head is not None and now - long_head.since >= self.long_wait_bound_s \
+                and allow("long"):
+            return long_head
+        for lane in ("short", "long"):
+            if allow(lane):
+                head = self._head(lane)
+                if head is not None:
+                    return head
+        return None
+
+    def remove(self, item: Item) -> None:
+        q = self._lanes[self.lane_of(item)].get(item.request.tenant)
+        if q is not None and item in q:
+            q.remove(item)
+            self._n -= 1
+
+    def take(self, item: Item) -> None:
+        """``item`` is placed: it leaves the queue and its tenant is charged."""
+        self.remove(item)
+        tenant = item.request.tenant
+        self._level = self.counters.get(tenant, 0.0)
+        self.counters[tenant] = self._level + cost_tokens(item.request)
+
+    def drop_where(self, gone: Callable[[Any], bool]) -> list[Any]:
+        out = []
+        for lane in self._lanes.values():
+            for tenant, q in lane.items():
+                if any(gone(i) for i in q):
+                    keep = deque(i for i in q if not gone(i))
+                    out += [i for i in q if gone(i)]
+                    lane[tenant] = keep
+        self._n -= len(out)
+        return out
+
+    def _head(self, lane: str) -> Any | None:
+        """The oldest request of the least-served tenant with one waiting."""
+        best = None
+        for tenant, q in self._lanes[lane].items():
+            if not q:
+                continue
+            key = (self.counters.get(tenant, 0.0), q[0].order)
+            if best is None or key < best[0]:
+                best = (key, q[0])
+        return best[1] if best else None
