@@ -31,8 +31,11 @@ class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
     max_queue_per_model: int = 1000
     """Past this many queued requests for a model, new ones end ``queue_full`` (HTTP 429);
     the gateways see the depth in SchedulerLoad and push back before that."""
-    routing: Literal["kv", "round_robin"] = "kv"
-    """kv: weigh each worker's cached prefix of the request against its load."""
+    routing: Literal["kv", "round_robin", "dynamo"] = "kv"
+    """kv: weigh each worker's cached share of the request's prefix against its load,
+    within ``max_load_skew``. dynamo: NVIDIA Dynamo's KV router cost (blocks still to
+    prefill, times ``overlap_weight``, plus the worker's active blocks), for
+    comparison. round_robin: ignore caches."""
     overlap_weight: float = 1.0
     """Worth of the request's share of cached prefix blocks, against ``load_weight``
     times the worker's share of busy slots."""
@@ -41,6 +44,9 @@ class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
     """Never route above (1 + this) times the mean load plus one request, whatever the
     cache says: hit rate may not buy imbalance."""
     kv_block_chars: int = 256
+    block_tokens: int = 64
+    """Tokens a prefix block stands for (about ``kv_block_chars`` / 4 for text blocks;
+    the engine's block size for hashes the client sends)."""
     approx_cache_blocks: int = 4096
     lanes: bool = True
     """Short prompts before long ones (within the bound), tenants by fair share."""
@@ -465,11 +471,13 @@ class SchedulerCore:
         return effects
 
     def _eligible(self, candidates: list[Worker], lane: str, overdue: bool) -> list[Worker]:
-        """Workers a request of ``lane`` may go to: long prompts stay off the reserved
-        share and prefill one at a time per worker, unless overdue."""
+        """Workers a request of ``lane`` may go to: long prompts prefill one at a time per
+        worker, off the reserved share unless overdue."""
         p = self.policy
-        if not p.lanes or overdue:
+        if not p.lanes:
             return candidates
+        if overdue:
+            return [w for w in candidates if len(w.prefilling_long) < p.long_per_worker]
         if lane == "short":
             # away from long prefills when possible: they would stall its first token
             clear = [w for w in candidates if not w.prefilling_long]
@@ -499,6 +507,16 @@ class SchedulerCore:
             item.blocks = list(r.prefix_hashes) or text_blocks(
                 r.prompt if r.prompt is not None else
                 "".join(f"{m.role}\n{m.content}\n" for m in r.messages or ()), p.kv_block_chars)
+        if p.routing == "dynamo":
+            hit = self.kv.overlaps(item.blocks, [w.worker_id for w in free])
+
+            def dynamo_cost(w: Worker) -> tuple[float, str]:
+                new = len(item.blocks) - hit[w.worker_id]  # type: ignore[arg-type]
+                return p.overlap_weight * new + w.assigned_tokens / p.block_tokens, w.worker_id
+
+            best = min(free, key=dynamo_cost)
+            self._note_route(best, item.blocks, hit[best.worker_id])
+            return best
         load = {w.worker_id: len(w.assigned) / max(1, w.max_num_seqs) for w in candidates}
         mean = sum(load.values()) / len(load)
         ceiling = (1 + p.max_load_skew) * mean + 1 / max(1, min(w.max_num_seqs
@@ -512,10 +530,13 @@ class SchedulerCore:
                     - p.overlap_weight * overlap[w.worker_id] / n, w.worker_id)
 
         best = min(allowed, key=cost)
-        self.routed_blocks += len(item.blocks)
-        self.routed_hits += overlap[best.worker_id]
-        self.kv.on_routed(best.worker_id, item.blocks)
+        self._note_route(best, item.blocks, overlap[best.worker_id])
         return best
+
+    def _note_route(self, w: Worker, blocks: list[int], hits: int) -> None:
+        self.routed_blocks += len(blocks)
+        self.routed_hits += hits
+        self.kv.on_routed(w.worker_id, blocks)
 
 
 def _identity(request: RequestSubmitted) -> tuple[str, float]:

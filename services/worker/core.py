@@ -95,6 +95,7 @@ def heartbeat(
     reason: str = "",
     adapters: list[str] | None = None,
     max_model_len: int = 0,
+    kv_capacity_tokens: int = 0,
 ) -> WorkerHeartbeat:
     return WorkerHeartbeat(
         worker_id=worker_id,
@@ -113,4 +114,5 @@ def heartbeat(
         prefix_cache_queries=stats.prefix_cache_queries,
         adapters=adapters or [],
         max_model_len=max_model_len,
+        kv_capacity_tokens=kv_capacity_tokens,
     )

@@ -55,6 +55,8 @@ class Engine(Protocol):
     max_num_seqs: int
     max_model_len: int
     """Longest prompt + output in tokens (known once the engine has started)."""
+    kv_capacity_tokens: int
+    """Tokens the KV cache holds (0: unknown)."""
 
     async def start(self) -> None: ...
 

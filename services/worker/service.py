@@ -51,6 +51,7 @@ class WorkerSettings(ServiceSettings, kw_only=True):
     sim_decode_s_per_step: float = 0.0
     sim_decode_s_per_seq: float = 0.0
     sim_max_model_len: int = 8192
+    sim_kv_capacity_tokens: int = 0
     # vllm engine
     served_model_name: str = ""
     """Name clients ask for; defaults to the model folder's name."""
@@ -91,7 +92,8 @@ def build_engine(s: WorkerSettings, worker_id: str = "", on_kv_events: Any = Non
             decode_s_per_step=s.sim_decode_s_per_step,
             decode_s_per_seq=s.sim_decode_s_per_seq,
         )
-        return SimEngine(s.model, timing, s.max_num_seqs, s.sim_max_model_len)
+        return SimEngine(s.model, timing, s.max_num_seqs, s.sim_max_model_len,
+                         s.sim_kv_capacity_tokens)
     if s.engine == "vllm":
         from .vllm_engine import VllmEngine, VllmOptions, prepare_environment
 
@@ -298,6 +300,7 @@ class WorkerService(Service[WorkerSettings]):
             reason=self.failure,
             adapters=self.engine.adapters,
             max_model_len=self.engine.max_model_len,
+            kv_capacity_tokens=self.engine.kv_capacity_tokens,
         )
         await self._ctx.nc.publish(heartbeat_subject(self.worker_id), encode(hb))
 

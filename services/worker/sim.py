@@ -127,12 +127,13 @@ class SimEngine:
     name = "sim"
 
     def __init__(self, model: str, timing: SimTiming, max_num_seqs: int = 256,
-                 max_model_len: int = 8192) -> None:
+                 max_model_len: int = 8192, kv_capacity_tokens: int = 0) -> None:
         self.models = [model]
         self.adapters: list[str] = []
         self.timing = timing
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
+        self.kv_capacity_tokens = kv_capacity_tokens
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._wake = asyncio.Event()

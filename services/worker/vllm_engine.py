@@ -238,6 +238,13 @@ class VllmEngine:
         return self._stats
 
     @property
+    def kv_capacity_tokens(self) -> int:
+        if self._engine is None:
+            return 0
+        cache = self._engine.vllm_config.cache_config
+        return int((cache.num_gpu_blocks or 0) * (cache.block_size or 0))
+
+    @property
     def max_model_len(self) -> int:
         if self._engine is not None:
             return int(self._engine.model_config.max_model_len)

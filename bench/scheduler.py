@@ -1,0 +1,324 @@
+"""The scheduler core on public traces, in simulated time, against its references.
+
+    python bench/scheduler.py [--trace PATH ...] [--workers-azure 2] [--workers-mooncake 8]
+
+Each trace (../shared/traces by default: the Azure code trace, CSV with TIMESTAMP,
+ContextTokens, GeneratedTokens; the Mooncake conversation trace, JSON lines with
+timestamp (ms), input_length, output_length, hash_ids) is replayed through the real
+``SchedulerCore`` (no copy of it) with simulated workers that follow the sim
+engine's timing model as vLLM schedules: continuous batching with chunked prefill
+(a token budget per step, decodes first, prefills first-come first-served), a
+bounded prefix cache per worker (LRU of 512-token blocks, publishing its stored and
+evicted blocks as KV events to the scheduler), and a slot limit.
+
+Printed side by side in one run:
+- lanes: TTFT p95 of short requests (prompt under the lane threshold) and
+  throughput, lanes against plain FCFS (same workers, same routing);
+- routing (traces with block hashes): prefix-cache hit rate and max/mean load, ours
+  (``kv``: cached share against load, within a load bound) against round robin and a
+  Dynamo-style cost (new prefill blocks weighted against active decode blocks);
+- the routing decision time, p99 in µs, timed around the core's route call.
+The last line is one JSON object (keys in bench/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import heapq
+import json
+import statistics
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inferbus.contracts import (
+    KvBlocksRemoved,
+    KvBlocksStored,
+    RequestSubmitted,
+    SamplingParams,
+    WorkerHeartbeat,
+)
+from inferbus.services.scheduler.core import Assign, SchedulerCore, SchedulerPolicy
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+BLOCK = 512
+
+
+@dataclass
+class Req:
+    rid: str
+    arrival: float
+    prompt: int
+    output: int
+    blocks: list[int]
+
+
+@dataclass
+class Timing:
+    """An 8B-class model on one GPU, as the sim engine models it."""
+
+    step_base_s: float = 0.008
+    per_seq_s: float = 0.0001
+    prefill_per_token_s: float = 0.00005
+    budget_tokens: int = 2048
+    """Tokens one engine step processes (vLLM's max_num_batched_tokens)."""
+
+
+@dataclass
+class Seq:
+    req: Req
+    prefill_left: int
+    decoded: int = 0
+    first_token: float | None = None
+
+
+@dataclass
+class SimWorker:
+    wid: str
+    slots: int
+    cache_blocks: int
+    timing: Timing
+    seqs: list[Seq] = field(default_factory=list)
+    cache: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    busy: bool = False
+    work_tokens: int = 0
+    hits: int = 0
+    blocks: int = 0
+
+    def admit(self, req: Req) -> list[Any]:
+        """Take a request: its cached prefix is free, the rest is prefilled. Returns the
+        KV events the engine would publish."""
+        cached = 0
+        for h in req.blocks:
+            if h not in self.cache:
+                break
+            cached += 1
+        self.hits += cached
+        self.blocks += len(req.blocks)
+        stored = []
+        for h in req.blocks:
+            if h in self.cache:
+                self.cache.move_to_end(h)
+            else:
+                self.cache[h] = None
+                stored.append(h)
+        evicted = []
+        while len(self.cache) > self.cache_blocks:
+            evicted.append(self.cache.popitem(last=False)[0])
+        uncached = max(1, req.prompt - cached * BLOCK)
+        self.seqs.append(Seq(req, uncached))
+        events: list[Any] = []
+        if stored:
+            events.append(KvBlocksStored(worker_id=self.wid, block_hashes=stored,
+                                         block_size=BLOCK))
+        if evicted:
+            events.append(KvBlocksRemoved(worker_id=self.wid, block_hashes=evicted))
+        return events
+
+    def step(self, now: float) -> tuple[float, list[Seq], list[Seq]]:
+        """One engine step from ``now``: (its end, first tokens, finished)."""
+        t = self.timing
+        budget = t.budget_tokens
+        decoding = [s for s in self.seqs if s.prefill_left == 0]
+        budget -= len(decoding)
+        prefill_tokens = 0
+        started: list[Seq] = []
+        for s in self.seqs:
+            if s.prefill_left == 0 or budget <= 0:
+                continue
+            take = min(budget, s.prefill_left)
+            s.prefill_left -= take
+            budget -= take
+            prefill_tokens += take
+            if s.prefill_left == 0:
+                started.append(s)
+        end = now + t.step_base_s + t.per_seq_s * len(decoding) + \
+            t.prefill_per_token_s * prefill_tokens
+        self.work_tokens += prefill_tokens + len(decoding)
+        finished = []
+        for s in decoding:
+            s.decoded += 1
+            if s.decoded >= s.req.output:
+                finished.append(s)
+        for s in started:
+            s.first_token = end
+            s.decoded = 1
+            if s.decoded >= s.req.output:
+                finished.append(s)
+        self.seqs = [s for s in self.seqs if s not in finished]
+        return end, started, finished
+
+
+def simulate(reqs: list[Req], policy: SchedulerPolicy, workers: int, slots: int,
+             cache_blocks: int, kv_tokens: int, timing: Timing) -> dict[str, Any]:
+    core = SchedulerCore(policy)
+    route_ns: list[int] = []
+    route = core._route
+
+    def timed_route(*a: Any) -> Any:
+        t0 = time.perf_counter_ns()
+        out = route(*a)
+        route_ns.append(time.perf_counter_ns() - t0)
+        return out
+
+    core._route = timed_route  # type: ignore[method-assign]
+    sims = {f"w{i}": SimWorker(f"w{i}", slots, cache_blocks, timing) for i in range(workers)}
+    for wid in sims:
+        core.on_heartbeat(WorkerHeartbeat(worker_id=wid, models=["m"], engine="sim",
+                                          max_num_seqs=slots, kv_capacity_tokens=kv_tokens),
+                          0.0)
+    events: list[tuple[float, int, str, Any]] = []
+    seq = 0
+    for r in reqs:
+        events.append((r.arrival, seq, "arrive", r))
+        seq += 1
+    heapq.heapify(events)
+    by_id = {r.rid: r for r in reqs}
+    ttft: dict[str, float] = {}
+    done_at: dict[str, float] = {}
+
+    def apply(effects: list[Any], now: float) -> None:
+        nonlocal seq
+        for e in effects:
+            if isinstance(e, Assign):
+                w = sims[e.worker_id]
+                for ev in w.admit(by_id[e.request.request_id]):
+                    core.on_kv_event(ev)
+                if not w.busy:
+                    w.busy = True
+                    heapq.heappush(events, (now, seq, "step", w.wid))
+                    seq += 1
+
+    while events:
+        now, _, kind, what = heapq.heappop(events)
+        if kind == "arrive":
+            r = what
+            apply(core.on_accepted(RequestSubmitted(
+                request_id=r.rid, model="m", reply_to="r." + r.rid, prompt="",
+                prompt_tokens=r.prompt, prefix_hashes=r.blocks,
+                sampling=SamplingParams(max_tokens=r.output)), now), now)
+            continue
+        w = sims[what]
+        if not w.seqs:
+            w.busy = False
+            continue
+        end, started, finished = w.step(now)
+        for s in started:
+            ttft[s.req.rid] = end - s.req.arrival
+            core.on_started(s.req.rid, 1)
+        for s in finished:
+            done_at[s.req.rid] = end
+            apply(core.on_ended(s.req.rid, end), end)
+        heapq.heappush(events, (end, seq, "step", w.wid))
+        seq += 1
+    makespan = max(done_at.values()) - min(r.arrival for r in reqs)
+    work = [w.work_tokens for w in sims.values()]
+    blocks = sum(w.blocks for w in sims.values())
+    return {"ttft": ttft, "throughput": sum(r.output for r in reqs) / makespan,
+            "completed": len(done_at), "hit_rate": sum(w.hits for w in sims.values()) / blocks
+            if blocks else 0.0, "imbalance": max(work) / statistics.mean(work),
+            "route_p99_us": statistics.quantiles(route_ns, n=100)[98] / 1e3 if len(route_ns) > 100
+            else max(route_ns, default=0) / 1e3}
+
+
+# -- traces -------------------------------------------------------------------------------
+
+
+def load_trace(path: Path, limit: int, speedup: float) -> list[Req]:
+    reqs: list[Req] = []
+    if path.suffix == ".csv":
+        with open(path) as f:
+            rows = list(csv.DictReader(f))[:limit or None]
+        t0 = None
+        for i, row in enumerate(rows):
+            ts = datetime.datetime.fromisoformat(row["TIMESTAMP"][:26]).timestamp()
+            t0 = ts if t0 is None else t0
+            reqs.append(Req(f"r{i}", (ts - t0) / speedup, int(row["ContextTokens"]),
+                            max(1, int(row["GeneratedTokens"])), []))
+    else:
+        with open(path) as f:
+            for i, line in enumerate(f):
+                if limit and i >= limit:
+                    break
+                o = json.loads(line)
+                reqs.append(Req(f"r{i}", o["timestamp"] / 1000 / speedup, o["input_length"],
+                                max(1, o["output_length"]), list(o.get("hash_ids", []))))
+    return reqs
+
+
+def p95(values: list[float]) -> float:
+    return statistics.quantiles(values, n=20)[18] if len(values) > 20 else max(values)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trace", action="append", type=Path, default=None)
+    p.add_argument("--limit", type=int, default=0, help="first N requests of each trace")
+    p.add_argument("--speedup", type=float, default=1.0, help="replay this much faster")
+    p.add_argument("--workers", type=int, default=0,
+                   help="workers (default: 2 for traces without block hashes, 8 with)")
+    p.add_argument("--slots", type=int, default=64)
+    p.add_argument("--cache-blocks", type=int, default=1200,
+                   help="prefix cache per worker, in 512-token blocks")
+    p.add_argument("--short-tokens", type=int, default=2048, help="lane threshold")
+    a = p.parse_args()
+    traces = a.trace or [TRACES / "AzureLLMInferenceTrace_code.csv",
+                         TRACES / "mooncake_conversation_trace.jsonl"]
+    timing = Timing()
+    kv_tokens = a.cache_blocks * BLOCK
+    out: dict[str, Any] = {"bench": "scheduler"}
+    for path in traces:
+        reqs = load_trace(path, a.limit, a.speedup)
+        hashed = any(r.blocks for r in reqs)
+        workers = a.workers or (8 if hashed else 2)
+        name = path.stem
+        print(f"\n{name}: {len(reqs)} requests, {workers} workers x {a.slots} slots, "
+              f"lane threshold {a.short_tokens} tokens")
+        base = dict(short_prompt_tokens=a.short_tokens, queue_timeout_s=1e9,
+                    worker_timeout_s=1e9, block_tokens=BLOCK)
+        runs = {"fcfs": SchedulerPolicy(lanes=False, **base),
+                "lanes": SchedulerPolicy(lanes=True, **base)}
+        if hashed:
+            runs |= {"round_robin": SchedulerPolicy(lanes=True, routing="round_robin", **base),
+                     "dynamo": SchedulerPolicy(lanes=True, routing="dynamo", **base)}
+        res = {k: simulate(reqs, pol, workers, a.slots, a.cache_blocks, kv_tokens, timing)
+               for k, pol in runs.items()}
+        short = [r.rid for r in reqs if r.prompt < a.short_tokens]
+        fc, ln = res["fcfs"], res["lanes"]
+        s_fc = p95([fc["ttft"][r] for r in short])
+        s_ln = p95([ln["ttft"][r] for r in short])
+        summary: dict[str, Any] = {
+            "requests": len(reqs), "workers": workers,
+            "short_ttft_p95_s": {"fcfs": round(s_fc, 4), "lanes": round(s_ln, 4)},
+            "short_ttft_ratio": round(s_ln / s_fc, 3),
+            "throughput_ratio": round(ln["throughput"] / fc["throughput"], 3),
+            "all_ttft_p95_s": {"fcfs": round(p95(list(fc["ttft"].values())), 4),
+                               "lanes": round(p95(list(ln["ttft"].values())), 4)},
+            "route_p99_us": round(max(r["route_p99_us"] for r in res.values()), 2),
+        }
+        print(f"  short-request TTFT p95: FCFS {s_fc:.3f}s, lanes {s_ln:.3f}s "
+              f"({s_ln / s_fc:.2f}x); throughput lanes/FCFS "
+              f"{ln['throughput'] / fc['throughput']:.3f}; "
+              f"all requests p95 {summary['all_ttft_p95_s']}")
+        if hashed:
+            print(f"  {'routing':<12}{'hit rate':>10}{'max/mean load':>15}{'route p99 µs':>14}")
+            summary["routing"] = {}
+            for k in ("round_robin", "dynamo", "lanes"):
+                label = "ours (kv)" if k == "lanes" else k
+                r = res[k]
+                print(f"  {label:<12}{r['hit_rate']:>10.3f}{r['imbalance']:>15.2f}"
+                      f"{r['route_p99_us']:>14.1f}")
+                summary["routing"]["kv" if k == "lanes" else k] = {
+                    "hit_rate": round(r["hit_rate"], 4), "imbalance": round(r["imbalance"], 3),
+                    "route_p99_us": round(r["route_p99_us"], 2)}
+        out[name] = summary
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
