@@ -24,7 +24,15 @@ E2E = Histogram(
     "inferbus_request_duration_seconds", "End-to-end request latency", ["service", "model"],
     buckets=_LATENCY_BUCKETS,
 )
-QUEUE_DEPTH = Gauge("inferbus_queue_depth", "Requests waiting for a worker", ["model"])
+QUEUE_DEPTH = Gauge("inferbus_queue_depth", "Requests waiting for a worker",
+                    ["model", "lane"])
+QUEUE_OLDEST = Gauge("inferbus_queue_oldest_wait_seconds",
+                     "How long the oldest waiting request has waited", ["model", "lane"])
+ROUTED_PREFIX_BLOCKS = Counter(
+    "inferbus_routed_prefix_blocks_total",
+    "Prompt prefix blocks of routed requests, by whether the chosen worker held them",
+    ["cached"],
+)
 LIVE_WORKERS = Gauge("inferbus_live_workers", "Workers heartbeating", ["model"])
 ASSIGNMENTS = Counter(
     "inferbus_assignments_total", "Work assignments by attempt kind", ["model", "kind"]

@@ -356,6 +356,8 @@ class SchedulerCore:
                 for w in self.workers.values()
             },
             "queued": self.queue_depths(),
+            "lanes": {m: q.depths() for m, q in self.queues.items()},
+            "tenants": {m: dict(q.counters) for m, q in self.queues.items()},
             "inflight": len(self.inflight),
             "routing": {"policy": self.policy.routing,
                         "prefix_blocks_routed": self.routed_blocks,

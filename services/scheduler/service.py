@@ -60,6 +60,12 @@ class SchedulerSettings(ServiceSettings, kw_only=True):
     overlap_weight: float = 1.0
     load_weight: float = 1.0
     max_load_skew: float = 0.2
+    lanes: bool = True
+    """Short prompts before long ones, and tenants by fair share."""
+    short_prompt_tokens: int = 2048
+    long_wait_bound_s: float = 10.0
+    short_reserve: float = 0.25
+    long_per_worker: int = 1
 
 
 class SchedulerService(Service[SchedulerSettings]):
@@ -77,6 +83,11 @@ class SchedulerService(Service[SchedulerSettings]):
                 overlap_weight=settings.overlap_weight,
                 load_weight=settings.load_weight,
                 max_load_skew=settings.max_load_skew,
+                lanes=settings.lanes,
+                short_prompt_tokens=settings.short_prompt_tokens,
+                long_wait_bound_s=settings.long_wait_bound_s,
+                short_reserve=settings.short_reserve,
+                long_per_worker=settings.long_per_worker,
             )
         )
         # accepted messages are acked only when their request leaves the queue, so a
@@ -87,6 +98,7 @@ class SchedulerService(Service[SchedulerSettings]):
         self._tick_task: asyncio.Task[None] | None = None
         self._progress_task: asyncio.Task[None] | None = None
         self._work = Background()
+        self._hits_seen = self._blocks_seen = 0
 
     async def start(self, ctx: Context[SchedulerSettings]) -> None:
         self._ctx = ctx
@@ -202,8 +214,15 @@ class SchedulerService(Service[SchedulerSettings]):
                                          models=self.core.load(now), sent_at=time.time(),
                                          interval_s=self.settings.load_interval_s)
                     await self._ctx.nc.publish(SCHEDULER_LOAD, encode(load))
-                for model, n in self.core.queue_depths().items():
-                    metrics.QUEUE_DEPTH.labels(model).set(n)
+                for model, q in self.core.queues.items():
+                    for lane, n in q.depths().items():
+                        metrics.QUEUE_DEPTH.labels(model, lane).set(n)
+                        metrics.QUEUE_OLDEST.labels(model, lane).set(q.oldest_wait(lane, now))
+                hits, blocks = self.core.routed_hits, self.core.routed_blocks
+                metrics.ROUTED_PREFIX_BLOCKS.labels("true").inc(hits - self._hits_seen)
+                metrics.ROUTED_PREFIX_BLOCKS.labels("false").inc(
+                    blocks - hits - (self._blocks_seen - self._hits_seen))
+                self._hits_seen, self._blocks_seen = hits, blocks
                 for model, n in self.core.live_models().items():
                     metrics.LIVE_WORKERS.labels(model).set(n)
             except Exception:
