@@ -191,6 +191,7 @@ async def test_kv_events_heartbeat_stats_and_metrics(vllm_worker, client):
     else:
         pytest.fail("heartbeats never showed prefix cache hits")
     assert hb.prefix_cache_queries >= hb.prefix_cache_hits and LORA in hb.adapters
+    assert hb.kv_capacity_tokens > 0 and hb.max_model_len == 1024
     with urllib.request.urlopen(f"{vllm_worker.base}/metrics") as r:
         text = r.read().decode()
     assert f'worker="{hb.worker_id}"' in text
