@@ -162,6 +162,9 @@ SCHEDULER_ACCEPTED = ConsumerSpec(
     stream="IB_REQUESTS",
     filter_subject=ACCEPTED,
     deliver_subject="ib.deliver.scheduler-accepted",
+    # queued requests are held unacked (kept alive by in-progress signals every third
+    # of this): a scheduler that dies hands them to the next one this soon
+    ack_wait_s=10.0,
 )
 SCHEDULER_ENDED = ConsumerSpec(
     durable="scheduler-ended",

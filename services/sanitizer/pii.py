@@ -125,7 +125,7 @@ _CN_MOBILE = re.compile(r"(?:\+86[ \-]?)?(1[3-9]\d)[ \-]?(\d{4})[ \-]?(\d{4})")
 _SSN = re.compile(r"(\d{3})-(\d{2})-(\d{4})")
 _US_PHONE = re.compile(r"(?:\+1[ \-.]?)?(?:\(\d{3}\) ?|\d{3}[ \-.])\d{3}[ \-.]\d{4}"
                        r"|\+1\d{10}")
-_E164 = re.compile(r"\+[1-9]\d{0,2}(?:[ \-.]?\(?\d{1,4}\)?){2,5}")
+_E164 = re.compile(r"\+[1-9]\d{0,2}(?:[ \-.]?(?:\(\d{1,4}\)|\d{1,4})){2,5}")
 
 
 def _mask_alnum(text: str, keep_head: int, keep_tail: int) -> str:

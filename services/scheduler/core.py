@@ -111,9 +111,12 @@ class Worker:
     """Prompt + max output tokens of what it holds: against ``kv_capacity_tokens``."""
     prefilling_long: set[str] = field(default_factory=set)
     """Long prompts assigned here whose first token has not come yet."""
+    foreign: int = 0
+    """Requests its heartbeat lists that this scheduler did not place (placed by a
+    scheduler before a restart): they take slots all the same."""
 
     def can_take(self, tokens: int = 0) -> bool:
-        if self.state != "ready" or len(self.assigned) >= self.max_num_seqs:
+        if self.state != "ready" or len(self.assigned) + self.foreign >= self.max_num_seqs:
             return False
         # a request bigger than the whole cache still goes to an idle worker
         return (not self.kv_capacity_tokens or not self.assigned
@@ -222,6 +225,8 @@ class SchedulerCore:
             w.models, w.max_num_seqs, w.state, w.last_seen, w.kv_capacity_tokens = (
                 list(hb.models), hb.max_num_seqs, hb.state, now, hb.kv_capacity_tokens,
             )
+        w.foreign = sum(1 for rid in hb.inflight
+                        if rid not in w.assigned and rid not in self._ended)
         return self._dispatch(now)
 
     def on_kv_event(self, event: KvEvent) -> None:
@@ -237,7 +242,11 @@ class SchedulerCore:
 
     def on_ended(self, request_id: str, now: float) -> list[Effect]:
         f = self.inflight.pop(request_id, None)
-        self._remember_ended(request_id, f.request if f else None)
+        held = f.request if f else None
+        if held is None and request_id in self._queued_ids:
+            item = self._drop_queued(request_id)
+            held = item.request if item else None
+        self._remember_ended(request_id, held)
         if f is not None:
             w = self.workers.get(f.worker_id)
             if w is not None:
@@ -245,8 +254,6 @@ class SchedulerCore:
                 w.prefilling_long.discard(request_id)
                 w.assigned_tokens -= f.tokens
             return self._dispatch(now)
-        if request_id in self._queued_ids:
-            self._drop_queued(request_id)
         return []
 
     def on_cancel(self, request_id: str, reason: str) -> list[Effect]:
@@ -376,13 +383,14 @@ class SchedulerCore:
         q.push(item, front)
         self._queued_ids.add(item.request.request_id)
 
-    def _drop_queued(self, request_id: str) -> None:
+    def _drop_queued(self, request_id: str) -> Queued | None:
         self._queued_ids.discard(request_id)
         for q in self.queues.values():
             for item in q:
                 if item.request.request_id == request_id:
                     q.remove(item)
-                    return
+                    return item
+        return None
 
     def _remember_ended(self, request_id: str,
                         request: RequestSubmitted | None = None) -> None:

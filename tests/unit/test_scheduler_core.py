@@ -767,3 +767,15 @@ def test_a_cancel_that_overtakes_its_request_still_cancels_it():
     assert isinstance(cancel, Cancel) and cancel.reason == "client disconnected"
     assert "early" not in core.inflight and core.knows("early")
     assert core.on_accepted(req("early"), 0.2, redelivered=True) == []
+
+
+def test_work_a_previous_scheduler_placed_takes_slots_until_it_ends():
+    core = SchedulerCore(POLICY)  # restarted: knows nothing of what runs
+    busy = WorkerHeartbeat(worker_id="w1", models=["m"], engine="sim", max_num_seqs=2,
+                           inflight=["old1", "old2"])
+    core.on_heartbeat(busy, 0.0)
+    assert core.on_accepted(req("new"), 0.1) == []  # both slots are taken
+    core.on_ended("old1", 0.5)
+    later = WorkerHeartbeat(worker_id="w1", models=["m"], engine="sim", max_num_seqs=2,
+                            inflight=["old2"])
+    assert assigns(core.on_heartbeat(later, 1.0)) == [("new", "w1", 1)]

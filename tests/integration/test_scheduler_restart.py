@@ -1,0 +1,81 @@
+"""Kill the scheduler under load: every accepted request still ends, exactly once, and
+none is placed twice. A platform of its own (its NATS too), so the kill harms no one."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+import pytest
+
+from inferbus.client import Client
+from inferbus.contracts import ENDED, Terminal, WorkAssigned
+from inferbus.shared.codec import decode
+from inferbus.shared.natsserver import NatsServer
+
+from .procs import ServiceProcess, start_all
+
+pytestmark = [pytest.mark.integration]
+
+MODEL = "restart-model"
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    server = NatsServer(tmp_path / "nats", log_file=tmp_path / "nats.log").start()
+    url = server.url
+    scheduler = ServiceProcess("scheduler", url, tmp_path, "--worker-timeout-s", "3",
+                               name="rs-scheduler")
+    procs = [
+        ServiceProcess("sanitizer", url, tmp_path, name="rs-sanitizer"),
+        scheduler,
+        ServiceProcess("worker", url, tmp_path, "--model", MODEL, "--max-num-seqs", "4",
+                       "--sim-decode-s-per-step", "0.02", "--heartbeat-interval-s", "0.3",
+                       name="rs-worker"),
+    ]
+    start_all(procs)
+    yield url, tmp_path, scheduler
+    for p in reversed(procs):
+        p.stop()
+    server.stop()
+
+
+async def test_killing_the_scheduler_under_load_loses_and_duplicates_nothing(fleet):
+    url, logs, scheduler = fleet
+    c = await Client.connect(url)
+    ended: collections.Counter[str] = collections.Counter()
+    placed: collections.Counter[str] = collections.Counter()
+
+    async def on_ended(msg):
+        ended[decode(msg.data, Terminal).request_id] += 1
+
+    async def on_work(msg):
+        placed[decode(msg.data, WorkAssigned).request.request_id] += 1
+
+    await c.nc.subscribe(ENDED, cb=on_ended)
+    await c.nc.subscribe("ib.work.>", cb=on_work)
+    await c.nc.flush()
+    try:
+        # 16 requests of ~0.8 s each on 4 slots: some run, most wait, when the kill comes
+        jobs = [asyncio.create_task(c.generate(MODEL, f"job {i}", max_tokens=40,
+                                               request_id=f"rs-{i}", timeout=60))
+                for i in range(16)]
+        await asyncio.sleep(1.0)
+        scheduler.kill()  # SIGKILL: no drain, nothing acked on the way out
+        await asyncio.sleep(1.0)
+        replacement = ServiceProcess("scheduler", url, logs, "--worker-timeout-s", "3",
+                                     name="rs-scheduler-2")
+        start_all([replacement])
+        try:
+            results = await asyncio.wait_for(asyncio.gather(*jobs), 60)
+        finally:
+            await asyncio.sleep(0.5)
+            replacement.stop()
+        assert [r.outcome.finish_reason for r in results] == ["length"] * 16
+        assert all(r.outcome.usage.completion_tokens == 40 for r in results)
+        ids = {f"rs-{i}" for i in range(16)}
+        assert {k for k, n in ended.items() if k in ids} == ids
+        assert all(ended[k] == 1 for k in ids), ended  # one terminal event each
+        assert all(placed[k] == 1 for k in ids), placed  # never run twice
+    finally:
+        await c.close()
