@@ -41,6 +41,7 @@ __all__ = [
     "KvEvent",
     "ModelLoad",
     "InputFinding",
+    "CanaryWeights",
     "SchedulerLoad",
 ]
 
@@ -130,6 +131,8 @@ class WorkAssigned(Event, tag="work.assigned"):
     worker_id: str
     attempt: int = 1
     assigned_at: float = 0.0
+    served_model: str = ""
+    """The model the worker runs it on when not ``request.model``: a canary version."""
 
 
 class RequestStarted(Event, tag="request.started"):
@@ -265,6 +268,16 @@ class ModelLoad(msgspec.Struct, kw_only=True):
     """Recent rate at which queued requests went to workers."""
 
 
+class CanaryWeights(Event, tag="canary.weights"):
+    """Send this share of ``model``'s requests to workers serving another model name
+    (a new version), e.g. ``{"m-v2": 0.1}``; the rest stays on ``model``. Empty
+    weights end the canary."""
+
+    model: str
+    weights: dict[str, float] = {}
+    set_at: float = 0.0
+
+
 class SchedulerLoad(Event, tag="scheduler.load"):
     """The scheduler's queues, published a few times a second for the gateways'
     backpressure (core NATS, ``ib.sched.load``)."""
@@ -332,4 +345,5 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     KvBlocksRemoved,
     KvAllCleared,
     SchedulerLoad,
+    CanaryWeights,
 )

@@ -28,6 +28,8 @@ __all__ = [
     "reply_subject",
     "subject_token",
     "status_subject",
+    "canary_subject",
+    "CANARIES",
     "StreamSpec",
     "ConsumerSpec",
     "STREAMS",
@@ -64,6 +66,9 @@ FILTER_PREFIX = "ib.filter"
 ``ib.filter.<instance>.<client reply subject>``."""
 _STATUS = "ib.svc.{service}.status"
 
+_CANARY = "ib.cfg.canary.{model}"
+CANARIES = "ib.cfg.canary.*"
+
 HEADER_REQUEST_ID = "Ib-Request-Id"
 HEADER_TRACEPARENT = "traceparent"
 HEADER_MSG_ID = "Nats-Msg-Id"
@@ -96,6 +101,12 @@ def reply_subject(owner: str, request_id: str) -> str:
     return f"{REPLY_PREFIX}.{owner}.{request_id}"
 
 
+def canary_subject(model: str) -> str:
+    """A model's canary weights (JetStream IB_CONFIG, the latest kept): set by the
+    delivery service or ``inferbus canary set``."""
+    return _CANARY.format(model=subject_token(model))
+
+
 def status_subject(service: str) -> str:
     return _STATUS.format(service=service)
 
@@ -106,6 +117,8 @@ class StreamSpec(msgspec.Struct, kw_only=True, frozen=True):
     max_age_s: float
     duplicate_window_s: float = 120.0
     description: str = ""
+    max_msgs_per_subject: int = -1
+    """1 for settings: a subject holds only its latest value."""
 
 
 class ConsumerSpec(msgspec.Struct, kw_only=True, frozen=True):
@@ -142,6 +155,13 @@ STREAMS: tuple[StreamSpec, ...] = (
         subjects=("ib.kv.>",),
         max_age_s=24 * 3600,
         description="workers' KV cache events (blocks stored, removed, cleared), by worker",
+    ),
+    StreamSpec(
+        name="IB_CONFIG",
+        subjects=("ib.cfg.>",),
+        max_age_s=0,
+        max_msgs_per_subject=1,
+        description="settings services read at start and follow: the latest per subject",
     ),
     StreamSpec(
         name="IB_DLQ",

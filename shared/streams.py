@@ -24,6 +24,7 @@ def stream_config(spec: StreamSpec) -> StreamConfig:
         storage=StorageType.FILE,
         max_age=spec.max_age_s,
         duplicate_window=spec.duplicate_window_s,
+        max_msgs_per_subject=spec.max_msgs_per_subject,
     )
 
 

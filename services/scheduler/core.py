@@ -8,12 +8,12 @@ worker had not started, a clear failure for work it had.
 
 from __future__ import annotations
 
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Literal
 
 import msgspec
-
-from typing import Literal
 
 from inferbus.contracts import KvEvent, ModelLoad, RequestSubmitted, WorkerHeartbeat
 
@@ -68,6 +68,8 @@ class Assign(msgspec.Struct, kw_only=True, frozen=True):
     worker_id: str
     request: RequestSubmitted
     attempt: int
+    served_model: str = ""
+    """Set when a canary sends the request to another model name."""
 
 
 class Fail(msgspec.Struct, kw_only=True, frozen=True):
@@ -134,6 +136,8 @@ class Queued:
     """The request's deadline on the core's clock."""
     blocks: list[int] | None = None
     """Its prefix block hashes, computed once."""
+    target: str | None = None
+    """The model name it runs on (its own, or a canary's), chosen once and kept."""
 
 
 @dataclass
@@ -164,6 +168,8 @@ class SchedulerCore:
         """Cancels that came before their request (id → reason): a client that went
         away while its request was still in the sanitizer."""
         self.kv = KvIndex(self.policy.approx_cache_blocks)
+        self.canaries: dict[str, dict[str, float]] = {}
+        """model → {other model name: share of its requests}."""
         self.routed_blocks = 0
         self.routed_hits = 0
         """Prefix blocks of routed requests, and those already on the chosen worker."""
@@ -228,6 +234,35 @@ class SchedulerCore:
         w.foreign = sum(1 for rid in hb.inflight
                         if rid not in w.assigned and rid not in self._ended)
         return self._dispatch(now)
+
+    def set_canary(self, model: str, weights: dict[str, float]) -> None:
+        """Route these shares of ``model``'s requests to other model names (a new
+        version); the rest stays. Weights outside 0..1 or summing over 1 are refused."""
+        if any(not 0.0 <= w <= 1.0 for w in weights.values()) or sum(weights.values()) > 1.0:
+            raise ValueError(f"canary weights for {model!r} must be shares summing to at "
+                             f"most 1, got {weights}")
+        if any(w > 0 for w in weights.values()):
+            self.canaries[model] = {k: v for k, v in weights.items() if v > 0}
+        else:
+            self.canaries.pop(model, None)
+
+    def _target(self, model: str, item: Queued, ready: dict[str, int]) -> str:
+        """The model name this request runs on: a canary's by a stable hash of its id,
+        or its own (also when the canary has no ready worker)."""
+        if item.target is not None:
+            return item.target
+        weights = self.canaries.get(model)
+        target = model
+        if weights:
+            x = zlib.crc32(item.request.request_id.encode()) % 10_000 / 10_000
+            acc = 0.0
+            for name, share in sorted(weights.items()):
+                acc += share
+                if x < acc:
+                    target = name if ready.get(name) else model
+                    break
+        item.target = target
+        return target
 
     def on_kv_event(self, event: KvEvent) -> None:
         self.kv.on_event(event)
@@ -366,6 +401,7 @@ class SchedulerCore:
             "lanes": {m: q.depths() for m, q in self.queues.items()},
             "tenants": {m: dict(q.counters) for m, q in self.queues.items()},
             "inflight": len(self.inflight),
+            "canaries": self.canaries,
             "routing": {"policy": self.policy.routing,
                         "prefix_blocks_routed": self.routed_blocks,
                         "prefix_hit_rate": round(self.routed_hits / self.routed_blocks, 4)
@@ -444,21 +480,27 @@ class SchedulerCore:
 
     def _dispatch(self, now: float) -> list[Effect]:
         effects: list[Effect] = []
+        ready = self.live_models() if self.canaries else {}
         for model, q in self.queues.items():
             if not q:
                 continue
-            candidates = sorted(
-                (w for w in self.workers.values() if model in w.models and w.state == "ready"),
-                key=lambda w: w.worker_id,
-            )
+            by_target: dict[str, list[Worker]] = {}
             blocked: set[str] = set()  # lanes no worker can take more of in this pass
-            while q and candidates:
+            while q:
                 item = q.next(now, allow=lambda lane: lane not in blocked)
                 if item is None:
                     break
                 lane = q.lane_of(item)
+                target = self._target(model, item, ready)
+                if target not in by_target:
+                    by_target[target] = sorted(
+                        (w for w in self.workers.values()
+                         if target in w.models and w.state == "ready"),
+                        key=lambda w: w.worker_id)
+                candidates = by_target[target]
                 overdue = lane == "long" and now - item.since >= self.policy.long_wait_bound_s
-                w = self._route(model, item, self._eligible(candidates, lane, overdue))
+                w = self._route(target, item, self._eligible(candidates, lane, overdue)) \
+                    if candidates else None
                 if w is None:
                     blocked.add(lane)
                     continue
@@ -477,7 +519,8 @@ class SchedulerCore:
                 )
                 self._dispatched[model] = self._dispatched.get(model, 0) + 1
                 effects.append(Assign(worker_id=w.worker_id, request=item.request,
-                                      attempt=item.attempt))
+                                      attempt=item.attempt,
+                                      served_model="" if target == model else target))
         return effects
 
     def _eligible(self, candidates: list[Worker], lane: str, overdue: bool) -> list[Worker]:

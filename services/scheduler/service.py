@@ -18,6 +18,8 @@ from inferbus.contracts import (
     SCHEDULER_LOAD,
     STARTED,
     KV_EVENTS,
+    CANARIES,
+    CanaryWeights,
     KvEvent,
     CancelRequest,
     RequestAccepted,
@@ -113,6 +115,10 @@ class SchedulerService(Service[SchedulerSettings]):
             # which worker holds which prefix is rebuilt after a restart
             await ctx.js.subscribe(KV_EVENTS, stream="IB_KV", cb=self._on_kv,
                                    ordered_consumer=True, deliver_policy=DeliverPolicy.ALL),
+            # canary weights: the latest per model, then every change
+            await ctx.js.subscribe(CANARIES, stream="IB_CONFIG", cb=self._on_canary,
+                                   ordered_consumer=True,
+                                   deliver_policy=DeliverPolicy.LAST_PER_SUBJECT),
         ]
         self._tick_task = asyncio.create_task(self._ticks(), name="ticks")
         self._progress_task = asyncio.create_task(self._keep_unacked(), name="in-progress")
@@ -172,6 +178,16 @@ class SchedulerService(Service[SchedulerSettings]):
             self.core.on_kv_event(decode(msg.data, KvEvent))
         except DecodeError as exc:
             log.warning("undecodable KV event", subject=msg.subject, error=str(exc))
+
+    async def _on_canary(self, msg: Msg) -> None:
+        try:
+            ev = decode(msg.data, CanaryWeights)
+            self.core.set_canary(ev.model, ev.weights)
+        except (DecodeError, ValueError) as exc:
+            log.error("canary weights refused", subject=msg.subject, error=str(exc))
+            return
+        log.info("canary weights", model=ev.model, weights=ev.weights)
+        await self._apply(self.core.tick(time.monotonic()))
 
     async def _on_started(self, msg: Msg) -> None:
         try:
@@ -280,7 +296,7 @@ class SchedulerService(Service[SchedulerSettings]):
             return
         if isinstance(e, Assign):
             work = WorkAssigned(request=e.request, worker_id=e.worker_id, attempt=e.attempt,
-                                assigned_at=time.time())
+                                assigned_at=time.time(), served_model=e.served_model)
             await publish_durable(js, work_subject(e.worker_id), work, request_id=rid,
                                   msg_id=f"{rid}:{e.attempt}")
             metrics.ASSIGNMENTS.labels(e.request.model,

@@ -18,7 +18,8 @@ from .engine import EngineOutput, EngineRequest, EngineStats
 
 def engine_request(assignment: WorkAssigned) -> EngineRequest:
     r = assignment.request
-    return EngineRequest(request_id=r.request_id, model=r.model, prompt=r.prompt,
+    return EngineRequest(request_id=r.request_id, model=assignment.served_model or r.model,
+                         prompt=r.prompt,
                          messages=r.messages, sampling=r.sampling)
 
 

@@ -194,3 +194,25 @@ async def test_a_reused_request_id_gets_a_clear_error_not_a_hang(platform, clien
                 assert r.status == expected
                 reply = await r.json()
         assert reply["error"]["code"] == "duplicate_request"
+
+
+async def test_canary_weights_send_a_models_requests_to_its_new_version(platform, client):
+    from click.testing import CliRunner
+
+    from inferbus.cli import main
+
+    def canary(*weights: str) -> None:
+        r = CliRunner().invoke(main, ["canary", "set", MODEL, *weights,
+                                      "--nats-url", client.nc.connected_url.geturl()])
+        assert r.exit_code == 0, r.output
+
+    await asyncio.to_thread(canary, f"{SLOW_MODEL}=1")
+    try:
+        await asyncio.sleep(0.3)
+        r = await client.generate(MODEL, "which version?", max_tokens=3)
+        assert r.outcome.worker_id.startswith("slow-worker")  # ran on the new version
+    finally:
+        await asyncio.to_thread(canary)  # the canary ends
+    await asyncio.sleep(0.3)
+    r = await client.generate(MODEL, "and now?", max_tokens=3)
+    assert not r.outcome.worker_id.startswith("slow-worker")

@@ -18,6 +18,7 @@ from inferbus.contracts import (
     ChatMessage,
     DeadLetter,
     KvAllCleared,
+    CanaryWeights,
     ModelLoad,
     SchedulerLoad,
     KvBlocksRemoved,
@@ -81,6 +82,7 @@ SAMPLES = {
                                    block_size=2, lora_name="ad", medium="CPU"),
     KvBlocksRemoved: KvBlocksRemoved(worker_id="w1", block_hashes=[7], medium="CPU"),
     KvAllCleared: KvAllCleared(worker_id="w1"),
+    CanaryWeights: CanaryWeights(model="m", weights={"m-v2": 0.1}),
     SchedulerLoad: SchedulerLoad(scheduler_id="s1", models={
         "m": ModelLoad(queued=3, queue_limit=10, ready_workers=1, free_slots=0,
                        oldest_wait_s=0.5, dispatch_per_s=12.0)}),

@@ -86,3 +86,28 @@ def test_round_robin_ignores_caches():
     core.on_kv_event(KvBlocksStored(worker_id="b", block_hashes=[1]))
     workers = [e.worker_id for i in range(4) for e in core.on_accepted(req(f"r{i}", [1]), 0.0)]
     assert workers == ["a", "b", "a", "b"]
+
+
+# -- canary weights ------------------------------------------------------------------------
+
+import pytest  # noqa: E402
+
+
+def test_a_canary_takes_its_share_stably_and_falls_back_when_absent():
+    core = SchedulerCore(SchedulerPolicy())
+    core.on_heartbeat(WorkerHeartbeat(worker_id="old", models=["m"], engine="sim",
+                                      max_num_seqs=5000), 0.0)
+    core.set_canary("m", {"m-v2": 0.2})
+    first = [e for i in range(500) for e in core.on_accepted(req(f"a{i}", []), 0.0)]
+    assert all(e.worker_id == "old" and e.served_model == "" for e in first)  # no v2 yet
+    core.on_heartbeat(WorkerHeartbeat(worker_id="new", models=["m-v2"], engine="sim",
+                                      max_num_seqs=5000), 0.0)
+    effects = [e for i in range(2000) for e in core.on_accepted(req(f"r{i}", []), 0.0)]
+    to_v2 = [e for e in effects if e.worker_id == "new"]
+    assert all(e.served_model == "m-v2" for e in to_v2)
+    assert 0.17 < len(to_v2) / len(effects) < 0.23
+    core.set_canary("m", {})
+    assert all(e.worker_id == "old" for i in range(50)
+               for e in core.on_accepted(req(f"z{i}", []), 0.0))
+    with pytest.raises(ValueError):
+        core.set_canary("m", {"a": 0.7, "b": 0.6})
