@@ -28,6 +28,11 @@ QUEUE_DEPTH = Gauge("inferbus_queue_depth", "Requests waiting for a worker",
                     ["model", "lane"])
 QUEUE_OLDEST = Gauge("inferbus_queue_oldest_wait_seconds",
                      "How long the oldest waiting request has waited", ["model", "lane"])
+SCHEDULER_DECISIONS = Counter(
+    "inferbus_scheduler_decisions_total",
+    "What the scheduler did with requests: assigned, or the code it ended them with",
+    ["decision"],
+)
 ROUTED_PREFIX_BLOCKS = Counter(
     "inferbus_routed_prefix_blocks_total",
     "Prompt prefix blocks of routed requests, by whether the chosen worker held them",

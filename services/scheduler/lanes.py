@@ -50,8 +50,13 @@ class ModelQueue:
         self._n = 0
 
     def lane_of(self, item: Item) -> str:
+        """By prompt length, unless the API key's priority class says: interactive
+        requests ride the short lane whatever their length, batch ones the long."""
         if not self.lanes:
             return "short"
+        priority = item.request.priority
+        if priority in ("interactive", "batch"):
+            return "short" if priority == "interactive" else "long"
         return "short" if prompt_tokens(item.request) < self.short_prompt_tokens else "long"
 
     def push(self, item: Item, front: bool = False) -> None:

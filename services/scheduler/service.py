@@ -266,6 +266,9 @@ class SchedulerService(Service[SchedulerSettings]):
         release the held message either way: an accepted message kept in progress
         forever would pin its request and a consumer slot."""
         rid = e.request.request_id
+        metrics.SCHEDULER_DECISIONS.labels(
+            "assigned" if isinstance(e, Assign) else "cancelled" if isinstance(e, Cancel)
+            else e.code).inc()
         for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
             try:
                 await self._publish(e)

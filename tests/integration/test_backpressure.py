@@ -84,3 +84,20 @@ async def test_a_full_queue_gets_429_with_retry_after_and_nothing_is_lost(narrow
                 assert r.status == 200, await r.text()
     finally:
         await c.close()
+
+
+async def test_a_short_prompt_overtakes_a_long_one_in_the_running_scheduler(narrow):
+    c = await Client.connect(narrow["url"])
+    try:
+        holder = c.stream(MODEL, "hold the slot", max_tokens=5000, timeout=60)
+        await holder.__anext__()
+        long = asyncio.create_task(c.generate(MODEL, "x " * 5000, max_tokens=3, timeout=60))
+        await asyncio.sleep(0.3)  # the long prompt (about 2500 tokens) queues first
+        short = asyncio.create_task(c.generate(MODEL, "hi", max_tokens=3, timeout=60))
+        await asyncio.sleep(0.3)
+        await holder.cancel()
+        done, _ = await asyncio.wait({long, short}, return_when=asyncio.FIRST_COMPLETED)
+        assert short in done and long not in done  # lanes: the short one went first
+        await long
+    finally:
+        await c.close()

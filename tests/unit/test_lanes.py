@@ -130,3 +130,17 @@ def test_every_request_is_placed_once_and_all_run_to_the_end(reqs, workers):
         placed += assigned(core.on_ended(rid, now))
         done += 1
     assert sorted(placed) == sorted(f"r{i}" for i in range(len(reqs)))
+
+
+def test_the_keys_priority_class_picks_the_lane():
+    core = SchedulerCore(POLICY)
+    batch = req("batch", 10)
+    batch = RequestSubmitted(**{**__import__("msgspec").structs.asdict(batch), "priority": "batch"})
+    interactive = req("interactive", 5000)
+    interactive = RequestSubmitted(**{**__import__("msgspec").structs.asdict(interactive),
+                                      "priority": "interactive"})
+    core.on_accepted(batch, 0.0)
+    core.on_accepted(req("long", 5000), 0.0)
+    core.on_accepted(interactive, 0.1)
+    assert assigned(core.on_heartbeat(hb("w"), 0.2)) == ["interactive"]
+    assert assigned(core.on_ended("interactive", 0.3)) == ["batch"]  # long lane, oldest first
