@@ -161,3 +161,34 @@ class Background:
     async def wait(self, timeout: float | None = None) -> None:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=timeout)
+
+
+async def replay(js: JetStreamContext, stream: str, subject: str, since_s: float,
+                 timeout: float = 10.0) -> list[bytes]:
+    """The payloads a stream holds on ``subject`` from ``since_s`` seconds ago up to
+    now, in order (an ephemeral consumer, read to the stream's last message)."""
+    import datetime
+
+    from nats.js.api import ConsumerConfig, DeliverPolicy
+
+    info = await js.stream_info(stream)
+    last = info.state.last_seq
+    if not info.state.messages:
+        return []
+    start = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=since_s)
+    sub = await js.subscribe(subject, stream=stream, ordered_consumer=True,
+                             config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME,
+                                                   opt_start_time=start))
+    out: list[bytes] = []
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=min(timeout, 1.0))
+            except Exception:  # nothing more on this subject in the window
+                break
+            out.append(msg.data)
+            if msg.metadata.sequence.stream >= last:
+                break
+    finally:
+        await sub.unsubscribe()
+    return out

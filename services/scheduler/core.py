@@ -235,6 +235,33 @@ class SchedulerCore:
                         if rid not in w.assigned and rid not in self._ended)
         return self._dispatch(now)
 
+    def restore(self, assignments: list[tuple[RequestSubmitted, str, int]],
+                ended: set[str], now: float) -> None:
+        """Take back what a scheduler before a restart had placed and not seen end
+        ((request, worker, attempt), oldest first): it holds its slots, and if its worker
+        is lost it ends ``worker_lost`` (retryable; whether it had started is unknown,
+        so it is never silently run twice)."""
+        latest: dict[str, tuple[RequestSubmitted, str, int]] = {}
+        for request, worker_id, attempt in assignments:
+            latest[request.request_id] = (request, worker_id, attempt)
+        for rid in ended:
+            self._remember_ended(rid)
+        for rid, (request, worker_id, attempt) in latest.items():
+            if rid in ended or self.knows(rid):
+                continue
+            w = self.workers.get(worker_id)
+            if w is None:  # known from its heartbeats soon, or lost after worker_timeout_s
+                w = self.workers[worker_id] = Worker(
+                    worker_id=worker_id, models=[], max_num_seqs=0, state="ready",
+                    last_seen=now)
+            self._arrivals += 1
+            tokens = cost_tokens(request)
+            w.assigned.add(rid)
+            w.assigned_tokens += tokens
+            self.inflight[rid] = Inflight(request=request, worker_id=worker_id, attempt=attempt,
+                                          assigned_at=now, order=self._arrivals, started=True,
+                                          tokens=tokens)
+
     def set_canary(self, model: str, weights: dict[str, float]) -> None:
         """Route these shares of ``model``'s requests to other model names (a new
         version); the rest stays. Weights outside 0..1 or summing over 1 are refused."""
@@ -568,7 +595,7 @@ class SchedulerCore:
                 return p.overlap_weight * new + w.assigned_tokens / p.block_tokens, w.worker_id
 
             best = min(free, key=dynamo_cost)
-            self._note_route(best, item.blocks, hit[best.worker_id])
+            self._note_route(best, item, hit[best.worker_id])
             return best
         load = {w.worker_id: len(w.assigned) / max(1, w.max_num_seqs) for w in candidates}
         mean = sum(load.values()) / len(load)
@@ -583,13 +610,16 @@ class SchedulerCore:
                     - p.overlap_weight * overlap[w.worker_id] / n, w.worker_id)
 
         best = min(allowed, key=cost)
-        self._note_route(best, item.blocks, overlap[best.worker_id])
+        self._note_route(best, item, overlap[best.worker_id])
         return best
 
-    def _note_route(self, w: Worker, blocks: list[int], hits: int) -> None:
+    def _note_route(self, w: Worker, item: Queued, hits: int) -> None:
+        blocks = item.blocks or []
         self.routed_blocks += len(blocks)
         self.routed_hits += hits
-        self.kv.on_routed(w.worker_id, blocks)
+        if not item.request.prefix_hashes:
+            # text blocks: no engine event will ever name them, so remember them here
+            self.kv.on_routed(w.worker_id, blocks)
 
 
 def _identity(request: RequestSubmitted) -> tuple[str, float]:

@@ -1,11 +1,14 @@
 """Which worker holds which prefix blocks, for KV-aware routing. No I/O.
 
-Built from the workers' KV events (``ib.kv.<worker>`` in JetStream, replayed after a
-scheduler restart): a block is a hash of a prefix chain, so a request's overlap with
-a worker is the number of its leading blocks the worker holds. A worker that
-publishes no events is tracked approximately: the scheduler records the blocks of
-what it routed there, in an LRU bounded by the worker's cache size, which is what
-the worker's own prefix cache does with them.
+Two views, both in block hashes of a prefix chain (a request's overlap with a worker
+is the number of its leading blocks the worker holds):
+- exact: the workers' own KV events (``ib.kv.<worker>`` in JetStream, replayed after
+  a scheduler restart), in the engine's block hashes. A client that sends a
+  request's ``prefix_hashes`` in those terms is matched exactly.
+- approximate: the blocks of what the scheduler routed to each worker, in an LRU
+  bounded like the worker's cache. Requests without ``prefix_hashes`` are hashed
+  from their text, which the engine's hashes (over token ids) cannot be matched
+  with, so this view is what routes them, on every worker.
 """
 
 from __future__ import annotations
@@ -15,68 +18,38 @@ from collections import OrderedDict
 from inferbus.contracts import KvAllCleared, KvBlocksRemoved, KvBlocksStored, KvEvent
 
 
-class KvIndex:
-    def __init__(self, approx_capacity_blocks: int = 4096) -> None:
-        self.approx_capacity_blocks = approx_capacity_blocks
-        self._holders: dict[int, set[str]] = {}
-        """block hash → workers holding it."""
-        self._blocks: dict[str, set[int]] = {}
-        self._exact: set[str] = set()
-        """Workers whose KV events arrive: their blocks are what they report."""
-        self._approx: dict[str, OrderedDict[int, None]] = {}
+class _Holders:
+    def __init__(self) -> None:
+        self.by_block: dict[int, set[str]] = {}
+        self.by_worker: dict[str, set[int]] = {}
 
-    # -- inputs ----------------------------------------------------------------------
+    def add(self, w: str, h: int) -> None:
+        self.by_block.setdefault(h, set()).add(w)
+        self.by_worker.setdefault(w, set()).add(h)
 
-    def on_event(self, event: KvEvent) -> None:
-        w = event.worker_id
-        if w not in self._exact:  # its own events from now on, not our guesses
-            self._exact.add(w)
-            self.forget(w)
-        if isinstance(event, KvBlocksStored):
-            for h in event.block_hashes:
-                self._add(w, h)
-        elif isinstance(event, KvBlocksRemoved):
-            for h in event.block_hashes:
-                self._remove(w, h)
-        elif isinstance(event, KvAllCleared):
-            self.forget(w)
+    def remove(self, w: str, h: int) -> None:
+        holders = self.by_block.get(h)
+        if holders is not None:
+            holders.discard(w)
+            if not holders:
+                del self.by_block[h]
+        blocks = self.by_worker.get(w)
+        if blocks is not None:
+            blocks.discard(h)
 
-    def on_routed(self, worker_id: str, block_hashes: list[int]) -> None:
-        """A request went there: a worker without events now probably holds its blocks."""
-        if worker_id in self._exact or not block_hashes:
-            return
-        lru = self._approx.setdefault(worker_id, OrderedDict())
-        for h in block_hashes:
-            if h in lru:
-                lru.move_to_end(h)
-            else:
-                lru[h] = None
-                self._add(worker_id, h)
-        while len(lru) > self.approx_capacity_blocks:
-            old, _ = lru.popitem(last=False)
-            self._remove(worker_id, old)
-
-    def forget(self, worker_id: str) -> None:
-        for h in self._blocks.pop(worker_id, set()):
-            holders = self._holders.get(h)
+    def forget(self, w: str) -> None:
+        for h in self.by_worker.pop(w, set()):
+            holders = self.by_block.get(h)
             if holders is not None:
-                holders.discard(worker_id)
+                holders.discard(w)
                 if not holders:
-                    del self._holders[h]
-        self._approx.pop(worker_id, None)
+                    del self.by_block[h]
 
-    def drop_worker(self, worker_id: str) -> None:
-        self.forget(worker_id)
-        self._exact.discard(worker_id)
-
-    # -- views -----------------------------------------------------------------------
-
-    def overlaps(self, block_hashes: list[int], workers: list[str]) -> dict[str, int]:
-        """For each worker, how many of the request's leading blocks it holds."""
+    def overlaps(self, blocks: list[int], workers: list[str]) -> dict[str, int]:
         out = dict.fromkeys(workers, 0)
         alive = set(workers)
-        for h in block_hashes:
-            holders = self._holders.get(h)
+        for h in blocks:
+            holders = self.by_block.get(h)
             if not holders:
                 break
             alive &= holders
@@ -86,27 +59,67 @@ class KvIndex:
                 out[w] += 1
         return out
 
+
+class KvIndex:
+    def __init__(self, approx_capacity_blocks: int = 4096) -> None:
+        self.approx_capacity_blocks = approx_capacity_blocks
+        self._exact = _Holders()
+        self._approx = _Holders()
+        self._lru: dict[str, OrderedDict[int, None]] = {}
+        self._reporting: set[str] = set()
+
+    def on_event(self, event: KvEvent) -> None:
+        w = event.worker_id
+        self._reporting.add(w)
+        if isinstance(event, KvBlocksStored):
+            for h in event.block_hashes:
+                self._exact.add(w, h)
+        elif isinstance(event, KvBlocksRemoved):
+            for h in event.block_hashes:
+                self._exact.remove(w, h)
+        elif isinstance(event, KvAllCleared):  # the engine dropped its whole cache
+            self._exact.forget(w)
+            self._approx.forget(w)
+            self._lru.pop(w, None)
+
+    def on_routed(self, worker_id: str, block_hashes: list[int]) -> None:
+        """A request went there: the worker now probably holds its blocks."""
+        if not block_hashes:
+            return
+        lru = self._lru.setdefault(worker_id, OrderedDict())
+        for h in block_hashes:
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                lru[h] = None
+                self._approx.add(worker_id, h)
+        while len(lru) > self.approx_capacity_blocks:
+            old, _ = lru.popitem(last=False)
+            self._approx.remove(worker_id, old)
+
+    def drop_worker(self, worker_id: str) -> None:
+        self._exact.forget(worker_id)
+        self._approx.forget(worker_id)
+        self._lru.pop(worker_id, None)
+        self._reporting.discard(worker_id)
+
+    def overlaps(self, block_hashes: list[int], workers: list[str]) -> dict[str, int]:
+        """For each worker, how many of the request's leading blocks it holds, by
+        its events or, where they say less, by what was routed there."""
+        if not self._approx.by_block:
+            return self._exact.overlaps(block_hashes, workers)
+        if not self._exact.by_block:
+            return self._approx.overlaps(block_hashes, workers)
+        exact = self._exact.overlaps(block_hashes, workers)
+        approx = self._approx.overlaps(block_hashes, workers)
+        return {w: max(exact[w], approx[w]) for w in workers}
+
     def blocks(self, worker_id: str) -> int:
-        return len(self._blocks.get(worker_id, ()))
+        return len(self._exact.by_worker.get(worker_id, ())) + len(self._lru.get(worker_id, ()))
 
     def exact(self, worker_id: str) -> bool:
-        return worker_id in self._exact
-
-    # -- internals -------------------------------------------------------------------
-
-    def _add(self, w: str, h: int) -> None:
-        self._holders.setdefault(h, set()).add(w)
-        self._blocks.setdefault(w, set()).add(h)
-
-    def _remove(self, w: str, h: int) -> None:
-        holders = self._holders.get(h)
-        if holders is not None:
-            holders.discard(w)
-            if not holders:
-                del self._holders[h]
-        blocks = self._blocks.get(w)
-        if blocks is not None:
-            blocks.discard(h)
+        """The worker publishes KV events."""
+        return worker_id in self._reporting
 
 
 def text_blocks(text: str, block_chars: int = 256) -> list[int]:

@@ -33,7 +33,7 @@ from inferbus.contracts import (
     work_subject,
 )
 from inferbus.shared import logs, metrics
-from inferbus.shared.bus import Background, consume, publish_durable, request_headers
+from inferbus.shared.bus import Background, consume, publish_durable, replay, request_headers
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
@@ -68,6 +68,9 @@ class SchedulerSettings(ServiceSettings, kw_only=True):
     long_wait_bound_s: float = 10.0
     short_reserve: float = 0.25
     long_per_worker: int = 1
+    restore_window_s: float = 900.0
+    """On start, assignments this recent that never ended are taken back (their slots
+    count, and a lost worker fails them): a restart strands no request."""
 
 
 class SchedulerService(Service[SchedulerSettings]):
@@ -105,6 +108,7 @@ class SchedulerService(Service[SchedulerSettings]):
     async def start(self, ctx: Context[SchedulerSettings]) -> None:
         self._ctx = ctx
         nc = ctx.nc
+        await self._restore(ctx)
         self._subs = [
             await nc.subscribe(HEARTBEATS, cb=self._on_heartbeat),
             await nc.subscribe(STARTED, cb=self._on_started),
@@ -125,6 +129,29 @@ class SchedulerService(Service[SchedulerSettings]):
 
     def status(self) -> dict[str, Any]:
         return self.core.status()
+
+    async def _restore(self, ctx: Context[SchedulerSettings]) -> None:
+        window = self.settings.restore_window_s
+        if window <= 0:
+            return
+        work = await replay(ctx.js, "IB_WORK", "ib.work.>", window)
+        ended_raw = await replay(ctx.js, "IB_REQUESTS", ENDED, window)
+        assignments = []
+        for data in work:
+            try:
+                w = decode(data, WorkAssigned)
+            except DecodeError:
+                continue
+            assignments.append((w.request, w.worker_id, w.attempt))
+        ended = set()
+        for data in ended_raw:
+            try:
+                ended.add(decode(data, Terminal).request_id)
+            except DecodeError:
+                continue
+        self.core.restore(assignments, ended, time.monotonic())
+        log.info("restored", assignments=len(assignments), ended=len(ended),
+                 inflight=len(self.core.inflight))
 
     async def drain(self) -> None:
         for sub in reversed(self._subs):

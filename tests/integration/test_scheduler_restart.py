@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 
 import pytest
 
-from inferbus.client import Client
+from inferbus.client import Client, RequestError
 from inferbus.contracts import ENDED, Terminal, WorkAssigned
 from inferbus.shared.codec import decode
 from inferbus.shared.natsserver import NatsServer
@@ -22,6 +23,7 @@ MODEL = "restart-model"
 
 @pytest.fixture
 def fleet(tmp_path):
+    """NATS, sanitizer, scheduler and one worker with 4 slots (20 ms a token)."""
     server = NatsServer(tmp_path / "nats", log_file=tmp_path / "nats.log").start()
     url = server.url
     scheduler = ServiceProcess("scheduler", url, tmp_path, "--worker-timeout-s", "3",
@@ -34,14 +36,14 @@ def fleet(tmp_path):
                        name="rs-worker"),
     ]
     start_all(procs)
-    yield url, tmp_path, scheduler
+    yield url, tmp_path, scheduler, procs[2]
     for p in reversed(procs):
         p.stop()
     server.stop()
 
 
 async def test_killing_the_scheduler_under_load_loses_and_duplicates_nothing(fleet):
-    url, logs, scheduler = fleet
+    url, logs, scheduler, _ = fleet
     c = await Client.connect(url)
     ended: collections.Counter[str] = collections.Counter()
     placed: collections.Counter[str] = collections.Counter()
@@ -77,5 +79,33 @@ async def test_killing_the_scheduler_under_load_loses_and_duplicates_nothing(fle
         assert {k for k, n in ended.items() if k in ids} == ids
         assert all(ended[k] == 1 for k in ids), ended  # one terminal event each
         assert all(placed[k] == 1 for k in ids), placed  # never run twice
+    finally:
+        await c.close()
+
+
+async def test_work_placed_before_a_restart_still_ends_when_its_worker_dies(fleet):
+    url, logs, scheduler, worker = fleet
+    c = await Client.connect(url)
+    try:
+        streams = [c.stream(MODEL, f"long {i}", max_tokens=2000, request_id=f"rw-{i}",
+                            timeout=60) for i in range(3)]
+        for s in streams:
+            await s.__anext__()  # all three are generating
+        scheduler.kill()
+        replacement = ServiceProcess("scheduler", url, logs, "--worker-timeout-s", "3",
+                                     name="rw-scheduler-2")
+        start_all([replacement])
+        try:
+            await asyncio.sleep(1.0)  # it has taken the three back from the streams
+            worker.kill()  # and now their worker dies: no heartbeat will say so
+            t0 = time.monotonic()
+            for s in streams:
+                with pytest.raises(RequestError) as err:
+                    async for _ in s:
+                        pass
+                assert (err.value.code, err.value.retryable) == ("worker_lost", True)
+            assert time.monotonic() - t0 < 10  # the worker timeout, not the client's
+        finally:
+            replacement.stop()
     finally:
         await c.close()

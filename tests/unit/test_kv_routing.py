@@ -25,16 +25,18 @@ def test_overlap_counts_leading_blocks_only():
     assert idx.overlaps([1], ["a", "b"]) == {"a": 0, "b": 1}
 
 
-def test_workers_without_events_are_tracked_by_routing_in_a_bounded_lru():
+def test_what_was_routed_is_tracked_in_a_bounded_lru_beside_the_events():
     idx = KvIndex(approx_capacity_blocks=3)
     idx.on_routed("w", [1, 2])
     idx.on_routed("w", [5, 6])  # 1 falls out
     assert idx.overlaps([1, 2], ["w"]) == {"w": 0}
     assert idx.overlaps([5, 6], ["w"]) == {"w": 2}
-    idx.on_event(KvBlocksStored(worker_id="w", block_hashes=[7]))  # events win from now
-    assert idx.overlaps([5], ["w"]) == {"w": 0} and idx.exact("w")
-    idx.on_routed("w", [8])
-    assert idx.overlaps([8], ["w"]) == {"w": 0}
+    # events (the engine's own hashes) and routed text blocks answer side by side
+    idx.on_event(KvBlocksStored(worker_id="w", block_hashes=[7, 8]))
+    assert idx.exact("w")
+    assert idx.overlaps([5, 6], ["w"]) == {"w": 2} and idx.overlaps([7, 8], ["w"]) == {"w": 2}
+    idx.on_event(KvAllCleared(worker_id="w"))  # the engine's cache is gone: both views
+    assert idx.overlaps([5], ["w"]) == {"w": 0} and idx.overlaps([7], ["w"]) == {"w": 0}
 
 
 def test_text_blocks_chain():

@@ -779,3 +779,18 @@ def test_work_a_previous_scheduler_placed_takes_slots_until_it_ends():
     later = WorkerHeartbeat(worker_id="w1", models=["m"], engine="sim", max_num_seqs=2,
                             inflight=["old2"])
     assert assigns(core.on_heartbeat(later, 1.0)) == [("new", "w1", 1)]
+
+
+def test_a_restarted_scheduler_takes_back_open_assignments():
+    core = SchedulerCore(POLICY)  # worker timeout 3 s
+    done, running, again = req("done"), req("running"), req("again")
+    core.restore([(done, "w1", 1), (running, "w1", 1), (again, "w1", 1), (again, "w2", 2)],
+                 ended={"done"}, now=0.0)
+    assert set(core.inflight) == {"running", "again"}
+    assert core.inflight["again"].worker_id == "w2"  # the latest attempt
+    assert core.on_accepted(running, 0.1) == []  # a redelivery of it changes nothing
+    core.on_heartbeat(hb("w1", max_num_seqs=1), 0.5)  # w1 is full with "running"
+    assert core.on_accepted(req("new"), 0.6) == []
+    # w2 never heartbeats: it is lost, and its request ends instead of hanging
+    [fail] = only(core.tick(3.5), Fail)
+    assert (fail.request.request_id, fail.code) == ("again", "worker_lost")
