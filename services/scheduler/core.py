@@ -113,12 +113,12 @@ class Worker:
     """Prompt + max output tokens of what it holds: against ``kv_capacity_tokens``."""
     prefilling_long: set[str] = field(default_factory=set)
     """Long prompts assigned here whose first token has not come yet."""
-    foreign: int = 0
+    foreign: set[str] = field(default_factory=set)
     """Requests its heartbeat lists that this scheduler did not place (placed by a
     scheduler before a restart): they take slots all the same."""
 
     def can_take(self, tokens: int = 0) -> bool:
-        if self.state != "ready" or len(self.assigned) + self.foreign >= self.max_num_seqs:
+        if self.state != "ready" or len(self.assigned) + len(self.foreign) >= self.max_num_seqs:
             return False
         # a request bigger than the whole cache still goes to an idle worker
         return (not self.kv_capacity_tokens or not self.assigned
@@ -168,6 +168,7 @@ class SchedulerCore:
         """Cancels that came before their request (id → reason): a client that went
         away while its request was still in the sanitizer."""
         self.kv = KvIndex(self.policy.approx_cache_blocks)
+        self._kv_orphans: dict[str, float] = {}
         self.canaries: dict[str, dict[str, float]] = {}
         """model → {other model name: share of its requests}."""
         self.routed_blocks = 0
@@ -231,8 +232,8 @@ class SchedulerCore:
             w.models, w.max_num_seqs, w.state, w.last_seen, w.kv_capacity_tokens = (
                 list(hb.models), hb.max_num_seqs, hb.state, now, hb.kv_capacity_tokens,
             )
-        w.foreign = sum(1 for rid in hb.inflight
-                        if rid not in w.assigned and rid not in self._ended)
+        w.foreign = {rid for rid in hb.inflight
+                     if rid not in w.assigned and rid not in self._ended}
         return self._dispatch(now)
 
     def restore(self, assignments: list[tuple[RequestSubmitted, str, int]],
@@ -276,8 +277,8 @@ class SchedulerCore:
     def _target(self, model: str, item: Queued, ready: dict[str, int]) -> str:
         """The model name this request runs on: a canary's by a stable hash of its id,
         or its own (also when the canary has no ready worker)."""
-        if item.target is not None:
-            return item.target
+        if item.target is not None and (item.target == model or ready.get(item.target)):
+            return item.target  # kept while its version is there (retries stay with it)
         weights = self.canaries.get(model)
         target = model
         if weights:
@@ -294,9 +295,12 @@ class SchedulerCore:
     def on_kv_event(self, event: KvEvent) -> None:
         self.kv.on_event(event)
 
-    def on_started(self, request_id: str, attempt: int) -> None:
+    def on_started(self, request_id: str, attempt: int, worker_id: str = "") -> None:
+        """The request's first token is on its way. Taken from the worker it is placed
+        on whatever the attempt: a worker that kept streaming an earlier attempt (and
+        ignored the new one) has started it all the same."""
         f = self.inflight.get(request_id)
-        if f is not None and f.attempt == attempt:
+        if f is not None and (f.attempt == attempt or worker_id == f.worker_id):
             f.started = True
             w = self.workers.get(f.worker_id)
             if w is not None:
@@ -338,6 +342,14 @@ class SchedulerCore:
         for wid in [w.worker_id for w in self.workers.values()
                     if now - w.last_seen > self.policy.worker_timeout_s]:
             effects += self._lose_worker(wid, now)
+        # KV events of workers that never heartbeat here (gone before a restart)
+        for wid in [w for w in self._kv_orphans if w in self.workers]:
+            del self._kv_orphans[wid]
+        for wid in self.kv.workers() - self.workers.keys():
+            since = self._kv_orphans.setdefault(wid, now)
+            if now - since > self.policy.worker_timeout_s:
+                self.kv.drop_worker(wid)
+                del self._kv_orphans[wid]
         limit = self.policy.queue_timeout_s
 
         def expired(item: Queued) -> bool:
@@ -512,6 +524,15 @@ class SchedulerCore:
             if not q:
                 continue
             by_target: dict[str, list[Worker]] = {}
+
+            def candidates_for(target: str) -> list[Worker]:
+                if target not in by_target:
+                    by_target[target] = sorted(
+                        (w for w in self.workers.values()
+                         if target in w.models and w.state == "ready"),
+                        key=lambda w: w.worker_id)
+                return by_target[target]
+
             blocked: set[str] = set()  # lanes no worker can take more of in this pass
             while q:
                 item = q.next(now, allow=lambda lane: lane not in blocked)
@@ -519,22 +540,30 @@ class SchedulerCore:
                     break
                 lane = q.lane_of(item)
                 target = self._target(model, item, ready)
-                if target not in by_target:
-                    by_target[target] = sorted(
-                        (w for w in self.workers.values()
-                         if target in w.models and w.state == "ready"),
-                        key=lambda w: w.worker_id)
-                candidates = by_target[target]
                 overdue = lane == "long" and now - item.since >= self.policy.long_wait_bound_s
-                w = self._route(target, item, self._eligible(candidates, lane, overdue)) \
+                candidates = candidates_for(target)
+                w = self._route(target, item, self._eligible(candidates, lane, overdue,
+                                                             cost_tokens(item.request))) \
                     if candidates else None
+                if w is None and target != model:
+                    # the new version has no room now: this one runs on the current one
+                    item.target = target = model
+                    candidates = candidates_for(model)
+                    w = self._route(model, item, self._eligible(candidates, lane, overdue,
+                                                                cost_tokens(item.request))) \
+                        if candidates else None
                 if w is None:
                     blocked.add(lane)
+                    if lane == "short" and any(x.can_take() for x in candidates):
+                        # slots are free but not the tokens it needs: keep the long lane
+                        # from taking them, so running work drains until it fits
+                        blocked.add("long")
                     continue
                 q.take(item)
                 rid = item.request.request_id
                 self._queued_ids.discard(rid)
                 tokens = cost_tokens(item.request)
+                w.foreign.discard(rid)  # listed by its heartbeat, now placed here
                 w.assigned.add(rid)
                 w.assigned_tokens += tokens
                 if lane == "long" and self.policy.lanes:
@@ -550,7 +579,8 @@ class SchedulerCore:
                                       served_model="" if target == model else target))
         return effects
 
-    def _eligible(self, candidates: list[Worker], lane: str, overdue: bool) -> list[Worker]:
+    def _eligible(self, candidates: list[Worker], lane: str, overdue: bool,
+                  tokens: int = 0) -> list[Worker]:
         """Workers a request of ``lane`` may go to: long prompts prefill one at a time per
         worker, off the reserved share unless overdue."""
         p = self.policy
@@ -561,7 +591,7 @@ class SchedulerCore:
         if lane == "short":
             # away from long prefills when possible: they would stall its first token
             clear = [w for w in candidates if not w.prefilling_long]
-            return clear if any(w.can_take() for w in clear) else candidates
+            return clear if any(w.can_take(tokens) for w in clear) else candidates
         reserved = max(1, round(p.short_reserve * len(candidates))) if len(candidates) > 1 else 0
         holding = [w for w in candidates if w.prefilling_long]
         if len(holding) >= len(candidates) - reserved:

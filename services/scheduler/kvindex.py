@@ -114,6 +114,9 @@ class KvIndex:
         approx = self._approx.overlaps(block_hashes, workers)
         return {w: max(exact[w], approx[w]) for w in workers}
 
+    def workers(self) -> set[str]:
+        return set(self._exact.by_worker) | set(self._approx.by_worker) | self._reporting
+
     def blocks(self, worker_id: str) -> int:
         return len(self._exact.by_worker.get(worker_id, ())) + len(self._lru.get(worker_id, ()))
 

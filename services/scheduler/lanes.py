@@ -48,6 +48,7 @@ class ModelQueue:
         """The counter of the tenant served last: where an arrival starts when no one
         else is waiting."""
         self._n = 0
+        self._prune_at = 1000
 
     def lane_of(self, item: Item) -> str:
         """By prompt length, unless the API key's priority class says: interactive
@@ -90,10 +91,10 @@ class ModelQueue:
         """The request to place next (not removed): a long one past its bound, else
         the short lane's, else the long lane's; ``allow`` may refuse a lane (no worker
         can take a long prompt now)."""
-        long_head = self._head("long")
-        if long_head is not None and now - long_head.since >= self.long_wait_bound_s \
+        oldest = self._oldest("long")  # the bound is any tenant's, not the head tenant's
+        if oldest is not None and now - oldest.since >= self.long_wait_bound_s \
                 and allow("long"):
-            return long_head
+            return oldest
         for lane in ("short", "long"):
             if allow(lane):
                 head = self._head(lane)
@@ -102,10 +103,13 @@ class ModelQueue:
         return None
 
     def remove(self, item: Item) -> None:
-        q = self._lanes[self.lane_of(item)].get(item.request.tenant)
+        lane = self._lanes[self.lane_of(item)]
+        q = lane.get(item.request.tenant)
         if q is not None and item in q:
             q.remove(item)
             self._n -= 1
+            if not q:
+                del lane[item.request.tenant]
 
     def take(self, item: Item) -> None:
         """``item`` is placed: it leaves the queue and its tenant is charged."""
@@ -113,6 +117,17 @@ class ModelQueue:
         tenant = item.request.tenant
         self._level = self.counters.get(tenant, 0.0)
         self.counters[tenant] = self._level + cost_tokens(item.request)
+        if len(self.counters) > self._prune_at:
+            self._prune()
+            self._prune_at = max(1000, 2 * len(self.counters))  # amortized: O(1) a take
+
+    def _prune(self) -> None:
+        """Forget the counters of tenants with nothing waiting that are at or below the
+        least-served waiting one: back, they start there anyway."""
+        waiting = {t for lane in self._lanes.values() for t in lane}
+        floor = min((self.counters[t] for t in waiting), default=self._level)
+        for t in [t for t, c in self.counters.items() if t not in waiting and c <= floor]:
+            del self.counters[t]
 
     def drop_where(self, gone: Callable[[Any], bool]) -> list[Any]:
         out = []
@@ -122,8 +137,14 @@ class ModelQueue:
                     keep = deque(i for i in q if not gone(i))
                     out += [i for i in q if gone(i)]
                     lane[tenant] = keep
+            for tenant in [t for t, q in lane.items() if not q]:
+                del lane[tenant]
         self._n -= len(out)
         return out
+
+    def _oldest(self, lane: str) -> Any | None:
+        heads = [q[0] for q in self._lanes[lane].values() if q]
+        return min(heads, key=lambda i: i.since) if heads else None
 
     def _head(self, lane: str) -> Any | None:
         """The oldest request of the least-served tenant with one waiting."""

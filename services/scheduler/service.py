@@ -221,7 +221,7 @@ class SchedulerService(Service[SchedulerSettings]):
             ev = decode(msg.data, RequestStarted)
         except DecodeError:
             return
-        self.core.on_started(ev.request_id, ev.attempt)
+        self.core.on_started(ev.request_id, ev.attempt, ev.worker_id)
 
     async def _on_ended(self, msg: Msg) -> None:
         try:

@@ -113,3 +113,16 @@ def test_a_canary_takes_its_share_stably_and_falls_back_when_absent():
                for e in core.on_accepted(req(f"z{i}", []), 0.0))
     with pytest.raises(ValueError):
         core.set_canary("m", {"a": 0.7, "b": 0.6})
+
+
+def test_canary_requests_fall_back_when_the_new_version_is_full_or_gone():
+    core = SchedulerCore(SchedulerPolicy())
+    core.on_heartbeat(WorkerHeartbeat(worker_id="A", models=["m"], engine="sim",
+                                      max_num_seqs=4), 0.0)
+    core.on_heartbeat(WorkerHeartbeat(worker_id="B", models=["m2"], engine="sim",
+                                      max_num_seqs=1), 0.0)
+    core.set_canary("m", {"m2": 1.0})
+    placed = [e.worker_id for i in range(3) for e in core.on_accepted(req(f"c{i}", []), 0.0)]
+    assert placed == ["B", "A", "A"]  # B full: the rest run on the current version
+    core.set_canary("m", {})
+    assert [e.worker_id for e in core.on_accepted(req("after", []), 0.1)] == ["A"]

@@ -144,3 +144,36 @@ def test_the_keys_priority_class_picks_the_lane():
     core.on_accepted(interactive, 0.1)
     assert assigned(core.on_heartbeat(hb("w"), 0.2)) == ["interactive"]
     assert assigned(core.on_ended("interactive", 0.3)) == ["batch"]  # long lane, oldest first
+
+
+# -- found by review ------------------------------------------------------------------------
+
+
+def test_the_bound_is_any_tenants_not_only_the_least_served():
+    core = SchedulerCore(POLICY)  # bound 5 s
+    core.on_heartbeat(hb("w"), 0.0)
+    core.on_accepted(req("hold", 10), 0.0)
+    core.on_accepted(req("b-long", 5000, tenant="b"), 0.0)
+    core.on_accepted(req("a-long", 5000, tenant="a"), 4.0)  # a: fewer tokens served
+    core.on_accepted(req("short", 10, tenant="c"), 5.5)
+    assert assigned(core.on_ended("hold", 5.6)) == ["b-long"]  # overdue, though not a's
+
+
+def test_a_short_request_blocked_only_by_budget_is_not_overtaken_by_long_ones():
+    core = SchedulerCore(POLICY)
+    core.on_heartbeat(hb("w", seqs=8, kv=10_000), 0.0)
+    core.on_accepted(req("L0", 3000, tenant="b"), 0.0)  # 3010 tokens of the 10k
+    core.on_accepted(req("big", 10, tenant="a", max_tokens=8000), 0.1)  # needs 8010: waits
+    core.on_accepted(req("L1", 3000, tenant="b"), 0.2)
+    assert assigned(core.on_ended("L0", 1.0)) == ["big"]  # L1 did not take its room
+
+
+def test_a_short_request_goes_to_the_long_prefilling_worker_when_only_it_has_budget():
+    core = SchedulerCore(SchedulerPolicy(short_prompt_tokens=1000, routing="round_robin"))
+    core.on_heartbeat(hb("w1", seqs=8, kv=10_000), 0.0)
+    core.on_heartbeat(hb("w2", seqs=8, kv=10_000), 0.0)
+    core.on_accepted(req("L", 3000), 0.0)
+    core.on_accepted(req("S1", 25, max_tokens=9000), 0.0)
+    [s2] = [e for e in core.on_accepted(req("S2", 25, max_tokens=2000), 0.0)
+            if isinstance(e, Assign)]
+    assert s2.worker_id == core.inflight["L"].worker_id

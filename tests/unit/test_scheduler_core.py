@@ -794,3 +794,17 @@ def test_a_restarted_scheduler_takes_back_open_assignments():
     # w2 never heartbeats: it is lost, and its request ends instead of hanging
     [fail] = only(core.tick(3.5), Fail)
     assert (fail.request.request_id, fail.code) == ("again", "worker_lost")
+
+
+def test_a_start_from_the_worker_holding_the_request_counts_whatever_the_attempt():
+    core = SchedulerCore(POLICY)  # worker timeout 3 s
+    core.on_heartbeat(hb("w1", max_num_seqs=2), 0.0)
+    core.on_accepted(req("r"), 0.0)
+    core.tick(3.5)  # w1 briefly unreachable: r back in the queue
+    back = WorkerHeartbeat(worker_id="w1", models=["m"], engine="sim", max_num_seqs=2,
+                           inflight=["r"])
+    assert assigns(core.on_heartbeat(back, 3.6)) == [("r", "w1", 2)]
+    core.on_started("r", 1, "w1")  # it was still streaming attempt 1
+    core.on_heartbeat(hb("w2"), 7.0)
+    [fail] = only(core.tick(7.0), Fail)  # w1 lost again: r fails, never streams twice
+    assert fail.code == "worker_lost"
