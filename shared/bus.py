@@ -171,24 +171,18 @@ async def replay(js: JetStreamContext, stream: str, subject: str, since_s: float
 
     from nats.js.api import ConsumerConfig, DeliverPolicy
 
-    info = await js.stream_info(stream)
-    last = info.state.last_seq
-    if not info.state.messages:
-        return []
     start = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=since_s)
     sub = await js.subscribe(subject, stream=stream, ordered_consumer=True,
                              config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME,
                                                    opt_start_time=start))
     out: list[bytes] = []
     try:
-        while True:
-            try:
-                msg = await sub.next_msg(timeout=min(timeout, 1.0))
-            except Exception:  # nothing more on this subject in the window
-                break
-            out.append(msg.data)
-            if msg.metadata.sequence.stream >= last:
-                break
+        if (await sub.consumer_info()).num_pending:
+            while True:  # each message says how many are still to come
+                msg = await sub.next_msg(timeout=timeout)
+                out.append(msg.data)
+                if not msg.metadata.num_pending:
+                    break
     finally:
         await sub.unsubscribe()
     return out

@@ -265,11 +265,6 @@ def _entity(m: re.Match[str]) -> Entity | None:
     return None
 
 
-def find(text: str) -> Iterator[Entity]:
-    """Entities in a text, offsets into it."""
-    yield from mask(text)[1]
-
-
 def _window_entities(window: str) -> Iterator[Entity]:
     pos = 0
     while (m := _CANDIDATE.search(window, pos)) is not None:

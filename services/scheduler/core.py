@@ -541,17 +541,19 @@ class SchedulerCore:
                 lane = q.lane_of(item)
                 target = self._target(model, item, ready)
                 overdue = lane == "long" and now - item.since >= self.policy.long_wait_bound_s
-                candidates = candidates_for(target)
-                w = self._route(target, item, self._eligible(candidates, lane, overdue,
-                                                             cost_tokens(item.request))) \
-                    if candidates else None
+                tokens = cost_tokens(item.request)
+
+                def place(target: str) -> Worker | None:
+                    pool = candidates_for(target)
+                    return self._route(target, item, self._eligible(
+                        pool, lane, overdue, tokens)) if pool else None
+
+                w = place(target)
                 if w is None and target != model:
                     # the new version has no room now: this one runs on the current one
                     item.target = target = model
-                    candidates = candidates_for(model)
-                    w = self._route(model, item, self._eligible(candidates, lane, overdue,
-                                                                cost_tokens(item.request))) \
-                        if candidates else None
+                    w = place(model)
+                candidates = candidates_for(target)
                 if w is None:
                     blocked.add(lane)
                     if lane == "short" and any(x.can_take() for x in candidates):
@@ -562,7 +564,6 @@ class SchedulerCore:
                 q.take(item)
                 rid = item.request.request_id
                 self._queued_ids.discard(rid)
-                tokens = cost_tokens(item.request)
                 w.foreign.discard(rid)  # listed by its heartbeat, now placed here
                 w.assigned.add(rid)
                 w.assigned_tokens += tokens

@@ -117,9 +117,6 @@ class KvIndex:
     def workers(self) -> set[str]:
         return set(self._exact.by_worker) | set(self._approx.by_worker) | self._reporting
 
-    def blocks(self, worker_id: str) -> int:
-        return len(self._exact.by_worker.get(worker_id, ())) + len(self._lru.get(worker_id, ()))
-
     def exact(self, worker_id: str) -> bool:
         """The worker publishes KV events."""
         return worker_id in self._reporting

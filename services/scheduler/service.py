@@ -6,6 +6,7 @@ import asyncio
 import time
 from typing import Any
 
+import msgspec
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
@@ -78,23 +79,13 @@ class SchedulerService(Service[SchedulerSettings]):
 
     def __init__(self, settings: SchedulerSettings) -> None:
         super().__init__(settings)
-        self.core = SchedulerCore(
-            SchedulerPolicy(
-                worker_timeout_s=settings.worker_timeout_s,
-                queue_timeout_s=settings.queue_timeout_s,
-                max_attempts=settings.max_attempts,
-                max_queue_per_model=settings.max_queue_per_model,
-                routing=settings.routing,  # type: ignore[arg-type]
-                overlap_weight=settings.overlap_weight,
-                load_weight=settings.load_weight,
-                max_load_skew=settings.max_load_skew,
-                lanes=settings.lanes,
-                short_prompt_tokens=settings.short_prompt_tokens,
-                long_wait_bound_s=settings.long_wait_bound_s,
-                short_reserve=settings.short_reserve,
-                long_per_worker=settings.long_per_worker,
-            )
-        )
+        # the policy's fields are the settings of the same names
+        fields = {f: getattr(settings, f) for f in SchedulerPolicy.__struct_fields__
+                  if hasattr(settings, f)}
+        try:
+            self.core = SchedulerCore(msgspec.convert(fields, SchedulerPolicy))
+        except msgspec.ValidationError as exc:
+            raise SystemExit(f"invalid scheduler settings: {exc}") from None
         # accepted messages are acked only when their request leaves the queue, so a
         # scheduler crash leaves queued requests in JetStream for redelivery
         self._unacked: dict[str, Msg] = {}

@@ -204,41 +204,31 @@ async def test_prefill_time_is_paid_once():
     assert 0.09 <= elapsed < 1.0
 
 
-async def test_max_num_seqs_one_runs_requests_one_after_the_other():
-    timing = SimTiming(decode_s_per_step=0.002)
+async def first_and_finish_order(max_num_seqs: int) -> list[tuple[str, str]]:
+    """Two 8-token requests at once: when each one's first and last token came."""
     events: list[tuple[str, str]] = []
 
-    async def consume(name: str, req: EngineRequest) -> None:
+    async def consume(engine: SimEngine, name: str) -> None:
         first = True
-        async for out in engine.generate(req):
+        async for out in engine.generate(request(name, max_tokens=8)):
             if first:
                 events.append((name, "first"))
                 first = False
             if out.finish_reason is not None:
                 events.append((name, "finish"))
 
-    async with Running(timing, max_num_seqs=1) as engine:
-        await asyncio.wait_for(asyncio.gather(consume("a", request("a", max_tokens=8)),
-                                              consume("b", request("b", max_tokens=8))), 10)
+    async with Running(SimTiming(decode_s_per_step=0.002), max_num_seqs=max_num_seqs) as engine:
+        await asyncio.wait_for(asyncio.gather(consume(engine, "a"), consume(engine, "b")), 10)
+    return events
+
+
+async def test_max_num_seqs_one_runs_requests_one_after_the_other():
+    events = await first_and_finish_order(1)
     assert events == [("a", "first"), ("a", "finish"), ("b", "first"), ("b", "finish")]
 
 
 async def test_two_slots_run_requests_together():
-    timing = SimTiming(decode_s_per_step=0.002)
-    events: list[tuple[str, str]] = []
-
-    async def consume(name: str, req: EngineRequest) -> None:
-        first = True
-        async for out in engine.generate(req):
-            if first:
-                events.append((name, "first"))
-                first = False
-            if out.finish_reason is not None:
-                events.append((name, "finish"))
-
-    async with Running(timing, max_num_seqs=2) as engine:
-        await asyncio.wait_for(asyncio.gather(consume("a", request("a", max_tokens=8)),
-                                              consume("b", request("b", max_tokens=8))), 10)
+    events = await first_and_finish_order(2)
     # b's first token comes before a finished: they share a batch
     assert events.index(("b", "first")) < events.index(("a", "finish"))
 
