@@ -177,7 +177,10 @@ async def replay(js: JetStreamContext, stream: str, subject: str, since_s: float
                                                    opt_start_time=start))
     out: list[bytes] = []
     try:
-        if (await sub.consumer_info()).num_pending:
+        info = await sub.consumer_info()
+        # a push consumer may have sent everything before this answer: then nothing is
+        # pending on the server, but some was delivered and waits in the subscription
+        if info.num_pending or (info.delivered and info.delivered.consumer_seq):
             while True:  # each message says how many are still to come
                 msg = await sub.next_msg(timeout=timeout)
                 out.append(msg.data)
