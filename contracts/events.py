@@ -43,6 +43,7 @@ __all__ = [
     "InputFinding",
     "CanaryWeights",
     "SchedulerLoad",
+    "TraceDecided",
 ]
 
 
@@ -322,6 +323,20 @@ class KvAllCleared(Event, tag="kv.cleared"):
     worker_id: str
 
 
+class TraceDecided(Event, tag="trace.decided"):
+    """Keep or drop a request's trace, decided once when the request ends (tail
+    sampling). Services buffer the spans of undecided traces until this arrives."""
+
+    trace_id: str
+    """32 lowercase hex digits, as in ``traceparent``."""
+    keep: bool
+    reason: str
+    """``failed``, ``slo``, ``slow``, ``sampled`` (the kept share) or ``fast``."""
+    request_id: str = ""
+    service: str = ""
+    """Who decided."""
+
+
 KvEvent = KvBlocksStored | KvBlocksRemoved | KvAllCleared
 
 Terminal = RequestFinished | RequestFailed | RequestCancelled | RequestRejected
@@ -346,4 +361,5 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     KvAllCleared,
     SchedulerLoad,
     CanaryWeights,
+    TraceDecided,
 )

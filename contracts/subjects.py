@@ -18,6 +18,7 @@ __all__ = [
     "STARTED",
     "HEARTBEATS",
     "SCHEDULER_LOAD",
+    "TRACE_DECIDED",
     "REPLY_PREFIX",
     "FILTER_PREFIX",
     "heartbeat_subject",
@@ -59,6 +60,9 @@ STARTED = "ib.ctl.started"
 HEARTBEATS = "ib.hb.*"
 SCHEDULER_LOAD = "ib.sched.load"
 """SchedulerLoad, a few times a second: queue depth and limits per model."""
+TRACE_DECIDED = "ib.trace.decided"
+"""TraceDecided, from the service that ended a request: every service that buffered
+spans of its trace exports or drops them (tail sampling across processes)."""
 _HEARTBEAT = "ib.hb.{worker_id}"
 REPLY_PREFIX = "ib.reply"
 FILTER_PREFIX = "ib.filter"

@@ -30,8 +30,19 @@ class ServiceSettings(msgspec.Struct, kw_only=True):
     """Unique per process; defaults to <hostname>-<pid>."""
     log_level: str = "info"
     drain_timeout_s: float = 30.0
+    # tail sampling of traces (tracing is on when an OTLP endpoint is configured)
+    trace_slow_s: float = 1.0
+    """Keep every trace of a request slower than this end to end (and every failed one)."""
+    trace_keep_ratio: float = 0.001
+    """The share of the other requests' traces kept."""
+    slo_ttft_s: float = 0.0
+    """Time-to-first-token SLO: traces of requests over it are kept (0: none)."""
+    trace_decision_wait_s: float = 300.0
+    """Spans of a trace no decision reached in this long are exported anyway."""
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.trace_keep_ratio <= 1.0:
+            raise ValueError(f"trace_keep_ratio must be in 0..1, got {self.trace_keep_ratio}")
         if not self.instance_id:
             self.instance_id = f"{socket.gethostname()}-{os.getpid()}"
 

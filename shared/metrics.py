@@ -48,14 +48,64 @@ GATEWAY_REFUSALS = Counter(
 )
 PII_MASKED = Counter("inferbus_pii_masked_total", "PII entities masked in output", ["type"])
 INPUT_FINDINGS = Counter(
-    "inferbus_input_findings_total", "Injection findings on input, by rule and decision",
-    ["rule", "decision"],
+    "inferbus_input_findings_total",
+    "Injection findings on input, by type, rule and decision (block, flag)",
+    ["type", "rule", "decision"],
 )
 FILTER_SECONDS = Histogram(
     "inferbus_output_filter_seconds", "Time to mask one output event",
     buckets=(0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.001, 0.01),
 )
 INFLIGHT = Gauge("inferbus_inflight_requests", "Requests being served", ["service"])
+
+# -- where a request's time went (stage histograms, by model) ------------------------
+ITL = Histogram(
+    "inferbus_inter_token_latency_seconds", "Time between output tokens", ["service", "model"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1, 2.5),
+)
+QUEUE_TIME = Histogram(
+    "inferbus_queue_time_seconds", "From acceptance to assignment to a worker",
+    ["model", "lane"], buckets=_LATENCY_BUCKETS,
+)
+ENGINE_QUEUE_TIME = Histogram(
+    "inferbus_engine_queue_time_seconds", "From a worker receiving work to the engine running it",
+    ["model"], buckets=_LATENCY_BUCKETS,
+)
+PREFILL_TIME = Histogram(
+    "inferbus_prefill_time_seconds", "Prompt processing: from scheduling to the first token",
+    ["model"], buckets=_LATENCY_BUCKETS,
+)
+DECODE_TIME = Histogram(
+    "inferbus_decode_time_seconds", "From the first output token to the last", ["model"],
+    buckets=_LATENCY_BUCKETS,
+)
+
+# -- the fleet ----------------------------------------------------------------------
+KV_CACHE_USAGE = Gauge("inferbus_kv_cache_usage_ratio", "Fraction of the KV cache in use",
+                       ["worker"])
+PREFIX_CACHE_QUERIES = Counter(
+    "inferbus_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache",
+    ["worker"],
+)
+PREFIX_CACHE_HITS = Counter(
+    "inferbus_prefix_cache_hits_total", "Prompt tokens found in the prefix cache", ["worker"],
+)
+HEARTBEAT_AGE = Gauge(
+    "inferbus_worker_heartbeat_age_seconds",
+    "Seconds since the scheduler last heard from each worker it knows", ["worker"],
+)
+
+# -- tracing ------------------------------------------------------------------------
+TRACES = Counter(
+    "inferbus_traces_total",
+    "Traces this process decided on or followed a decision for: kept or dropped",
+    ["service", "decision"],
+)
+TRACE_SPANS_DROPPED = Counter(
+    "inferbus_trace_spans_dropped_total",
+    "Spans dropped by the tail sampler's buffer before any decision (buffer full)",
+    ["service"],
+)
 
 
 def add_label(body: bytes, prefix: bytes, key: str, value: str) -> bytes:

@@ -25,7 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import inferbus
 from inferbus.contracts import status_subject
-from inferbus.shared import logs
+from inferbus.shared import logs, tracing
 from inferbus.shared.bus import DeadLetterer, connect
 from inferbus.shared.config import ServiceSettings, load_settings
 from inferbus.shared.streams import ensure_streams
@@ -40,6 +40,7 @@ class Context(Generic[S]):
     js: JetStreamContext
     dead_letters: DeadLetterer
     http_port: int
+    tracing: tracing.Tracing
 
 
 class Service(abc.ABC, Generic[S]):
@@ -130,12 +131,15 @@ class Runtime:
         await site.start()
         self.http_port = runner.addresses[0][1]
 
+        traces = tracing.setup(self.service.name, trace_policy(s), s.instance_id)
+        await traces.listen(nc)
         ctx = Context(
             settings=s,
             nc=nc,
             js=js,
             dead_letters=DeadLetterer(js, self.service.name),
             http_port=self.http_port,
+            tracing=traces,
         )
         try:
             await self.service.start(ctx)
@@ -143,6 +147,7 @@ class Runtime:
             # not ready, with the reason in the log (and, for workers, in a "failed" heartbeat)
             self.log.error("failed to start", error=f"{type(exc).__name__}: {exc}")
             await runner.cleanup()
+            await traces.close()
             await nc.close()
             raise SystemExit(1) from None
 
@@ -151,7 +156,8 @@ class Runtime:
             name=f"inferbus-{self.service.name}",
             version=inferbus.__version__,
             description=f"inferbus {self.service.name}",
-            metadata={"instance": s.instance_id, "http_port": str(self.http_port)},
+            metadata={"instance": s.instance_id, "http_host": advertised_host(s.http_host),
+                      "http_port": str(self.http_port)},
             stats_handler=lambda _endpoint: self._status_json(),
         )
 
@@ -173,11 +179,30 @@ class Runtime:
             self.log.warning("drain timed out")
         await micro.stop()
         await runner.cleanup()
+        await traces.close()  # exports what is still undecided, then flushes
         try:
             await asyncio.wait_for(nc.drain(), 5)
         except Exception:
             await nc.close()
         self.log.info("stopped", drain_s=round(time.monotonic() - began, 3))
+
+
+def trace_policy(s: ServiceSettings) -> tracing.TracePolicy:
+    return tracing.TracePolicy(slow_s=s.trace_slow_s, keep_ratio=s.trace_keep_ratio,
+                               slo_ttft_s=s.slo_ttft_s, decision_wait_s=s.trace_decision_wait_s)
+
+
+def advertised_host(bind_host: str) -> str:
+    """Where others reach this process's HTTP port (for ``inferbus top``): the bind
+    address, or this host's address when bound to every interface."""
+    import socket
+
+    if bind_host not in ("0.0.0.0", "::", ""):
+        return bind_host
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
 
 async def serve(service: Service[Any]) -> None:

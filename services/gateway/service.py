@@ -49,6 +49,7 @@ from .core import (
     submitted,
 )
 from .openapi import openapi_document
+from .trace import HttpTrace, NoTrace, http_trace
 
 log = logs.get("inferbus.gateway")
 
@@ -184,15 +185,24 @@ class GatewayService(Service[GatewaySettings]):
                                         http.headers.get("x-api-key"))
 
     async def _handle(self, http: web.Request, chat: bool) -> web.StreamResponse:
+        assert self._ctx
         rid = _request_id(http)
+        trace = http_trace(self._ctx.tracing, http.headers, rid, chat)
         try:
-            return await self._serve(http, rid, chat)
+            resp = await self._serve(http, rid, chat, trace)
         except ApiError as err:
             if err.status != 499:
                 metrics.GATEWAY_REFUSALS.labels(err.code or str(err.status)).inc()
+            await trace.end(err.status, f"{err.code or err.status}: {err.message}", rid)
             return _error_response(err, rid)
+        except asyncio.CancelledError:  # the client hung up
+            await trace.end(499, "client_disconnected: the client closed the connection", rid)
+            raise
+        await trace.end(resp.status, "", rid)
+        return resp
 
-    async def _serve(self, http: web.Request, rid: str, chat: bool) -> web.StreamResponse:
+    async def _serve(self, http: web.Request, rid: str, chat: bool,
+                     trace: HttpTrace | NoTrace) -> web.StreamResponse:
         assert self._ctx
         if self._draining:
             raise ApiError(503, "the gateway is shutting down", type="server_error",
@@ -213,6 +223,7 @@ class GatewayService(Service[GatewaySettings]):
             req = creq
         timeout_s = request_timeout(http.headers.get("X-Request-Timeout"))
         now = time.monotonic()
+        trace.describe(req.model, sampling, key.tenant_id, bool(req.stream))
         self.access.authorize_model(key, req.model)  # first: no probing for other models
         self.registry.admit(req.model, now, sampling.max_tokens)
         if rid in self._pending:
@@ -230,7 +241,7 @@ class GatewayService(Service[GatewaySettings]):
                               mask_pii=key.mask_pii)
             shapes = Shapes(chat=chat, request_id=rid, model=req.model, created=int(time.time()))
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            events = self._submit(event, timeout_s, flow)
+            events = self._submit(event, timeout_s, flow, trace)
             ended = False
             try:
                 if req.stream:
@@ -250,13 +261,15 @@ class GatewayService(Service[GatewaySettings]):
             self.access.settle(admission, flow.used_tokens(chars), time.monotonic())
 
     async def _submit(self, event: RequestSubmitted, timeout_s: float | None,
-                      flow: "_Flow") -> AsyncIterator[Any]:
+                      flow: "_Flow", trace: HttpTrace | NoTrace) -> AsyncIterator[Any]:
         """Register for replies, publish, then yield chunks until the terminal event."""
         assert self._ctx
         rid = event.request_id
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._pending[rid] = queue
-        ack = await publish_durable(self._ctx.js, SUBMIT, event, request_id=rid, msg_id=rid)
+        ack = await publish_durable(self._ctx.js, SUBMIT, event, request_id=rid, msg_id=rid,
+                                    trace=trace.headers)
+        trace.on_submitted()
         if ack.duplicate:
             raise _Ended(ApiError(409, f"request id {rid} was already submitted; use a new one",
                                   param="x-request-id", code="duplicate_request"))
@@ -293,12 +306,14 @@ class GatewayService(Service[GatewaySettings]):
                     elif nxt.attempt == attempt:
                         ev = merge_chunks(ev, nxt)
                 flow.completion_tokens += ev.tokens
+                trace.on_first_token()
                 yield ev
                 if terminal is None:
                     continue
                 ev = terminal
             if isinstance(ev, RequestFinished):
                 flow.usage = ev.usage.total_tokens
+                trace.on_finished(ev)
             yield ev
             return
 

@@ -22,6 +22,8 @@ from inferbus.contracts import (
     subject_token,
 )
 from inferbus.shared import logs, metrics
+from inferbus.shared import tracing as t
+from inferbus.shared.tracing import end as tracing_end
 from inferbus.shared.bus import (
     Background,
     consume,
@@ -62,6 +64,17 @@ class _Addressed(msgspec.Struct):
     reply_to: str
 
 
+class _FilterTrace:
+    """One output stream's filter span, recorded when the stream ends."""
+
+    __slots__ = ("parent", "start_ns", "busy_s")
+
+    def __init__(self, parent: Any) -> None:
+        self.parent = parent
+        self.start_ns = 0
+        self.busy_s = 0.0
+
+
 class SanitizerService(Service[SanitizerSettings]):
     name = "sanitizer"
 
@@ -78,6 +91,8 @@ class SanitizerService(Service[SanitizerSettings]):
         self.filter_id = subject_token(settings.instance_id)
         self._filter_prefix = f"{FILTER_PREFIX}.{self.filter_id}."
         self._streams: dict[str, FilteredStream] = {}
+        self._filter_traces: dict[str, _FilterTrace] = {}
+        """Traced output streams, by client subject."""
         self._filter_sub: Any = None
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -124,9 +139,17 @@ class SanitizerService(Service[SanitizerSettings]):
         t0 = time.perf_counter()
         before = len(stream.masker.entities)
         out, over = stream.on_event(event, time.monotonic())
-        metrics.FILTER_SECONDS.observe(time.perf_counter() - t0)
+        busy = time.perf_counter() - t0
+        metrics.FILTER_SECONDS.observe(busy)
         for e in stream.masker.entities[before:]:
             metrics.PII_MASKED.labels(e.type).inc()
+        traced = self._filter_traces.get(client)
+        if traced is not None:
+            traced.busy_s += busy
+            if not traced.start_ns:
+                traced.start_ns = time.time_ns()
+            if over:
+                self._trace_filter(self._filter_traces.pop(client), stream)
         headers = request_headers(rid)
         if stream.lost and over:
             log.warning("output chunks lost before the filter", request_id=rid,
@@ -143,12 +166,27 @@ class SanitizerService(Service[SanitizerSettings]):
             for key, s in list(self._streams.items()):
                 if now - s.last_seen > self.settings.filter_idle_s:
                     del self._streams[key]
+                    self._filter_traces.pop(key, None)
                     log.warning("filtered stream forgotten: silent too long",
                                 request_id=s.request_id)
 
     async def _on_submitted(self, msg: Msg) -> None:
         # requests are independent: check many at once rather than one ack round trip apiece
         await self._work.spawn(self._check(msg))
+
+    def _trace_filter(self, traced: _FilterTrace, stream: FilteredStream) -> None:
+        by_type: dict[str, int] = {}
+        for e in stream.masker.entities:
+            by_type[e.type] = by_type.get(e.type, 0) + 1
+        attrs: dict[str, Any] = {t.REQUEST_ID: stream.request_id,
+                                 "inferbus.pii.masked": sum(by_type.values()),
+                                 "inferbus.filter.busy_s": round(traced.busy_s, 6)}
+        for kind, n in by_type.items():
+            attrs[f"inferbus.pii.masked.{kind.lower()}"] = n
+        assert self._ctx
+        self._ctx.tracing.record("output pii filter", traced.parent,
+                                 traced.start_ns or time.time_ns(), time.time_ns(), attrs,
+                                 error=f"lost: {stream.lost} chunks" if stream.lost else "")
 
     async def _check(self, msg: Msg) -> None:
         assert self._ctx
@@ -159,12 +197,23 @@ class SanitizerService(Service[SanitizerSettings]):
             await self._invalid(msg, str(exc))
             return
         rid = request.request_id
+        tracing = self._ctx.tracing
+        trace = trace_headers(msg)
+        span = None
+        if tracing.enabled:
+            # a client that sent no trace context gets a trace starting here
+            span = tracing.start("input sanitize", tracing.parent(trace), {
+                t.REQUEST_ID: rid, t.GEN_AI_REQUEST_MODEL: request.model,
+                t.TENANT: request.tenant})
+            if not trace:
+                trace = tracing.headers(span)
+        parent = tracing.parent(trace)
         rejection = check(request, self.limits)
         found: list[InputFinding] = []
         if rejection is None:
             decision, found = inspect(request, self.policies.for_request(request))
             for f in found:
-                metrics.INPUT_FINDINGS.labels(f.rule, decision).inc()
+                metrics.INPUT_FINDINGS.labels(f.type, f.rule, decision).inc()
             if decision == "block":
                 rejection = blocked(request, found)
                 self._counts["blocked"] += 1
@@ -182,14 +231,19 @@ class SanitizerService(Service[SanitizerSettings]):
                 # keyed by the client's subject: another request reusing the id (or a
                 # redelivery of this one) never shares or resets this stream
                 self._streams.setdefault(client, FilteredStream(rid, client, time.monotonic()))
+                if parent is not None:
+                    self._filter_traces.setdefault(client, _FilterTrace(parent))
             accepted = RequestAccepted(request=request, accepted_at=time.time(),
                                        findings=found)
             try:
                 await publish_durable(js, ACCEPTED, accepted, request_id=rid,
-                                      msg_id=f"{rid}:accepted", trace=trace_headers(msg))
-            except BaseException:
+                                      msg_id=f"{rid}:accepted", trace=trace)
+            except BaseException as exc:
                 if request.client_reply_to:  # nothing will come through it: JetStream
                     self._streams.pop(request.client_reply_to, None)  # redelivers the submit
+                    self._filter_traces.pop(request.client_reply_to, None)
+                if span is not None:
+                    tracing_end(span, f"publish_failed: {exc!r}")
                 raise
             self._counts["accepted"] += 1
         else:
@@ -201,7 +255,22 @@ class SanitizerService(Service[SanitizerSettings]):
             await publish_durable(js, ENDED, rejection, request_id=rid, msg_id=f"{rid}:end")
             self._counts["rejected"] += 1
             metrics.REQUESTS.labels(self.name, request.model, "request.rejected").inc()
-            log.info("rejected", request_id=rid, code=rejection.code, reason=rejection.reason)
+        if span is not None:
+            span.set_attribute("inferbus.input.findings", len(found))
+            if found:
+                span.set_attribute("inferbus.input.rules", sorted({f.rule for f in found}))
+            tracing_end(span, f"{rejection.code}: {rejection.reason}" if rejection else "")
+        if rejection is not None:  # it ends here: its trace is decided here
+            e2e = time.time() - request.created_at if request.created_at else 0.0
+            decision = await tracing.end_request(parent, request_id=rid, failed=True,
+                                                 e2e_s=e2e)
+            log.info("request ended", request_id=rid, model=request.model,
+                     tenant=request.tenant, outcome="request.rejected", code=rejection.code,
+                     reason=rejection.reason, e2e_s=round(e2e, 6),
+                     rules=sorted({f.rule for f in found}),
+                     trace_id=t.trace_id_hex(tracing.trace_id(parent)) if parent else "",
+                     trace=("kept: " if decision[0] else "dropped: ") + decision[1]
+                     if decision else "off")
         metrics.EVENTS_HANDLED.labels(self.name, "request.submitted").inc()
         await msg.ack()
 

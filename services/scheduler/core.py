@@ -70,6 +70,13 @@ class Assign(msgspec.Struct, kw_only=True, frozen=True):
     attempt: int
     served_model: str = ""
     """Set when a canary sends the request to another model name."""
+    # diagnostics, for the trace and metrics
+    lane: str = ""
+    queued_s: float = 0.0
+    """How long it waited in this scheduler's queue (this attempt)."""
+    prefix_blocks: int = 0
+    cached_blocks: int = 0
+    """Of its prefix blocks, how many the chosen worker was known to hold."""
 
 
 class Fail(msgspec.Struct, kw_only=True, frozen=True):
@@ -138,6 +145,8 @@ class Queued:
     """Its prefix block hashes, computed once."""
     target: str | None = None
     """The model name it runs on (its own, or a canary's), chosen once and kept."""
+    cached_blocks: int = 0
+    """Prefix blocks the worker it was last routed to held."""
 
 
 @dataclass
@@ -577,7 +586,10 @@ class SchedulerCore:
                 self._dispatched[model] = self._dispatched.get(model, 0) + 1
                 effects.append(Assign(worker_id=w.worker_id, request=item.request,
                                       attempt=item.attempt,
-                                      served_model="" if target == model else target))
+                                      served_model="" if target == model else target,
+                                      lane=lane, queued_s=max(0.0, now - item.since),
+                                      prefix_blocks=len(item.blocks or ()),
+                                      cached_blocks=item.cached_blocks))
         return effects
 
     def _eligible(self, candidates: list[Worker], lane: str, overdue: bool,
@@ -646,6 +658,7 @@ class SchedulerCore:
 
     def _note_route(self, w: Worker, item: Queued, hits: int) -> None:
         blocks = item.blocks or []
+        item.cached_blocks = hits
         self.routed_blocks += len(blocks)
         self.routed_hits += hits
         if not item.request.prefix_hashes:

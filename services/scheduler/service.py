@@ -34,7 +34,15 @@ from inferbus.contracts import (
     work_subject,
 )
 from inferbus.shared import logs, metrics
-from inferbus.shared.bus import Background, consume, publish_durable, replay, request_headers
+from inferbus.shared import tracing as t
+from inferbus.shared.bus import (
+    Background,
+    consume,
+    publish_durable,
+    replay,
+    request_headers,
+    trace_headers,
+)
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
@@ -95,6 +103,9 @@ class SchedulerService(Service[SchedulerSettings]):
         self._progress_task: asyncio.Task[None] | None = None
         self._work = Background()
         self._hits_seen = self._blocks_seen = 0
+        self._traces: dict[str, dict[str, str]] = {}
+        """Each live request's W3C context from its accepted message, carried onward."""
+        self._aged: set[str] = set()
 
     async def start(self, ctx: Context[SchedulerSettings]) -> None:
         self._ctx = ctx
@@ -179,6 +190,8 @@ class SchedulerService(Service[SchedulerSettings]):
             return
         # acked once its assignment (or failure) is published, so a crash loses nothing
         self._unacked[rid] = msg
+        if msg.headers and "traceparent" in msg.headers:
+            self._traces[rid] = trace_headers(msg)
         await self._apply(self.core.on_accepted(event.request, time.monotonic(), time.time(),
                                                 redelivered))
 
@@ -223,6 +236,7 @@ class SchedulerService(Service[SchedulerSettings]):
             await msg.ack()
             return
         await self._apply(self.core.on_ended(ev.request_id, time.monotonic()))
+        self._traces.pop(ev.request_id, None)
         await msg.ack()
 
     async def _on_cancel(self, msg: Msg) -> None:
@@ -259,8 +273,17 @@ class SchedulerService(Service[SchedulerSettings]):
                 self._hits_seen, self._blocks_seen = hits, blocks
                 for model, n in self.core.live_models().items():
                     metrics.LIVE_WORKERS.labels(model).set(n)
+                self._heartbeat_ages(now)
             except Exception:
                 log.exception("tick failed")
+
+    def _heartbeat_ages(self, now: float) -> None:
+        workers = self.core.workers
+        for wid, w in workers.items():
+            metrics.HEARTBEAT_AGE.labels(wid).set(max(0.0, now - w.last_seen))
+        for gone in self._aged - workers.keys():
+            metrics.HEARTBEAT_AGE.remove(gone)  # lost: the live-worker count says so
+        self._aged = set(workers)
 
     async def _keep_unacked(self) -> None:
         """Tell JetStream that queued requests are still being handled (no redelivery)."""
@@ -315,13 +338,17 @@ class SchedulerService(Service[SchedulerSettings]):
             await nc.publish(e.request.reply_to, encode(refusal), headers=request_headers(rid))
             log.warning("request refused", request_id=rid, code=e.code)
             return
+        trace = self._traces.get(rid)
         if isinstance(e, Assign):
+            began = time.time()
             work = WorkAssigned(request=e.request, worker_id=e.worker_id, attempt=e.attempt,
-                                assigned_at=time.time(), served_model=e.served_model)
+                                assigned_at=began, served_model=e.served_model)
             await publish_durable(js, work_subject(e.worker_id), work, request_id=rid,
-                                  msg_id=f"{rid}:{e.attempt}")
+                                  msg_id=f"{rid}:{e.attempt}", trace=trace)
             metrics.ASSIGNMENTS.labels(e.request.model,
                                        "first" if e.attempt == 1 else "retry").inc()
+            metrics.QUEUE_TIME.labels(e.request.model, e.lane).observe(e.queued_s)
+            self._trace_assignment(e, trace, began)
             log.info("assigned", request_id=rid, worker=e.worker_id, attempt=e.attempt)
         else:
             terminal: Any
@@ -334,5 +361,48 @@ class SchedulerService(Service[SchedulerSettings]):
                 terminal = RequestCancelled(request_id=rid, reason=e.reason)
             await nc.publish(e.request.reply_to, encode(terminal), headers=request_headers(rid))
             await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=f"{rid}:end")
-            metrics.REQUESTS.labels(self.name, e.request.model,
-                                    terminal.__struct_config__.tag).inc()
+            outcome = terminal.__struct_config__.tag
+            metrics.REQUESTS.labels(self.name, e.request.model, outcome).inc()
+            await self._trace_end(e, self._traces.pop(rid, None), outcome)
+
+    def _trace_assignment(self, e: Assign, trace: dict[str, str] | None, began: float) -> None:
+        """The request's wait in the queue and its placement, as two stage spans."""
+        assert self._ctx
+        tracing = self._ctx.tracing
+        parent = tracing.parent(trace)
+        if parent is None:
+            return
+        ns = 1_000_000_000
+        attrs = {t.REQUEST_ID: e.request.request_id, t.GEN_AI_REQUEST_MODEL: e.request.model,
+                 t.ATTEMPT: e.attempt, t.LANE: e.lane, t.TENANT: e.request.tenant}
+        tracing.record("queue wait", parent, int((began - e.queued_s) * ns), int(began * ns),
+                       {**attrs, "inferbus.priority": e.request.priority})
+        tracing.record("schedule", parent, int(began * ns), time.time_ns(), {
+            **attrs, t.WORKER: e.worker_id, "inferbus.routing": self.settings.routing,
+            "inferbus.prefix_blocks": e.prefix_blocks,
+            "inferbus.cached_prefix_blocks": e.cached_blocks,
+            t.GEN_AI_RESPONSE_MODEL: e.served_model or e.request.model})
+
+    async def _trace_end(self, e: Fail | Cancel, trace: dict[str, str] | None,
+                         outcome: str) -> None:
+        """A request this scheduler ended (in its queue, or its worker lost): the trace's
+        decision is made here, and the request's one log line written."""
+        assert self._ctx
+        tracing = self._ctx.tracing
+        parent = tracing.parent(trace)
+        req = e.request
+        e2e = time.time() - req.created_at if req.created_at else 0.0
+        code = e.code if isinstance(e, Fail) else ""
+        if parent is not None:  # the point where it ended, with why
+            now = time.time_ns()
+            tracing.record("schedule", parent, now, now,
+                           {t.REQUEST_ID: req.request_id, t.GEN_AI_REQUEST_MODEL: req.model,
+                            "inferbus.outcome": outcome},
+                           error=f"{code}: {e.reason}" if code else "")
+        decision = await tracing.end_request(parent, request_id=req.request_id,
+                                             failed=isinstance(e, Fail), e2e_s=e2e)
+        log.info("request ended", request_id=req.request_id, model=req.model,
+                 tenant=req.tenant, outcome=outcome, code=code, e2e_s=round(e2e, 6),
+                 trace_id=t.trace_id_hex(tracing.trace_id(parent)) if parent else "",
+                 trace=("kept: " if decision[0] else "dropped: ") + decision[1]
+                 if decision else "off")

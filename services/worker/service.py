@@ -32,6 +32,7 @@ from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
 
 from .core import RequestStream, engine_request, heartbeat
+from .report import report_end, report_stats
 from .engine import Engine, EngineError
 from .sim import SimEngine, SimTiming
 
@@ -123,6 +124,7 @@ class WorkerService(Service[WorkerSettings]):
         self._hb_task: asyncio.Task[None] | None = None
         self._ctx: Context[WorkerSettings] | None = None
         self._subs: list[Any] = []
+        self._stats_seen = (0, 0)
 
     async def start(self, ctx: Context[WorkerSettings]) -> None:
         self._ctx = ctx
@@ -194,16 +196,21 @@ class WorkerService(Service[WorkerSettings]):
         metrics.EVENTS_HANDLED.labels(self.name, "work.assigned").inc()
         if rid in self._tasks:
             return  # a redelivery of what we already serve
-        self._tasks[rid] = asyncio.create_task(self._serve(assignment), name=f"req-{rid}")
+        parent = self._ctx.tracing.parent(msg.headers)
+        self._tasks[rid] = asyncio.create_task(self._serve(assignment, parent),
+                                               name=f"req-{rid}")
         metrics.INFLIGHT.labels(self.name).set(len(self._tasks))
 
-    async def _serve(self, assignment: WorkAssigned) -> None:
+    async def _serve(self, assignment: WorkAssigned, parent: Any = None) -> None:
         assert self._ctx
         nc, js = self._ctx.nc, self._ctx.js
         req = assignment.request
         rid, model = req.request_id, req.model
         reply = req.reply_to
+        received = time.time()
         stream = RequestStream(assignment, self.worker_id, time.monotonic())
+        itl = metrics.ITL.labels(self.name, model)
+        last_chunk_at = 0.0
         outputs = self.engine.generate(engine_request(assignment))
         terminal: Any = None
         expiry = None
@@ -221,10 +228,12 @@ class WorkerService(Service[WorkerSettings]):
                 chunk = stream.chunk(out)
                 if chunk is not None:
                     await nc.publish(reply, encode(chunk))
+                    now = time.monotonic()
+                    if last_chunk_at:
+                        itl.observe((now - last_chunk_at) / max(1, chunk.tokens))
+                    last_chunk_at = now
                 if out.finish_reason is not None:
                     terminal = stream.finished(out, time.monotonic())
-                    metrics.TOKENS.labels(self.name, model, "prefill").inc(out.prompt_tokens)
-                    metrics.TOKENS.labels(self.name, model, "decode").inc(out.completion_tokens)
                     break  # finished: a deadline or cancel from here on changes nothing
         except asyncio.CancelledError:
             reason = self._cancel_reasons.pop(rid, None)
@@ -258,13 +267,11 @@ class WorkerService(Service[WorkerSettings]):
             terminal = RequestFailed(
                 request_id=rid, code="engine_error", reason="engine ended without a finish reason"
             )
-        outcome = terminal.__struct_config__.tag
-        metrics.REQUESTS.labels(self.name, model, outcome).inc()
-        metrics.E2E.labels(self.name, model).observe(time.monotonic() - stream.started_at)
         data = encode(terminal)
         await nc.publish(reply, data, headers=request_headers(rid))
         await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=f"{rid}:end")
-        log.info("request ended", request_id=rid, outcome=outcome, chunks=stream.seq)
+        await report_end(self._ctx.tracing, self.name, stream, terminal, parent, received,
+                         time.monotonic())
 
     def _expire(self, rid: str) -> None:
         task = self._tasks.get(rid)
@@ -303,6 +310,7 @@ class WorkerService(Service[WorkerSettings]):
             kv_capacity_tokens=self.engine.kv_capacity_tokens,
         )
         await self._ctx.nc.publish(heartbeat_subject(self.worker_id), encode(hb))
+        self._stats_seen = report_stats(self.worker_id, hb, self._stats_seen)
 
     async def _heartbeats(self) -> None:
         while True:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -15,8 +16,10 @@ from inferbus.shared.natsserver import free_port
 
 class ServiceProcess:
     def __init__(self, service: str, nats_url: str, log_dir: Path, *args: str,
-                 name: str | None = None, http_port: int | None = None) -> None:
+                 name: str | None = None, http_port: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.service = service
+        self.env = {**os.environ, **env} if env else None
         self.name = name or service
         self.http_port = http_port or free_port()
         self.log_path = log_dir / f"{self.name}.log"
@@ -30,7 +33,8 @@ class ServiceProcess:
 
     def start(self) -> "ServiceProcess":
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=self.env)
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> "ServiceProcess":

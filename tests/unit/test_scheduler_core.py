@@ -48,7 +48,9 @@ def test_single_request_goes_to_the_only_ready_worker():
     core = SchedulerCore(POLICY)
     assert core.on_heartbeat(hb("w1"), 0.0) == []
     effects = core.on_accepted(req("r1"), 0.1)
-    assert effects == [Assign(worker_id="w1", request=req("r1"), attempt=1)]
+    assert [(e.worker_id, e.request, e.attempt, e.lane) for e in effects] == [
+        ("w1", req("r1"), 1, "short")]
+    assert isinstance(effects[0], Assign) and effects[0].queued_s == 0.0
     assert not core.is_queued("r1")
 
 
@@ -98,9 +100,9 @@ def test_worker_of_another_model_gets_nothing():
     core.on_heartbeat(hb("w1", models=("other",)), 0.0)
     assert core.on_accepted(req("r1", model="m"), 0.0) == []
     assert core.is_queued("r1")
-    assert core.on_heartbeat(hb("w2", models=("m",)), 1.0) == [
-        Assign(worker_id="w2", request=req("r1"), attempt=1)
-    ]
+    effects = core.on_heartbeat(hb("w2", models=("m",)), 1.0)
+    assert [(e.worker_id, e.request, e.attempt) for e in effects] == [("w2", req("r1"), 1)]
+    assert effects[0].queued_s == 1.0  # waited from 0 to 1 s for a worker of its model
 
 
 def test_full_worker_gets_no_more_and_queued_work_runs_when_a_request_ends():
@@ -198,7 +200,7 @@ def test_silent_worker_work_is_reassigned_at_once_when_another_has_room():
     assert core.inflight["a"].worker_id == "w1"
     core.on_heartbeat(hb("w2"), 2.0)
     effects = core.tick(3.5)
-    assert effects == [Assign(worker_id="w2", request=req("a"), attempt=2)]
+    assert [(e.worker_id, e.request, e.attempt) for e in effects] == [("w2", req("a"), 2)]
 
 
 def test_silent_worker_started_work_fails_worker_lost_retryable():

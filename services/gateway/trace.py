@@ -1,0 +1,122 @@
+"""One HTTP request's trace: the root span and the gateway's three stages
+(receive, first token, stream out). With tracing off every call is a no-op."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+from opentelemetry.trace import SpanKind
+
+from inferbus.contracts import RequestFinished, SamplingParams
+from inferbus.shared import tracing as t
+from inferbus.shared.tracing import Tracing
+
+_NS = 1_000_000_000
+
+
+class HttpTrace:
+    __slots__ = ("tracing", "op", "root", "context", "headers", "t0", "submitted_ns",
+                 "first_ns", "model", "submitted")
+
+    def __init__(self, tracing: Tracing, incoming: Mapping[str, str], request_id: str,
+                 chat: bool) -> None:
+        """``incoming``: the HTTP headers (a client's own ``traceparent`` is the parent)."""
+        self.tracing = tracing
+        self.t0 = time.time_ns()
+        self.op = op = "chat" if chat else "text_completion"
+        self.root = tracing.start(op, tracing.parent(incoming), {
+            t.GEN_AI_OPERATION: op, t.GEN_AI_PROVIDER: "inferbus",
+            t.REQUEST_ID: request_id, t.GEN_AI_RESPONSE_ID: request_id,
+        }, self.t0, SpanKind.SERVER)
+        self.headers = tracing.headers(self.root)
+        self.context = tracing.parent(self.headers)
+        self.submitted_ns = self.first_ns = 0
+        self.model = ""
+        self.submitted = False
+
+    def describe(self, model: str, sampling: SamplingParams, tenant: str,
+                 stream: bool) -> None:
+        self.model = model
+        self.root.update_name(f"{self.op} {model}")  # gen_ai: "{operation} {model}"
+        self.root.set_attributes({
+            t.GEN_AI_REQUEST_MODEL: model, t.GEN_AI_MAX_TOKENS: sampling.max_tokens,
+            t.GEN_AI_TEMPERATURE: sampling.temperature, t.GEN_AI_TOP_P: sampling.top_p,
+            t.TENANT: tenant, "inferbus.stream": stream,
+        })
+
+    def on_submitted(self) -> None:
+        """Parsed, checked, admitted and published: the receive stage is over."""
+        self.submitted = True
+        self.submitted_ns = time.time_ns()
+        self.tracing.record("gateway receive", self.context, self.t0, self.submitted_ns,
+                            {t.GEN_AI_REQUEST_MODEL: self.model})
+
+    def on_first_token(self) -> None:
+        if not self.first_ns:
+            self.first_ns = time.time_ns()
+            self.tracing.record("first token", self.context, self.submitted_ns or self.t0,
+                                self.first_ns, {t.GEN_AI_REQUEST_MODEL: self.model})
+
+    def on_finished(self, ev: RequestFinished) -> None:
+        self.root.set_attributes({
+            t.GEN_AI_RESPONSE_MODEL: self.model,
+            t.GEN_AI_INPUT_TOKENS: ev.usage.prompt_tokens,
+            t.GEN_AI_OUTPUT_TOKENS: ev.usage.completion_tokens,
+            t.GEN_AI_FINISH_REASONS: [ev.finish_reason],
+            t.CACHED_PREFIX_TOKENS: ev.usage.cached_prompt_tokens,
+            t.WORKER: ev.worker_id,
+        })
+
+    async def end(self, status: int, error: str = "", request_id: str = "") -> None:
+        """The response is written (or refused): close the spans and, when the gateway
+        saw more than the service that ended the request (a failure of its own, a
+        slow stream out), ask for the trace to be kept."""
+        if not self.tracing.enabled:
+            return
+        end_ns = time.time_ns()
+        if self.first_ns:
+            self.tracing.record("stream out", self.context, self.first_ns, end_ns,
+                                {t.GEN_AI_REQUEST_MODEL: self.model})
+        self.root.set_attribute("http.response.status_code", status)
+        t.end(self.root, error, end_ns)
+        e2e = (end_ns - self.t0) / _NS
+        ttft = (self.first_ns - self.t0) / _NS if self.first_ns else None
+        await self.tracing.end_request(
+            self.context, request_id=request_id, failed=bool(error) or status >= 500,
+            e2e_s=e2e, ttft_s=ttft,
+            # submitted: the platform ended it and decided; refused here: decide here
+            only_keep=self.submitted)
+
+
+class NoTrace:
+    """Tracing off: a client's own trace context still passes through."""
+
+    __slots__ = ("headers",)
+
+    def __init__(self, incoming: Mapping[str, str]) -> None:
+        self.headers = dict(incoming)
+
+    def describe(self, *_: Any, **__: Any) -> None:
+        pass
+
+    def on_submitted(self) -> None:
+        pass
+
+    def on_first_token(self) -> None:
+        pass
+
+    def on_finished(self, _: RequestFinished) -> None:
+        pass
+
+    async def end(self, status: int, error: str = "", request_id: str = "") -> None:
+        pass
+
+
+def http_trace(tracing: Tracing, incoming: Mapping[str, str], request_id: str,
+               chat: bool) -> HttpTrace | NoTrace:
+    # HTTP header names are case-insensitive; the propagator looks up lower case
+    carrier = {k: incoming[k] for k in ("traceparent", "tracestate") if k in incoming}
+    if tracing.enabled:
+        return HttpTrace(tracing, carrier, request_id, chat)
+    return NoTrace(carrier)

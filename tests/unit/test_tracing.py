@@ -1,0 +1,143 @@
+"""Tail sampling: the decision at a request's end, and spans held until it comes."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from inferbus.shared import metrics
+from inferbus.shared.tracing import TracePolicy, Tracing, enabled_by_env, verdict
+
+POLICY = TracePolicy(slow_s=1.0, keep_ratio=0.0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def traced(policy: TracePolicy = POLICY, service: str = "svc",
+           clock: Clock | None = None) -> tuple[Tracing, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    t = Tracing.with_exporter(service, policy, exporter, export=SimpleSpanProcessor(exporter))
+    if clock is not None:
+        assert t.sampler is not None
+        t.sampler._clock = clock
+        t.sampler._last_sweep = clock()
+    return t, exporter
+
+
+def names(exporter: InMemorySpanExporter) -> list[str]:
+    return sorted(s.name for s in exporter.get_finished_spans())
+
+
+def test_verdict_keeps_failed_slow_and_over_slo_and_drops_the_rest():
+    p = TracePolicy(slow_s=1.0, keep_ratio=0.0, slo_ttft_s=0.2)
+    assert verdict(failed=True, e2e_s=0.01, ttft_s=0.001, trace_id=5, policy=p) == (True, "failed")
+    assert verdict(failed=False, e2e_s=0.3, ttft_s=0.25, trace_id=5, policy=p) == (True, "slo")
+    assert verdict(failed=False, e2e_s=1.5, ttft_s=0.1, trace_id=5, policy=p) == (True, "slow")
+    assert verdict(failed=False, e2e_s=0.3, ttft_s=0.1, trace_id=5, policy=p) == (False, "fast")
+    everything = TracePolicy(keep_ratio=1.0)
+    assert verdict(failed=False, e2e_s=0.0, ttft_s=None, trace_id=2**128 - 1,
+                   policy=everything) == (True, "sampled")
+
+
+def test_the_kept_share_is_drawn_from_the_trace_id():
+    import random
+
+    rng = random.Random(7)
+    p = TracePolicy(slow_s=10.0, keep_ratio=0.1)
+    ids = [rng.getrandbits(128) for _ in range(20_000)]
+    kept = [i for i in ids if verdict(failed=False, e2e_s=0.1, ttft_s=None, trace_id=i,
+                                      policy=p)[0]]
+    assert 0.09 < len(kept) / len(ids) < 0.11
+    # every process draws alike: the same ids again give the same answer
+    assert kept == [i for i in ids if verdict(failed=False, e2e_s=0.2, ttft_s=0.0,
+                                              trace_id=i, policy=p)[0]]
+
+
+async def test_spans_wait_for_the_decision_then_go_or_vanish():
+    t, exporter = traced()
+    for rid, keep in (("slow", True), ("fast", False)):
+        before = len(exporter.get_finished_spans())
+        root = t.start(f"request {rid}")
+        ctx = t.parent(t.headers(root))
+        t.record("input sanitize", ctx, 1, 2)
+        t.record("prefill", ctx, 2, 3)
+        assert len(exporter.get_finished_spans()) == before  # held: nobody decided yet
+        root.end()
+        decision = await t.end_request(ctx, request_id=rid, failed=False,
+                                       e2e_s=2.0 if keep else 0.01)
+        assert decision == ((True, "slow") if keep else (False, "fast"))
+    assert names(exporter) == ["input sanitize", "prefill", "request slow"]
+    assert t.sampler is not None and t.sampler.buffered_spans == 0
+
+
+async def test_spans_ending_after_the_decision_follow_it():
+    t, exporter = traced()
+    kept_root, dropped_root = t.start("kept"), t.start("dropped")
+    kept, dropped = (t.parent(t.headers(r)) for r in (kept_root, dropped_root))
+    await t.end_request(kept, request_id="a", failed=True, e2e_s=0.01)
+    await t.end_request(dropped, request_id="b", failed=False, e2e_s=0.01)
+    t.record("stream out", kept, 1, 2)
+    t.record("stream out", dropped, 1, 2)
+    kept_root.end()
+    dropped_root.end()
+    assert names(exporter) == ["kept", "stream out"]
+
+
+async def test_a_later_keep_overrides_a_drop_and_a_later_drop_changes_nothing():
+    t, exporter = traced()
+    root = t.start("r")
+    ctx = t.parent(t.headers(root))
+    tid = t.trace_id(ctx)
+    assert t.sampler is not None
+    t.sampler.decide(tid, False)
+    t.sampler.decide(tid, True)  # the gateway saw a slow stream out
+    t.sampler.decide(tid, False)
+    root.end()
+    assert names(exporter) == ["r"]
+
+
+async def test_undecided_traces_are_exported_after_the_wait_and_memory_is_bounded():
+    clock = Clock()
+    t, exporter = traced(TracePolicy(keep_ratio=0.0, decision_wait_s=30.0, buffer_spans=5),
+                         clock=clock)
+    t.record("orphan", None, 1, 2)  # its request's end was never heard of
+    clock.now = 31.0
+    t.record("later", None, 1, 2)  # any activity sweeps
+    assert names(exporter) == ["orphan"]
+    before = metrics.TRACE_SPANS_DROPPED.labels("svc")._value.get()
+    for i in range(7):
+        t.record(f"s{i}", None, 1, 2)  # seven traces of one span, five may wait
+    assert t.sampler is not None and t.sampler.buffered_spans == 5
+    assert metrics.TRACE_SPANS_DROPPED.labels("svc")._value.get() - before == 3
+
+
+async def test_shutdown_exports_what_is_still_undecided():
+    t, exporter = traced()
+    t.record("waiting", None, 1, 2)
+    await t.close()
+    assert names(exporter) == ["waiting"]
+
+
+def test_disabled_tracing_records_nothing_and_passes_no_context():
+    t = Tracing.disabled("svc")
+    assert t.parent({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}) is None
+    assert t.record("x", None, 1, 2) is None
+
+
+@pytest.mark.parametrize("env,on", [
+    ({}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, True),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, True),
+    ({"OTEL_TRACES_EXPORTER": "console"}, True),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_TRACES_EXPORTER": "none"}, False),
+])
+def test_tracing_is_switched_by_the_standard_variables(env, on):
+    assert enabled_by_env(env) is on
