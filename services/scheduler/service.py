@@ -106,6 +106,7 @@ class SchedulerService(Service[SchedulerSettings]):
         self._traces: dict[str, dict[str, str]] = {}
         """Each live request's W3C context from its accepted message, carried onward."""
         self._aged: set[str] = set()
+        self._live_seen: set[str] = set()
 
     async def start(self, ctx: Context[SchedulerSettings]) -> None:
         self._ctx = ctx
@@ -271,8 +272,12 @@ class SchedulerService(Service[SchedulerSettings]):
                 metrics.ROUTED_PREFIX_BLOCKS.labels("false").inc(
                     blocks - hits - (self._blocks_seen - self._hits_seen))
                 self._hits_seen, self._blocks_seen = hits, blocks
-                for model, n in self.core.live_models().items():
+                live = self.core.live_models()
+                for model, n in live.items():
                     metrics.LIVE_WORKERS.labels(model).set(n)
+                for model in self._live_seen - live.keys():
+                    metrics.LIVE_WORKERS.labels(model).set(0)  # its last worker is gone
+                self._live_seen |= live.keys()
                 self._heartbeat_ages(now)
             except Exception:
                 log.exception("tick failed")
