@@ -43,10 +43,16 @@ def main() -> None:
 @click.option("--api-keys-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="Require API keys (TOML from 'inferbus keys new'); "
                                  "without it the gateway is open.")
+@click.option("--trace-slow-s", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="Tail sampling: keep the trace of every request slower than this "
+                   "(and of every failed one). Tracing is on when OTEL_EXPORTER_OTLP_ENDPOINT "
+                   "is set.")
+@click.option("--trace-keep-ratio", type=click.FloatRange(0, 1), default=0.001,
+              show_default=True, help="Tail sampling: the share of other requests' traces kept.")
 def up(engine: str, model: str | None, port: int, host: str, nats_url: str | None,
        nats_port: int, state_dir: Path, workers: int, metrics_port_base: int,
        no_selftest: bool, check: bool, worker_args: tuple[str, ...],
-       api_keys_file: Path | None) -> None:
+       api_keys_file: Path | None, trace_slow_s: float, trace_keep_ratio: float) -> None:
     """Start the whole platform on this machine."""
     from inferbus.up import Options, run
 
@@ -54,7 +60,8 @@ def up(engine: str, model: str | None, port: int, host: str, nats_url: str | Non
                          nats_port=nats_port, state_dir=state_dir, workers=workers,
                          metrics_port_base=metrics_port_base, selftest=not no_selftest,
                          check=check, worker_args=list(worker_args),
-                         api_keys_file=api_keys_file)))
+                         api_keys_file=api_keys_file, trace_slow_s=trace_slow_s,
+                         trace_keep_ratio=trace_keep_ratio)))
 
 
 @main.command()
@@ -109,6 +116,24 @@ def serve(ctx: click.Context, service: str) -> None:
     import importlib
 
     importlib.import_module(f"inferbus.services.{service}.__main__").main(ctx.args)
+
+
+@main.command()
+@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds between snapshots; rates are over this interval.")
+@click.option("--once", is_flag=True,
+              help="Take two snapshots --interval apart, print one view and exit.")
+@click.option("--json", "as_json", is_flag=True, help="With --once: the view as JSON.")
+@click.option("--nats-url", envvar="NATS_URL", default=DEFAULT_NATS_URL, show_default=True)
+def top(interval: float, once: bool, as_json: bool, nats_url: str) -> None:
+    """A live view of the running platform: workers and their models, queue depth per
+    lane, tokens/s, TTFT p50/p95 and error rate, from $SRV stats and each service's
+    /metrics."""
+    if as_json and not once:
+        raise click.UsageError("--json needs --once")
+    from inferbus.top.command import run
+
+    sys.exit(run(nats_url, interval, once, as_json))
 
 
 @main.group()

@@ -61,8 +61,10 @@ class RequestError(Exception):
 class Stream:
     """Async iterator over a request's TokenChunks; ``outcome`` holds the RequestFinished."""
 
-    def __init__(self, client: "Client", request: RequestSubmitted, timeout: float) -> None:
+    def __init__(self, client: "Client", request: RequestSubmitted, timeout: float,
+                 trace: dict[str, str] | None = None) -> None:
         self.request = request
+        self._trace = trace
         self.request_id = request.request_id
         self.outcome: RequestFinished | None = None
         self.chunks: list[TokenChunk] = []
@@ -86,7 +88,8 @@ class Stream:
         self.request = msgspec.structs.replace(self.request, created_at=now,
                                                deadline=now + self._timeout)
         ack = await publish_durable(self._client.js, SUBMIT, self.request,
-                                    request_id=self.request_id, msg_id=self.request_id)
+                                    request_id=self.request_id, msg_id=self.request_id,
+                                    trace=self._trace)
         if ack.duplicate:
             await self._close()
             raise RequestError(None, f"request id {self.request_id} was already submitted",
@@ -174,13 +177,15 @@ class Client:
         timeout: float = 600.0,
         input_policy: str = "",
         mask_pii: bool | None = None,
+        traceparent: str | None = None,
         **sampling: Any,
     ) -> Stream:
         """Prepare a request; iterating the stream submits it.
 
         ``timeout`` is also the request's deadline: past it the platform stops the work.
         ``input_policy`` (block, flag, off) and ``mask_pii`` override the deployment's
-        sanitizer defaults. ``sampling`` takes the other SamplingParams fields: top_k,
+        sanitizer defaults. ``traceparent`` (W3C) makes the request's trace a part of
+        the caller's. ``sampling`` takes the other SamplingParams fields: top_k,
         stop_token_ids, presence_penalty, frequency_penalty, repetition_penalty,
         ignore_eos.
         """
@@ -199,7 +204,8 @@ class Client:
             input_policy=input_policy,
             mask_pii=mask_pii,
         )
-        return Stream(self, request, timeout)
+        return Stream(self, request, timeout,
+                      {"traceparent": traceparent} if traceparent else None)
 
     async def generate(self, model: str, prompt: str | None = None, **kwargs: Any) -> Stream:
         """Run a request to its end; the returned stream holds the text and the outcome."""

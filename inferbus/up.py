@@ -51,6 +51,8 @@ class Options:
     api_keys_file: Path | None = None
     probe_key: str = ""
     """With API keys on, up's own key for its readiness probe and self-test."""
+    trace_slow_s: float = 1.0
+    trace_keep_ratio: float = 0.001
 
 
 @dataclass
@@ -85,7 +87,11 @@ def _say(text: str) -> None:
 def _specs(o: Options, nats_url: str, model: str) -> list[Supervised]:
     logs = o.state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "NATS_URL": nats_url, "PYTHONUNBUFFERED": "1"}
+    # every service: the same tail-sampling settings (tracing itself is switched by the
+    # standard OTEL_* variables, which pass through)
+    env = {**os.environ, "NATS_URL": nats_url, "PYTHONUNBUFFERED": "1",
+           "INFERBUS_TRACE_SLOW_S": str(o.trace_slow_s),
+           "INFERBUS_TRACE_KEEP_RATIO": str(o.trace_keep_ratio)}
     py = [sys.executable, "-m"]
     out = [
         Supervised("sanitizer", py + ["inferbus.services.sanitizer",

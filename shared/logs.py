@@ -32,21 +32,46 @@ def configure(service: str, level: str = "info", instance_id: str = "") -> None:
         cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        structlog.stdlib.ProcessorFormatter(
-            processors=[
-                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                structlog.processors.JSONRenderer(),
-            ],
-            foreign_pre_chain=_SHARED,
-        )
-    )
+    handler.setFormatter(stdlib_formatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(lvl)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(service=service, instance=instance_id)
+
+
+def stdlib_formatter(**fields: str) -> logging.Formatter:
+    """The JSON formatter for standard-library records (nats-py, aiohttp, vLLM); ``fields``
+    are added to each line (a process with no bound context: vLLM's engine core)."""
+
+    def add_fields(_: object, __: str, event: dict) -> dict:
+        for k, v in fields.items():
+            event.setdefault(k, v)
+        return event
+
+    return structlog.stdlib.ProcessorFormatter(
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.JSONRenderer(),
+        ],
+        foreign_pre_chain=[*_SHARED, add_fields] if fields else _SHARED,
+    )
+
+
+def vllm_logging_config(service: str, instance: str, level: str = "INFO") -> dict:
+    """A logging dictConfig for vLLM (``VLLM_LOGGING_CONFIG_PATH``): its loggers write
+    our JSON lines, in the worker and in the engine-core process vLLM spawns."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"inferbus": {"()": "inferbus.shared.logs.stdlib_formatter",
+                                    "service": service, "instance": instance}},
+        "handlers": {"inferbus": {"class": "logging.StreamHandler", "formatter": "inferbus",
+                                  "stream": "ext://sys.stderr"}},
+        "loggers": {"vllm": {"handlers": ["inferbus"], "level": level.upper(),
+                             "propagate": False}},
+    }
 
 
 def get(name: str) -> structlog.stdlib.BoundLogger:

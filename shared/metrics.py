@@ -2,7 +2,27 @@
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
+
+if os.environ.get("INFERBUS_METRICS", "on").lower() == "off":
+    # for measuring what metrics cost (bench/telemetry_overhead.py): nothing is counted
+
+    class _Off:
+        def __init__(self, *_: Any, **__: Any) -> None:
+            pass
+
+        def labels(self, *_: Any, **__: Any) -> "_Off":
+            return self
+
+        def _noop(self, *_: Any, **__: Any) -> None:
+            pass
+
+        inc = dec = set = observe = remove = _noop
+
+    Counter = Gauge = Histogram = _Off  # type: ignore[misc,assignment]  # noqa: F811
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 

@@ -98,7 +98,7 @@ def build_engine(s: WorkerSettings, worker_id: str = "", on_kv_events: Any = Non
     if s.engine == "vllm":
         from .vllm_engine import VllmEngine, VllmOptions, prepare_environment
 
-        prepare_environment(s.state_dir or None)
+        prepare_environment(s.state_dir or None, s.instance_id, s.log_level)
         # the engine's options are the settings of the same names
         fields = {f: getattr(s, f) for f in VllmOptions.__struct_fields__ if hasattr(s, f)}
         fields["lora_modules"] = parse_lora_modules(s.lora_modules)

