@@ -324,15 +324,12 @@ class KvAllCleared(Event, tag="kv.cleared"):
 
 
 class TraceDecided(Event, tag="trace.decided"):
-    """Keep or drop a request's trace, decided once when the request ends (tail
-    sampling). Services buffer the spans of undecided traces until this arrives."""
+    """Traces to keep or drop, decided once per request when it ends (tail sampling),
+    in batches. Services buffer the spans of undecided traces until they hear."""
 
-    trace_id: str
-    """32 lowercase hex digits, as in ``traceparent``."""
-    keep: bool
-    reason: str
-    """``failed``, ``slo``, ``slow``, ``sampled`` (the kept share) or ``fast``."""
-    request_id: str = ""
+    kept: list[str] = []
+    """Trace ids, 32 lowercase hex digits as in ``traceparent``."""
+    dropped: list[str] = []
     service: str = ""
     """Who decided."""
 

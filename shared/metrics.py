@@ -73,8 +73,9 @@ INPUT_FINDINGS = Counter(
     ["type", "rule", "decision"],
 )
 FILTER_SECONDS = Histogram(
-    "inferbus_output_filter_seconds", "Time to mask one output event",
-    buckets=(0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.001, 0.01),
+    "inferbus_output_filter_seconds",
+    "Time the PII filter spent on one request's output stream (all its chunks)",
+    buckets=(0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.1),
 )
 INFLIGHT = Gauge("inferbus_inflight_requests", "Requests being served", ["service"])
 

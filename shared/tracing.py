@@ -4,12 +4,14 @@ Across processes it works like this:
 
 - Each service records a span per stage of a request, a child of the request's root
   span (the gateway's), whose W3C context travels in NATS headers (``traceparent``).
-- Finished spans wait in this process's :class:`TailSampler`, per trace, instead of
-  going straight to the exporter.
+- Finished spans wait in this process's :class:`TailSampler`, per trace, as plain
+  records: the OpenTelemetry SDK's span objects (and their cost) are built only for
+  the traces that are kept, then exported by its batch processor and OTLP exporter.
 - The service that ends the request (the worker, or whoever ends it early) decides
   with :func:`verdict`: keep it if it failed, missed its SLO or was slower than
   ``trace_slow_s``, or if its trace id falls in the kept share (drawn from the id,
-  so every process draws alike). It publishes ``TraceDecided`` on ib.trace.decided.
+  so every process draws alike). It publishes ``TraceDecided`` on ib.trace.decided
+  (in batches, a few times a second).
 - Every service listens there and exports or drops what it buffered of that trace.
   The decision is remembered for a while, so spans that end after it (the
   gateway's stream out, the PII filter) follow it.
@@ -24,21 +26,21 @@ recorded and the context passes through untouched.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import random
+import re
 import threading
 import time
 from collections import OrderedDict
 from typing import Any, Mapping, Sequence
 
 import msgspec
-from opentelemetry import trace
-from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON
-from opentelemetry.trace import SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanProcessor
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from inferbus.contracts import TRACE_DECIDED, TraceDecided
 from inferbus.shared import logs, metrics
@@ -46,8 +48,10 @@ from inferbus.shared.codec import DecodeError, decode, encode
 
 log = logs.get("inferbus.tracing")
 
-_PROPAGATOR = TraceContextTextMapPropagator()
 _LOW64 = (1 << 64) - 1
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_OK = Status(StatusCode.UNSET)
 
 
 class TracePolicy(msgspec.Struct, kw_only=True, frozen=True):
@@ -63,6 +67,8 @@ class TracePolicy(msgspec.Struct, kw_only=True, frozen=True):
     """An undecided trace is exported after this long."""
     remember_s: float = 60.0
     """How long a decision applies to spans that end after it."""
+    publish_interval_s: float = 0.05
+    """Decisions go out in batches this often (one message, not one per request)."""
 
 
 def verdict(*, failed: bool, e2e_s: float, ttft_s: float | None, trace_id: int,
@@ -80,31 +86,118 @@ def verdict(*, failed: bool, e2e_s: float, ttft_s: float | None, trace_id: int,
     return False, "fast"
 
 
-class TailSampler(SpanProcessor):
+class TraceParent:
+    """A W3C trace context: the trace, the parent span, the vendors' ``tracestate``."""
+
+    __slots__ = ("trace_id", "span_id", "state", "remote")
+
+    def __init__(self, trace_id: int, span_id: int, state: str = "",
+                 remote: bool = True) -> None:
+        self.trace_id, self.span_id, self.state, self.remote = trace_id, span_id, state, remote
+
+    @classmethod
+    def parse(cls, headers: Mapping[str, str]) -> "TraceParent | None":
+        m = _TRACEPARENT.match(headers.get("traceparent", ""))
+        if m is None or m.group(1) == "ff":
+            return None
+        trace_id, span_id = int(m.group(2), 16), int(m.group(3), 16)
+        if not trace_id or not span_id:
+            return None
+        return cls(trace_id, span_id, headers.get("tracestate", ""))
+
+    def headers(self) -> dict[str, str]:
+        out = {"traceparent": f"00-{self.trace_id:032x}-{self.span_id:016x}-01"}
+        if self.state:
+            out["tracestate"] = self.state
+        return out
+
+
+class Span:
+    """A span of this process. Until its trace is kept it is only this record: the
+    OpenTelemetry SDK's objects are built for kept traces alone."""
+
+    __slots__ = ("name", "trace_id", "span_id", "parent", "start_ns", "end_ns",
+                 "attributes", "error", "kind", "_sink")
+
+    def __init__(self, sink: "TailSampler", name: str, parent: TraceParent | None,
+                 attributes: Mapping[str, Any] | None, start_ns: int | None,
+                 kind: SpanKind = SpanKind.INTERNAL) -> None:
+        self._sink = sink
+        self.name = name
+        self.parent = parent
+        self.trace_id = parent.trace_id if parent is not None else random.getrandbits(128)
+        self.span_id = random.getrandbits(64) or 1
+        self.start_ns = start_ns if start_ns is not None else time.time_ns()
+        self.end_ns = 0
+        self.attributes = dict(attributes) if attributes else {}
+        self.error = ""
+        self.kind = kind
+
+    @property
+    def context(self) -> TraceParent:
+        """This span as the parent of others."""
+        return TraceParent(self.trace_id, self.span_id,
+                           self.parent.state if self.parent is not None else "", remote=False)
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self.attributes[key] = value
+
+    def set_attributes(self, values: Mapping[str, Any]) -> None:
+        self.attributes.update(values)
+
+    def update_name(self, name: str) -> None:
+        self.name = name
+
+    def end(self, error: str = "", end_ns: int | None = None) -> None:
+        if self.end_ns:
+            return
+        self.end_ns = end_ns if end_ns is not None else time.time_ns()
+        if error:
+            self.error = error
+            self.attributes["error.type"] = error.split(":", 1)[0]
+        self._sink.on_end(self)
+
+    def readable(self, resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
+        parent = None
+        if self.parent is not None:
+            parent = SpanContext(self.trace_id, self.parent.span_id, self.parent.remote,
+                                 _SAMPLED)
+        return ReadableSpan(
+            name=self.name,
+            context=SpanContext(self.trace_id, self.span_id, False, _SAMPLED),
+            parent=parent, resource=resource, attributes=self.attributes, kind=self.kind,
+            status=Status(StatusCode.ERROR, self.error) if self.error else _OK,
+            start_time=self.start_ns, end_time=self.end_ns, instrumentation_scope=scope)
+
+
+class TailSampler:
     """Holds finished spans per trace until the trace is decided, then hands the kept
     ones to ``export`` (a batch processor). Thread-safe: spans may end anywhere."""
 
     def __init__(self, export: SpanProcessor, policy: TracePolicy, service: str,
-                 clock: Any = time.monotonic) -> None:
+                 resource: Resource, clock: Any = time.monotonic) -> None:
+        import inferbus
+
         self._export = export
         self._policy = policy
         self._service = service
+        self._resource = resource
+        self._scope = InstrumentationScope("inferbus", inferbus.__version__)
         self._clock = clock
         self._lock = threading.Lock()
-        self._pending: OrderedDict[int, tuple[float, list[ReadableSpan]]] = OrderedDict()
+        self._pending: OrderedDict[int, tuple[float, list[Span]]] = OrderedDict()
         self._n_pending = 0
         self._decided: OrderedDict[int, tuple[bool, float]] = OrderedDict()
         self._last_sweep = clock()
+        self._kept = metrics.TRACES.labels(service, "kept")
+        self._dropped = metrics.TRACES.labels(service, "dropped")
 
     @property
     def buffered_spans(self) -> int:
         return self._n_pending
 
-    def on_start(self, span: Any, parent_context: Context | None = None) -> None:
-        pass
-
-    def on_end(self, span: ReadableSpan) -> None:
-        tid = span.context.trace_id
+    def on_end(self, span: Span) -> None:
+        tid = span.trace_id
         now = self._clock()
         with self._lock:
             decided = self._decided.get(tid)
@@ -122,7 +215,7 @@ class TailSampler(SpanProcessor):
         if evicted:
             metrics.TRACE_SPANS_DROPPED.labels(self._service).inc(evicted)
         if decided is not None and decided[0]:
-            self._export.on_end(span)
+            self._export_all((span,))
         self._export_all(late)
 
     def decision(self, trace_id: int) -> bool | None:
@@ -145,7 +238,7 @@ class TailSampler(SpanProcessor):
             if entry is not None:
                 self._n_pending -= len(entry[1])
             late = self._sweep(now)
-        metrics.TRACES.labels(self._service, "kept" if keep else "dropped").inc()
+        (self._kept if keep else self._dropped).inc()
         if keep and entry is not None:
             self._export_all(entry[1])
         self._export_all(late)
@@ -158,7 +251,7 @@ class TailSampler(SpanProcessor):
             dropped += len(spans)
         return dropped
 
-    def _sweep(self, now: float) -> list[ReadableSpan]:
+    def _sweep(self, now: float) -> list[Span]:
         """Under the lock, at most once a second: forget old decisions; hand back the
         spans of traces left undecided too long (exported: in doubt, keep)."""
         if now - self._last_sweep < 1.0:
@@ -169,7 +262,7 @@ class TailSampler(SpanProcessor):
             if now - at < self._policy.remember_s:
                 break
             del self._decided[tid]
-        late: list[ReadableSpan] = []
+        late: list[Span] = []
         while self._pending:
             tid, (first, spans) = next(iter(self._pending.items()))
             if now - first < self._policy.decision_wait_s:
@@ -179,9 +272,9 @@ class TailSampler(SpanProcessor):
             late.extend(spans)
         return late
 
-    def _export_all(self, spans: Sequence[ReadableSpan]) -> None:
+    def _export_all(self, spans: Sequence[Span]) -> None:
         for span in spans:
-            self._export.on_end(span)
+            self._export.on_end(span.readable(self._resource, self._scope))
 
     def shutdown(self) -> None:
         """Export what is still undecided (a draining process would otherwise lose
@@ -193,9 +286,6 @@ class TailSampler(SpanProcessor):
         self._export_all(held)
         self._export.shutdown()
 
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self._export.force_flush(timeout_millis)
-
 
 def trace_id_hex(trace_id: int) -> str:
     return format(trace_id, "032x")
@@ -203,20 +293,18 @@ def trace_id_hex(trace_id: int) -> str:
 
 class Tracing:
     """This process's tracing: stage spans, context in and out of NATS headers, and
-    the end-of-request decision. Disabled, every method is a cheap no-op."""
+    the end-of-request decision. Disabled, it records nothing and costs nothing."""
 
     def __init__(self, service: str, policy: TracePolicy,
-                 provider: TracerProvider | None = None,
                  sampler: TailSampler | None = None) -> None:
         self.service = service
         self.policy = policy
-        self.enabled = provider is not None
-        self._provider = provider
+        self.enabled = sampler is not None
         self.sampler = sampler
-        self._tracer = (provider.get_tracer("inferbus") if provider is not None
-                        else trace.NoOpTracer())
         self._nc: Any = None
         self._sub: Any = None
+        self._outbox: list[tuple[int, bool, str]] = []
+        self._flusher: asyncio.Task[None] | None = None
 
     @classmethod
     def disabled(cls, service: str = "") -> "Tracing":
@@ -235,53 +323,44 @@ class Tracing:
             "service.instance.id": instance,
             "service.version": inferbus.__version__,
         })
-        sampler = TailSampler(export or BatchSpanProcessor(exporter), policy, service)
-        # every span is recorded; the tail sampler decides what leaves the process
-        provider = TracerProvider(resource=resource, sampler=ALWAYS_ON)
-        provider.add_span_processor(sampler)
-        return cls(service, policy, provider, sampler)
+        sampler = TailSampler(export or BatchSpanProcessor(exporter), policy, service, resource)
+        return cls(service, policy, sampler)
 
     # -- context in NATS headers -----------------------------------------------------
 
-    def parent(self, headers: Mapping[str, str] | None) -> Context | None:
+    def parent(self, headers: Mapping[str, str] | None) -> TraceParent | None:
         """The trace context a message carries (None: none, or tracing is off)."""
-        if not self.enabled or not headers or "traceparent" not in headers:
+        if not self.enabled or not headers:
             return None
-        return _PROPAGATOR.extract(carrier=dict(headers))
+        return TraceParent.parse(headers)
 
     @staticmethod
-    def trace_id(parent: Context | None) -> int:
-        if parent is None:
-            return 0
-        return trace.get_current_span(parent).get_span_context().trace_id
+    def trace_id(parent: TraceParent | None) -> int:
+        return parent.trace_id if parent is not None else 0
 
     @staticmethod
-    def headers(span_or_context: Any) -> dict[str, str]:
+    def headers(span_or_parent: "Span | TraceParent") -> dict[str, str]:
         """``traceparent``/``tracestate`` naming this span (or context) as the parent."""
-        ctx = (span_or_context if isinstance(span_or_context, Context)
-               else trace.set_span_in_context(span_or_context))
-        carrier: dict[str, str] = {}
-        _PROPAGATOR.inject(carrier, context=ctx)
-        return carrier
+        ctx = span_or_parent.context if isinstance(span_or_parent, Span) else span_or_parent
+        return ctx.headers()
 
     # -- spans -------------------------------------------------------------------------
 
-    def start(self, name: str, parent: Context | None = None,
+    def start(self, name: str, parent: TraceParent | None = None,
               attributes: Mapping[str, Any] | None = None, start_ns: int | None = None,
-              kind: SpanKind = SpanKind.INTERNAL) -> trace.Span:
-        """A live span, ended by the caller (``end(span, ...)``)."""
-        return self._tracer.start_span(name, context=parent, kind=kind,
-                                       attributes=attributes, start_time=start_ns)
+              kind: SpanKind = SpanKind.INTERNAL) -> Span:
+        """A live span, ended by the caller (``span.end(error)``). Tracing on only."""
+        assert self.sampler is not None, "start spans only with tracing on"
+        return Span(self.sampler, name, parent, attributes, start_ns, kind)
 
-    def record(self, name: str, parent: Context | None, start_ns: int, end_ns: int,
+    def record(self, name: str, parent: TraceParent | None, start_ns: int, end_ns: int,
                attributes: Mapping[str, Any] | None = None, error: str = "",
-               kind: SpanKind = SpanKind.INTERNAL) -> trace.Span | None:
+               kind: SpanKind = SpanKind.INTERNAL) -> Span | None:
         """A span of a stage that is already over (times in Unix nanoseconds)."""
-        if not self.enabled:
+        if self.sampler is None:
             return None
-        span = self._tracer.start_span(name, context=parent, kind=kind,
-                                       attributes=attributes, start_time=start_ns)
-        end(span, error, end_ns)
+        span = Span(self.sampler, name, parent, attributes, start_ns, kind)
+        span.end(error, end_ns)
         return span
 
     # -- the end-of-request decision -----------------------------------------------------
@@ -291,18 +370,23 @@ class Tracing:
         self._nc = nc
         if self.enabled:
             self._sub = await nc.subscribe(TRACE_DECIDED, cb=self._on_decided)
+            self._flusher = asyncio.create_task(self._flush_forever(), name="trace-decisions")
 
     async def _on_decided(self, msg: Any) -> None:
         try:
             d = decode(msg.data, TraceDecided)
-            tid = int(d.trace_id, 16)
+            kept = [int(x, 16) for x in d.kept]
+            dropped = [int(x, 16) for x in d.dropped]
         except (DecodeError, ValueError) as exc:
             log.warning("undecodable trace decision", error=str(exc))
             return
         assert self.sampler is not None
-        self.sampler.decide(tid, d.keep)
+        for tid in kept:
+            self.sampler.decide(tid, True)
+        for tid in dropped:
+            self.sampler.decide(tid, False)
 
-    async def end_request(self, parent: Context | None, *, request_id: str, failed: bool,
+    async def end_request(self, parent: TraceParent | None, *, request_id: str, failed: bool,
                           e2e_s: float, ttft_s: float | None = None,
                           only_keep: bool = False) -> tuple[bool, str] | None:
         """Decide the request's trace from how it ended, apply it here and tell every
@@ -317,33 +401,48 @@ class Tracing:
                                policy=self.policy)
         if only_keep and (not keep or self.sampler.decision(tid)):
             return keep, reason
-        await self.publish(tid, keep, reason, request_id)
+        self.publish(tid, keep, reason)
         return keep, reason
 
-    async def publish(self, trace_id: int, keep: bool, reason: str, request_id: str) -> None:
+    def publish(self, trace_id: int, keep: bool, reason: str) -> None:
+        """Apply a decision here at once; the others hear of it with the next batch."""
         assert self.sampler is not None
         self.sampler.decide(trace_id, keep)
-        if self._nc is not None and self._nc.is_connected:
-            await self._nc.publish(TRACE_DECIDED, encode(TraceDecided(
-                trace_id=trace_id_hex(trace_id), keep=keep, reason=reason,
-                request_id=request_id, service=self.service)))
+        self._outbox.append((trace_id, keep, reason))
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.policy.publish_interval_s)
+            try:
+                await self.flush()
+            except Exception:
+                log.exception("trace decisions not published")
+
+    async def flush(self) -> None:
+        if not self._outbox or self._nc is None or not self._nc.is_connected:
+            return
+        batch, self._outbox = self._outbox, []
+        await self._nc.publish(TRACE_DECIDED, encode(TraceDecided(
+            kept=[trace_id_hex(t) for t, keep, _ in batch if keep],
+            dropped=[trace_id_hex(t) for t, keep, _ in batch if not keep],
+            service=self.service)))
 
     async def close(self) -> None:
-        if self._sub is not None:
-            try:
+        if self._flusher is not None:
+            self._flusher.cancel()
+        try:
+            await self.flush()
+            if self._sub is not None:
                 await self._sub.unsubscribe()
-            except Exception:
-                pass
-        if self._provider is not None:
-            self._provider.shutdown()
+        except Exception:
+            pass
+        if self.sampler is not None:
+            self.sampler.shutdown()
 
 
-def end(span: trace.Span, error: str = "", end_ns: int | None = None) -> None:
+def end(span: Span, error: str = "", end_ns: int | None = None) -> None:
     """End a span; a non-empty ``error`` marks it failed with that description."""
-    if error:
-        span.set_status(Status(StatusCode.ERROR, error))
-        span.set_attribute("error.type", error.split(":", 1)[0])
-    span.end(end_time=end_ns)
+    span.end(error, end_ns)
 
 
 def enabled_by_env(environ: Mapping[str, str] | None = None) -> bool:

@@ -29,8 +29,8 @@ class HttpTrace:
             t.GEN_AI_OPERATION: op, t.GEN_AI_PROVIDER: "inferbus",
             t.REQUEST_ID: request_id, t.GEN_AI_RESPONSE_ID: request_id,
         }, self.t0, SpanKind.SERVER)
-        self.headers = tracing.headers(self.root)
-        self.context = tracing.parent(self.headers)
+        self.context = self.root.context
+        self.headers = self.context.headers()
         self.submitted_ns = self.first_ns = 0
         self.model = ""
         self.submitted = False

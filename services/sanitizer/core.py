@@ -151,7 +151,7 @@ class FilteredStream:
     a terminal event after the held-back text."""
 
     __slots__ = ("request_id", "client_reply_to", "attempt", "masker", "seq", "tokens",
-                 "last_seen", "upstream_seq", "lost")
+                 "last_seen", "upstream_seq", "lost", "busy_s")
 
     def __init__(self, request_id: str, client_reply_to: str, now: float) -> None:
         self.request_id = request_id
@@ -166,6 +166,8 @@ class FilteredStream:
         """The next chunk number expected from the worker."""
         self.lost = 0
         """Chunks that never arrived (the count the client is told goes up by these)."""
+        self.busy_s = 0.0
+        """Time spent filtering it (the adapter measures)."""
 
     def on_event(self, event: ReplyEvent, now: float) -> tuple[list[ReplyEvent], bool]:
         """(events for the client, whether the stream is over)."""

@@ -354,7 +354,8 @@ class SchedulerService(Service[SchedulerSettings]):
                                        "first" if e.attempt == 1 else "retry").inc()
             metrics.QUEUE_TIME.labels(e.request.model, e.lane).observe(e.queued_s)
             self._trace_assignment(e, trace, began)
-            log.info("assigned", request_id=rid, worker=e.worker_id, attempt=e.attempt)
+            # debug: the request's one info line is written where it ends
+            log.debug("assigned", request_id=rid, worker=e.worker_id, attempt=e.attempt)
         else:
             terminal: Any
             if isinstance(e, Fail):

@@ -4,6 +4,7 @@ canonical log line."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from inferbus.contracts import RequestFailed, RequestFinished, StageTimings, WorkerHeartbeat
@@ -16,6 +17,25 @@ from .core import RequestStream
 log = logs.get("inferbus.worker")
 
 _NS = 1_000_000_000
+
+
+class _ModelMetrics:
+    """One model's metric children, looked up once (``labels`` costs more than the
+    update itself, on every request)."""
+
+    def __init__(self, service: str, model: str) -> None:
+        self.e2e = metrics.E2E.labels(service, model)
+        self.engine_queue = metrics.ENGINE_QUEUE_TIME.labels(model)
+        self.prefill = metrics.PREFILL_TIME.labels(model)
+        self.decode = metrics.DECODE_TIME.labels(model)
+        self.prefill_tokens = metrics.TOKENS.labels(service, model, "prefill")
+        self.cached_tokens = metrics.TOKENS.labels(service, model, "cached")
+        self.decode_tokens = metrics.TOKENS.labels(service, model, "decode")
+
+
+@lru_cache(maxsize=1024)
+def _model_metrics(service: str, model: str) -> _ModelMetrics:
+    return _ModelMetrics(service, model)
 
 
 def stage_times(stream: RequestStream, terminal: Any, now: float) -> StageTimings:
@@ -40,17 +60,18 @@ async def report_end(tracing: Tracing, service: str, stream: RequestStream, term
     started = stream.first_token_at is not None
     end_wall = received + (now - stream.started_at)
 
+    m = _model_metrics(service, model)
     metrics.REQUESTS.labels(service, model, outcome).inc()
-    metrics.E2E.labels(service, model).observe(now - stream.started_at)
+    m.e2e.observe(now - stream.started_at)
     usage = terminal.usage if isinstance(terminal, RequestFinished) else None
     if usage is not None:
-        metrics.ENGINE_QUEUE_TIME.labels(model).observe(timings.queued_s)
-        metrics.PREFILL_TIME.labels(model).observe(timings.prefill_s)
-        metrics.DECODE_TIME.labels(model).observe(timings.decode_s)
+        m.engine_queue.observe(timings.queued_s)
+        m.prefill.observe(timings.prefill_s)
+        m.decode.observe(timings.decode_s)
         cached = usage.cached_prompt_tokens
-        metrics.TOKENS.labels(service, model, "prefill").inc(usage.prompt_tokens - cached)
-        metrics.TOKENS.labels(service, model, "cached").inc(cached)
-        metrics.TOKENS.labels(service, model, "decode").inc(usage.completion_tokens)
+        m.prefill_tokens.inc(usage.prompt_tokens - cached)
+        m.cached_tokens.inc(cached)
+        m.decode_tokens.inc(usage.completion_tokens)
 
     error = f"{terminal.code}: {terminal.reason}" if failed else ""
     if tracing.enabled:

@@ -10,9 +10,14 @@ import random
 import time
 
 import aiohttp
+import nats
 import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from inferbus.contracts import TRACE_DECIDED
 from inferbus.otlp_sink import OtlpSink
+from inferbus.shared.tracing import TracePolicy, Tracing
 from inferbus.shared.natsserver import NatsServer
 
 from .procs import ServiceProcess, start_all
@@ -134,3 +139,54 @@ async def test_failed_requests_are_kept_and_fast_ones_by_the_draw(traced):
     failed_spans = sink.trace(failed)
     assert any(s.error.startswith("deadline_exceeded") for s in failed_spans), \
         [(s.name, s.error) for s in failed_spans]
+
+
+def in_memory(service: str) -> tuple[Tracing, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    return (Tracing.with_exporter(service, TracePolicy(slow_s=1.0, keep_ratio=0.0), exporter,
+                                  export=SimpleSpanProcessor(exporter)), exporter)
+
+
+def names(exporter: InMemorySpanExporter) -> list[str]:
+    return sorted(s.name for s in exporter.get_finished_spans())
+
+
+async def test_decisions_reach_other_processes_in_batches(nats_url):
+    """Two services' samplers joined by the real decision subject: the one that ends
+    the request decides; the other exports or drops what it held."""
+    worker, worker_out = in_memory("worker")
+    gateway, gateway_out = in_memory("gateway")
+    conns = [await nats.connect(nats_url) for _ in range(3)]
+    seen = []
+    async def count(msg):
+        seen.append(msg)
+
+    await conns[2].subscribe(TRACE_DECIDED, cb=count)
+    await worker.listen(conns[0])
+    await gateway.listen(conns[1])
+    try:
+        roots = [gateway.start(f"r{i}") for i in range(10)]
+        contexts = [gateway.parent(gateway.headers(r)) for r in roots]
+        for i, ctx in enumerate(contexts):
+            gateway.record("gateway receive", ctx, 1, 2)
+            worker.record("decode", ctx, 2, 3)
+            # every third request is slow: kept; the rest are dropped
+            await worker.end_request(ctx, request_id=f"r{i}", failed=False,
+                                     e2e_s=2.0 if i % 3 == 0 else 0.01)
+        for _ in range(100):
+            if gateway.sampler is not None and gateway.sampler.buffered_spans == 0:
+                break
+            await asyncio.sleep(0.02)
+        for r in roots:
+            r.end()
+        assert names(gateway_out).count("gateway receive") == 4
+        roots_kept = [s.name for s in gateway_out.get_finished_spans()
+                      if s.name != "gateway receive"]
+        assert sorted(roots_kept) == ["r0", "r3", "r6", "r9"]
+        assert names(worker_out) == ["decode"] * 4
+        assert len(seen) <= 2  # ten decisions, one or two messages
+    finally:
+        await worker.close()
+        await gateway.close()
+        for c in conns:
+            await c.close()

@@ -141,3 +141,27 @@ def test_disabled_tracing_records_nothing_and_passes_no_context():
 ])
 def test_tracing_is_switched_by_the_standard_variables(env, on):
     assert enabled_by_env(env) is on
+
+
+@pytest.mark.parametrize("header", [
+    "", "garbage", "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+    "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+    "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",
+])
+def test_a_bad_traceparent_is_no_parent(header):
+    t, _ = traced()
+    assert t.parent({"traceparent": header}) is None
+
+
+def test_context_round_trips_through_headers_with_its_tracestate():
+    t, _ = traced()
+    incoming = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                "tracestate": "vendor=1"}
+    parent = t.parent(incoming)
+    assert parent is not None and t.trace_id(parent) == 0x0AF7651916CD43DD8448EB211C80319C
+    span = t.start("stage", parent)
+    out = t.headers(span)
+    assert out["traceparent"].startswith("00-0af7651916cd43dd8448eb211c80319c-")
+    assert out["traceparent"] != incoming["traceparent"] and out["tracestate"] == "vendor=1"
+
