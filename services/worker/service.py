@@ -209,7 +209,7 @@ class WorkerService(Service[WorkerSettings]):
         reply = req.reply_to
         received = time.time()
         stream = RequestStream(assignment, self.worker_id, time.monotonic())
-        itl = metrics.ITL.labels(self.name, model)
+        itl = metrics.ITL.tally()
         last_chunk_at = 0.0
         outputs = self.engine.generate(engine_request(assignment))
         terminal: Any = None
@@ -267,6 +267,7 @@ class WorkerService(Service[WorkerSettings]):
             terminal = RequestFailed(
                 request_id=rid, code="engine_error", reason="engine ended without a finish reason"
             )
+        metrics.ITL.add((self.name, model), itl)
         data = encode(terminal)
         await nc.publish(reply, data, headers=request_headers(rid))
         await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=f"{rid}:end")

@@ -46,7 +46,7 @@ _SUFFIXES = {
 def _declared_series() -> set[str]:
     names = set()
     for collector in vars(metrics).values():
-        if isinstance(collector, MetricWrapperBase):
+        if isinstance(collector, (MetricWrapperBase, metrics.BatchedHistogram)):
             for family in collector.describe():
                 names.update(family.name + s for s in _SUFFIXES[family.type])
     return names
