@@ -44,6 +44,7 @@ __all__ = [
     "CanaryWeights",
     "SchedulerLoad",
     "TraceDecided",
+    "DecidedRequest",
 ]
 
 
@@ -323,13 +324,19 @@ class KvAllCleared(Event, tag="kv.cleared"):
     worker_id: str
 
 
-class TraceDecided(Event, tag="trace.decided"):
-    """Traces to keep or drop, decided once per request when it ends (tail sampling),
-    in batches. Services buffer the spans of undecided traces until they hear."""
+class DecidedRequest(msgspec.Struct, kw_only=True):
+    trace_id: str
+    """32 lowercase hex digits, as in ``traceparent``."""
+    request_id: str
 
-    kept: list[str] = []
-    """Trace ids, 32 lowercase hex digits as in ``traceparent``."""
-    dropped: list[str] = []
+
+class TraceDecided(Event, tag="trace.decided"):
+    """Requests whose spans to keep or drop, decided once per request when it ends
+    (tail sampling), in batches. Services hold a request's spans until they hear.
+    Keyed by request as well as trace: one caller's trace may hold many requests."""
+
+    kept: list[DecidedRequest] = []
+    dropped: list[DecidedRequest] = []
     service: str = ""
     """Who decided."""
 

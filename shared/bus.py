@@ -64,9 +64,11 @@ def request_headers(request_id: str, trace: dict[str, str] | None = None) -> dic
 
 
 def trace_headers(msg: Msg) -> dict[str, str]:
-    """The W3C trace context of an incoming message, to carry on to the next hop."""
-    h = msg.headers or {}
-    return {k: h[k] for k in ("traceparent", "tracestate") if k in h}
+    """The W3C trace context of an incoming message, to carry on to the next hop
+    (only when well formed)."""
+    from inferbus.shared.tracing import valid_context
+
+    return valid_context(msg.headers or {})
 
 
 async def publish_durable(
@@ -164,9 +166,9 @@ class Background:
 
 
 async def replay(js: JetStreamContext, stream: str, subject: str, since_s: float,
-                 timeout: float = 10.0) -> list[bytes]:
-    """The payloads a stream holds on ``subject`` from ``since_s`` seconds ago up to
-    now, in order (an ephemeral consumer, read to the stream's last message)."""
+                 timeout: float = 10.0) -> list[tuple[bytes, dict[str, str]]]:
+    """The messages (payload, headers) a stream holds on ``subject`` from ``since_s``
+    seconds ago up to now, in order (an ephemeral consumer, read to the stream's end)."""
     import datetime
 
     from nats.js.api import ConsumerConfig, DeliverPolicy
@@ -175,7 +177,7 @@ async def replay(js: JetStreamContext, stream: str, subject: str, since_s: float
     sub = await js.subscribe(subject, stream=stream, ordered_consumer=True,
                              config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME,
                                                    opt_start_time=start))
-    out: list[bytes] = []
+    out: list[tuple[bytes, dict[str, str]]] = []
     try:
         info = await sub.consumer_info()
         # a push consumer may have sent everything before this answer: then nothing is
@@ -183,7 +185,7 @@ async def replay(js: JetStreamContext, stream: str, subject: str, since_s: float
         if info.num_pending or (info.delivered and info.delivered.consumer_seq):
             while True:  # each message says how many are still to come
                 msg = await sub.next_msg(timeout=timeout)
-                out.append(msg.data)
+                out.append((msg.data, dict(msg.headers or {})))
                 if not msg.metadata.num_pending:
                     break
     finally:

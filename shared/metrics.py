@@ -23,9 +23,10 @@ class Tally:
         self.counts = [0] * len(bounds)
         self.total = 0.0
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.total += value
+    def observe(self, value: float, n: int = 1) -> None:
+        """``n`` observations of ``value`` (the tokens of one chunk)."""
+        self.counts[bisect_left(self.bounds, value)] += n
+        self.total += value * n
 
 
 class BatchedHistogram(Collector):

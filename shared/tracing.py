@@ -4,18 +4,20 @@ Across processes it works like this:
 
 - Each service records a span per stage of a request, a child of the request's root
   span (the gateway's), whose W3C context travels in NATS headers (``traceparent``).
-- Finished spans wait in this process's :class:`TailSampler`, per trace, as plain
-  records: the OpenTelemetry SDK's span objects (and their cost) are built only for
-  the traces that are kept, then exported by its batch processor and OTLP exporter.
+- Finished spans wait in this process's :class:`TailSampler`, per request (its trace
+  id and request id: a caller's trace may hold many requests), as plain records: the
+  OpenTelemetry SDK's span objects (and their cost) are built only for what is kept,
+  then exported by its batch processor and OTLP exporter.
 - The service that ends the request (the worker, or whoever ends it early) decides
   with :func:`verdict`: keep it if it failed, missed its SLO or was slower than
   ``trace_slow_s``, or if its trace id falls in the kept share (drawn from the id,
-  so every process draws alike). It publishes ``TraceDecided`` on ib.trace.decided
-  (in batches, a few times a second).
-- Every service listens there and exports or drops what it buffered of that trace.
-  The decision is remembered for a while, so spans that end after it (the
-  gateway's stream out, the PII filter) follow it.
-- A trace that no decision reaches within ``trace_decision_wait_s`` is exported:
+  so every process, and every request of one trace, draws alike). It publishes
+  ``TraceDecided`` on ib.trace.decided (in batches, a few times a second).
+- Every service listens there and exports or drops what it holds of that request.
+  A drop is tentative for ``drop_grace_s``: a keep that follows (the gateway saw a
+  failure or a slow stream out the ender did not) still finds the spans. Decisions
+  are remembered for a while, so spans that end after them follow them.
+- A request that no decision reaches within ``trace_decision_wait_s`` is exported:
   in doubt, keep.
 
 Tracing is on when an OTLP endpoint is configured (``OTEL_EXPORTER_OTLP_ENDPOINT``
@@ -42,14 +44,16 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from inferbus.contracts import TRACE_DECIDED, TraceDecided
+from inferbus.contracts import TRACE_DECIDED, DecidedRequest, TraceDecided
 from inferbus.shared import logs, metrics
 from inferbus.shared.codec import DecodeError, decode, encode
 
 log = logs.get("inferbus.tracing")
 
 _LOW64 = (1 << 64) - 1
-_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+# version 00 is exactly this; a later version may append fields after a "-"
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
+_TRACESTATE = re.compile(r"[\x20-\x7e]{0,512}")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _OK = Status(StatusCode.UNSET)
 
@@ -69,6 +73,8 @@ class TracePolicy(msgspec.Struct, kw_only=True, frozen=True):
     """How long a decision applies to spans that end after it."""
     publish_interval_s: float = 0.05
     """Decisions go out in batches this often (one message, not one per request)."""
+    drop_grace_s: float = 2.0
+    """Dropped spans are held this long: a keep from another service may follow."""
 
 
 def verdict(*, failed: bool, e2e_s: float, ttft_s: float | None, trace_id: int,
@@ -97,13 +103,16 @@ class TraceParent:
 
     @classmethod
     def parse(cls, headers: Mapping[str, str]) -> "TraceParent | None":
-        m = _TRACEPARENT.match(headers.get("traceparent", ""))
-        if m is None or m.group(1) == "ff":
+        """The W3C context in ``headers``; None when absent or malformed (a bad
+        ``tracestate`` alone is left behind)."""
+        m = _TRACEPARENT.fullmatch(headers.get("traceparent", ""))
+        if m is None or m.group(1) == "ff" or (m.group(1) == "00" and m.group(5)):
             return None
         trace_id, span_id = int(m.group(2), 16), int(m.group(3), 16)
         if not trace_id or not span_id:
             return None
-        return cls(trace_id, span_id, headers.get("tracestate", ""))
+        state = headers.get("tracestate", "")
+        return cls(trace_id, span_id, state if _TRACESTATE.fullmatch(state) else "")
 
     def headers(self) -> dict[str, str]:
         out = {"traceparent": f"00-{self.trace_id:032x}-{self.span_id:016x}-01"}
@@ -112,12 +121,24 @@ class TraceParent:
         return out
 
 
+def valid_context(headers: Mapping[str, str]) -> dict[str, str]:
+    """The ``traceparent`` (and ``tracestate``) of ``headers`` as sent, when valid
+    W3C trace context; else nothing. What a hop may pass on with tracing off."""
+    parent = TraceParent.parse(headers)
+    if parent is None:
+        return {}
+    out = {"traceparent": headers["traceparent"]}
+    if parent.state:
+        out["tracestate"] = parent.state
+    return out
+
+
 class Span:
     """A span of this process. Until its trace is kept it is only this record: the
     OpenTelemetry SDK's objects are built for kept traces alone."""
 
     __slots__ = ("name", "trace_id", "span_id", "parent", "start_ns", "end_ns",
-                 "attributes", "error", "kind", "_sink")
+                 "attributes", "error", "kind", "request_id", "_sink")
 
     def __init__(self, sink: "TailSampler", name: str, parent: TraceParent | None,
                  attributes: Mapping[str, Any] | None, start_ns: int | None,
@@ -132,6 +153,8 @@ class Span:
         self.attributes = dict(attributes) if attributes else {}
         self.error = ""
         self.kind = kind
+        self.request_id: str = self.attributes.get(REQUEST_ID, "")
+        """With the trace id, what the tail sampler holds it under."""
 
     @property
     def context(self) -> TraceParent:
@@ -170,9 +193,13 @@ class Span:
             start_time=self.start_ns, end_time=self.end_ns, instrumentation_scope=scope)
 
 
+Key = tuple[int, str]
+"""A request's spans: (trace id, request id)."""
+
+
 class TailSampler:
-    """Holds finished spans per trace until the trace is decided, then hands the kept
-    ones to ``export`` (a batch processor). Thread-safe: spans may end anywhere."""
+    """Holds finished spans per request until it is decided, then hands the kept ones
+    to ``export`` (a batch processor). Thread-safe: spans may end anywhere."""
 
     def __init__(self, export: SpanProcessor, policy: TracePolicy, service: str,
                  resource: Resource, clock: Any = time.monotonic) -> None:
@@ -180,67 +207,90 @@ class TailSampler:
 
         self._export = export
         self._policy = policy
-        self._service = service
         self._resource = resource
         self._scope = InstrumentationScope("inferbus", inferbus.__version__)
         self._clock = clock
         self._lock = threading.Lock()
-        self._pending: OrderedDict[int, tuple[float, list[Span]]] = OrderedDict()
+        self._pending: OrderedDict[Key, tuple[float, list[Span]]] = OrderedDict()
+        """Undecided, oldest first."""
         self._n_pending = 0
-        self._decided: OrderedDict[int, tuple[bool, float]] = OrderedDict()
+        self._dropping: OrderedDict[Key, tuple[float, list[Span]]] = OrderedDict()
+        """Dropped, held for ``drop_grace_s`` in case a keep follows."""
+        self._decided: OrderedDict[Key, tuple[bool, float]] = OrderedDict()
         self._last_sweep = clock()
         self._kept = metrics.TRACES.labels(service, "kept")
         self._dropped = metrics.TRACES.labels(service, "dropped")
+        self._overflow = metrics.TRACE_SPANS_DROPPED.labels(service)
 
     @property
     def buffered_spans(self) -> int:
         return self._n_pending
 
     def on_end(self, span: Span) -> None:
-        tid = span.trace_id
+        key = (span.trace_id, span.request_id)
         now = self._clock()
+        export = False
         with self._lock:
-            decided = self._decided.get(tid)
+            decided = self._decided.get(key)
             if decided is None:
-                entry = self._pending.get(tid)
+                entry = self._pending.get(key)
                 if entry is None:
-                    self._pending[tid] = (now, [span])
+                    self._pending[key] = (now, [span])
                 else:
                     entry[1].append(span)
                 self._n_pending += 1
                 evicted = self._evict()
             else:
                 evicted = 0
+                if decided[0]:
+                    export = True
+                else:  # ends after its drop: held with the rest, a keep may follow
+                    self._dropping.setdefault(key, (decided[1], []))[1].append(span)
             late = self._sweep(now)
         if evicted:
-            metrics.TRACE_SPANS_DROPPED.labels(self._service).inc(evicted)
-        if decided is not None and decided[0]:
+            self._overflow.inc(evicted)
+        if export:
             self._export_all((span,))
         self._export_all(late)
 
-    def decision(self, trace_id: int) -> bool | None:
-        """What was decided for this trace lately (None: nothing yet, or long ago)."""
-        d = self._decided.get(trace_id)
+    def decision(self, key: Key) -> bool | None:
+        """What was decided for this request lately (None: nothing yet, long ago,
+        or never of interest here)."""
+        d = self._decided.get(key)
         return None if d is None else d[0]
 
-    def decide(self, trace_id: int, keep: bool) -> None:
-        """Export or drop what is held of this trace, and apply the same to its spans
-        that end in the next ``remember_s``. A later keep overrides a drop (for what
-        is still to come); a repeat changes nothing."""
+    def decide(self, key: Key, keep: bool, own: bool = False) -> None:
+        """Keep or drop this request's spans, those held and those that end in the
+        next ``remember_s``. A keep overrides a drop (the dropped spans are still
+        held for ``drop_grace_s``); a repeat changes nothing. Someone else's decision
+        about a request this process holds nothing of is ignored (``own``: ours)."""
         now = self._clock()
+        rescued: list[Span] = []
         with self._lock:
-            before = self._decided.get(trace_id)
+            before = self._decided.get(key)
             if before is not None and (before[0] or not keep):
                 return
-            self._decided[trace_id] = (keep, now)
-            self._decided.move_to_end(trace_id)
-            entry = self._pending.pop(trace_id, None)
-            if entry is not None:
-                self._n_pending -= len(entry[1])
+            if not own and before is None and key not in self._pending:
+                return
+            self._decided[key] = (keep, now)
+            self._decided.move_to_end(key)
+            entry = self._pending.pop(key, None)
+            held = entry[1] if entry is not None else []
+            self._n_pending -= len(held)
+            if keep:
+                rescued = held + self._dropping.pop(key, (0.0, []))[1]
+            elif held:
+                self._dropping[key] = (now, held)
             late = self._sweep(now)
         (self._kept if keep else self._dropped).inc()
-        if keep and entry is not None:
-            self._export_all(entry[1])
+        self._export_all(rescued)
+        self._export_all(late)
+
+    def sweep(self) -> None:
+        """The periodic work, for a quiet process: spans of requests left undecided
+        for ``decision_wait_s`` are exported, dropped ones past their grace discarded."""
+        with self._lock:
+            late = self._sweep(self._clock())
         self._export_all(late)
 
     def _evict(self) -> int:
@@ -252,22 +302,28 @@ class TailSampler:
         return dropped
 
     def _sweep(self, now: float) -> list[Span]:
-        """Under the lock, at most once a second: forget old decisions; hand back the
-        spans of traces left undecided too long (exported: in doubt, keep)."""
+        """Under the lock, at most once a second: forget old decisions and old drops;
+        hand back the spans of requests left undecided too long (in doubt, keep)."""
         if now - self._last_sweep < 1.0:
             return []
         self._last_sweep = now
+        p = self._policy
         while self._decided:
-            tid, (_, at) = next(iter(self._decided.items()))
-            if now - at < self._policy.remember_s:
+            key, (_, at) = next(iter(self._decided.items()))
+            if now - at < p.remember_s:
                 break
-            del self._decided[tid]
+            del self._decided[key]
+        while self._dropping:
+            key, (at, _) = next(iter(self._dropping.items()))
+            if now - at < p.drop_grace_s:
+                break
+            del self._dropping[key]
         late: list[Span] = []
         while self._pending:
-            tid, (first, spans) = next(iter(self._pending.items()))
-            if now - first < self._policy.decision_wait_s:
+            key, (first, spans) = next(iter(self._pending.items()))
+            if now - first < p.decision_wait_s:
                 break
-            del self._pending[tid]
+            del self._pending[key]
             self._n_pending -= len(spans)
             late.extend(spans)
         return late
@@ -276,14 +332,16 @@ class TailSampler:
         for span in spans:
             self._export.on_end(span.readable(self._resource, self._scope))
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_s: float = 5.0) -> None:
         """Export what is still undecided (a draining process would otherwise lose
-        the early spans of requests another service has yet to end)."""
+        the early spans of requests another service has yet to end), within
+        ``timeout_s`` when the collector is slow or gone."""
         with self._lock:
             held = [s for _, spans in self._pending.values() for s in spans]
             self._pending.clear()
             self._n_pending = 0
         self._export_all(held)
+        self._export.force_flush(int(timeout_s * 1000))
         self._export.shutdown()
 
 
@@ -303,7 +361,7 @@ class Tracing:
         self.sampler = sampler
         self._nc: Any = None
         self._sub: Any = None
-        self._outbox: list[tuple[int, bool, str]] = []
+        self._outbox: list[tuple[Key, bool]] = []
         self._flusher: asyncio.Task[None] | None = None
 
     @classmethod
@@ -375,16 +433,14 @@ class Tracing:
     async def _on_decided(self, msg: Any) -> None:
         try:
             d = decode(msg.data, TraceDecided)
-            kept = [int(x, 16) for x in d.kept]
-            dropped = [int(x, 16) for x in d.dropped]
+            decided = [((int(r.trace_id, 16), r.request_id), True) for r in d.kept]
+            decided += [((int(r.trace_id, 16), r.request_id), False) for r in d.dropped]
         except (DecodeError, ValueError) as exc:
             log.warning("undecodable trace decision", error=str(exc))
             return
         assert self.sampler is not None
-        for tid in kept:
-            self.sampler.decide(tid, True)
-        for tid in dropped:
-            self.sampler.decide(tid, False)
+        for key, keep in decided:
+            self.sampler.decide(key, keep)
 
     async def end_request(self, parent: TraceParent | None, *, request_id: str, failed: bool,
                           e2e_s: float, ttft_s: float | None = None,
@@ -399,22 +455,25 @@ class Tracing:
             return None
         keep, reason = verdict(failed=failed, e2e_s=e2e_s, ttft_s=ttft_s, trace_id=tid,
                                policy=self.policy)
-        if only_keep and (not keep or self.sampler.decision(tid)):
+        key = (tid, request_id)
+        if only_keep and (not keep or self.sampler.decision(key)):
             return keep, reason
-        self.publish(tid, keep, reason)
+        self.publish(key, keep)
         return keep, reason
 
-    def publish(self, trace_id: int, keep: bool, reason: str) -> None:
+    def publish(self, key: Key, keep: bool) -> None:
         """Apply a decision here at once; the others hear of it with the next batch."""
         assert self.sampler is not None
-        self.sampler.decide(trace_id, keep)
-        self._outbox.append((trace_id, keep, reason))
+        self.sampler.decide(key, keep, own=True)
+        self._outbox.append((key, keep))
 
     async def _flush_forever(self) -> None:
         while True:
             await asyncio.sleep(self.policy.publish_interval_s)
             try:
                 await self.flush()
+                if self.sampler is not None:
+                    self.sampler.sweep()
             except Exception:
                 log.exception("trace decisions not published")
 
@@ -423,11 +482,15 @@ class Tracing:
             return
         batch, self._outbox = self._outbox, []
         await self._nc.publish(TRACE_DECIDED, encode(TraceDecided(
-            kept=[trace_id_hex(t) for t, keep, _ in batch if keep],
-            dropped=[trace_id_hex(t) for t, keep, _ in batch if not keep],
+            kept=[DecidedRequest(trace_id=trace_id_hex(t), request_id=r)
+                  for (t, r), keep in batch if keep],
+            dropped=[DecidedRequest(trace_id=trace_id_hex(t), request_id=r)
+                     for (t, r), keep in batch if not keep],
             service=self.service)))
 
     async def close(self) -> None:
+        """Tell the others what was decided here, then export what is still held
+        (off the event loop, bounded: a gone collector must not hold up the drain)."""
         if self._flusher is not None:
             self._flusher.cancel()
         try:
@@ -437,7 +500,10 @@ class Tracing:
         except Exception:
             pass
         if self.sampler is not None:
-            self.sampler.shutdown()
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self.sampler.shutdown), 6.0)
+            except asyncio.TimeoutError:
+                log.warning("spans still unexported at shutdown: the collector is slow")
 
 
 def end(span: Span, error: str = "", end_ns: int | None = None) -> None:
@@ -450,7 +516,11 @@ def enabled_by_env(environ: Mapping[str, str] | None = None) -> bool:
     if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return False
     exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    if exporter == "none":
+    if exporter and exporter not in ("otlp", "console"):
+        if exporter != "none":
+            log.warning("OTEL_TRACES_EXPORTER names an exporter inferbus does not ship; "
+                        "tracing stays off (otlp and console are supported)",
+                        exporter=exporter)
         return False
     return bool(exporter or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
                 or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))

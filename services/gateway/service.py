@@ -194,9 +194,15 @@ class GatewayService(Service[GatewaySettings]):
             if err.status != 499:
                 metrics.GATEWAY_REFUSALS.labels(err.code or str(err.status)).inc()
             await trace.end(err.status, f"{err.code or err.status}: {err.message}", rid)
+            if not trace.submitted:  # it ends here: its one line is written here
+                log.info("request ended", request_id=rid, outcome="refused",
+                         status=err.status, code=err.code or "")
             return _error_response(err, rid)
         except asyncio.CancelledError:  # the client hung up
             await trace.end(499, "client_disconnected: the client closed the connection", rid)
+            raise
+        except BaseException as exc:  # a fault: aiohttp answers 500; the trace keeps it
+            await trace.end(500, f"{type(exc).__name__}: {exc}", rid)
             raise
         await trace.end(resp.status, "", rid)
         return resp

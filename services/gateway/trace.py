@@ -17,7 +17,7 @@ _NS = 1_000_000_000
 
 class HttpTrace:
     __slots__ = ("tracing", "op", "root", "context", "headers", "t0", "submitted_ns",
-                 "first_ns", "model", "submitted")
+                 "first_ns", "model", "submitted", "request_id")
 
     def __init__(self, tracing: Tracing, incoming: Mapping[str, str], request_id: str,
                  chat: bool) -> None:
@@ -34,6 +34,7 @@ class HttpTrace:
         self.submitted_ns = self.first_ns = 0
         self.model = ""
         self.submitted = False
+        self.request_id = request_id
 
     def describe(self, model: str, sampling: SamplingParams, tenant: str,
                  stream: bool) -> None:
@@ -50,13 +51,16 @@ class HttpTrace:
         self.submitted = True
         self.submitted_ns = time.time_ns()
         self.tracing.record("gateway receive", self.context, self.t0, self.submitted_ns,
-                            {t.GEN_AI_REQUEST_MODEL: self.model})
+                            self._attributes())
 
     def on_first_token(self) -> None:
         if not self.first_ns:
             self.first_ns = time.time_ns()
             self.tracing.record("first token", self.context, self.submitted_ns or self.t0,
-                                self.first_ns, {t.GEN_AI_REQUEST_MODEL: self.model})
+                                self.first_ns, self._attributes())
+
+    def _attributes(self) -> dict[str, Any]:
+        return {t.REQUEST_ID: self.request_id, t.GEN_AI_REQUEST_MODEL: self.model}
 
     def on_finished(self, ev: RequestFinished) -> None:
         self.root.set_attributes({
@@ -77,13 +81,15 @@ class HttpTrace:
         end_ns = time.time_ns()
         if self.first_ns:
             self.tracing.record("stream out", self.context, self.first_ns, end_ns,
-                                {t.GEN_AI_REQUEST_MODEL: self.model})
+                                self._attributes())
         self.root.set_attribute("http.response.status_code", status)
         t.end(self.root, error, end_ns)
         e2e = (end_ns - self.t0) / _NS
         ttft = (self.first_ns - self.t0) / _NS if self.first_ns else None
+        # failed: the platform's fault (5xx); a refusal (4xx) or a client gone (499)
+        # is kept as any other request (slow, or in the kept share)
         await self.tracing.end_request(
-            self.context, request_id=request_id, failed=bool(error) or status >= 500,
+            self.context, request_id=self.request_id, failed=status >= 500,
             e2e_s=e2e, ttft_s=ttft,
             # submitted: the platform ended it and decided; refused here: decide here
             only_keep=self.submitted)
@@ -92,16 +98,17 @@ class HttpTrace:
 class NoTrace:
     """Tracing off: a client's own trace context still passes through."""
 
-    __slots__ = ("headers",)
+    __slots__ = ("headers", "submitted")
 
     def __init__(self, incoming: Mapping[str, str]) -> None:
         self.headers = dict(incoming)
+        self.submitted = False
 
     def describe(self, *_: Any, **__: Any) -> None:
         pass
 
     def on_submitted(self) -> None:
-        pass
+        self.submitted = True
 
     def on_first_token(self) -> None:
         pass
@@ -115,8 +122,8 @@ class NoTrace:
 
 def http_trace(tracing: Tracing, incoming: Mapping[str, str], request_id: str,
                chat: bool) -> HttpTrace | NoTrace:
-    # HTTP header names are case-insensitive; the propagator looks up lower case
-    carrier = {k: incoming[k] for k in ("traceparent", "tracestate") if k in incoming}
+    # only a well-formed context goes on (a client's bytes never reach NATS headers)
+    carrier = t.valid_context(incoming)
     if tracing.enabled:
         return HttpTrace(tracing, carrier, request_id, chat)
     return NoTrace(carrier)

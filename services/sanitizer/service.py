@@ -24,12 +24,12 @@ from inferbus.contracts import (
 from inferbus.shared import logs, metrics
 from inferbus.shared import tracing as t
 from inferbus.shared.tracing import end as tracing_end
+from inferbus.shared.tracing import valid_context
 from inferbus.shared.bus import (
     Background,
     consume,
     publish_durable,
     request_headers,
-    trace_headers,
 )
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
@@ -197,10 +197,10 @@ class SanitizerService(Service[SanitizerSettings]):
             return
         rid = request.request_id
         tracing = self._ctx.tracing
-        trace = trace_headers(msg)
+        trace = valid_context(msg.headers or {})
         span = None
         if tracing.enabled:
-            # a client that sent no trace context gets a trace starting here
+            # a client that sent no (valid) trace context gets a trace starting here
             span = tracing.start("input sanitize", tracing.parent(trace), {
                 t.REQUEST_ID: rid, t.GEN_AI_REQUEST_MODEL: request.model,
                 t.TENANT: request.tenant})
@@ -261,7 +261,9 @@ class SanitizerService(Service[SanitizerSettings]):
             tracing_end(span, f"{rejection.code}: {rejection.reason}" if rejection else "")
         if rejection is not None:  # it ends here: its trace is decided here
             e2e = time.time() - request.created_at if request.created_at else 0.0
-            decision = await tracing.end_request(parent, request_id=rid, failed=True,
+            # a refusal is the client's doing, not a failure: kept as any request is
+            # (a flood of payloads must not flood the traces; the metrics count them)
+            decision = await tracing.end_request(parent, request_id=rid, failed=False,
                                                  e2e_s=e2e)
             log.info("request ended", request_id=rid, model=request.model,
                      tenant=request.tenant, outcome="request.rejected", code=rejection.code,

@@ -35,6 +35,7 @@ from inferbus.contracts import (
 )
 from inferbus.shared import logs, metrics
 from inferbus.shared import tracing as t
+from inferbus.shared.tracing import valid_context
 from inferbus.shared.bus import (
     Background,
     consume,
@@ -140,18 +141,23 @@ class SchedulerService(Service[SchedulerSettings]):
         work = await replay(ctx.js, "IB_WORK", "ib.work.>", window)
         ended_raw = await replay(ctx.js, "IB_REQUESTS", ENDED, window)
         assignments = []
-        for data in work:
+        for data, headers in work:
             try:
                 w = decode(data, WorkAssigned)
             except DecodeError:
                 continue
             assignments.append((w.request, w.worker_id, w.attempt))
+            trace = valid_context(headers)
+            if trace:  # a reassignment or failure of it stays in its trace
+                self._traces[w.request.request_id] = trace
         ended = set()
-        for data in ended_raw:
+        for data, _ in ended_raw:
             try:
                 ended.add(decode(data, Terminal).request_id)
             except DecodeError:
                 continue
+        for rid in ended:
+            self._traces.pop(rid, None)
         self.core.restore(assignments, ended, time.monotonic())
         log.info("restored", assignments=len(assignments), ended=len(ended),
                  inflight=len(self.core.inflight))
@@ -191,8 +197,9 @@ class SchedulerService(Service[SchedulerSettings]):
             return
         # acked once its assignment (or failure) is published, so a crash loses nothing
         self._unacked[rid] = msg
-        if msg.headers and "traceparent" in msg.headers:
-            self._traces[rid] = trace_headers(msg)
+        trace = trace_headers(msg)
+        if trace:
+            self._traces[rid] = trace
         await self._apply(self.core.on_accepted(event.request, time.monotonic(), time.time(),
                                                 redelivered))
 

@@ -229,8 +229,9 @@ class WorkerService(Service[WorkerSettings]):
                 if chunk is not None:
                     await nc.publish(reply, encode(chunk))
                     now = time.monotonic()
-                    if last_chunk_at:
-                        itl.observe((now - last_chunk_at) / max(1, chunk.tokens))
+                    if last_chunk_at:  # each token of the chunk waited its share
+                        n = max(1, chunk.tokens)
+                        itl.observe((now - last_chunk_at) / n, n)
                     last_chunk_at = now
                 if out.finish_reason is not None:
                     terminal = stream.finished(out, time.monotonic())
@@ -268,11 +269,13 @@ class WorkerService(Service[WorkerSettings]):
                 request_id=rid, code="engine_error", reason="engine ended without a finish reason"
             )
         metrics.ITL.add((self.name, model), itl)
-        data = encode(terminal)
-        await nc.publish(reply, data, headers=request_headers(rid))
-        await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=f"{rid}:end")
-        await report_end(self._ctx.tracing, self.name, stream, terminal, parent, received,
-                         time.monotonic())
+        ended = time.monotonic()
+        try:
+            await nc.publish(reply, encode(terminal), headers=request_headers(rid))
+            await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=f"{rid}:end")
+        finally:  # counted and logged even when the record of its end could not be made
+            await report_end(self._ctx.tracing, self.name, stream, terminal, parent,
+                             received, ended)
 
     def _expire(self, rid: str) -> None:
         task = self._tasks.get(rid)

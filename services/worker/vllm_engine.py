@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
@@ -59,8 +60,10 @@ def prepare_environment(state_dir: str | None = None, instance: str = "",
                         log_level: str = "info") -> None:
     """Engine-wide settings that must be in place before vLLM is imported."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # serve local models; never reach a hub
-    if "VLLM_LOGGING_CONFIG_PATH" not in os.environ:
-        # vLLM's own log lines in our JSON, in this process and its engine core
+    if ("VLLM_LOGGING_CONFIG_PATH" not in os.environ
+            and os.environ.get("VLLM_CONFIGURE_LOGGING") != "0"):
+        # vLLM's own log lines in our JSON, in this process and its engine core (one
+        # file per instance, rewritten at each start)
         import json
         import tempfile
 
@@ -68,7 +71,7 @@ def prepare_environment(state_dir: str | None = None, instance: str = "",
 
         folder = Path(state_dir) if state_dir else Path(tempfile.gettempdir())
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"vllm-logging-{os.getpid()}.json"
+        path = folder / f"vllm-logging-{re.sub(r'[^A-Za-z0-9_.-]', '-', instance)}.json"
         path.write_text(json.dumps(vllm_logging_config("worker", instance, log_level)))
         os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(path)
         os.environ["VLLM_CONFIGURE_LOGGING"] = "1"

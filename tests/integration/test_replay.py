@@ -19,15 +19,15 @@ async def test_replay_returns_everything_recorded_every_time(nats_url):
         await js.add_stream(name="REPLAYTEST", subjects=["replaytest.>"])
         assert await replay(js, "REPLAYTEST", "replaytest.>", 60) == []
         for i in range(50):
-            await js.publish(f"replaytest.{i % 3}", str(i).encode())
+            await js.publish(f"replaytest.{i % 3}", str(i).encode(), headers={"i": str(i)})
         # the consumer may push every message before it answers how many are pending;
         # reading must not depend on which comes first, so ask many times
         t0 = time.monotonic()
         for _ in range(40):
             got = await replay(js, "REPLAYTEST", "replaytest.>", 60)
-            assert got == [str(i).encode() for i in range(50)]
+            assert [data for data, _ in got] == [str(i).encode() for i in range(50)]
         assert await replay(js, "REPLAYTEST", "replaytest.1", 60) == [
-            str(i).encode() for i in range(1, 50, 3)]
+            (str(i).encode(), {"i": str(i)}) for i in range(1, 50, 3)]
         assert time.monotonic() - t0 < 10  # never waits out a silence
     finally:
         await js.delete_stream("REPLAYTEST")

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from inferbus.contracts import TRACE_DECIDED
 from inferbus.otlp_sink import OtlpSink
-from inferbus.shared.tracing import TracePolicy, Tracing
+from inferbus.shared.tracing import REQUEST_ID, TracePolicy, Tracing
 from inferbus.shared.natsserver import NatsServer
 
 from .procs import ServiceProcess, start_all
@@ -165,11 +165,11 @@ async def test_decisions_reach_other_processes_in_batches(nats_url):
     await worker.listen(conns[0])
     await gateway.listen(conns[1])
     try:
-        roots = [gateway.start(f"r{i}") for i in range(10)]
+        roots = [gateway.start(f"r{i}", attributes={REQUEST_ID: f"r{i}"}) for i in range(10)]
         contexts = [gateway.parent(gateway.headers(r)) for r in roots]
         for i, ctx in enumerate(contexts):
-            gateway.record("gateway receive", ctx, 1, 2)
-            worker.record("decode", ctx, 2, 3)
+            gateway.record("gateway receive", ctx, 1, 2, {REQUEST_ID: f"r{i}"})
+            worker.record("decode", ctx, 2, 3, {REQUEST_ID: f"r{i}"})
             # every third request is slow: kept; the rest are dropped
             await worker.end_request(ctx, request_id=f"r{i}", failed=False,
                                      e2e_s=2.0 if i % 3 == 0 else 0.01)

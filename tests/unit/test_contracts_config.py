@@ -20,6 +20,7 @@ from inferbus.contracts import (
     KvAllCleared,
     CanaryWeights,
     TraceDecided,
+    DecidedRequest,
     ModelLoad,
     SchedulerLoad,
     KvBlocksRemoved,
@@ -84,8 +85,8 @@ SAMPLES = {
     KvBlocksRemoved: KvBlocksRemoved(worker_id="w1", block_hashes=[7], medium="CPU"),
     KvAllCleared: KvAllCleared(worker_id="w1"),
     CanaryWeights: CanaryWeights(model="m", weights={"m-v2": 0.1}),
-    TraceDecided: TraceDecided(kept=["0af7651916cd43dd8448eb211c80319c"], dropped=[],
-                               service="worker"),
+    TraceDecided: TraceDecided(kept=[DecidedRequest(trace_id="0af7651916cd43dd8448eb211c80319c",
+                                                    request_id="r1")], service="worker"),
     SchedulerLoad: SchedulerLoad(scheduler_id="s1", models={
         "m": ModelLoad(queued=3, queue_limit=10, ready_workers=1, free_slots=0,
                        oldest_wait_s=0.5, dispatch_per_s=12.0)}),

@@ -7,7 +7,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from inferbus.shared import metrics
-from inferbus.shared.tracing import TracePolicy, Tracing, enabled_by_env, verdict
+from inferbus.shared.tracing import (
+    REQUEST_ID,
+    TracePolicy,
+    Tracing,
+    enabled_by_env,
+    valid_context,
+    verdict,
+)
 
 POLICY = TracePolicy(slow_s=1.0, keep_ratio=0.0)
 
@@ -64,10 +71,10 @@ async def test_spans_wait_for_the_decision_then_go_or_vanish():
     t, exporter = traced()
     for rid, keep in (("slow", True), ("fast", False)):
         before = len(exporter.get_finished_spans())
-        root = t.start(f"request {rid}")
+        root = t.start(f"request {rid}", attributes={REQUEST_ID: rid})
         ctx = t.parent(t.headers(root))
-        t.record("input sanitize", ctx, 1, 2)
-        t.record("prefill", ctx, 2, 3)
+        t.record("input sanitize", ctx, 1, 2, {REQUEST_ID: rid})
+        t.record("prefill", ctx, 2, 3, {REQUEST_ID: rid})
         assert len(exporter.get_finished_spans()) == before  # held: nobody decided yet
         root.end()
         decision = await t.end_request(ctx, request_id=rid, failed=False,
@@ -78,29 +85,60 @@ async def test_spans_wait_for_the_decision_then_go_or_vanish():
 
 
 async def test_spans_ending_after_the_decision_follow_it():
-    t, exporter = traced()
-    kept_root, dropped_root = t.start("kept"), t.start("dropped")
+    clock = Clock()
+    t, exporter = traced(clock=clock)
+    kept_root = t.start("kept", attributes={REQUEST_ID: "a"})
+    dropped_root = t.start("dropped", attributes={REQUEST_ID: "b"})
     kept, dropped = (t.parent(t.headers(r)) for r in (kept_root, dropped_root))
     await t.end_request(kept, request_id="a", failed=True, e2e_s=0.01)
     await t.end_request(dropped, request_id="b", failed=False, e2e_s=0.01)
-    t.record("stream out", kept, 1, 2)
-    t.record("stream out", dropped, 1, 2)
+    t.record("stream out", kept, 1, 2, {REQUEST_ID: "a"})
+    t.record("stream out", dropped, 1, 2, {REQUEST_ID: "b"})
     kept_root.end()
     dropped_root.end()
+    assert names(exporter) == ["kept", "stream out"]
+    clock.now = 3.0  # past the drop's grace: what was dropped is gone
+    assert t.sampler is not None
+    t.sampler.sweep()
+    t.sampler.decide((t.trace_id(dropped), "b"), True)
     assert names(exporter) == ["kept", "stream out"]
 
 
 async def test_a_later_keep_overrides_a_drop_and_a_later_drop_changes_nothing():
     t, exporter = traced()
-    root = t.start("r")
+    root = t.start("r", attributes={REQUEST_ID: "r"})
     ctx = t.parent(t.headers(root))
-    tid = t.trace_id(ctx)
+    t.record("decode", ctx, 1, 2, {REQUEST_ID: "r"})
+    key = (t.trace_id(ctx), "r")
     assert t.sampler is not None
-    t.sampler.decide(tid, False)
-    t.sampler.decide(tid, True)  # the gateway saw a slow stream out
-    t.sampler.decide(tid, False)
+    t.sampler.decide(key, False)  # the worker: fast, drop
+    t.sampler.decide(key, True)  # the gateway saw a slow stream out, within the grace
+    t.sampler.decide(key, False)
     root.end()
-    assert names(exporter) == ["r"]
+    assert names(exporter) == ["decode", "r"]
+
+
+async def test_requests_of_one_trace_are_decided_one_by_one():
+    """A caller's trace (an agent's) holds many requests: a fast one's drop must not
+    take a failing one's spans with it."""
+    t, exporter = traced()
+    caller = t.parent({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
+    for rid in ("call-1", "call-2"):
+        t.record(f"queue wait {rid}", caller, 1, 2, {REQUEST_ID: rid})
+    await t.end_request(caller, request_id="call-1", failed=False, e2e_s=0.01)
+    t.record("decode call-2", caller, 2, 3, {REQUEST_ID: "call-2"})
+    await t.end_request(caller, request_id="call-2", failed=True, e2e_s=0.01)
+    assert names(exporter) == ["decode call-2", "queue wait call-2"]
+
+
+async def test_decisions_about_requests_held_elsewhere_are_ignored():
+    t, _ = traced()
+    assert t.sampler is not None
+    before = metrics.TRACES.labels("svc", "dropped")._value.get()
+    for i in range(100):
+        t.sampler.decide((i + 1, "elsewhere"), False)
+    assert t.sampler.decision((1, "elsewhere")) is None
+    assert metrics.TRACES.labels("svc", "dropped")._value.get() == before
 
 
 async def test_undecided_traces_are_exported_after_the_wait_and_memory_is_bounded():
@@ -152,6 +190,18 @@ def test_tracing_is_switched_by_the_standard_variables(env, on):
 def test_a_bad_traceparent_is_no_parent(header):
     t, _ = traced()
     assert t.parent({"traceparent": header}) is None
+
+
+def test_only_a_valid_context_is_passed_on():
+    good = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert valid_context({"traceparent": good, "tracestate": "a=1"}) == {
+        "traceparent": good, "tracestate": "a=1"}
+    assert valid_context({"traceparent": good, "tracestate": "a=\udcff"}) == {
+        "traceparent": good}
+    assert valid_context({"traceparent": good, "tracestate": "x" * 600}) == {"traceparent": good}
+    assert valid_context({"traceparent": good + "-garbage"}) == {}
+    assert valid_context({"traceparent": "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-x"})
+    assert valid_context({"tracestate": "a=1"}) == {}
 
 
 def test_context_round_trips_through_headers_with_its_tracestate():
