@@ -75,6 +75,10 @@ class TracePolicy(msgspec.Struct, kw_only=True, frozen=True):
     """Decisions go out in batches this often (one message, not one per request)."""
     drop_grace_s: float = 2.0
     """Dropped spans are held this long: a keep from another service may follow."""
+    hearsay_s: float = 5.0
+    """How long a decision about a request this process holds nothing of (yet) is
+    kept: its spans may still end here just after (a span recorded once a publish
+    is acknowledged, while the request ran and ended elsewhere)."""
 
 
 def verdict(*, failed: bool, e2e_s: float, ttft_s: float | None, trace_id: int,
@@ -217,6 +221,8 @@ class TailSampler:
         self._dropping: OrderedDict[Key, tuple[float, list[Span]]] = OrderedDict()
         """Dropped, held for ``drop_grace_s`` in case a keep follows."""
         self._decided: OrderedDict[Key, tuple[bool, float]] = OrderedDict()
+        self._heard: OrderedDict[Key, tuple[bool, float]] = OrderedDict()
+        """Others' decisions about requests held nothing of here, for ``hearsay_s``."""
         self._last_sweep = clock()
         self._kept = metrics.TRACES.labels(service, "kept")
         self._dropped = metrics.TRACES.labels(service, "dropped")
@@ -232,6 +238,9 @@ class TailSampler:
         export = False
         with self._lock:
             decided = self._decided.get(key)
+            if decided is None and key in self._heard:  # decided before it ended here
+                decided = self._decided[key] = self._heard.pop(key)
+                (self._kept if decided[0] else self._dropped).inc()
             if decided is None:
                 entry = self._pending.get(key)
                 if entry is None:
@@ -263,7 +272,8 @@ class TailSampler:
         """Keep or drop this request's spans, those held and those that end in the
         next ``remember_s``. A keep overrides a drop (the dropped spans are still
         held for ``drop_grace_s``); a repeat changes nothing. Someone else's decision
-        about a request this process holds nothing of is ignored (``own``: ours)."""
+        about a request this process holds nothing of is only kept for ``hearsay_s``
+        (``own``: ours), and counted if a span of it ends here."""
         now = self._clock()
         rescued: list[Span] = []
         with self._lock:
@@ -271,6 +281,10 @@ class TailSampler:
             if before is not None and (before[0] or not keep):
                 return
             if not own and before is None and key not in self._pending:
+                heard = self._heard.get(key)
+                if heard is None or (keep and not heard[0]):
+                    self._heard[key] = (keep, now)
+                    self._heard.move_to_end(key)
                 return
             self._decided[key] = (keep, now)
             self._decided.move_to_end(key)
@@ -318,6 +332,11 @@ class TailSampler:
             if now - at < p.drop_grace_s:
                 break
             del self._dropping[key]
+        while self._heard:
+            key, (_, at) = next(iter(self._heard.items()))
+            if now - at < p.hearsay_s:
+                break
+            del self._heard[key]
         late: list[Span] = []
         while self._pending:
             key, (first, spans) = next(iter(self._pending.items()))

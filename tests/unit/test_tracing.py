@@ -131,14 +131,26 @@ async def test_requests_of_one_trace_are_decided_one_by_one():
     assert names(exporter) == ["decode call-2", "queue wait call-2"]
 
 
-async def test_decisions_about_requests_held_elsewhere_are_ignored():
-    t, _ = traced()
+async def test_decisions_about_requests_held_elsewhere_are_only_briefly_kept():
+    clock = Clock()
+    t, exporter = traced(clock=clock)
     assert t.sampler is not None
     before = metrics.TRACES.labels("svc", "dropped")._value.get()
     for i in range(100):
         t.sampler.decide((i + 1, "elsewhere"), False)
     assert t.sampler.decision((1, "elsewhere")) is None
     assert metrics.TRACES.labels("svc", "dropped")._value.get() == before
+    # a span of one of them ends here just after (recorded once a publish was
+    # acknowledged, while the request ended elsewhere): it follows the decision
+    t.sampler.decide((7, "late"), True)
+    t.record("schedule", t.parent({"traceparent": f"00-{7:032x}-{1:016x}-01"}), 1, 2,
+             {REQUEST_ID: "late"})
+    assert names(exporter) == ["schedule"] and t.sampler.buffered_spans == 0
+    clock.now = 6.0  # past the hearsay window: forgotten
+    t.sampler.sweep()
+    t.record("orphan", t.parent({"traceparent": f"00-{8:032x}-{1:016x}-01"}), 1, 2,
+             {REQUEST_ID: "elsewhere"})
+    assert t.sampler.buffered_spans == 1
 
 
 async def test_undecided_traces_are_exported_after_the_wait_and_memory_is_bounded():
