@@ -51,6 +51,9 @@ from inferbus.shared.codec import DecodeError, decode, encode
 log = logs.get("inferbus.tracing")
 
 _LOW64 = (1 << 64) - 1
+_DECISIONS_PER_MESSAGE = 1000
+"""About 200 bytes each with a long request id: a message stays far under 1 MB."""
+_OUTBOX_MAX = 100_000
 # version 00 is exactly this; a later version may append fields after a "-"
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 _TRACESTATE = re.compile(r"[\x20-\x7e]{0,512}")
@@ -99,11 +102,12 @@ def verdict(*, failed: bool, e2e_s: float, ttft_s: float | None, trace_id: int,
 class TraceParent:
     """A W3C trace context: the trace, the parent span, the vendors' ``tracestate``."""
 
-    __slots__ = ("trace_id", "span_id", "state", "remote")
+    __slots__ = ("trace_id", "span_id", "state", "remote", "flags")
 
     def __init__(self, trace_id: int, span_id: int, state: str = "",
-                 remote: bool = True) -> None:
+                 remote: bool = True, flags: str = "01") -> None:
         self.trace_id, self.span_id, self.state, self.remote = trace_id, span_id, state, remote
+        self.flags = flags
 
     @classmethod
     def parse(cls, headers: Mapping[str, str]) -> "TraceParent | None":
@@ -116,25 +120,22 @@ class TraceParent:
         if not trace_id or not span_id:
             return None
         state = headers.get("tracestate", "")
-        return cls(trace_id, span_id, state if _TRACESTATE.fullmatch(state) else "")
+        return cls(trace_id, span_id, state if _TRACESTATE.fullmatch(state) else "",
+                   flags=m.group(4))
 
     def headers(self) -> dict[str, str]:
-        out = {"traceparent": f"00-{self.trace_id:032x}-{self.span_id:016x}-01"}
+        out = {"traceparent": f"00-{self.trace_id:032x}-{self.span_id:016x}-{self.flags}"}
         if self.state:
             out["tracestate"] = self.state
         return out
 
 
 def valid_context(headers: Mapping[str, str]) -> dict[str, str]:
-    """The ``traceparent`` (and ``tracestate``) of ``headers`` as sent, when valid
-    W3C trace context; else nothing. What a hop may pass on with tracing off."""
+    """The W3C context of ``headers``, rebuilt from its parsed fields (version 00,
+    the sender's flags) when valid; else nothing. What a hop may pass on with
+    tracing off: never the sender's raw bytes."""
     parent = TraceParent.parse(headers)
-    if parent is None:
-        return {}
-    out = {"traceparent": headers["traceparent"]}
-    if parent.state:
-        out["tracestate"] = parent.state
-    return out
+    return parent.headers() if parent is not None else {}
 
 
 class Span:
@@ -142,11 +143,11 @@ class Span:
     OpenTelemetry SDK's objects are built for kept traces alone."""
 
     __slots__ = ("name", "trace_id", "span_id", "parent", "start_ns", "end_ns",
-                 "attributes", "error", "kind", "request_id", "_sink")
+                 "attributes", "error", "kind", "request_id", "live", "_sink")
 
     def __init__(self, sink: "TailSampler", name: str, parent: TraceParent | None,
                  attributes: Mapping[str, Any] | None, start_ns: int | None,
-                 kind: SpanKind = SpanKind.INTERNAL) -> None:
+                 kind: SpanKind = SpanKind.INTERNAL, live: bool = False) -> None:
         self._sink = sink
         self.name = name
         self.parent = parent
@@ -159,6 +160,10 @@ class Span:
         self.kind = kind
         self.request_id: str = self.attributes.get(REQUEST_ID, "")
         """With the trace id, what the tail sampler holds it under."""
+        self.live = live
+        """Started now and ended later (not a record of a stage already over)."""
+        if live:
+            sink.opened((self.trace_id, self.request_id))
 
     @property
     def context(self) -> TraceParent:
@@ -221,6 +226,9 @@ class TailSampler:
         self._dropping: OrderedDict[Key, tuple[float, list[Span]]] = OrderedDict()
         """Dropped, held for ``drop_grace_s`` in case a keep follows."""
         self._decided: OrderedDict[Key, tuple[bool, float]] = OrderedDict()
+        self._open: dict[Key, int] = {}
+        """Requests with a span started here and not ended (the gateway's root): a
+        drop waits for them, since this process may still see a reason to keep."""
         self._heard: OrderedDict[Key, tuple[bool, float]] = OrderedDict()
         """Others' decisions about requests held nothing of here, for ``hearsay_s``."""
         self._last_sweep = clock()
@@ -232,16 +240,29 @@ class TailSampler:
     def buffered_spans(self) -> int:
         return self._n_pending
 
+    def opened(self, key: Key) -> None:
+        with self._lock:
+            self._open[key] = self._open.get(key, 0) + 1
+
     def on_end(self, span: Span) -> None:
         key = (span.trace_id, span.request_id)
         now = self._clock()
-        export = False
+        export: list[Span] = []
+        evicted = 0
         with self._lock:
+            if span.live:
+                left = self._open.get(key, 1) - 1
+                if left > 0:
+                    self._open[key] = left
+                else:
+                    self._open.pop(key, None)
             decided = self._decided.get(key)
             if decided is None and key in self._heard:  # decided before it ended here
                 decided = self._decided[key] = self._heard.pop(key)
                 (self._kept if decided[0] else self._dropped).inc()
-            if decided is None:
+            if decided is None or (not decided[0] and key in self._open):
+                # undecided, or dropped while a span of it is still open here (this
+                # process may yet see a reason to keep it): held
                 entry = self._pending.get(key)
                 if entry is None:
                     self._pending[key] = (now, [span])
@@ -249,17 +270,17 @@ class TailSampler:
                     entry[1].append(span)
                 self._n_pending += 1
                 evicted = self._evict()
-            else:
-                evicted = 0
-                if decided[0]:
-                    export = True
-                else:  # ends after its drop: held with the rest, a keep may follow
-                    self._dropping.setdefault(key, (decided[1], []))[1].append(span)
+            elif decided[0]:
+                export.append(span)
+            else:  # dropped: held for the grace from now, a keep may follow
+                held = self._take_pending(key)
+                held += self._dropping.pop(key, (now, []))[1]
+                held.append(span)
+                self._dropping[key] = (now, held)
             late = self._sweep(now)
         if evicted:
             self._overflow.inc(evicted)
-        if export:
-            self._export_all((span,))
+        self._export_all(export)
         self._export_all(late)
 
     def decision(self, key: Key) -> bool | None:
@@ -270,17 +291,18 @@ class TailSampler:
 
     def decide(self, key: Key, keep: bool, own: bool = False) -> None:
         """Keep or drop this request's spans, those held and those that end in the
-        next ``remember_s``. A keep overrides a drop (the dropped spans are still
-        held for ``drop_grace_s``); a repeat changes nothing. Someone else's decision
-        about a request this process holds nothing of is only kept for ``hearsay_s``
-        (``own``: ours), and counted if a span of it ends here."""
+        next ``remember_s``. A keep overrides a drop (dropped spans are held for
+        ``drop_grace_s``, and while a span of the request is open here); a repeat
+        changes nothing. Someone else's decision about a request this process holds
+        nothing of is kept for ``hearsay_s`` only (``own``: ours)."""
         now = self._clock()
         rescued: list[Span] = []
         with self._lock:
             before = self._decided.get(key)
             if before is not None and (before[0] or not keep):
                 return
-            if not own and before is None and key not in self._pending:
+            if (not own and before is None and key not in self._pending
+                    and key not in self._open):
                 heard = self._heard.get(key)
                 if heard is None or (keep and not heard[0]):
                     self._heard[key] = (keep, now)
@@ -288,17 +310,23 @@ class TailSampler:
                 return
             self._decided[key] = (keep, now)
             self._decided.move_to_end(key)
-            entry = self._pending.pop(key, None)
-            held = entry[1] if entry is not None else []
-            self._n_pending -= len(held)
             if keep:
-                rescued = held + self._dropping.pop(key, (0.0, []))[1]
-            elif held:
-                self._dropping[key] = (now, held)
+                rescued = self._take_pending(key) + self._dropping.pop(key, (now, []))[1]
+            elif key not in self._open:  # else held until its open span ends
+                held = self._take_pending(key)
+                if held:
+                    self._dropping[key] = (now, held)
             late = self._sweep(now)
         (self._kept if keep else self._dropped).inc()
         self._export_all(rescued)
         self._export_all(late)
+
+    def _take_pending(self, key: Key) -> list[Span]:
+        entry = self._pending.pop(key, None)
+        if entry is None:
+            return []
+        self._n_pending -= len(entry[1])
+        return entry[1]
 
     def sweep(self) -> None:
         """The periodic work, for a quiet process: spans of requests left undecided
@@ -428,7 +456,7 @@ class Tracing:
               kind: SpanKind = SpanKind.INTERNAL) -> Span:
         """A live span, ended by the caller (``span.end(error)``). Tracing on only."""
         assert self.sampler is not None, "start spans only with tracing on"
-        return Span(self.sampler, name, parent, attributes, start_ns, kind)
+        return Span(self.sampler, name, parent, attributes, start_ns, kind, live=True)
 
     def record(self, name: str, parent: TraceParent | None, start_ns: int, end_ns: int,
                attributes: Mapping[str, Any] | None = None, error: str = "",
@@ -480,6 +508,18 @@ class Tracing:
         self.publish(key, keep)
         return keep, reason
 
+    def end_locally(self, parent: TraceParent | None, *, request_id: str, failed: bool,
+                    e2e_s: float) -> tuple[bool, str] | None:
+        """Decide a request only this process ever held spans of (refused before it
+        went anywhere), telling no one: another request may share its key."""
+        tid = self.trace_id(parent)
+        if not tid or self.sampler is None:
+            return None
+        keep, reason = verdict(failed=failed, e2e_s=e2e_s, ttft_s=None, trace_id=tid,
+                               policy=self.policy)
+        self.sampler.decide((tid, request_id), keep, own=True)
+        return keep, reason
+
     def publish(self, key: Key, keep: bool) -> None:
         """Apply a decision here at once; the others hear of it with the next batch."""
         assert self.sampler is not None
@@ -498,14 +538,18 @@ class Tracing:
 
     async def flush(self) -> None:
         if not self._outbox or self._nc is None or not self._nc.is_connected:
+            if len(self._outbox) > _OUTBOX_MAX:  # cut off a while: keep the newest
+                del self._outbox[:-_OUTBOX_MAX]
             return
         batch, self._outbox = self._outbox, []
-        await self._nc.publish(TRACE_DECIDED, encode(TraceDecided(
-            kept=[DecidedRequest(trace_id=trace_id_hex(t), request_id=r)
-                  for (t, r), keep in batch if keep],
-            dropped=[DecidedRequest(trace_id=trace_id_hex(t), request_id=r)
-                     for (t, r), keep in batch if not keep],
-            service=self.service)))
+        for i in range(0, len(batch), _DECISIONS_PER_MESSAGE):  # well under max_payload
+            part = batch[i:i + _DECISIONS_PER_MESSAGE]
+            await self._nc.publish(TRACE_DECIDED, encode(TraceDecided(
+                kept=[DecidedRequest(trace_id=trace_id_hex(t), request_id=r)
+                      for (t, r), keep in part if keep],
+                dropped=[DecidedRequest(trace_id=trace_id_hex(t), request_id=r)
+                         for (t, r), keep in part if not keep],
+                service=self.service)))
 
     async def close(self) -> None:
         """Tell the others what was decided here, then export what is still held

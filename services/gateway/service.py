@@ -198,7 +198,7 @@ class GatewayService(Service[GatewaySettings]):
                 log.info("request ended", request_id=rid, outcome="refused",
                          status=err.status, code=err.code or "")
             return _error_response(err, rid)
-        except asyncio.CancelledError:  # the client hung up
+        except (asyncio.CancelledError, ConnectionResetError):  # the client hung up
             await trace.end(499, "client_disconnected: the client closed the connection", rid)
             raise
         except BaseException as exc:  # a fault: aiohttp answers 500; the trace keeps it
@@ -275,10 +275,10 @@ class GatewayService(Service[GatewaySettings]):
         self._pending[rid] = queue
         ack = await publish_durable(self._ctx.js, SUBMIT, event, request_id=rid, msg_id=rid,
                                     trace=trace.headers)
-        trace.on_submitted()
-        if ack.duplicate:
+        if ack.duplicate:  # refused: the request under that id is another one
             raise _Ended(ApiError(409, f"request id {rid} was already submitted; use a new one",
                                   param="x-request-id", code="duplicate_request"))
+        trace.on_submitted()
         # the platform ends a request at its deadline; the grace covers the last hop
         limit = self.settings.request_timeout_s
         own = timeout_s is not None and timeout_s + _DEADLINE_GRACE_S < limit

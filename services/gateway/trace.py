@@ -86,13 +86,17 @@ class HttpTrace:
         t.end(self.root, error, end_ns)
         e2e = (end_ns - self.t0) / _NS
         ttft = (self.first_ns - self.t0) / _NS if self.first_ns else None
-        # failed: the platform's fault (5xx); a refusal (4xx) or a client gone (499)
-        # is kept as any other request (slow, or in the kept share)
-        await self.tracing.end_request(
-            self.context, request_id=self.request_id, failed=status >= 500,
-            e2e_s=e2e, ttft_s=ttft,
-            # submitted: the platform ended it and decided; refused here: decide here
-            only_keep=self.submitted)
+        # failed: the platform's fault (5xx); a refusal (4xx, or 503: draining, no
+        # worker) or a client gone (499) is kept as any other request (slow, or in
+        # the kept share)
+        failed = status >= 500 and not (status == 503 and not self.submitted)
+        if self.submitted:  # the platform ended it and decided; this is a second opinion
+            await self.tracing.end_request(self.context, request_id=self.request_id,
+                                           failed=failed, e2e_s=e2e, ttft_s=ttft,
+                                           only_keep=True)
+        else:  # refused here: only this process holds spans of it; no one else to tell
+            self.tracing.end_locally(self.context, request_id=self.request_id,
+                                     failed=failed, e2e_s=e2e)
 
 
 class NoTrace:

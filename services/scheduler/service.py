@@ -355,12 +355,14 @@ class SchedulerService(Service[SchedulerSettings]):
             began = time.time()
             work = WorkAssigned(request=e.request, worker_id=e.worker_id, attempt=e.attempt,
                                 assigned_at=began, served_model=e.served_model)
+            # recorded first: a fast request may have ended (and been decided) by the
+            # time the publish is acknowledged
+            self._trace_assignment(e, trace, began)
             await publish_durable(js, work_subject(e.worker_id), work, request_id=rid,
                                   msg_id=f"{rid}:{e.attempt}", trace=trace)
             metrics.ASSIGNMENTS.labels(e.request.model,
                                        "first" if e.attempt == 1 else "retry").inc()
             metrics.QUEUE_TIME.labels(e.request.model, e.lane).observe(e.queued_s)
-            self._trace_assignment(e, trace, began)
             # debug: the request's one info line is written where it ends
             log.debug("assigned", request_id=rid, worker=e.worker_id, attempt=e.attempt)
         else:
@@ -390,6 +392,7 @@ class SchedulerService(Service[SchedulerSettings]):
                  t.ATTEMPT: e.attempt, t.LANE: e.lane, t.TENANT: e.request.tenant}
         tracing.record("queue wait", parent, int((began - e.queued_s) * ns), int(began * ns),
                        {**attrs, "inferbus.priority": e.request.priority})
+        # the placement: from the core's choice to the assignment handed to JetStream
         tracing.record("schedule", parent, int(began * ns), time.time_ns(), {
             **attrs, t.WORKER: e.worker_id, "inferbus.routing": self.settings.routing,
             "inferbus.prefix_blocks": e.prefix_blocks,

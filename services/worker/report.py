@@ -74,7 +74,7 @@ async def report_end(tracing: Tracing, service: str, stream: RequestStream, term
         m.decode_tokens.inc(usage.completion_tokens)
 
     error = f"{terminal.code}: {terminal.reason}" if failed else ""
-    if tracing.enabled:
+    if tracing.enabled and parent is not None:  # no context: no trace to join
         common = {t.REQUEST_ID: req.request_id, t.WORKER: stream.worker_id,
                   t.GEN_AI_REQUEST_MODEL: model, t.ATTEMPT: a.attempt}
         t0 = int(received * _NS)

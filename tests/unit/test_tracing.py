@@ -212,7 +212,10 @@ def test_only_a_valid_context_is_passed_on():
         "traceparent": good}
     assert valid_context({"traceparent": good, "tracestate": "x" * 600}) == {"traceparent": good}
     assert valid_context({"traceparent": good + "-garbage"}) == {}
-    assert valid_context({"traceparent": "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-x"})
+    # a later version's extra fields are not passed on as sent: rebuilt as version 00
+    later = "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00-\udcff"
+    assert valid_context({"traceparent": later}) == {
+        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"}
     assert valid_context({"tracestate": "a=1"}) == {}
 
 
@@ -227,3 +230,38 @@ def test_context_round_trips_through_headers_with_its_tracestate():
     assert out["traceparent"].startswith("00-0af7651916cd43dd8448eb211c80319c-")
     assert out["traceparent"] != incoming["traceparent"] and out["tracestate"] == "vendor=1"
 
+
+
+async def test_a_drop_waits_while_a_span_of_the_request_is_open_here():
+    """The gateway's root is open until the response is written: the worker's drop
+    must not take its earlier spans before the gateway has had its say."""
+    clock = Clock()
+    t, exporter = traced(clock=clock)
+    assert t.sampler is not None
+    root = t.start("chat m", attributes={REQUEST_ID: "r"})
+    ctx = t.parent(t.headers(root))
+    t.record("gateway receive", ctx, 1, 2, {REQUEST_ID: "r"})
+    key = (t.trace_id(ctx), "r")
+    t.sampler.decide(key, False)  # the worker: fast, drop
+    clock.now = 10.0  # a slow client: the stream out takes long
+    t.sampler.sweep()
+    t.record("stream out", ctx, 2, 3, {REQUEST_ID: "r"})
+    root.end()
+    await t.end_request(ctx, request_id="r", failed=False, e2e_s=10.0, only_keep=True)
+    assert names(exporter) == ["chat m", "gateway receive", "stream out"]
+
+
+async def test_a_drop_is_final_once_nothing_is_open_and_the_grace_is_over():
+    clock = Clock()
+    t, exporter = traced(clock=clock)
+    assert t.sampler is not None
+    root = t.start("chat m", attributes={REQUEST_ID: "r"})
+    ctx = t.parent(t.headers(root))
+    key = (t.trace_id(ctx), "r")
+    t.sampler.decide(key, False)
+    root.end()
+    assert t.sampler.buffered_spans == 0
+    clock.now = 3.0
+    t.sampler.sweep()
+    t.sampler.decide(key, True)
+    assert names(exporter) == []
