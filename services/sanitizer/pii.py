@@ -275,10 +275,19 @@ def _window_entities(window: str) -> Iterator[Entity]:
         yield from found
         if m.lastgroup == "digits":  # its spans were tried already
             pos = m.end()
-        elif not found and m.lastgroup == "iban" and m.group()[:2] in _IBAN_COUNTRIES:
+        elif (not found and m.lastgroup == "iban" and m.group()[:2] in _IBAN_COUNTRIES
+              and _written_as_iban(m.group())):
             pos = m.end()  # a mistyped IBAN: its digits are not something else
         else:  # a failed email or IBAN-like word may have read over an entity: look inside
             pos = max([e.end for e in found], default=m.start() + 1)
+
+
+def _written_as_iban(text: str) -> bool:
+    """In one piece, or in groups of four with a shorter last one: "BA11 4660487647593"
+    is a word and a number (a card), not an IBAN with a typo."""
+    groups = text.split(" ")
+    return len(groups) == 1 or (all(len(g) == 4 for g in groups[:-1])
+                                and 1 <= len(groups[-1]) <= 4)
 
 
 def _after_word(text: str, at: int) -> bool:
