@@ -35,18 +35,17 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import msgspec
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanProcessor
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from inferbus.contracts import TRACE_DECIDED, DecidedRequest, TraceDecided
 from inferbus.shared import logs, metrics
 from inferbus.shared.codec import DecodeError, decode, encode
+
+if TYPE_CHECKING:  # the SDK is imported only where tracing is on: no start-up cost off
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanProcessor
 
 log = logs.get("inferbus.tracing")
 
@@ -57,8 +56,6 @@ _OUTBOX_MAX = 100_000
 # version 00 is exactly this; a later version may append fields after a "-"
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 _TRACESTATE = re.compile(r"[\x20-\x7e]{0,512}")
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_OK = Status(StatusCode.UNSET)
 
 
 class TracePolicy(msgspec.Struct, kw_only=True, frozen=True):
@@ -147,7 +144,7 @@ class Span:
 
     def __init__(self, sink: "TailSampler", name: str, parent: TraceParent | None,
                  attributes: Mapping[str, Any] | None, start_ns: int | None,
-                 kind: SpanKind = SpanKind.INTERNAL, live: bool = False) -> None:
+                 kind: str = "internal", live: bool = False) -> None:
         self._sink = sink
         self.name = name
         self.parent = parent
@@ -181,6 +178,7 @@ class Span:
         self.name = name
 
     def end(self, error: str = "", end_ns: int | None = None) -> None:
+        """A non-empty ``error`` marks it failed with that description."""
         if self.end_ns:
             return
         self.end_ns = end_ns if end_ns is not None else time.time_ns()
@@ -188,18 +186,6 @@ class Span:
             self.error = error
             self.attributes["error.type"] = error.split(":", 1)[0]
         self._sink.on_end(self)
-
-    def readable(self, resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
-        parent = None
-        if self.parent is not None:
-            parent = SpanContext(self.trace_id, self.parent.span_id, self.parent.remote,
-                                 _SAMPLED)
-        return ReadableSpan(
-            name=self.name,
-            context=SpanContext(self.trace_id, self.span_id, False, _SAMPLED),
-            parent=parent, resource=resource, attributes=self.attributes, kind=self.kind,
-            status=Status(StatusCode.ERROR, self.error) if self.error else _OK,
-            start_time=self.start_ns, end_time=self.end_ns, instrumentation_scope=scope)
 
 
 Key = tuple[int, str]
@@ -212,12 +198,9 @@ class TailSampler:
 
     def __init__(self, export: SpanProcessor, policy: TracePolicy, service: str,
                  resource: Resource, clock: Any = time.monotonic) -> None:
-        import inferbus
-
         self._export = export
         self._policy = policy
-        self._resource = resource
-        self._scope = InstrumentationScope("inferbus", inferbus.__version__)
+        self._readable = _to_readable(resource)
         self._clock = clock
         self._lock = threading.Lock()
         self._pending: OrderedDict[Key, tuple[float, list[Span]]] = OrderedDict()
@@ -377,7 +360,7 @@ class TailSampler:
 
     def _export_all(self, spans: Sequence[Span]) -> None:
         for span in spans:
-            self._export.on_end(span.readable(self._resource, self._scope))
+            self._export.on_end(self._readable(span))
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Export what is still undecided (a draining process would otherwise lose
@@ -390,6 +373,34 @@ class TailSampler:
         self._export_all(held)
         self._export.force_flush(int(timeout_s * 1000))
         self._export.shutdown()
+
+
+def _to_readable(resource: Resource) -> Any:
+    """How a kept span record becomes the SDK's ReadableSpan, for its exporters."""
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+    import inferbus
+
+    scope = InstrumentationScope("inferbus", inferbus.__version__)
+    sampled = TraceFlags(TraceFlags.SAMPLED)
+    ok = Status(StatusCode.UNSET)
+
+    def readable(span: Span) -> ReadableSpan:
+        parent = None
+        if span.parent is not None:
+            parent = SpanContext(span.trace_id, span.parent.span_id, span.parent.remote,
+                                 sampled)
+        return ReadableSpan(
+            name=span.name,
+            context=SpanContext(span.trace_id, span.span_id, False, sampled),
+            parent=parent, resource=resource, attributes=span.attributes,
+            kind=SpanKind[span.kind.upper()],
+            status=Status(StatusCode.ERROR, span.error) if span.error else ok,
+            start_time=span.start_ns, end_time=span.end_ns, instrumentation_scope=scope)
+
+    return readable
 
 
 def trace_id_hex(trace_id: int) -> str:
@@ -420,6 +431,9 @@ class Tracing:
                       instance: str = "", export: SpanProcessor | None = None) -> "Tracing":
         """Tracing into ``exporter`` through a tail sampler (tests pass an in-memory
         exporter and a simple processor as ``export``)."""
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
         import inferbus
 
         resource = Resource.create({
@@ -453,14 +467,15 @@ class Tracing:
 
     def start(self, name: str, parent: TraceParent | None = None,
               attributes: Mapping[str, Any] | None = None, start_ns: int | None = None,
-              kind: SpanKind = SpanKind.INTERNAL) -> Span:
-        """A live span, ended by the caller (``span.end(error)``). Tracing on only."""
+              kind: str = "internal") -> Span:
+        """A live span, ended by the caller (``span.end(error)``); tracing on only.
+        ``kind``: OpenTelemetry's SpanKind by name (``server``, ``internal``...)."""
         assert self.sampler is not None, "start spans only with tracing on"
         return Span(self.sampler, name, parent, attributes, start_ns, kind, live=True)
 
     def record(self, name: str, parent: TraceParent | None, start_ns: int, end_ns: int,
                attributes: Mapping[str, Any] | None = None, error: str = "",
-               kind: SpanKind = SpanKind.INTERNAL) -> Span | None:
+               kind: str = "internal") -> Span | None:
         """A span of a stage that is already over (times in Unix nanoseconds)."""
         if self.sampler is None:
             return None
@@ -489,42 +504,38 @@ class Tracing:
         for key, keep in decided:
             self.sampler.decide(key, keep)
 
-    async def end_request(self, parent: TraceParent | None, *, request_id: str, failed: bool,
-                          e2e_s: float, ttft_s: float | None = None,
-                          only_keep: bool = False) -> tuple[bool, str] | None:
-        """Decide the request's trace from how it ended, apply it here and tell every
-        other service. None when tracing is off or the request carries no trace.
+    def end_request(self, parent: TraceParent | None, *, request_id: str, failed: bool,
+                    e2e_s: float, ttft_s: float | None = None,
+                    tell: str = "all") -> tuple[bool, str] | None:
+        """Decide the request's trace from how it ended and apply it here; the other
+        services hear of it with the next batch. None when tracing is off or the
+        request carries no trace. ``tell``:
 
-        ``only_keep``: a second opinion (the gateway, after the service that ended the
-        request has decided): published only to keep what the first would drop."""
+        - ``all``: the service that ended the request;
+        - ``keeps``: a second opinion (the gateway, after the service that ended the
+          request decided): only a keep the first did not make goes out;
+        - ``none``: a request only this process ever held spans of (refused before
+          it went anywhere): another request may share its key."""
         tid = self.trace_id(parent)
         if not tid or self.sampler is None:
             return None
         keep, reason = verdict(failed=failed, e2e_s=e2e_s, ttft_s=ttft_s, trace_id=tid,
                                policy=self.policy)
         key = (tid, request_id)
-        if only_keep and (not keep or self.sampler.decision(key)):
+        if tell == "keeps" and (not keep or self.sampler.decision(key)):
             return keep, reason
-        self.publish(key, keep)
-        return keep, reason
-
-    def end_locally(self, parent: TraceParent | None, *, request_id: str, failed: bool,
-                    e2e_s: float) -> tuple[bool, str] | None:
-        """Decide a request only this process ever held spans of (refused before it
-        went anywhere), telling no one: another request may share its key."""
-        tid = self.trace_id(parent)
-        if not tid or self.sampler is None:
-            return None
-        keep, reason = verdict(failed=failed, e2e_s=e2e_s, ttft_s=None, trace_id=tid,
-                               policy=self.policy)
-        self.sampler.decide((tid, request_id), keep, own=True)
-        return keep, reason
-
-    def publish(self, key: Key, keep: bool) -> None:
-        """Apply a decision here at once; the others hear of it with the next batch."""
-        assert self.sampler is not None
         self.sampler.decide(key, keep, own=True)
-        self._outbox.append((key, keep))
+        if tell != "none":
+            self._outbox.append((key, keep))
+        return keep, reason
+
+    @staticmethod
+    def log_fields(parent: TraceParent | None,
+                   decision: tuple[bool, str] | None) -> dict[str, str]:
+        """The trace's part of a request's log line: its id, and what was decided."""
+        return {"trace_id": trace_id_hex(parent.trace_id) if parent is not None else "",
+                "trace": f"{'kept' if decision[0] else 'dropped'}: {decision[1]}"
+                if decision else "off"}
 
     async def _flush_forever(self) -> None:
         while True:
@@ -567,11 +578,6 @@ class Tracing:
                 await asyncio.wait_for(asyncio.to_thread(self.sampler.shutdown), 6.0)
             except asyncio.TimeoutError:
                 log.warning("spans still unexported at shutdown: the collector is slow")
-
-
-def end(span: Span, error: str = "", end_ns: int | None = None) -> None:
-    """End a span; a non-empty ``error`` marks it failed with that description."""
-    span.end(error, end_ns)
 
 
 def enabled_by_env(environ: Mapping[str, str] | None = None) -> bool:

@@ -193,18 +193,18 @@ class GatewayService(Service[GatewaySettings]):
         except ApiError as err:
             if err.status != 499:
                 metrics.GATEWAY_REFUSALS.labels(err.code or str(err.status)).inc()
-            await trace.end(err.status, f"{err.code or err.status}: {err.message}", rid)
+            trace.end(err.status, f"{err.code or err.status}: {err.message}")
             if not trace.submitted:  # it ends here: its one line is written here
                 log.info("request ended", request_id=rid, outcome="refused",
                          status=err.status, code=err.code or "")
             return _error_response(err, rid)
         except (asyncio.CancelledError, ConnectionResetError):  # the client hung up
-            await trace.end(499, "client_disconnected: the client closed the connection", rid)
+            trace.end(499, "client_disconnected: the client closed the connection")
             raise
         except BaseException as exc:  # a fault: aiohttp answers 500; the trace keeps it
-            await trace.end(500, f"{type(exc).__name__}: {exc}", rid)
+            trace.end(500, f"{type(exc).__name__}: {exc}")
             raise
-        await trace.end(resp.status, "", rid)
+        trace.end(resp.status, "")
         return resp
 
     async def _serve(self, http: web.Request, rid: str, chat: bool,

@@ -6,8 +6,6 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from opentelemetry.trace import SpanKind
-
 from inferbus.contracts import RequestFinished, SamplingParams
 from inferbus.shared import tracing as t
 from inferbus.shared.tracing import Tracing
@@ -28,7 +26,7 @@ class HttpTrace:
         self.root = tracing.start(op, tracing.parent(incoming), {
             t.GEN_AI_OPERATION: op, t.GEN_AI_PROVIDER: "inferbus",
             t.REQUEST_ID: request_id, t.GEN_AI_RESPONSE_ID: request_id,
-        }, self.t0, SpanKind.SERVER)
+        }, self.t0, "server")
         self.context = self.root.context
         self.headers = self.context.headers()
         self.submitted_ns = self.first_ns = 0
@@ -72,7 +70,7 @@ class HttpTrace:
             t.WORKER: ev.worker_id,
         })
 
-    async def end(self, status: int, error: str = "", request_id: str = "") -> None:
+    def end(self, status: int, error: str = "") -> None:
         """The response is written (or refused): close the spans and, when the gateway
         saw more than the service that ended the request (a failure of its own, a
         slow stream out), ask for the trace to be kept."""
@@ -83,20 +81,18 @@ class HttpTrace:
             self.tracing.record("stream out", self.context, self.first_ns, end_ns,
                                 self._attributes())
         self.root.set_attribute("http.response.status_code", status)
-        t.end(self.root, error, end_ns)
+        self.root.end(error, end_ns)
         e2e = (end_ns - self.t0) / _NS
         ttft = (self.first_ns - self.t0) / _NS if self.first_ns else None
         # failed: the platform's fault (5xx); a refusal (4xx, or 503: draining, no
         # worker) or a client gone (499) is kept as any other request (slow, or in
         # the kept share)
         failed = status >= 500 and not (status == 503 and not self.submitted)
-        if self.submitted:  # the platform ended it and decided; this is a second opinion
-            await self.tracing.end_request(self.context, request_id=self.request_id,
-                                           failed=failed, e2e_s=e2e, ttft_s=ttft,
-                                           only_keep=True)
-        else:  # refused here: only this process holds spans of it; no one else to tell
-            self.tracing.end_locally(self.context, request_id=self.request_id,
-                                     failed=failed, e2e_s=e2e)
+        # submitted: the platform ended it and decided, this is a second opinion;
+        # refused here: only this process holds spans of it, no one else to tell
+        self.tracing.end_request(self.context, request_id=self.request_id, failed=failed,
+                                 e2e_s=e2e, ttft_s=ttft,
+                                 tell="keeps" if self.submitted else "none")
 
 
 class NoTrace:
@@ -120,7 +116,7 @@ class NoTrace:
     def on_finished(self, _: RequestFinished) -> None:
         pass
 
-    async def end(self, status: int, error: str = "", request_id: str = "") -> None:
+    def end(self, status: int, error: str = "") -> None:
         pass
 
 

@@ -23,7 +23,6 @@ from inferbus.contracts import (
 )
 from inferbus.shared import logs, metrics
 from inferbus.shared import tracing as t
-from inferbus.shared.tracing import end as tracing_end
 from inferbus.shared.tracing import valid_context
 from inferbus.shared.bus import (
     Background,
@@ -242,7 +241,7 @@ class SanitizerService(Service[SanitizerSettings]):
                     self._streams.pop(request.client_reply_to, None)  # redelivers the submit
                     self._filter_traces.pop(request.client_reply_to, None)
                 if span is not None:
-                    tracing_end(span, f"publish_failed: {exc!r}")
+                    span.end(f"publish_failed: {exc!r}")
                 raise
             self._counts["accepted"] += 1
         else:
@@ -258,20 +257,18 @@ class SanitizerService(Service[SanitizerSettings]):
             span.set_attribute("inferbus.input.findings", len(found))
             if found:
                 span.set_attribute("inferbus.input.rules", sorted({f.rule for f in found}))
-            tracing_end(span, f"{rejection.code}: {rejection.reason}" if rejection else "")
+            span.end(f"{rejection.code}: {rejection.reason}" if rejection else "")
         if rejection is not None:  # it ends here: its trace is decided here
             e2e = time.time() - request.created_at if request.created_at else 0.0
             # a refusal is the client's doing, not a failure: kept as any request is
             # (a flood of payloads must not flood the traces; the metrics count them)
-            decision = await tracing.end_request(parent, request_id=rid, failed=False,
+            decision = tracing.end_request(parent, request_id=rid, failed=False,
                                                  e2e_s=e2e)
             log.info("request ended", request_id=rid, model=request.model,
                      tenant=request.tenant, outcome="request.rejected", code=rejection.code,
                      reason=rejection.reason, e2e_s=round(e2e, 6),
                      rules=sorted({f.rule for f in found}),
-                     trace_id=t.trace_id_hex(tracing.trace_id(parent)) if parent else "",
-                     trace=("kept: " if decision[0] else "dropped: ") + decision[1]
-                     if decision else "off")
+                     **tracing.log_fields(parent, decision))
         metrics.EVENTS_HANDLED.labels(self.name, "request.submitted").inc()
         await msg.ack()
 

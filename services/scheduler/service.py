@@ -378,7 +378,7 @@ class SchedulerService(Service[SchedulerSettings]):
             await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=f"{rid}:end")
             outcome = terminal.__struct_config__.tag
             metrics.REQUESTS.labels(self.name, e.request.model, outcome).inc()
-            await self._trace_end(e, self._traces.pop(rid, None), outcome)
+            self._trace_end(e, self._traces.pop(rid, None), outcome)
 
     def _trace_assignment(self, e: Assign, trace: dict[str, str] | None, began: float) -> None:
         """The request's wait in the queue and its placement, as two stage spans."""
@@ -399,7 +399,7 @@ class SchedulerService(Service[SchedulerSettings]):
             "inferbus.cached_prefix_blocks": e.cached_blocks,
             t.GEN_AI_RESPONSE_MODEL: e.served_model or e.request.model})
 
-    async def _trace_end(self, e: Fail | Cancel, trace: dict[str, str] | None,
+    def _trace_end(self, e: Fail | Cancel, trace: dict[str, str] | None,
                          outcome: str) -> None:
         """A request this scheduler ended (in its queue, or its worker lost): the trace's
         decision is made here, and the request's one log line written."""
@@ -415,10 +415,8 @@ class SchedulerService(Service[SchedulerSettings]):
                            {t.REQUEST_ID: req.request_id, t.GEN_AI_REQUEST_MODEL: req.model,
                             "inferbus.outcome": outcome},
                            error=f"{code}: {e.reason}" if code else "")
-        decision = await tracing.end_request(parent, request_id=req.request_id,
+        decision = tracing.end_request(parent, request_id=req.request_id,
                                              failed=isinstance(e, Fail), e2e_s=e2e)
         log.info("request ended", request_id=req.request_id, model=req.model,
                  tenant=req.tenant, outcome=outcome, code=code, e2e_s=round(e2e, 6),
-                 trace_id=t.trace_id_hex(tracing.trace_id(parent)) if parent else "",
-                 trace=("kept: " if decision[0] else "dropped: ") + decision[1]
-                 if decision else "off")
+                 **tracing.log_fields(parent, decision))

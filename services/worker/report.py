@@ -48,7 +48,7 @@ def stage_times(stream: RequestStream, terminal: Any, now: float) -> StageTiming
     return timings
 
 
-async def report_end(tracing: Tracing, service: str, stream: RequestStream, terminal: Any,
+def report_end(tracing: Tracing, service: str, stream: RequestStream, terminal: Any,
                      parent: Any, received: float, now: float) -> None:
     """``received``: Unix time the assignment arrived; ``now``: monotonic, at the end."""
     a = stream.assignment
@@ -99,12 +99,11 @@ async def report_end(tracing: Tracing, service: str, stream: RequestStream, term
 
     created = req.created_at or received
     ttft_s = (received + timings.first_token_s - created) if started else None
-    decision = await tracing.end_request(parent, request_id=req.request_id, failed=failed,
+    decision = tracing.end_request(parent, request_id=req.request_id, failed=failed,
                                          e2e_s=end_wall - created, ttft_s=ttft_s)
     log.info(
         "request ended",
         request_id=req.request_id,
-        trace_id=t.trace_id_hex(tracing.trace_id(parent)) if parent is not None else "",
         model=model,
         served_model=a.served_model or model,
         tenant=req.tenant,
@@ -121,7 +120,7 @@ async def report_end(tracing: Tracing, service: str, stream: RequestStream, term
         engine_queue_s=round(timings.queued_s, 6),
         prefill_s=round(timings.prefill_s, 6),
         decode_s=round(timings.decode_s, 6),
-        trace=("kept: " if decision[0] else "dropped: ") + decision[1] if decision else "off",
+        **tracing.log_fields(parent, decision),
     )
 
 

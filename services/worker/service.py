@@ -274,7 +274,7 @@ class WorkerService(Service[WorkerSettings]):
             await nc.publish(reply, encode(terminal), headers=request_headers(rid))
             await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=f"{rid}:end")
         finally:  # counted and logged even when the record of its end could not be made
-            await report_end(self._ctx.tracing, self.name, stream, terminal, parent,
+            report_end(self._ctx.tracing, self.name, stream, terminal, parent,
                              received, ended)
 
     def _expire(self, rid: str) -> None:

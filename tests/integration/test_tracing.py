@@ -171,7 +171,7 @@ async def test_decisions_reach_other_processes_in_batches(nats_url):
             gateway.record("gateway receive", ctx, 1, 2, {REQUEST_ID: f"r{i}"})
             worker.record("decode", ctx, 2, 3, {REQUEST_ID: f"r{i}"})
             # every third request is slow: kept; the rest are dropped
-            await worker.end_request(ctx, request_id=f"r{i}", failed=False,
+            worker.end_request(ctx, request_id=f"r{i}", failed=False,
                                      e2e_s=2.0 if i % 3 == 0 else 0.01)
         for _ in range(100):
             if gateway.sampler is not None and gateway.sampler.buffered_spans == 0:

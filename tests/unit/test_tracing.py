@@ -77,7 +77,7 @@ async def test_spans_wait_for_the_decision_then_go_or_vanish():
         t.record("prefill", ctx, 2, 3, {REQUEST_ID: rid})
         assert len(exporter.get_finished_spans()) == before  # held: nobody decided yet
         root.end()
-        decision = await t.end_request(ctx, request_id=rid, failed=False,
+        decision = t.end_request(ctx, request_id=rid, failed=False,
                                        e2e_s=2.0 if keep else 0.01)
         assert decision == ((True, "slow") if keep else (False, "fast"))
     assert names(exporter) == ["input sanitize", "prefill", "request slow"]
@@ -90,8 +90,8 @@ async def test_spans_ending_after_the_decision_follow_it():
     kept_root = t.start("kept", attributes={REQUEST_ID: "a"})
     dropped_root = t.start("dropped", attributes={REQUEST_ID: "b"})
     kept, dropped = (t.parent(t.headers(r)) for r in (kept_root, dropped_root))
-    await t.end_request(kept, request_id="a", failed=True, e2e_s=0.01)
-    await t.end_request(dropped, request_id="b", failed=False, e2e_s=0.01)
+    t.end_request(kept, request_id="a", failed=True, e2e_s=0.01)
+    t.end_request(dropped, request_id="b", failed=False, e2e_s=0.01)
     t.record("stream out", kept, 1, 2, {REQUEST_ID: "a"})
     t.record("stream out", dropped, 1, 2, {REQUEST_ID: "b"})
     kept_root.end()
@@ -125,9 +125,9 @@ async def test_requests_of_one_trace_are_decided_one_by_one():
     caller = t.parent({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
     for rid in ("call-1", "call-2"):
         t.record(f"queue wait {rid}", caller, 1, 2, {REQUEST_ID: rid})
-    await t.end_request(caller, request_id="call-1", failed=False, e2e_s=0.01)
+    t.end_request(caller, request_id="call-1", failed=False, e2e_s=0.01)
     t.record("decode call-2", caller, 2, 3, {REQUEST_ID: "call-2"})
-    await t.end_request(caller, request_id="call-2", failed=True, e2e_s=0.01)
+    t.end_request(caller, request_id="call-2", failed=True, e2e_s=0.01)
     assert names(exporter) == ["decode call-2", "queue wait call-2"]
 
 
@@ -247,7 +247,7 @@ async def test_a_drop_waits_while_a_span_of_the_request_is_open_here():
     t.sampler.sweep()
     t.record("stream out", ctx, 2, 3, {REQUEST_ID: "r"})
     root.end()
-    await t.end_request(ctx, request_id="r", failed=False, e2e_s=10.0, only_keep=True)
+    t.end_request(ctx, request_id="r", failed=False, e2e_s=10.0, tell="keeps")
     assert names(exporter) == ["chat m", "gateway receive", "stream out"]
 
 
