@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 
 import aiohttp
+from platform_up import start_up
+from stream_overhead import Result, http_one, nats_one, run_load
 
 from inferbus.client import Client
 from inferbus.services.gateway.auth import digest, new_key
-from platform_up import start_up
-from stream_overhead import Result, http_one, nats_one, run_load
 
 
 async def nats_short(client: Client, i: int) -> tuple[float, int]:
@@ -39,8 +39,11 @@ async def nats_short(client: Client, i: int) -> tuple[float, int]:
 
 
 async def http_short(http: aiohttp.ClientSession, i: int) -> tuple[float, int]:
-    body = {"model": "sim-model", "max_tokens": 1,
-            "messages": [{"role": "user", "content": f"short {i}"}]}
+    body = {
+        "model": "sim-model",
+        "max_tokens": 1,
+        "messages": [{"role": "user", "content": f"short {i}"}],
+    }
     t0 = time.perf_counter()
     async with http.post("/v1/chat/completions", json=body) as r:
         assert r.status == 200, await r.text()
@@ -49,14 +52,16 @@ async def http_short(http: aiohttp.ClientSession, i: int) -> tuple[float, int]:
     return time.perf_counter() - t0, 1
 
 
-async def measure(a: argparse.Namespace, nats_url: str, gateway: str,
-                  key: str) -> dict[str, dict[str, Result]]:
+async def measure(
+    a: argparse.Namespace, nats_url: str, gateway: str, key: str
+) -> dict[str, dict[str, Result]]:
     c, t, n = a.concurrency, a.tokens, a.requests
     client = await Client.connect(nats_url)
     conn = aiohttp.TCPConnector(limit=0)
     out: dict[str, dict[str, Result]] = {"stream": {}, "request": {}}
-    async with aiohttp.ClientSession(gateway, connector=conn,
-                                     headers={"Authorization": f"Bearer {key}"}) as http:
+    async with aiohttp.ClientSession(
+        gateway, connector=conn, headers={"Authorization": f"Bearer {key}"}
+    ) as http:
         loads = {
             ("stream", "NATS client"): lambda i: nats_one(client, t, i),
             ("stream", "HTTP gateway"): lambda i: http_one(http, t, i),
@@ -76,8 +81,9 @@ async def measure(a: argparse.Namespace, nats_url: str, gateway: str,
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--requests", type=int, default=128)
@@ -88,8 +94,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         keys = Path(tmp) / "keys.toml"
         keys.write_text(f'[[keys]]\nname = "bench"\nsha256 = "{digest(key)}"\n')
-        up, nats_url, gateway = start_up(Path(tmp) / "state", "--engine", "sim",
-                                         "--api-keys-file", str(keys))
+        up, nats_url, gateway = start_up(
+            Path(tmp) / "state", "--engine", "sim", "--api-keys-file", str(keys)
+        )
         try:
             results = asyncio.run(measure(a, nats_url, gateway, key))
         finally:
@@ -112,19 +119,30 @@ def main() -> None:
     for name, res in results["request"].items():
         print(f"{name:<16}{res.tokens_per_s:>12,.0f}{res.pct(0.5):>16.2f}{res.pct(0.99):>16.2f}")
     print(f"HTTP/NATS requests/s ratio: {request_ratio:.2f}; HTTP adds {added_ms:.2f} ms p50")
-    print(json.dumps({
-        "bench": "gateway_overhead", "concurrency": a.concurrency, "tokens": a.tokens,
-        "stream": {"nats_tokens_per_s": round(s_nats.tokens_per_s),
-                   "http_tokens_per_s": round(s_http.tokens_per_s),
-                   "ratio": round(stream_ratio, 3),
-                   "nats_ttft_p50_ms": round(s_nats.pct(0.5), 3),
-                   "http_ttft_p50_ms": round(s_http.pct(0.5), 3)},
-        "request": {"nats_rps": round(r_nats.tokens_per_s), "http_rps": round(r_http.tokens_per_s),
+    print(
+        json.dumps(
+            {
+                "bench": "gateway_overhead",
+                "concurrency": a.concurrency,
+                "tokens": a.tokens,
+                "stream": {
+                    "nats_tokens_per_s": round(s_nats.tokens_per_s),
+                    "http_tokens_per_s": round(s_http.tokens_per_s),
+                    "ratio": round(stream_ratio, 3),
+                    "nats_ttft_p50_ms": round(s_nats.pct(0.5), 3),
+                    "http_ttft_p50_ms": round(s_http.pct(0.5), 3),
+                },
+                "request": {
+                    "nats_rps": round(r_nats.tokens_per_s),
+                    "http_rps": round(r_http.tokens_per_s),
                     "ratio": round(request_ratio, 3),
                     "nats_p50_ms": round(r_nats.pct(0.5), 3),
                     "http_p50_ms": round(r_http.pct(0.5), 3),
-                    "added_p50_ms": round(added_ms, 3)},
-    }))
+                    "added_p50_ms": round(added_ms, 3),
+                },
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ from inferbus.services.sanitizer.injection import findings
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--show-misses", action="store_true")
     a = p.parse_args()
     rows = devset()
@@ -47,11 +48,23 @@ def main() -> None:
         per_type[kind] = round(hit / (hit + miss), 4)
         print(f"{kind:<18}{hit + miss:>10}{per_type[kind]:>9.3f}")
     precision, recall = tp / (tp + fp), tp / (tp + fn)
-    print(f"precision {precision:.3f}  recall {recall:.3f}  "
-          f"({fp} benign flagged, {fn} payloads missed; {seconds / len(rows) * 1e6:.0f} µs a text)")
-    print(json.dumps({"bench": "injection", "texts": len(rows), "precision": round(precision, 4),
-                      "recall": round(recall, 4), "recall_by_type": per_type,
-                      "false_positives": fp, "false_negatives": fn}))
+    print(
+        f"precision {precision:.3f}  recall {recall:.3f}  "
+        f"({fp} benign flagged, {fn} payloads missed; {seconds / len(rows) * 1e6:.0f} µs a text)"
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "injection",
+                "texts": len(rows),
+                "precision": round(precision, 4),
+                "recall": round(recall, 4),
+                "recall_by_type": per_type,
+                "false_positives": fp,
+                "false_negatives": fn,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

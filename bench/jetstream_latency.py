@@ -31,14 +31,17 @@ async def probe(url: str, seconds: float) -> None:
         await asyncio.sleep(0.01)
     await nc.close()
     lat.sort()
-    print(f"js publish n={len(lat)} p50 {lat[len(lat) // 2] * 1000:.2f} ms "
-          f"p99 {lat[int(len(lat) * 0.99)] * 1000:.2f} ms max {lat[-1] * 1000:.1f} ms "
-          f">100ms: {sum(x > 0.1 for x in lat)}")
+    print(
+        f"js publish n={len(lat)} p50 {lat[len(lat) // 2] * 1000:.2f} ms "
+        f"p99 {lat[int(len(lat) * 0.99)] * 1000:.2f} ms max {lat[-1] * 1000:.1f} ms "
+        f">100ms: {sum(x > 0.1 for x in lat)}"
+    )
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--nats-url", default="nats://127.0.0.1:4222")
     p.add_argument("--seconds", type=float, default=15.0)
     a = p.parse_args()

@@ -10,17 +10,34 @@ from pathlib import Path
 from inferbus.shared.natsserver import free_port
 
 
-def start_up(state: Path, *args: str,
-             env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str, str]:
+def start_up(
+    state: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], str, str]:
     """``inferbus up --no-selftest ARGS`` on free ports (``env`` added to this process's);
     returns (process, NATS URL, HTTP base)."""
     port, nats_port = free_port(), free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "inferbus.cli", "up", "--no-selftest", "--port", str(port),
-         "--nats-port", str(nats_port), "--state-dir", str(state),
-         "--metrics-port-base", str(free_port() // 100 * 100 % 30000 + 20000), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "NATS_URL": "", **(env or {})})
+        [
+            sys.executable,
+            "-m",
+            "inferbus.cli",
+            "up",
+            "--no-selftest",
+            "--port",
+            str(port),
+            "--nats-port",
+            str(nats_port),
+            "--state-dir",
+            str(state),
+            "--metrics-port-base",
+            str(free_port() // 100 * 100 % 30000 + 20000),
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "NATS_URL": "", **(env or {})},
+    )
     assert proc.stdout
     for line in proc.stdout:
         if line.startswith("try:"):

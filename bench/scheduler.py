@@ -113,8 +113,7 @@ class SimWorker:
         self.seqs.append(Seq(req, uncached))
         events: list[Any] = []
         if stored:
-            events.append(KvBlocksStored(worker_id=self.wid, block_hashes=stored,
-                                         block_size=BLOCK))
+            events.append(KvBlocksStored(worker_id=self.wid, block_hashes=stored, block_size=BLOCK))
         if evicted:
             events.append(KvBlocksRemoved(worker_id=self.wid, block_hashes=evicted))
         return events
@@ -136,8 +135,12 @@ class SimWorker:
             prefill_tokens += take
             if s.prefill_left == 0:
                 started.append(s)
-        end = now + t.step_base_s + t.per_seq_s * len(decoding) + \
-            t.prefill_per_token_s * prefill_tokens
+        end = (
+            now
+            + t.step_base_s
+            + t.per_seq_s * len(decoding)
+            + t.prefill_per_token_s * prefill_tokens
+        )
         self.work_tokens += prefill_tokens + len(decoding)
         finished = []
         for s in decoding:
@@ -153,8 +156,15 @@ class SimWorker:
         return end, started, finished
 
 
-def simulate(reqs: list[Req], policy: SchedulerPolicy, workers: int, slots: int,
-             cache_blocks: int, kv_tokens: int, timing: Timing) -> dict[str, Any]:
+def simulate(
+    reqs: list[Req],
+    policy: SchedulerPolicy,
+    workers: int,
+    slots: int,
+    cache_blocks: int,
+    kv_tokens: int,
+    timing: Timing,
+) -> dict[str, Any]:
     core = SchedulerCore(policy)
     route_ns: list[int] = []
     route = core._route
@@ -168,9 +178,16 @@ def simulate(reqs: list[Req], policy: SchedulerPolicy, workers: int, slots: int,
     core._route = timed_route  # type: ignore[method-assign]
     sims = {f"w{i}": SimWorker(f"w{i}", slots, cache_blocks, timing) for i in range(workers)}
     for wid in sims:
-        core.on_heartbeat(WorkerHeartbeat(worker_id=wid, models=["m"], engine="sim",
-                                          max_num_seqs=slots, kv_capacity_tokens=kv_tokens),
-                          0.0)
+        core.on_heartbeat(
+            WorkerHeartbeat(
+                worker_id=wid,
+                models=["m"],
+                engine="sim",
+                max_num_seqs=slots,
+                kv_capacity_tokens=kv_tokens,
+            ),
+            0.0,
+        )
     events: list[tuple[float, int, str, Any]] = []
     seq = 0
     for r in reqs:
@@ -197,10 +214,21 @@ def simulate(reqs: list[Req], policy: SchedulerPolicy, workers: int, slots: int,
         now, _, kind, what = heapq.heappop(events)
         if kind == "arrive":
             r = what
-            apply(core.on_accepted(RequestSubmitted(
-                request_id=r.rid, model="m", reply_to="r." + r.rid, prompt="",
-                prompt_tokens=r.prompt, prefix_hashes=r.blocks,
-                sampling=SamplingParams(max_tokens=r.output)), now), now)
+            apply(
+                core.on_accepted(
+                    RequestSubmitted(
+                        request_id=r.rid,
+                        model="m",
+                        reply_to="r." + r.rid,
+                        prompt="",
+                        prompt_tokens=r.prompt,
+                        prefix_hashes=r.blocks,
+                        sampling=SamplingParams(max_tokens=r.output),
+                    ),
+                    now,
+                ),
+                now,
+            )
             continue
         w = sims[what]
         if not w.seqs:
@@ -218,11 +246,16 @@ def simulate(reqs: list[Req], policy: SchedulerPolicy, workers: int, slots: int,
     makespan = max(done_at.values()) - min(r.arrival for r in reqs)
     work = [w.work_tokens for w in sims.values()]
     blocks = sum(w.blocks for w in sims.values())
-    return {"ttft": ttft, "throughput": sum(r.output for r in reqs) / makespan,
-            "completed": len(done_at), "hit_rate": sum(w.hits for w in sims.values()) / blocks
-            if blocks else 0.0, "imbalance": max(work) / statistics.mean(work),
-            "route_p99_us": statistics.quantiles(route_ns, n=100)[98] / 1e3 if len(route_ns) > 100
-            else max(route_ns, default=0) / 1e3}
+    return {
+        "ttft": ttft,
+        "throughput": sum(r.output for r in reqs) / makespan,
+        "completed": len(done_at),
+        "hit_rate": sum(w.hits for w in sims.values()) / blocks if blocks else 0.0,
+        "imbalance": max(work) / statistics.mean(work),
+        "route_p99_us": statistics.quantiles(route_ns, n=100)[98] / 1e3
+        if len(route_ns) > 100
+        else max(route_ns, default=0) / 1e3,
+    }
 
 
 # -- traces -------------------------------------------------------------------------------
@@ -232,21 +265,35 @@ def load_trace(path: Path, limit: int, speedup: float) -> list[Req]:
     reqs: list[Req] = []
     if path.suffix == ".csv":
         with open(path) as f:
-            rows = list(csv.DictReader(f))[:limit or None]
+            rows = list(csv.DictReader(f))[: limit or None]
         t0 = None
         for i, row in enumerate(rows):
             ts = datetime.datetime.fromisoformat(row["TIMESTAMP"][:26]).timestamp()
             t0 = ts if t0 is None else t0
-            reqs.append(Req(f"r{i}", (ts - t0) / speedup, int(row["ContextTokens"]),
-                            max(1, int(row["GeneratedTokens"])), []))
+            reqs.append(
+                Req(
+                    f"r{i}",
+                    (ts - t0) / speedup,
+                    int(row["ContextTokens"]),
+                    max(1, int(row["GeneratedTokens"])),
+                    [],
+                )
+            )
     else:
         with open(path) as f:
             for i, line in enumerate(f):
                 if limit and i >= limit:
                     break
                 o = json.loads(line)
-                reqs.append(Req(f"r{i}", o["timestamp"] / 1000 / speedup, o["input_length"],
-                                max(1, o["output_length"]), list(o.get("hash_ids", []))))
+                reqs.append(
+                    Req(
+                        f"r{i}",
+                        o["timestamp"] / 1000 / speedup,
+                        o["input_length"],
+                        max(1, o["output_length"]),
+                        list(o.get("hash_ids", [])),
+                    )
+                )
     return reqs
 
 
@@ -255,20 +302,31 @@ def p95(values: list[float]) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--trace", action="append", type=Path, default=None)
     p.add_argument("--limit", type=int, default=0, help="first N requests of each trace")
     p.add_argument("--speedup", type=float, default=1.0, help="replay this much faster")
-    p.add_argument("--workers", type=int, default=0,
-                   help="workers (default: 2 for traces without block hashes, 8 with)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="workers (default: 2 for traces without block hashes, 8 with)",
+    )
     p.add_argument("--slots", type=int, default=64)
-    p.add_argument("--cache-blocks", type=int, default=1200,
-                   help="prefix cache per worker, in 512-token blocks")
+    p.add_argument(
+        "--cache-blocks",
+        type=int,
+        default=1200,
+        help="prefix cache per worker, in 512-token blocks",
+    )
     p.add_argument("--short-tokens", type=int, default=2048, help="lane threshold")
     a = p.parse_args()
-    traces = a.trace or [TRACES / "AzureLLMInferenceTrace_code.csv",
-                         TRACES / "mooncake_conversation_trace.jsonl"]
+    traces = a.trace or [
+        TRACES / "AzureLLMInferenceTrace_code.csv",
+        TRACES / "mooncake_conversation_trace.jsonl",
+    ]
     timing = Timing()
     kv_tokens = a.cache_blocks * BLOCK
     out: dict[str, Any] = {"bench": "scheduler"}
@@ -277,45 +335,66 @@ def main() -> None:
         hashed = any(r.blocks for r in reqs)
         workers = a.workers or (8 if hashed else 2)
         name = path.stem
-        print(f"\n{name}: {len(reqs)} requests, {workers} workers x {a.slots} slots, "
-              f"lane threshold {a.short_tokens} tokens")
-        base = dict(short_prompt_tokens=a.short_tokens, queue_timeout_s=1e9,
-                    worker_timeout_s=1e9, block_tokens=BLOCK)
-        runs = {"fcfs": SchedulerPolicy(lanes=False, **base),
-                "lanes": SchedulerPolicy(lanes=True, **base)}
+        print(
+            f"\n{name}: {len(reqs)} requests, {workers} workers x {a.slots} slots, "
+            f"lane threshold {a.short_tokens} tokens"
+        )
+        base = dict(
+            short_prompt_tokens=a.short_tokens,
+            queue_timeout_s=1e9,
+            worker_timeout_s=1e9,
+            block_tokens=BLOCK,
+        )
+        runs = {
+            "fcfs": SchedulerPolicy(lanes=False, **base),
+            "lanes": SchedulerPolicy(lanes=True, **base),
+        }
         if hashed:
-            runs |= {"round_robin": SchedulerPolicy(lanes=True, routing="round_robin", **base),
-                     "dynamo": SchedulerPolicy(lanes=True, routing="dynamo", **base)}
-        res = {k: simulate(reqs, pol, workers, a.slots, a.cache_blocks, kv_tokens, timing)
-               for k, pol in runs.items()}
+            runs |= {
+                "round_robin": SchedulerPolicy(lanes=True, routing="round_robin", **base),
+                "dynamo": SchedulerPolicy(lanes=True, routing="dynamo", **base),
+            }
+        res = {
+            k: simulate(reqs, pol, workers, a.slots, a.cache_blocks, kv_tokens, timing)
+            for k, pol in runs.items()
+        }
         short = [r.rid for r in reqs if r.prompt < a.short_tokens]
         fc, ln = res["fcfs"], res["lanes"]
         s_fc = p95([fc["ttft"][r] for r in short])
         s_ln = p95([ln["ttft"][r] for r in short])
         summary: dict[str, Any] = {
-            "requests": len(reqs), "workers": workers,
+            "requests": len(reqs),
+            "workers": workers,
             "short_ttft_p95_s": {"fcfs": round(s_fc, 4), "lanes": round(s_ln, 4)},
             "short_ttft_ratio": round(s_ln / s_fc, 3),
             "throughput_ratio": round(ln["throughput"] / fc["throughput"], 3),
-            "all_ttft_p95_s": {"fcfs": round(p95(list(fc["ttft"].values())), 4),
-                               "lanes": round(p95(list(ln["ttft"].values())), 4)},
+            "all_ttft_p95_s": {
+                "fcfs": round(p95(list(fc["ttft"].values())), 4),
+                "lanes": round(p95(list(ln["ttft"].values())), 4),
+            },
             "route_p99_us": round(max(r["route_p99_us"] for r in res.values()), 2),
         }
-        print(f"  short-request TTFT p95: FCFS {s_fc:.3f}s, lanes {s_ln:.3f}s "
-              f"({s_ln / s_fc:.2f}x); throughput lanes/FCFS "
-              f"{ln['throughput'] / fc['throughput']:.3f}; "
-              f"all requests p95 {summary['all_ttft_p95_s']}")
+        print(
+            f"  short-request TTFT p95: FCFS {s_fc:.3f}s, lanes {s_ln:.3f}s "
+            f"({s_ln / s_fc:.2f}x); throughput lanes/FCFS "
+            f"{ln['throughput'] / fc['throughput']:.3f}; "
+            f"all requests p95 {summary['all_ttft_p95_s']}"
+        )
         if hashed:
             print(f"  {'routing':<12}{'hit rate':>10}{'max/mean load':>15}{'route p99 µs':>14}")
             summary["routing"] = {}
             for k in ("round_robin", "dynamo", "lanes"):
                 label = "ours (kv)" if k == "lanes" else k
                 r = res[k]
-                print(f"  {label:<12}{r['hit_rate']:>10.3f}{r['imbalance']:>15.2f}"
-                      f"{r['route_p99_us']:>14.1f}")
+                print(
+                    f"  {label:<12}{r['hit_rate']:>10.3f}{r['imbalance']:>15.2f}"
+                    f"{r['route_p99_us']:>14.1f}"
+                )
                 summary["routing"]["kv" if k == "lanes" else k] = {
-                    "hit_rate": round(r["hit_rate"], 4), "imbalance": round(r["imbalance"], 3),
-                    "route_p99_us": round(r["route_p99_us"], 2)}
+                    "hit_rate": round(r["hit_rate"], 4),
+                    "imbalance": round(r["imbalance"], 3),
+                    "route_p99_us": round(r["route_p99_us"], 2),
+                }
         out[name] = summary
     print(json.dumps(out))
 

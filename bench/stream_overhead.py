@@ -27,11 +27,11 @@ from pathlib import Path
 import aiohttp
 import msgspec
 import nats
+from platform_up import start_up
 
 from inferbus.client import Client
 from inferbus.contracts import ReplyEvent, RequestFinished, TokenChunk, Usage
 from inferbus.shared.codec import decode, encode
-from platform_up import start_up
 
 TRIGGER = "bench.bare.trigger"
 
@@ -55,13 +55,25 @@ async def bare_publisher(url: str) -> None:
 
     async def serve(t: Trigger) -> None:
         for i in range(t.tokens):
-            await nc.publish(t.reply_to, encode(TokenChunk(
-                request_id=t.request_id, seq=i, text="token ", token_ids=[i % 50])))
+            await nc.publish(
+                t.reply_to,
+                encode(
+                    TokenChunk(request_id=t.request_id, seq=i, text="token ", token_ids=[i % 50])
+                ),
+            )
             if i % 16 == 15:
                 await asyncio.sleep(0)  # as an engine step yields between tokens
-        await nc.publish(t.reply_to, encode(RequestFinished(
-            request_id=t.request_id, finish_reason="length", chunks=t.tokens,
-            usage=Usage(prompt_tokens=4, completion_tokens=t.tokens))))
+        await nc.publish(
+            t.reply_to,
+            encode(
+                RequestFinished(
+                    request_id=t.request_id,
+                    finish_reason="length",
+                    chunks=t.tokens,
+                    usage=Usage(prompt_tokens=4, completion_tokens=t.tokens),
+                )
+            ),
+        )
 
     await nc.subscribe(TRIGGER, cb=on_trigger)
     await nc.flush()
@@ -107,8 +119,9 @@ async def bare_one(nc, tokens: int, i: int) -> tuple[float, int]:
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox, pending_msgs_limit=1_000_000)
     t0 = time.perf_counter()
-    await nc.publish(TRIGGER, msgspec.json.encode(Trigger(reply_to=inbox, request_id=f"b{i}",
-                                                          tokens=tokens)))
+    await nc.publish(
+        TRIGGER, msgspec.json.encode(Trigger(reply_to=inbox, request_id=f"b{i}", tokens=tokens))
+    )
     ttft, n = 0.0, 0
     while True:
         ev = decode((await sub.next_msg(timeout=30)).data, ReplyEvent)
@@ -135,9 +148,13 @@ async def nats_one(client: Client, tokens: int, i: int) -> tuple[float, int]:
 
 
 async def http_one(http: aiohttp.ClientSession, tokens: int, i: int) -> tuple[float, int]:
-    body = {"model": "sim-model", "stream": True, "max_tokens": tokens,
-            "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": f"bench prompt {i}"}]}
+    body = {
+        "model": "sim-model",
+        "stream": True,
+        "max_tokens": tokens,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": f"bench prompt {i}"}],
+    }
     t0 = time.perf_counter()
     ttft, n = 0.0, 0
     async with http.post("/v1/chat/completions", json=body) as r:
@@ -173,7 +190,7 @@ async def measure(args: argparse.Namespace, nats_url: str, gateway: str) -> dict
             "inferbus NATS client": lambda i: nats_one(client, t, i),
             "inferbus HTTP SSE": lambda i: http_one(http, t, i),
         }
-        for name, one in loads.items():
+        for one in loads.values():
             await run_load(one, c, max(c, r // 8))  # warm-up
         for _ in range(args.rounds):  # interleaved rounds: noise hits every path alike
             for name, one in loads.items():
@@ -187,7 +204,9 @@ async def measure(args: argparse.Namespace, nats_url: str, gateway: str) -> dict
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--requests", type=int, default=64)
@@ -200,8 +219,11 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         up, nats_url, gateway = start_platform(Path(tmp))
-        bare = subprocess.Popen([sys.executable, __file__, "--bare-publisher", nats_url],
-                                stdout=subprocess.PIPE, text=True)
+        bare = subprocess.Popen(
+            [sys.executable, __file__, "--bare-publisher", nats_url],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert bare.stdout and bare.stdout.readline().strip() == "ready"
         try:
             results = asyncio.run(measure(args, nats_url, gateway))
@@ -211,22 +233,39 @@ def main() -> None:
             up.wait(60)
 
     ref = results["bare nats-py"]
-    print(f"\nconcurrency {args.concurrency}, {args.tokens} tokens per request, "
-          f"{args.requests} requests per round, best of {args.rounds} rounds")
-    print(f"{'path':<24}{'tokens/s':>12}{'ratio':>8}{'TTFT p50 ms':>14}{'TTFT p99 ms':>14}"
-          f"{'added p50 ms':>14}")
+    print(
+        f"\nconcurrency {args.concurrency}, {args.tokens} tokens per request, "
+        f"{args.requests} requests per round, best of {args.rounds} rounds"
+    )
+    print(
+        f"{'path':<24}{'tokens/s':>12}{'ratio':>8}{'TTFT p50 ms':>14}{'TTFT p99 ms':>14}"
+        f"{'added p50 ms':>14}"
+    )
     summary = {}
     for name, res in results.items():
         ratio = res.tokens_per_s / ref.tokens_per_s
         added = res.pct(0.5) - ref.pct(0.5)
-        print(f"{name:<24}{res.tokens_per_s:>12,.0f}{ratio:>8.2f}{res.pct(0.5):>14.2f}"
-              f"{res.pct(0.99):>14.2f}{added:>14.2f}")
-        summary[name] = {"tokens_per_s": round(res.tokens_per_s), "ratio": round(ratio, 3),
-                         "ttft_p50_ms": round(res.pct(0.5), 3),
-                         "ttft_p99_ms": round(res.pct(0.99), 3),
-                         "added_ttft_p50_ms": round(added, 3)}
-    print(json.dumps({"bench": "stream_overhead", "concurrency": args.concurrency,
-                      "tokens": args.tokens, "results": summary}))
+        print(
+            f"{name:<24}{res.tokens_per_s:>12,.0f}{ratio:>8.2f}{res.pct(0.5):>14.2f}"
+            f"{res.pct(0.99):>14.2f}{added:>14.2f}"
+        )
+        summary[name] = {
+            "tokens_per_s": round(res.tokens_per_s),
+            "ratio": round(ratio, 3),
+            "ttft_p50_ms": round(res.pct(0.5), 3),
+            "ttft_p99_ms": round(res.pct(0.99), 3),
+            "added_ttft_p50_ms": round(added, 3),
+        }
+    print(
+        json.dumps(
+            {
+                "bench": "stream_overhead",
+                "concurrency": args.concurrency,
+                "tokens": args.tokens,
+                "results": summary,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

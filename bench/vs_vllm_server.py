@@ -34,8 +34,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from inferbus.shared.natsserver import free_port
 from platform_up import start_up
+
+from inferbus.shared.natsserver import free_port
 
 ENGINE_FLAGS = {"enforce_eager": True}
 
@@ -80,16 +81,35 @@ def stop(proc: subprocess.Popen[Any]) -> None:
 
 def start_vllm(model: str, name: str, a: argparse.Namespace, logs: Path) -> tuple[Any, str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-           "--served-model-name", name, "--port", str(port), "--host", "127.0.0.1",
-           "--max-model-len", str(a.max_model_len), "--max-num-seqs", str(a.max_num_seqs)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--served-model-name",
+        name,
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--max-model-len",
+        str(a.max_model_len),
+        "--max-num-seqs",
+        str(a.max_num_seqs),
+    ]
     if a.enforce_eager:
         cmd.append("--enforce-eager")
-    proc = subprocess.Popen(cmd, stdout=open(logs / "vllm-server.log", "wb"),
-                            stderr=subprocess.STDOUT,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1",
-                                 "VLLM_CPU_KVCACHE_SPACE": os.environ.get(
-                                     "VLLM_CPU_KVCACHE_SPACE", "1")})
+    proc = subprocess.Popen(
+        cmd,
+        stdout=open(logs / "vllm-server.log", "wb"),
+        stderr=subprocess.STDOUT,
+        env={
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        },
+    )
     base = f"http://127.0.0.1:{port}"
     wait_http(base + "/v1/models")
     return proc, base
@@ -97,10 +117,15 @@ def start_vllm(model: str, name: str, a: argparse.Namespace, logs: Path) -> tupl
 
 def start_inferbus(model: str, a: argparse.Namespace, state: Path) -> tuple[Any, str, str]:
     proc, nats_url, base = start_up(
-        state, "--engine", "vllm", "--model", model,
+        state,
+        "--engine",
+        "vllm",
+        "--model",
+        model,
         f"--worker-arg=--max-model-len={a.max_model_len}",
         f"--worker-arg=--max-num-seqs={a.max_num_seqs}",
-        f"--worker-arg=--enforce-eager={str(a.enforce_eager).lower()}")
+        f"--worker-arg=--enforce-eager={str(a.enforce_eager).lower()}",
+    )
     return proc, base, nats_url
 
 
@@ -110,19 +135,47 @@ def vllm_bench(base: str, name: str, model: str, a: argparse.Namespace, n: int) 
 
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
-    args = parser.parse_args([
-        "--backend", "openai-chat", "--base-url", base, "--endpoint", "/v1/chat/completions",
-        "--model", name, "--tokenizer", model, "--dataset-name", "random",
-        "--random-input-len", str(a.input_len), "--random-output-len", str(a.output_len),
-        "--num-prompts", str(n), "--max-concurrency", str(a.concurrency), "--ignore-eos",
-        "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99",
-        "--seed", str(a.seed), "--disable-tqdm",
-    ])
+    args = parser.parse_args(
+        [
+            "--backend",
+            "openai-chat",
+            "--base-url",
+            base,
+            "--endpoint",
+            "/v1/chat/completions",
+            "--model",
+            name,
+            "--tokenizer",
+            model,
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(a.input_len),
+            "--random-output-len",
+            str(a.output_len),
+            "--num-prompts",
+            str(n),
+            "--max-concurrency",
+            str(a.concurrency),
+            "--ignore-eos",
+            "--percentile-metrics",
+            "ttft,itl",
+            "--metric-percentiles",
+            "50,99",
+            "--seed",
+            str(a.seed),
+            "--disable-tqdm",
+        ]
+    )
     r = main(args)
     assert r["completed"] == n, f"{n - r['completed']} requests failed"
-    return {"output_tok_s": r["output_throughput"], "ttft_p50_ms": r["p50_ttft_ms"],
-            "ttft_p99_ms": r["p99_ttft_ms"], "itl_p50_ms": r["p50_itl_ms"],
-            "itl_p99_ms": r["p99_itl_ms"]}
+    return {
+        "output_tok_s": r["output_throughput"],
+        "ttft_p50_ms": r["p50_ttft_ms"],
+        "ttft_p99_ms": r["p99_ttft_ms"],
+        "itl_p50_ms": r["p50_itl_ms"],
+        "itl_p99_ms": r["p99_itl_ms"],
+    }
 
 
 async def nats_bench(nats_url: str, name: str, a: argparse.Namespace, n: int) -> dict[str, Any]:
@@ -149,8 +202,13 @@ async def nats_bench(nats_url: str, name: str, a: argparse.Namespace, n: int) ->
         async with sem:
             t0 = time.perf_counter()
             last = None
-            stream = client.stream(name, messages=[{"role": "user", "content": prompt}],
-                                   max_tokens=a.output_len, temperature=0.0, ignore_eos=True)
+            stream = client.stream(
+                name,
+                messages=[{"role": "user", "content": prompt}],
+                max_tokens=a.output_len,
+                temperature=0.0,
+                ignore_eos=True,
+            )
             async for chunk in stream:
                 now = time.perf_counter()
                 if last is None:
@@ -169,9 +227,13 @@ async def nats_bench(nats_url: str, name: str, a: argparse.Namespace, n: int) ->
         xs = sorted(xs)
         return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000 if xs else 0.0
 
-    return {"output_tok_s": tokens / elapsed, "ttft_p50_ms": pct(ttfts, 0.5),
-            "ttft_p99_ms": pct(ttfts, 0.99), "itl_p50_ms": pct(itls, 0.5),
-            "itl_p99_ms": pct(itls, 0.99)}
+    return {
+        "output_tok_s": tokens / elapsed,
+        "ttft_p50_ms": pct(ttfts, 0.5),
+        "ttft_p99_ms": pct(ttfts, 0.99),
+        "itl_p50_ms": pct(itls, 0.5),
+        "itl_p99_ms": pct(itls, 0.99),
+    }
 
 
 def best(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -179,8 +241,9 @@ def best(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default=None, help="model folder (default: the tiny Llama)")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--input-len", type=int, default=128)
@@ -189,13 +252,16 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--enforce-eager", type=lambda s: s.lower() in ("1", "true", "yes"),
-                   default=True)
+    p.add_argument(
+        "--enforce-eager", type=lambda s: s.lower() in ("1", "true", "yes"), default=True
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--engine-cpus", default="",
-                   help="e.g. 0: pin both servers' engine processes to these CPUs")
-    p.add_argument("--service-cpus", default="",
-                   help="e.g. 1: and everything else of both servers to these")
+    p.add_argument(
+        "--engine-cpus", default="", help="e.g. 0: pin both servers' engine processes to these CPUs"
+    )
+    p.add_argument(
+        "--service-cpus", default="", help="e.g. 1: and everything else of both servers to these"
+    )
     a = p.parse_args()
 
     def cpus(spec: str) -> set[int]:
@@ -213,9 +279,11 @@ def main() -> None:
             a.model = str(make_tiny(tmpd / "tiny-llama"))
         name = Path(a.model.rstrip("/")).name
         warm = max(a.concurrency, 16)
-        results: dict[str, list[dict[str, Any]]] = {"vLLM server (HTTP)": [],
-                                                    "inferbus HTTP gateway": [],
-                                                    "inferbus NATS client": []}
+        results: dict[str, list[dict[str, Any]]] = {
+            "vLLM server (HTTP)": [],
+            "inferbus HTTP gateway": [],
+            "inferbus NATS client": [],
+        }
         for r in range(a.rounds):
             # alternate which server goes first, so drift hits both alike
             order = ("vllm", "inferbus") if r % 2 == 0 else ("inferbus", "vllm")
@@ -227,7 +295,8 @@ def main() -> None:
                     try:
                         vllm_bench(base, name, a.model, a, warm)
                         results["vLLM server (HTTP)"].append(
-                            vllm_bench(base, name, a.model, a, a.num_prompts))
+                            vllm_bench(base, name, a.model, a, a.num_prompts)
+                        )
                     finally:
                         stop(proc)
                 else:
@@ -237,34 +306,57 @@ def main() -> None:
                     try:
                         vllm_bench(base, name, a.model, a, warm)
                         results["inferbus HTTP gateway"].append(
-                            vllm_bench(base, name, a.model, a, a.num_prompts))
+                            vllm_bench(base, name, a.model, a, a.num_prompts)
+                        )
                         results["inferbus NATS client"].append(
-                            asyncio.run(nats_bench(nats_url, name, a, a.num_prompts)))
+                            asyncio.run(nats_bench(nats_url, name, a, a.num_prompts))
+                        )
                     finally:
                         stop(proc)
 
     ref = best(results["vLLM server (HTTP)"])
-    print(f"\nmodel {name}; {a.num_prompts} requests, concurrency {a.concurrency}, "
-          f"{a.input_len} in / {a.output_len} out tokens, ignore_eos; best of {a.rounds} rounds"
-          + (f"; engine on CPUs {a.engine_cpus}, the rest on {a.service_cpus}"
-             if all(pinning) else ""))
-    head = (f"{'path':<24}{'out tok/s':>11}{'ratio':>7}{'TTFT p50':>10}{'ratio':>7}"
-            f"{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}")
+    print(
+        f"\nmodel {name}; {a.num_prompts} requests, concurrency {a.concurrency}, "
+        f"{a.input_len} in / {a.output_len} out tokens, ignore_eos; best of {a.rounds} rounds"
+        + (
+            f"; engine on CPUs {a.engine_cpus}, the rest on {a.service_cpus}"
+            if all(pinning)
+            else ""
+        )
+    )
+    head = (
+        f"{'path':<24}{'out tok/s':>11}{'ratio':>7}{'TTFT p50':>10}{'ratio':>7}"
+        f"{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}"
+    )
     print(head)
     summary = {}
     for label, runs in results.items():
         b = best(runs)
         tput_ratio = b["output_tok_s"] / ref["output_tok_s"]
         ttft_ratio = b["ttft_p50_ms"] / ref["ttft_p50_ms"]
-        print(f"{label:<24}{b['output_tok_s']:>11.1f}{tput_ratio:>7.2f}{b['ttft_p50_ms']:>10.1f}"
-              f"{ttft_ratio:>7.2f}{b['ttft_p99_ms']:>10.1f}{b['itl_p50_ms']:>9.2f}"
-              f"{b['itl_p99_ms']:>9.2f}")
-        summary[label] = {**{k: round(v, 3) for k, v in b.items()},
-                          "throughput_ratio": round(tput_ratio, 3),
-                          "ttft_p50_ratio": round(ttft_ratio, 3)}
-    print(json.dumps({"bench": "vs_vllm_server", "model": name, "concurrency": a.concurrency,
-                      "input_len": a.input_len, "output_len": a.output_len,
-                      "num_prompts": a.num_prompts, "results": summary}))
+        print(
+            f"{label:<24}{b['output_tok_s']:>11.1f}{tput_ratio:>7.2f}{b['ttft_p50_ms']:>10.1f}"
+            f"{ttft_ratio:>7.2f}{b['ttft_p99_ms']:>10.1f}{b['itl_p50_ms']:>9.2f}"
+            f"{b['itl_p99_ms']:>9.2f}"
+        )
+        summary[label] = {
+            **{k: round(v, 3) for k, v in b.items()},
+            "throughput_ratio": round(tput_ratio, 3),
+            "ttft_p50_ratio": round(ttft_ratio, 3),
+        }
+    print(
+        json.dumps(
+            {
+                "bench": "vs_vllm_server",
+                "model": name,
+                "concurrency": a.concurrency,
+                "input_len": a.input_len,
+                "output_len": a.output_len,
+                "num_prompts": a.num_prompts,
+                "results": summary,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -12,9 +12,7 @@ from .events import ALL_EVENTS
 
 def document() -> dict[str, Any]:
     (refs, components) = msgspec.json.schema_components(ALL_EVENTS, ref_template="#/$defs/{name}")
-    events = {
-        ev.__struct_config__.tag: ref for ev, ref in zip(ALL_EVENTS, refs)
-    }
+    events = {ev.__struct_config__.tag: ref for ev, ref in zip(ALL_EVENTS, refs, strict=True)}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "inferbus events",

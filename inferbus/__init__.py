@@ -1,2 +1,3 @@
 """inferbus: LLM inference platform over NATS JetStream."""
+
 __version__ = "0.1.0"

@@ -22,46 +22,111 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--engine", type=click.Choice(["vllm", "sim"]), default="vllm", show_default=True,
-              help="vllm: the real engine. sim: a timing model, for scale tests.")
-@click.option("--model", default=None,
-              help="vllm: a model folder (default: a tiny local Llama, built on first use). "
-                   "sim: any name.")
-@click.option("--port", default=8000, show_default=True, help="Gateway HTTP port (0: any free one).")
+@click.option(
+    "--engine",
+    type=click.Choice(["vllm", "sim"]),
+    default="vllm",
+    show_default=True,
+    help="vllm: the real engine. sim: a timing model, for scale tests.",
+)
+@click.option(
+    "--model",
+    default=None,
+    help="vllm: a model folder (default: a tiny local Llama, built on first use). sim: any name.",
+)
+@click.option(
+    "--port", default=8000, show_default=True, help="Gateway HTTP port (0: any free one)."
+)
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--nats-url", envvar="NATS_URL", default=None,
-              help="Use this NATS server instead of starting one.")
-@click.option("--nats-port", default=4222, show_default=True, help="Embedded NATS port (0: any free one).")
-@click.option("--state-dir", type=click.Path(path_type=Path), default=Path(".inferbus"),
-              show_default=True, help="NATS store and logs.")
+@click.option(
+    "--nats-url",
+    envvar="NATS_URL",
+    default=None,
+    help="Use this NATS server instead of starting one.",
+)
+@click.option(
+    "--nats-port", default=4222, show_default=True, help="Embedded NATS port (0: any free one)."
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=Path(".inferbus"),
+    show_default=True,
+    help="NATS store and logs.",
+)
 @click.option("--workers", default=1, show_default=True)
 @click.option("--metrics-port-base", default=9100, show_default=True)
 @click.option("--no-selftest", is_flag=True, help="Skip the request served at start-up.")
 @click.option("--check", is_flag=True, help="Start, serve the self-test request, stop, exit.")
-@click.option("--worker-arg", "worker_args", multiple=True,
-              help="Extra flag for each worker, e.g. --worker-arg=--max-num-seqs=64")
-@click.option("--api-keys-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=None, help="Require API keys (TOML from 'inferbus keys new'); "
-                                 "without it the gateway is open.")
-@click.option("--trace-slow-s", type=click.FloatRange(min=0), default=1.0, show_default=True,
-              help="Tail sampling: keep the trace of every request slower than this "
-                   "(and of every failed one). Tracing is on when OTEL_EXPORTER_OTLP_ENDPOINT "
-                   "is set.")
-@click.option("--trace-keep-ratio", type=click.FloatRange(0, 1), default=0.001,
-              show_default=True, help="Tail sampling: the share of other requests' traces kept.")
-def up(engine: str, model: str | None, port: int, host: str, nats_url: str | None,
-       nats_port: int, state_dir: Path, workers: int, metrics_port_base: int,
-       no_selftest: bool, check: bool, worker_args: tuple[str, ...],
-       api_keys_file: Path | None, trace_slow_s: float, trace_keep_ratio: float) -> None:
+@click.option(
+    "--worker-arg",
+    "worker_args",
+    multiple=True,
+    help="Extra flag for each worker, e.g. --worker-arg=--max-num-seqs=64",
+)
+@click.option(
+    "--api-keys-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Require API keys (TOML from 'inferbus keys new'); without it the gateway is open.",
+)
+@click.option(
+    "--trace-slow-s",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Tail sampling: keep the trace of every request slower than this "
+    "(and of every failed one). Tracing is on when OTEL_EXPORTER_OTLP_ENDPOINT "
+    "is set.",
+)
+@click.option(
+    "--trace-keep-ratio",
+    type=click.FloatRange(0, 1),
+    default=0.001,
+    show_default=True,
+    help="Tail sampling: the share of other requests' traces kept.",
+)
+def up(
+    engine: str,
+    model: str | None,
+    port: int,
+    host: str,
+    nats_url: str | None,
+    nats_port: int,
+    state_dir: Path,
+    workers: int,
+    metrics_port_base: int,
+    no_selftest: bool,
+    check: bool,
+    worker_args: tuple[str, ...],
+    api_keys_file: Path | None,
+    trace_slow_s: float,
+    trace_keep_ratio: float,
+) -> None:
     """Start the whole platform on this machine."""
     from inferbus.up import Options, run
 
-    sys.exit(run(Options(engine=engine, model=model, port=port, host=host, nats_url=nats_url,
-                         nats_port=nats_port, state_dir=state_dir, workers=workers,
-                         metrics_port_base=metrics_port_base, selftest=not no_selftest,
-                         check=check, worker_args=list(worker_args),
-                         api_keys_file=api_keys_file, trace_slow_s=trace_slow_s,
-                         trace_keep_ratio=trace_keep_ratio)))
+    sys.exit(
+        run(
+            Options(
+                engine=engine,
+                model=model,
+                port=port,
+                host=host,
+                nats_url=nats_url,
+                nats_port=nats_port,
+                state_dir=state_dir,
+                workers=workers,
+                metrics_port_base=metrics_port_base,
+                selftest=not no_selftest,
+                check=check,
+                worker_args=list(worker_args),
+                api_keys_file=api_keys_file,
+                trace_slow_s=trace_slow_s,
+                trace_keep_ratio=trace_keep_ratio,
+            )
+        )
+    )
 
 
 @main.command()
@@ -71,22 +136,43 @@ def up(engine: str, model: str | None, port: int, host: str, nats_url: str | Non
 @click.option("--temperature", default=1.0, show_default=True)
 @click.option("--stop", multiple=True)
 @click.option("--seed", type=int, default=None)
-@click.option("--chat/--completion", default=True, show_default=True,
-              help="Send the prompt as a user message, or as raw text.")
+@click.option(
+    "--chat/--completion",
+    default=True,
+    show_default=True,
+    help="Send the prompt as a user message, or as raw text.",
+)
 @click.option("--nats-url", envvar="NATS_URL", default=DEFAULT_NATS_URL, show_default=True)
 @click.option("--timeout", default=600.0, show_default=True)
-def generate(prompt: str, model: str, max_tokens: int, temperature: float, stop: tuple[str, ...],
-             seed: int | None, chat: bool, nats_url: str, timeout: float) -> None:
+def generate(
+    prompt: str,
+    model: str,
+    max_tokens: int,
+    temperature: float,
+    stop: tuple[str, ...],
+    seed: int | None,
+    chat: bool,
+    nats_url: str,
+    timeout: float,
+) -> None:
     """Stream a completion to the terminal over NATS."""
     from inferbus.client import Client, RequestError
 
     async def go() -> int:
         client = await Client.connect(nats_url, name="inferbus-generate")
         try:
-            kwargs = dict(max_tokens=max_tokens, temperature=temperature, stop=list(stop),
-                          seed=seed, timeout=timeout)
-            stream = (client.stream(model, messages=[{"role": "user", "content": prompt}],
-                                    **kwargs) if chat else client.stream(model, prompt, **kwargs))
+            kwargs = dict(
+                max_tokens=max_tokens,
+                temperature=temperature,
+                stop=list(stop),
+                seed=seed,
+                timeout=timeout,
+            )
+            stream = (
+                client.stream(model, messages=[{"role": "user", "content": prompt}], **kwargs)
+                if chat
+                else client.stream(model, prompt, **kwargs)
+            )
             try:
                 async for chunk in stream:
                     click.echo(chunk.text, nl=False)
@@ -97,9 +183,12 @@ def generate(prompt: str, model: str, max_tokens: int, temperature: float, stop:
             out = stream.outcome
             assert out is not None
             ttft = (stream.first_token_at or stream.submitted_at) - stream.submitted_at
-            click.echo(f"[{out.finish_reason}; {out.usage.prompt_tokens} prompt + "
-                       f"{out.usage.completion_tokens} completion tokens; "
-                       f"ttft {ttft * 1000:.1f} ms]", err=True)
+            click.echo(
+                f"[{out.finish_reason}; {out.usage.prompt_tokens} prompt + "
+                f"{out.usage.completion_tokens} completion tokens; "
+                f"ttft {ttft * 1000:.1f} ms]",
+                err=True,
+            )
             return 0
         finally:
             await client.close()
@@ -107,8 +196,10 @@ def generate(prompt: str, model: str, max_tokens: int, temperature: float, stop:
     sys.exit(asyncio.run(go()))
 
 
-@main.command(add_help_option=False,
-              context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@main.command(
+    add_help_option=False,
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+)
 @click.argument("service", type=click.Choice(SERVICES))
 @click.pass_context
 def serve(ctx: click.Context, service: str) -> None:
@@ -119,10 +210,16 @@ def serve(ctx: click.Context, service: str) -> None:
 
 
 @main.command()
-@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0.1),
-              help="Seconds between snapshots; rates are over this interval.")
-@click.option("--once", is_flag=True,
-              help="Take two snapshots --interval apart, print one view and exit.")
+@click.option(
+    "--interval",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="Seconds between snapshots; rates are over this interval.",
+)
+@click.option(
+    "--once", is_flag=True, help="Take two snapshots --interval apart, print one view and exit."
+)
 @click.option("--json", "as_json", is_flag=True, help="With --once: the view as JSON.")
 @click.option("--nats-url", envvar="NATS_URL", default=DEFAULT_NATS_URL, show_default=True)
 def top(interval: float, once: bool, as_json: bool, nats_url: str) -> None:
@@ -143,11 +240,21 @@ def model() -> None:
 
 @model.command("make-tiny")
 @click.argument("out_dir", type=click.Path(path_type=Path))
-@click.option("--lora", "lora_dir", type=click.Path(path_type=Path), default=None,
-              help="Also write a tiny LoRA adapter for it here.")
+@click.option(
+    "--lora",
+    "lora_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Also write a tiny LoRA adapter for it here.",
+)
 @click.option("--seed", default=0, show_default=True)
-@click.option("--arch", type=click.Choice(["tiny", "1b"]), default="tiny", show_default=True,
-              help="tiny: 2 layers, hidden 128. 1b: a Llama-3.2-1B shape, for GPU benchmarks.")
+@click.option(
+    "--arch",
+    type=click.Choice(["tiny", "1b"]),
+    default="tiny",
+    show_default=True,
+    help="tiny: 2 layers, hidden 128. 1b: a Llama-3.2-1B shape, for GPU benchmarks.",
+)
 def make_tiny_cmd(out_dir: Path, lora_dir: Path | None, seed: int, arch: str) -> None:
     """Build a tiny random-weight Llama with a locally trained tokenizer (seconds)."""
     from inferbus.tinymodel import make_tiny, make_tiny_lora
@@ -172,7 +279,7 @@ def _json_lines(stream: Any) -> Any:
             if not isinstance(text, str):
                 raise TypeError
         except (ValueError, KeyError, TypeError):
-            raise click.ClickException(f'line {n}: want a JSON object {{"text": "..."}}')
+            raise click.ClickException(f'line {n}: want a JSON object {{"text": "..."}}') from None
         yield text
 
 
@@ -207,8 +314,12 @@ def pii_scan() -> None:
 
     for text in _json_lines(sys.stdin):
         masked, entities = mask(text)
-        _write_json({"masked": masked, "entities": [
-            {"type": e.type, "start": e.start, "end": e.end} for e in entities]})
+        _write_json(
+            {
+                "masked": masked,
+                "entities": [{"type": e.type, "start": e.start, "end": e.end} for e in entities],
+            }
+        )
 
 
 @main.group()
@@ -217,8 +328,13 @@ def sanitize() -> None:
 
 
 @sanitize.command("check")
-@click.option("--policy", type=click.Choice(["block", "flag"]), default="block",
-              show_default=True, help="What a finding means (the platform's default: block).")
+@click.option(
+    "--policy",
+    type=click.Choice(["block", "flag"]),
+    default="block",
+    show_default=True,
+    help="What a finding means (the platform's default: block).",
+)
 def sanitize_check(policy: str) -> None:
     """Read {"text": ...} JSON lines on stdin; write {"decision": block|flag|pass,
     "findings": [{"rule", "type", "start", "end"}]} for each."""
@@ -226,8 +342,14 @@ def sanitize_check(policy: str) -> None:
 
     for text in _json_lines(sys.stdin):
         found = findings(text)
-        _write_json({"decision": decide(found, policy), "findings": [  # type: ignore[arg-type]
-            {"rule": f.rule, "type": f.type, "start": f.start, "end": f.end} for f in found]})
+        _write_json(
+            {
+                "decision": decide(found, policy),
+                "findings": [  # type: ignore[arg-type]
+                    {"rule": f.rule, "type": f.type, "start": f.start, "end": f.end} for f in found
+                ],
+            }
+        )
 
 
 @main.group()
@@ -266,14 +388,17 @@ def canary_set(model: str, weights: tuple[str, ...], nats_url: str) -> None:
         try:
             js = nc.jetstream()
             await ensure_streams(js)
-            await publish_durable(js, canary_subject(model), CanaryWeights(
-                model=model, weights=parsed, set_at=_time.time()), request_id=f"canary-{model}")
+            await publish_durable(
+                js,
+                canary_subject(model),
+                CanaryWeights(model=model, weights=parsed, set_at=_time.time()),
+                request_id=f"canary-{model}",
+            )
         finally:
             await nc.close()
 
     asyncio.run(publish())
-    click.echo(f"{model}: " + (", ".join(f"{t} {w:.0%}" for t, w in parsed.items())
-                               or "no canary"))
+    click.echo(f"{model}: " + (", ".join(f"{t} {w:.0%}" for t, w in parsed.items()) or "no canary"))
 
 
 @main.group()
@@ -288,10 +413,21 @@ def keys() -> None:
 @click.option("--max-tokens", default=0, show_default=True, help="Per request; 0: no cap.")
 @click.option("--rps", default=0.0, show_default=True, help="Requests per second; 0: no limit.")
 @click.option("--tpm", default=0, show_default=True, help="Tokens per minute; 0: no limit.")
-@click.option("--priority", type=click.Choice(["interactive", "standard", "batch"]),
-              default="standard", show_default=True)
-def keys_new(name: str, tenant: str, models: tuple[str, ...], max_tokens: int, rps: float,
-             tpm: int, priority: str) -> None:
+@click.option(
+    "--priority",
+    type=click.Choice(["interactive", "standard", "batch"]),
+    default="standard",
+    show_default=True,
+)
+def keys_new(
+    name: str,
+    tenant: str,
+    models: tuple[str, ...],
+    max_tokens: int,
+    rps: float,
+    tpm: int,
+    priority: str,
+) -> None:
     """Make a key: the secret goes to stderr (shown once), the TOML entry holding only its
     SHA-256 to stdout, ready to append to the keys file:
 
@@ -305,8 +441,13 @@ def keys_new(name: str, tenant: str, models: tuple[str, ...], max_tokens: int, r
     if tenant:
         lines.append(f"tenant = {json.dumps(tenant)}")
     lines.append(f"models = {json.dumps(list(models) or ['*'])}")
-    lines += [f"max_tokens = {max_tokens}", f"requests_per_s = {rps}",
-              f"tokens_per_min = {tpm}", f'priority = "{priority}"', ""]
+    lines += [
+        f"max_tokens = {max_tokens}",
+        f"requests_per_s = {rps}",
+        f"tokens_per_min = {tpm}",
+        f'priority = "{priority}"',
+        "",
+    ]
     click.echo("\n".join(lines))
 
 

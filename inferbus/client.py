@@ -13,7 +13,6 @@ Any NATS client can do the same: subscribe to a reply subject, publish a
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 import uuid
@@ -46,8 +45,12 @@ __all__ = ["Client", "Stream", "RequestError"]
 class RequestError(Exception):
     """The request ended without finishing: rejected, failed, cancelled or timed out."""
 
-    def __init__(self, event: RequestFailed | RequestRejected | RequestCancelled | None,
-                 message: str, code: str | None = None) -> None:
+    def __init__(
+        self,
+        event: RequestFailed | RequestRejected | RequestCancelled | None,
+        message: str,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.event = event
         self.code = code or getattr(event, "code", "cancelled" if event else "timeout")
@@ -61,8 +64,13 @@ class RequestError(Exception):
 class Stream:
     """Async iterator over a request's TokenChunks; ``outcome`` holds the RequestFinished."""
 
-    def __init__(self, client: "Client", request: RequestSubmitted, timeout: float,
-                 trace: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        request: RequestSubmitted,
+        timeout: float,
+        trace: dict[str, str] | None = None,
+    ) -> None:
         self.request = request
         self._trace = trace
         self.request_id = request.request_id
@@ -85,17 +93,26 @@ class Stream:
         self._sub = await nc.subscribe(self.request.reply_to, pending_msgs_limit=1_000_000)
         self.submitted_at = time.monotonic()
         now = time.time()  # the clock starts at submission, not when the stream was made
-        self.request = msgspec.structs.replace(self.request, created_at=now,
-                                               deadline=now + self._timeout)
-        ack = await publish_durable(self._client.js, SUBMIT, self.request,
-                                    request_id=self.request_id, msg_id=self.request_id,
-                                    trace=self._trace)
+        self.request = msgspec.structs.replace(
+            self.request, created_at=now, deadline=now + self._timeout
+        )
+        ack = await publish_durable(
+            self._client.js,
+            SUBMIT,
+            self.request,
+            request_id=self.request_id,
+            msg_id=self.request_id,
+            trace=self._trace,
+        )
         if ack.duplicate:
             await self._close()
-            raise RequestError(None, f"request id {self.request_id} was already submitted",
-                               code="duplicate_request")
+            raise RequestError(
+                None,
+                f"request id {self.request_id} was already submitted",
+                code="duplicate_request",
+            )
 
-    def __aiter__(self) -> "Stream":
+    def __aiter__(self) -> Stream:
         return self
 
     async def __anext__(self) -> TokenChunk:
@@ -107,7 +124,7 @@ class Stream:
         while True:
             try:
                 msg = await self._sub.next_msg(timeout=max(0.001, deadline - time.monotonic()))
-            except (asyncio.TimeoutError, TimeoutError):
+            except TimeoutError:
                 await self.cancel("client timed out")
                 raise RequestError(None, f"no answer within {self._timeout:g}s") from None
             except Exception:
@@ -130,7 +147,8 @@ class Stream:
 
     async def cancel(self, reason: str = "cancelled by client") -> None:
         await self._client.nc.publish(
-            CANCEL, encode(CancelRequest(request_id=self.request_id, reason=reason)))
+            CANCEL, encode(CancelRequest(request_id=self.request_id, reason=reason))
+        )
         await self._close()
 
     async def _close(self) -> None:
@@ -149,13 +167,13 @@ class Client:
         self.js = nc.jetstream()
 
     @classmethod
-    async def connect(cls, url: str | None = None, name: str = "inferbus-client") -> "Client":
+    async def connect(cls, url: str | None = None, name: str = "inferbus-client") -> Client:
         return cls(await connect(url or os.environ.get("NATS_URL", DEFAULT_NATS_URL), name))
 
     async def close(self) -> None:
         await self.nc.drain()
 
-    async def __aenter__(self) -> "Client":
+    async def __aenter__(self) -> Client:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -198,14 +216,19 @@ class Client:
             reply_to=self.nc.new_inbox(),
             prompt=prompt,
             messages=msgs,
-            sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                    stop=stop or [], seed=seed, **sampling),
+            sampling=SamplingParams(
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                stop=stop or [],
+                seed=seed,
+                **sampling,
+            ),
             tenant=tenant,
             input_policy=input_policy,
             mask_pii=mask_pii,
         )
-        return Stream(self, request, timeout,
-                      {"traceparent": traceparent} if traceparent else None)
+        return Stream(self, request, timeout, {"traceparent": traceparent} if traceparent else None)
 
     async def generate(self, model: str, prompt: str | None = None, **kwargs: Any) -> Stream:
         """Run a request to its end; the returned stream holds the text and the outcome."""

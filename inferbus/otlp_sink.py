@@ -34,7 +34,7 @@ class OtlpSink:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    async def start(self) -> "OtlpSink":
+    async def start(self) -> OtlpSink:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.add_routes([web.post("/v1/traces", self._traces)])
         self._runner = web.AppRunner(app, access_log=None)
@@ -67,15 +67,23 @@ class OtlpSink:
             resource = {a.key: _value(a.value) for a in rs.resource.attributes}
             for ss in rs.scope_spans:
                 for s in ss.spans:
-                    self.spans.append(ReceivedSpan(
-                        service=str(resource.get("service.name", "")),
-                        trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
-                        parent_span_id=s.parent_span_id.hex(), name=s.name,
-                        start_ns=s.start_time_unix_nano, end_ns=s.end_time_unix_nano,
-                        attributes={a.key: _value(a.value) for a in s.attributes},
-                        error=s.status.message if s.status.code == 2 else ""))
-        return web.Response(body=ExportTraceServiceResponse().SerializeToString(),
-                            content_type="application/x-protobuf")
+                    self.spans.append(
+                        ReceivedSpan(
+                            service=str(resource.get("service.name", "")),
+                            trace_id=s.trace_id.hex(),
+                            span_id=s.span_id.hex(),
+                            parent_span_id=s.parent_span_id.hex(),
+                            name=s.name,
+                            start_ns=s.start_time_unix_nano,
+                            end_ns=s.end_time_unix_nano,
+                            attributes={a.key: _value(a.value) for a in s.attributes},
+                            error=s.status.message if s.status.code == 2 else "",
+                        )
+                    )
+        return web.Response(
+            body=ExportTraceServiceResponse().SerializeToString(),
+            content_type="application/x-protobuf",
+        )
 
 
 def _value(v: Any) -> Any:

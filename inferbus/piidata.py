@@ -20,15 +20,18 @@ def _luhn_complete(prefix: str) -> str:
 
 
 def card_number(rng: random.Random) -> str:
-    brand = rng.choice([("4", 16), ("51", 16), ("37", 15), ("6011", 16), ("62", 19),
-                        ("35", 16), ("4", 13)])
-    body = brand[0] + "".join(rng.choice(string.digits) for _ in range(brand[1] - 1 - len(brand[0])))
+    brand = rng.choice(
+        [("4", 16), ("51", 16), ("37", 15), ("6011", 16), ("62", 19), ("35", 16), ("4", 13)]
+    )
+    body = brand[0] + "".join(
+        rng.choice(string.digits) for _ in range(brand[1] - 1 - len(brand[0]))
+    )
     number = _luhn_complete(body)
     style = rng.choice(["plain", "space", "dash"]) if len(number) == 16 else "plain"
     if style == "plain":
         return number
     sep = " " if style == "space" else "-"
-    return sep.join(number[i:i + 4] for i in range(0, 16, 4))
+    return sep.join(number[i : i + 4] for i in range(0, 16, 4))
 
 
 def cn_id(rng: random.Random) -> str:
@@ -37,7 +40,7 @@ def cn_id(rng: random.Random) -> str:
     month = rng.randint(1, 12)
     day = rng.randint(1, 28)
     body = f"{region}{year}{month:02d}{day:02d}{rng.randint(0, 999):03d}"
-    s = sum(int(c) * w for c, w in zip(body, _GB11643_WEIGHTS))
+    s = sum(int(c) * w for c, w in zip(body, _GB11643_WEIGHTS, strict=True))
     return body + "10X98765432"[s % 11]
 
 
@@ -58,25 +61,34 @@ def us_phone(rng: random.Random) -> str:
     area = rng.randint(201, 989)
     mid = rng.randint(200, 999)
     last = rng.randint(0, 9999)
-    return rng.choice([f"({area}) {mid}-{last:04d}", f"{area}-{mid}-{last:04d}",
-                       f"+1 {area} {mid} {last:04d}", f"{area}.{mid}.{last:04d}",
-                       f"+44 20 {rng.randint(7000, 8999)} {last:04d}"])
+    return rng.choice(
+        [
+            f"({area}) {mid}-{last:04d}",
+            f"{area}-{mid}-{last:04d}",
+            f"+1 {area} {mid} {last:04d}",
+            f"{area}.{mid}.{last:04d}",
+            f"+44 20 {rng.randint(7000, 8999)} {last:04d}",
+        ]
+    )
 
 
 def email(rng: random.Random) -> str:
-    user = rng.choice(["john", "li.wei", "a.smith", "ops-team", "zhang_san", "m"]) + \
-        str(rng.randint(0, 99))
+    user = rng.choice(["john", "li.wei", "a.smith", "ops-team", "zhang_san", "m"]) + str(
+        rng.randint(0, 99)
+    )
     return f"{user}@{rng.choice(['example.com', 'mail.example.cn', 'corp.io', 'qq.com'])}"
 
 
 def iban(rng: random.Random) -> str:
     country, length = rng.choice([("DE", 22), ("GB", 22), ("FR", 27), ("NL", 18), ("ES", 24)])
     if country == "GB":
-        bban = "".join(rng.choice(string.ascii_uppercase) for _ in range(4)) + \
-            "".join(rng.choice(string.digits) for _ in range(14))
+        bban = "".join(rng.choice(string.ascii_uppercase) for _ in range(4)) + "".join(
+            rng.choice(string.digits) for _ in range(14)
+        )
     elif country == "NL":
-        bban = "".join(rng.choice(string.ascii_uppercase) for _ in range(4)) + \
-            "".join(rng.choice(string.digits) for _ in range(10))
+        bban = "".join(rng.choice(string.ascii_uppercase) for _ in range(4)) + "".join(
+            rng.choice(string.digits) for _ in range(10)
+        )
     else:
         bban = "".join(rng.choice(string.digits) for _ in range(length - 4))
     numeric = "".join(str(int(c, 36)) for c in bban + country + "00")
@@ -84,7 +96,7 @@ def iban(rng: random.Random) -> str:
     compact = f"{country}{check:02d}{bban}"
     if rng.random() < 0.5:
         return compact
-    return " ".join(compact[i:i + 4] for i in range(0, len(compact), 4))
+    return " ".join(compact[i : i + 4] for i in range(0, len(compact), 4))
 
 
 def ipv4(rng: random.Random) -> str:
@@ -96,5 +108,12 @@ def ssn(rng: random.Random) -> str:
     return f"{area:03d}-{rng.randint(1, 99):02d}-{rng.randint(1, 9999):04d}"
 
 
-GENERATORS = {"CREDIT_CARD": card_number, "CN_ID_CARD": cn_id, "PHONE": cn_mobile,
-              "EMAIL": email, "IBAN": iban, "IP_ADDRESS": ipv4, "US_SSN": ssn}
+GENERATORS = {
+    "CREDIT_CARD": card_number,
+    "CN_ID_CARD": cn_id,
+    "PHONE": cn_mobile,
+    "EMAIL": email,
+    "IBAN": iban,
+    "IP_ADDRESS": ipv4,
+    "US_SSN": ssn,
+}

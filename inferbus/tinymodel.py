@@ -22,8 +22,17 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>",
-                  "<|tool|>", "<|developer|>", "<|end|>"]
+SPECIAL_TOKENS = [
+    "<s>",
+    "</s>",
+    "<pad>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|tool|>",
+    "<|developer|>",
+    "<|end|>",
+]
 
 ARCH = {
     "hidden_size": 128,
@@ -75,18 +84,24 @@ def build_tokenizer(out: Path, vocab_size: int, max_len: int) -> None:
     )
     tok.train_from_iterator(_corpus(), trainer=trainer)
     tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<s>",
-        "eos_token": "<|end|>",
-        "pad_token": "<pad>",
-        "unk_token": None,
-        "model_max_length": max_len,
-        "add_bos_token": False,
-        "chat_template": CHAT_TEMPLATE,
-    }, indent=2))
-    (out / "special_tokens_map.json").write_text(json.dumps(
-        {"bos_token": "<s>", "eos_token": "<|end|>", "pad_token": "<pad>"}, indent=2))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "<|end|>",
+                "pad_token": "<pad>",
+                "unk_token": None,
+                "model_max_length": max_len,
+                "add_bos_token": False,
+                "chat_template": CHAT_TEMPLATE,
+            },
+            indent=2,
+        )
+    )
+    (out / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "<|end|>", "pad_token": "<pad>"}, indent=2)
+    )
 
 
 def _weights(arch: dict[str, int], seed: int, dtype: type) -> dict[str, np.ndarray]:
@@ -101,8 +116,11 @@ def _weights(arch: dict[str, int], seed: int, dtype: type) -> dict[str, np.ndarr
     def ones(n: int) -> np.ndarray:
         return np.ones(n, dtype)
 
-    out = {"model.embed_tokens.weight": w(v, h), "model.norm.weight": ones(h),
-           "lm_head.weight": w(v, h)}
+    out = {
+        "model.embed_tokens.weight": w(v, h),
+        "model.norm.weight": ones(h),
+        "lm_head.weight": w(v, h),
+    }
     for n in range(arch["num_hidden_layers"]):
         p = f"model.layers.{n}."
         out |= {
@@ -147,15 +165,16 @@ def make_tiny(out_dir: str | Path, seed: int = 0, arch: str = "tiny") -> Path:
         "torch_dtype": "float32" if dtype is np.float32 else "float16",
     }
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    (out / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}))
-    save_file(_weights(shape, seed, dtype), str(out / "model.safetensors"),
-              metadata={"format": "pt"})
+    (out / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]})
+    )
+    save_file(
+        _weights(shape, seed, dtype), str(out / "model.safetensors"), metadata={"format": "pt"}
+    )
     return out
 
 
-def make_tiny_lora(base_dir: str | Path, out_dir: str | Path, rank: int = 8,
-                   seed: int = 1) -> Path:
+def make_tiny_lora(base_dir: str | Path, out_dir: str | Path, rank: int = 8, seed: int = 1) -> Path:
     """A PEFT-format LoRA adapter on every attention projection of the tiny model.
 
     Its B matrices are not zero (unlike a fresh PEFT init), so it visibly changes
@@ -169,21 +188,36 @@ def make_tiny_lora(base_dir: str | Path, out_dir: str | Path, rank: int = 8,
     rng = np.random.default_rng(seed)
     h = base["hidden_size"]
     head_dim = base["head_dim"]
-    dims = {"q_proj": base["num_attention_heads"] * head_dim,
-            "k_proj": base["num_key_value_heads"] * head_dim,
-            "v_proj": base["num_key_value_heads"] * head_dim,
-            "o_proj": h}
+    dims = {
+        "q_proj": base["num_attention_heads"] * head_dim,
+        "k_proj": base["num_key_value_heads"] * head_dim,
+        "v_proj": base["num_key_value_heads"] * head_dim,
+        "o_proj": h,
+    }
     tensors = {}
     for n in range(base["num_hidden_layers"]):
         for name, out_features in dims.items():
             p = f"base_model.model.model.layers.{n}.self_attn.{name}."
             tensors[p + "lora_A.weight"] = (rng.standard_normal((rank, h)) * 0.5).astype(np.float32)
-            tensors[p + "lora_B.weight"] = (rng.standard_normal((out_features, rank)) * 0.5).astype(np.float32)
+            tensors[p + "lora_B.weight"] = (rng.standard_normal((out_features, rank)) * 0.5).astype(
+                np.float32
+            )
     save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
-    (out / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank,
-        "lora_dropout": 0.0, "bias": "none", "target_modules": sorted(dims),
-        "base_model_name_or_path": str(Path(base_dir).resolve()), "fan_in_fan_out": False,
-        "inference_mode": True,
-    }, indent=2))
+    (out / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "task_type": "CAUSAL_LM",
+                "r": rank,
+                "lora_alpha": 2 * rank,
+                "lora_dropout": 0.0,
+                "bias": "none",
+                "target_modules": sorted(dims),
+                "base_model_name_or_path": str(Path(base_dir).resolve()),
+                "fan_in_fan_out": False,
+                "inference_mode": True,
+            },
+            indent=2,
+        )
+    )
     return out

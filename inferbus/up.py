@@ -68,8 +68,13 @@ class Supervised:
 
     def start(self) -> None:
         self.log = self.log or open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -89,42 +94,66 @@ def _specs(o: Options, nats_url: str, model: str) -> list[Supervised]:
     logs.mkdir(parents=True, exist_ok=True)
     # every service: the same tail-sampling settings (tracing itself is switched by the
     # standard OTEL_* variables, which pass through)
-    env = {**os.environ, "NATS_URL": nats_url, "PYTHONUNBUFFERED": "1",
-           "INFERBUS_TRACE_SLOW_S": str(o.trace_slow_s),
-           "INFERBUS_TRACE_KEEP_RATIO": str(o.trace_keep_ratio)}
+    env = {
+        **os.environ,
+        "NATS_URL": nats_url,
+        "PYTHONUNBUFFERED": "1",
+        "INFERBUS_TRACE_SLOW_S": str(o.trace_slow_s),
+        "INFERBUS_TRACE_KEEP_RATIO": str(o.trace_keep_ratio),
+    }
     py = [sys.executable, "-m"]
     out = [
-        Supervised("sanitizer", py + ["inferbus.services.sanitizer",
-                                      "--http-port", str(o.metrics_port_base + 1)],
-                   env, logs / "sanitizer.log"),
-        Supervised("scheduler", py + ["inferbus.services.scheduler",
-                                      "--http-port", str(o.metrics_port_base + 2)],
-                   env, logs / "scheduler.log"),
+        Supervised(
+            "sanitizer",
+            py + ["inferbus.services.sanitizer", "--http-port", str(o.metrics_port_base + 1)],
+            env,
+            logs / "sanitizer.log",
+        ),
+        Supervised(
+            "scheduler",
+            py + ["inferbus.services.scheduler", "--http-port", str(o.metrics_port_base + 2)],
+            env,
+            logs / "scheduler.log",
+        ),
     ]
     engine_args = ["--engine", o.engine, "--model", model, "--state-dir", str(o.state_dir)]
     if o.engine == "vllm" and o.model is None:
         # the tiny model: eager mode starts in seconds on a CPU, and 2k tokens is its context
         engine_args += ["--enforce-eager", "true", "--max-model-len", "2048"]
     for i in range(o.workers):
-        out.append(Supervised(
-            f"worker-{i}",
-            py + ["inferbus.services.worker", *engine_args, "--instance-id", f"worker-{i}",
-                  "--http-port", str(o.metrics_port_base + 10 + i), *o.worker_args],
-            env, logs / f"worker-{i}.log"))
+        out.append(
+            Supervised(
+                f"worker-{i}",
+                py
+                + [
+                    "inferbus.services.worker",
+                    *engine_args,
+                    "--instance-id",
+                    f"worker-{i}",
+                    "--http-port",
+                    str(o.metrics_port_base + 10 + i),
+                    *o.worker_args,
+                ],
+                env,
+                logs / f"worker-{i}.log",
+            )
+        )
     gateway = py + ["inferbus.services.gateway", "--http-host", o.host, "--http-port", str(o.port)]
     gateway_env = env
     if o.api_keys_file is not None:
         gateway += ["--api-keys-file", str(o.api_keys_file)]
         # up's own key: small and slow, only enough for its probe and self-test
-        probe = ApiKey(name="inferbus-up", sha256=digest(o.probe_key), max_tokens=16,
-                       requests_per_s=5)
+        probe = ApiKey(
+            name="inferbus-up", sha256=digest(o.probe_key), max_tokens=16, requests_per_s=5
+        )
         gateway_env = {**env, "INFERBUS_API_KEYS": msgspec.json.encode([probe]).decode()}
     out.append(Supervised("gateway", gateway, gateway_env, logs / "gateway.log"))
     return out
 
 
-def _http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 5.0,
-               key: str = "") -> Any:
+def _http_json(
+    url: str, body: dict[str, Any] | None = None, timeout: float = 5.0, key: str = ""
+) -> Any:
     data = json.dumps(body).encode() if body is not None else None
     headers = {"Content-Type": "application/json"}
     if key:
@@ -134,8 +163,9 @@ def _http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 5.
         return json.loads(resp.read())
 
 
-def _wait_ready(base: str, model: str, procs: list[Supervised], timeout: float,
-                key: str = "") -> None:
+def _wait_ready(
+    base: str, model: str, procs: list[Supervised], timeout: float, key: str = ""
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for p in procs:
@@ -161,10 +191,16 @@ async def _provision(nats_url: str) -> None:
 
 
 def _selftest(base: str, model: str, key: str = "") -> str:
-    reply = _http_json(f"{base}/v1/chat/completions", {
-        "model": model, "max_tokens": 12,
-        "messages": [{"role": "user", "content": "Say hello to the operator."}],
-    }, timeout=120, key=key)
+    reply = _http_json(
+        f"{base}/v1/chat/completions",
+        {
+            "model": model,
+            "max_tokens": 12,
+            "messages": [{"role": "user", "content": "Say hello to the operator."}],
+        },
+        timeout=120,
+        key=key,
+    )
     return reply["choices"][0]["message"]["content"]
 
 
@@ -195,10 +231,13 @@ def run(o: Options) -> int:
     nats_url = o.nats_url or os.environ.get("NATS_URL")
     if not nats_url:
         if port_open("127.0.0.1", o.nats_port):
-            raise SystemExit(f"port {o.nats_port} is in use: pass --nats-port, or --nats-url "
-                             "to use a running NATS server")
-        nats = NatsServer(o.state_dir / "nats", port=o.nats_port,
-                          log_file=o.state_dir / "nats.log").start()
+            raise SystemExit(
+                f"port {o.nats_port} is in use: pass --nats-port, or --nats-url "
+                "to use a running NATS server"
+            )
+        nats = NatsServer(
+            o.state_dir / "nats", port=o.nats_port, log_file=o.state_dir / "nats.log"
+        ).start()
         nats_url = nats.url
     asyncio.run(_provision(nats_url))
 
@@ -220,18 +259,26 @@ def run(o: Options) -> int:
         _wait_ready(base, model, procs, timeout=600, key=o.probe_key)
         _say(f"inferbus is up ({o.engine} engine, model {model!r})")
         _say(f"  gateway   {base}/v1   (OpenAI API; metrics at {base}/metrics)")
-        _say(f"  nats      {nats_url}   (JetStream; store {o.state_dir / 'nats'})"
-             if nats else f"  nats      {nats_url}")
-        _say(f"  metrics   sanitizer :{o.metrics_port_base + 1}  scheduler "
-             f":{o.metrics_port_base + 2}  workers :{o.metrics_port_base + 10}..")
+        _say(
+            f"  nats      {nats_url}   (JetStream; store {o.state_dir / 'nats'})"
+            if nats
+            else f"  nats      {nats_url}"
+        )
+        _say(
+            f"  metrics   sanitizer :{o.metrics_port_base + 1}  scheduler "
+            f":{o.metrics_port_base + 2}  workers :{o.metrics_port_base + 10}.."
+        )
         _say(f"  logs      {o.state_dir / 'logs'}")
-        _say(f"  auth      API keys from {o.api_keys_file}" if o.api_keys_file else
-             "  auth      open: no API keys (pass --api-keys-file to require them)")
+        _say(
+            f"  auth      API keys from {o.api_keys_file}"
+            if o.api_keys_file
+            else "  auth      open: no API keys (pass --api-keys-file to require them)"
+        )
         if o.selftest or o.check:
             _say(f"  self-test {_selftest(base, model, o.probe_key)!r}")
         if o.check:
             return 0
-        _say("try:  inferbus generate --model " + model + " \"Hello\"   (Ctrl-C stops everything)")
+        _say("try:  inferbus generate --model " + model + ' "Hello"   (Ctrl-C stops everything)')
         while not stopping:
             now = time.monotonic()
             for p in procs:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
-from nats.aio.subscription import Subscription
 
 from inferbus.contracts import (
     HEADER_MSG_ID,
@@ -165,18 +165,22 @@ class Background:
             await asyncio.wait(list(self._tasks), timeout=timeout)
 
 
-async def replay(js: JetStreamContext, stream: str, subject: str, since_s: float,
-                 timeout: float = 10.0) -> list[tuple[bytes, dict[str, str]]]:
+async def replay(
+    js: JetStreamContext, stream: str, subject: str, since_s: float, timeout: float = 10.0
+) -> list[tuple[bytes, dict[str, str]]]:
     """The messages (payload, headers) a stream holds on ``subject`` from ``since_s``
     seconds ago up to now, in order (an ephemeral consumer, read to the stream's end)."""
     import datetime
 
     from nats.js.api import ConsumerConfig, DeliverPolicy
 
-    start = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=since_s)
-    sub = await js.subscribe(subject, stream=stream, ordered_consumer=True,
-                             config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME,
-                                                   opt_start_time=start))
+    start = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=since_s)
+    sub = await js.subscribe(
+        subject,
+        stream=stream,
+        ordered_consumer=True,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start),
+    )
     out: list[tuple[bytes, dict[str, str]]] = []
     try:
         info = await sub.consumer_info()

@@ -11,7 +11,8 @@ import argparse
 import os
 import socket
 import typing
-from typing import Any, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import msgspec
 

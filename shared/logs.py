@@ -65,12 +65,21 @@ def vllm_logging_config(service: str, instance: str, level: str = "INFO") -> dic
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "formatters": {"inferbus": {"()": "inferbus.shared.logs.stdlib_formatter",
-                                    "service": service, "instance": instance}},
-        "handlers": {"inferbus": {"class": "logging.StreamHandler", "formatter": "inferbus",
-                                  "stream": "ext://sys.stderr"}},
-        "loggers": {"vllm": {"handlers": ["inferbus"], "level": level.upper(),
-                             "propagate": False}},
+        "formatters": {
+            "inferbus": {
+                "()": "inferbus.shared.logs.stdlib_formatter",
+                "service": service,
+                "instance": instance,
+            }
+        },
+        "handlers": {
+            "inferbus": {
+                "class": "logging.StreamHandler",
+                "formatter": "inferbus",
+                "stream": "ext://sys.stderr",
+            }
+        },
+        "loggers": {"vllm": {"handlers": ["inferbus"], "level": level.upper(), "propagate": False}},
     }
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import threading
 from bisect import bisect_left
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily
@@ -34,8 +35,9 @@ class BatchedHistogram(Collector):
     once per token, where a locked update per token would cost more than the token's
     own trip through the platform. Exposed like any histogram."""
 
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
-                 buckets: Sequence[float]) -> None:
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]
+    ) -> None:
         self.name, self.documentation = name, documentation
         self.labelnames = tuple(labelnames)
         self.bounds = tuple(float(b) for b in buckets) + (float("inf"),)
@@ -67,7 +69,7 @@ class BatchedHistogram(Collector):
         with self._lock:
             for labels, series in self._series.items():
                 cumulative, buckets = 0.0, []
-                for bound, n in zip(self.bounds, series):
+                for bound, n in zip(self.bounds, series, strict=True):
                     cumulative += n
                     buckets.append((floatToGoString(bound), cumulative))
                 family.add_metric(list(labels), buckets, series[-1])
@@ -83,7 +85,7 @@ if not _ON:
         def __init__(self, *_: Any, **__: Any) -> None:
             pass
 
-        def labels(self, *_: Any, **__: Any) -> "_Off":
+        def labels(self, *_: Any, **__: Any) -> _Off:
             return self
 
         def _noop(self, *_: Any, **__: Any) -> None:
@@ -106,17 +108,23 @@ REQUESTS = Counter(
 )
 TOKENS = Counter("inferbus_tokens_total", "Tokens processed", ["service", "model", "phase"])
 TTFT = Histogram(
-    "inferbus_time_to_first_token_seconds", "Time to first token", ["service", "model"],
+    "inferbus_time_to_first_token_seconds",
+    "Time to first token",
+    ["service", "model"],
     buckets=_LATENCY_BUCKETS,
 )
 E2E = Histogram(
-    "inferbus_request_duration_seconds", "End-to-end request latency", ["service", "model"],
+    "inferbus_request_duration_seconds",
+    "End-to-end request latency",
+    ["service", "model"],
     buckets=_LATENCY_BUCKETS,
 )
-QUEUE_DEPTH = Gauge("inferbus_queue_depth", "Requests waiting for a worker",
-                    ["model", "lane"])
-QUEUE_OLDEST = Gauge("inferbus_queue_oldest_wait_seconds",
-                     "How long the oldest waiting request has waited", ["model", "lane"])
+QUEUE_DEPTH = Gauge("inferbus_queue_depth", "Requests waiting for a worker", ["model", "lane"])
+QUEUE_OLDEST = Gauge(
+    "inferbus_queue_oldest_wait_seconds",
+    "How long the oldest waiting request has waited",
+    ["model", "lane"],
+)
 SCHEDULER_DECISIONS = Counter(
     "inferbus_scheduler_decisions_total",
     "What the scheduler did with requests: assigned, or the code it ended them with",
@@ -133,7 +141,8 @@ ASSIGNMENTS = Counter(
 )
 GATEWAY_REFUSALS = Counter(
     "inferbus_gateway_refusals_total",
-    "Requests the gateway answered with an error status, by error code", ["code"],
+    "Requests the gateway answered with an error status, by error code",
+    ["code"],
 )
 PII_MASKED = Counter("inferbus_pii_masked_total", "PII entities masked in output", ["type"])
 INPUT_FINDINGS = Counter(
@@ -150,39 +159,54 @@ INFLIGHT = Gauge("inferbus_inflight_requests", "Requests being served", ["servic
 
 # -- where a request's time went (stage histograms, by model) ------------------------
 ITL = BatchedHistogram(
-    "inferbus_inter_token_latency_seconds", "Time between output tokens", ["service", "model"],
+    "inferbus_inter_token_latency_seconds",
+    "Time between output tokens",
+    ["service", "model"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1, 2.5),
 )
 QUEUE_TIME = Histogram(
-    "inferbus_queue_time_seconds", "From acceptance to assignment to a worker",
-    ["model", "lane"], buckets=_LATENCY_BUCKETS,
+    "inferbus_queue_time_seconds",
+    "From acceptance to assignment to a worker",
+    ["model", "lane"],
+    buckets=_LATENCY_BUCKETS,
 )
 ENGINE_QUEUE_TIME = Histogram(
-    "inferbus_engine_queue_time_seconds", "From a worker receiving work to the engine running it",
-    ["model"], buckets=_LATENCY_BUCKETS,
+    "inferbus_engine_queue_time_seconds",
+    "From a worker receiving work to the engine running it",
+    ["model"],
+    buckets=_LATENCY_BUCKETS,
 )
 PREFILL_TIME = Histogram(
-    "inferbus_prefill_time_seconds", "Prompt processing: from scheduling to the first token",
-    ["model"], buckets=_LATENCY_BUCKETS,
+    "inferbus_prefill_time_seconds",
+    "Prompt processing: from scheduling to the first token",
+    ["model"],
+    buckets=_LATENCY_BUCKETS,
 )
 DECODE_TIME = Histogram(
-    "inferbus_decode_time_seconds", "From the first output token to the last", ["model"],
+    "inferbus_decode_time_seconds",
+    "From the first output token to the last",
+    ["model"],
     buckets=_LATENCY_BUCKETS,
 )
 
 # -- the fleet ----------------------------------------------------------------------
-KV_CACHE_USAGE = Gauge("inferbus_kv_cache_usage_ratio", "Fraction of the KV cache in use",
-                       ["worker"])
+KV_CACHE_USAGE = Gauge(
+    "inferbus_kv_cache_usage_ratio", "Fraction of the KV cache in use", ["worker"]
+)
 PREFIX_CACHE_QUERIES = Counter(
-    "inferbus_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache",
+    "inferbus_prefix_cache_queries_total",
+    "Prompt tokens looked up in the prefix cache",
     ["worker"],
 )
 PREFIX_CACHE_HITS = Counter(
-    "inferbus_prefix_cache_hits_total", "Prompt tokens found in the prefix cache", ["worker"],
+    "inferbus_prefix_cache_hits_total",
+    "Prompt tokens found in the prefix cache",
+    ["worker"],
 )
 HEARTBEAT_AGE = Gauge(
     "inferbus_worker_heartbeat_age_seconds",
-    "Seconds since the scheduler last heard from each worker it knows", ["worker"],
+    "Seconds since the scheduler last heard from each worker it knows",
+    ["worker"],
 )
 
 # -- tracing ------------------------------------------------------------------------

@@ -58,10 +58,18 @@ class NatsServer:
     def url(self) -> str:
         return f"nats://{self.host}:{self.port}"
 
-    def start(self, timeout: float = 10.0) -> "NatsServer":
+    def start(self, timeout: float = 10.0) -> NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [find_binary(), "-js", "-sd", str(self.store_dir), "-a", self.host,
-               "-p", str(self.port)]
+        cmd = [
+            find_binary(),
+            "-js",
+            "-sd",
+            str(self.store_dir),
+            "-a",
+            self.host,
+            "-p",
+            str(self.port),
+        ]
         if self.monitor_port:
             cmd += ["-m", str(self.monitor_port)]
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL

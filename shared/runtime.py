@@ -13,8 +13,9 @@ import abc
 import asyncio
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Sequence, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -124,8 +125,10 @@ class Runtime:
                 *self.service.routes(),
             ]
         )
-        # handler_cancellation: a client that hangs up cancels its handler, which cancels its request
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
+        # handler_cancellation: a client that hangs up cancels its handler, and so its request
+        runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, handler_cancellation=True
+        )
         await runner.setup()
         site = web.TCPSite(runner, s.http_host, s.http_port)
         await site.start()
@@ -156,8 +159,11 @@ class Runtime:
             name=f"inferbus-{self.service.name}",
             version=inferbus.__version__,
             description=f"inferbus {self.service.name}",
-            metadata={"instance": s.instance_id, "http_host": advertised_host(s.http_host),
-                      "http_port": str(self.http_port)},
+            metadata={
+                "instance": s.instance_id,
+                "http_host": advertised_host(s.http_host),
+                "http_port": str(self.http_port),
+            },
             stats_handler=lambda _endpoint: self._status_json(),
         )
 
@@ -175,7 +181,7 @@ class Runtime:
         self.log.info("draining", timeout_s=s.drain_timeout_s)
         try:
             await asyncio.wait_for(self.service.drain(), s.drain_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.log.warning("drain timed out")
         await micro.stop()
         await runner.cleanup()
@@ -188,8 +194,12 @@ class Runtime:
 
 
 def trace_policy(s: ServiceSettings) -> tracing.TracePolicy:
-    return tracing.TracePolicy(slow_s=s.trace_slow_s, keep_ratio=s.trace_keep_ratio,
-                               slo_ttft_s=s.slo_ttft_s, decision_wait_s=s.trace_decision_wait_s)
+    return tracing.TracePolicy(
+        slow_s=s.trace_slow_s,
+        keep_ratio=s.trace_keep_ratio,
+        slo_ttft_s=s.slo_ttft_s,
+        decision_wait_s=s.trace_decision_wait_s,
+    )
 
 
 def advertised_host(bind_host: str) -> str:
@@ -213,7 +223,9 @@ async def serve(service: Service[Any]) -> None:
     await runtime.run()
 
 
-def main(service_cls: type[Service[Any]], settings_cls: type[S], argv: Sequence[str] | None = None) -> None:
+def main(
+    service_cls: type[Service[Any]], settings_cls: type[S], argv: Sequence[str] | None = None
+) -> None:
     """The ``main`` of every service: settings from env and flags, then serve until signalled."""
     import sys
 

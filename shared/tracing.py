@@ -35,7 +35,8 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -81,8 +82,9 @@ class TracePolicy(msgspec.Struct, kw_only=True, frozen=True):
     is acknowledged, while the request ran and ended elsewhere)."""
 
 
-def verdict(*, failed: bool, e2e_s: float, ttft_s: float | None, trace_id: int,
-            policy: TracePolicy) -> tuple[bool, str]:
+def verdict(
+    *, failed: bool, e2e_s: float, ttft_s: float | None, trace_id: int, policy: TracePolicy
+) -> tuple[bool, str]:
     """Keep this request's trace, and why."""
     if failed:
         return True, "failed"
@@ -101,13 +103,14 @@ class TraceParent:
 
     __slots__ = ("trace_id", "span_id", "state", "remote", "flags")
 
-    def __init__(self, trace_id: int, span_id: int, state: str = "",
-                 remote: bool = True, flags: str = "01") -> None:
+    def __init__(
+        self, trace_id: int, span_id: int, state: str = "", remote: bool = True, flags: str = "01"
+    ) -> None:
         self.trace_id, self.span_id, self.state, self.remote = trace_id, span_id, state, remote
         self.flags = flags
 
     @classmethod
-    def parse(cls, headers: Mapping[str, str]) -> "TraceParent | None":
+    def parse(cls, headers: Mapping[str, str]) -> TraceParent | None:
         """The W3C context in ``headers``; None when absent or malformed (a bad
         ``tracestate`` alone is left behind)."""
         m = _TRACEPARENT.fullmatch(headers.get("traceparent", ""))
@@ -117,8 +120,9 @@ class TraceParent:
         if not trace_id or not span_id:
             return None
         state = headers.get("tracestate", "")
-        return cls(trace_id, span_id, state if _TRACESTATE.fullmatch(state) else "",
-                   flags=m.group(4))
+        return cls(
+            trace_id, span_id, state if _TRACESTATE.fullmatch(state) else "", flags=m.group(4)
+        )
 
     def headers(self) -> dict[str, str]:
         out = {"traceparent": f"00-{self.trace_id:032x}-{self.span_id:016x}-{self.flags}"}
@@ -139,12 +143,31 @@ class Span:
     """A span of this process. Until its trace is kept it is only this record: the
     OpenTelemetry SDK's objects are built for kept traces alone."""
 
-    __slots__ = ("name", "trace_id", "span_id", "parent", "start_ns", "end_ns",
-                 "attributes", "error", "kind", "request_id", "live", "_sink")
+    __slots__ = (
+        "name",
+        "trace_id",
+        "span_id",
+        "parent",
+        "start_ns",
+        "end_ns",
+        "attributes",
+        "error",
+        "kind",
+        "request_id",
+        "live",
+        "_sink",
+    )
 
-    def __init__(self, sink: "TailSampler", name: str, parent: TraceParent | None,
-                 attributes: Mapping[str, Any] | None, start_ns: int | None,
-                 kind: str = "internal", live: bool = False) -> None:
+    def __init__(
+        self,
+        sink: TailSampler,
+        name: str,
+        parent: TraceParent | None,
+        attributes: Mapping[str, Any] | None,
+        start_ns: int | None,
+        kind: str = "internal",
+        live: bool = False,
+    ) -> None:
         self._sink = sink
         self.name = name
         self.parent = parent
@@ -165,8 +188,12 @@ class Span:
     @property
     def context(self) -> TraceParent:
         """This span as the parent of others."""
-        return TraceParent(self.trace_id, self.span_id,
-                           self.parent.state if self.parent is not None else "", remote=False)
+        return TraceParent(
+            self.trace_id,
+            self.span_id,
+            self.parent.state if self.parent is not None else "",
+            remote=False,
+        )
 
     def set_attribute(self, key: str, value: Any) -> None:
         self.attributes[key] = value
@@ -196,8 +223,14 @@ class TailSampler:
     """Holds finished spans per request until it is decided, then hands the kept ones
     to ``export`` (a batch processor). Thread-safe: spans may end anywhere."""
 
-    def __init__(self, export: SpanProcessor, policy: TracePolicy, service: str,
-                 resource: Resource, clock: Any = time.monotonic) -> None:
+    def __init__(
+        self,
+        export: SpanProcessor,
+        policy: TracePolicy,
+        service: str,
+        resource: Resource,
+        clock: Any = time.monotonic,
+    ) -> None:
         self._export = export
         self._policy = policy
         self._readable = _to_readable(resource)
@@ -284,8 +317,7 @@ class TailSampler:
             before = self._decided.get(key)
             if before is not None and (before[0] or not keep):
                 return
-            if (not own and before is None and key not in self._pending
-                    and key not in self._open):
+            if not own and before is None and key not in self._pending and key not in self._open:
                 heard = self._heard.get(key)
                 if heard is None or (keep and not heard[0]):
                     self._heard[key] = (keep, now)
@@ -390,15 +422,19 @@ def _to_readable(resource: Resource) -> Any:
     def readable(span: Span) -> ReadableSpan:
         parent = None
         if span.parent is not None:
-            parent = SpanContext(span.trace_id, span.parent.span_id, span.parent.remote,
-                                 sampled)
+            parent = SpanContext(span.trace_id, span.parent.span_id, span.parent.remote, sampled)
         return ReadableSpan(
             name=span.name,
             context=SpanContext(span.trace_id, span.span_id, False, sampled),
-            parent=parent, resource=resource, attributes=span.attributes,
+            parent=parent,
+            resource=resource,
+            attributes=span.attributes,
             kind=SpanKind[span.kind.upper()],
             status=Status(StatusCode.ERROR, span.error) if span.error else ok,
-            start_time=span.start_ns, end_time=span.end_ns, instrumentation_scope=scope)
+            start_time=span.start_ns,
+            end_time=span.end_ns,
+            instrumentation_scope=scope,
+        )
 
     return readable
 
@@ -411,8 +447,9 @@ class Tracing:
     """This process's tracing: stage spans, context in and out of NATS headers, and
     the end-of-request decision. Disabled, it records nothing and costs nothing."""
 
-    def __init__(self, service: str, policy: TracePolicy,
-                 sampler: TailSampler | None = None) -> None:
+    def __init__(
+        self, service: str, policy: TracePolicy, sampler: TailSampler | None = None
+    ) -> None:
         self.service = service
         self.policy = policy
         self.enabled = sampler is not None
@@ -423,12 +460,18 @@ class Tracing:
         self._flusher: asyncio.Task[None] | None = None
 
     @classmethod
-    def disabled(cls, service: str = "") -> "Tracing":
+    def disabled(cls, service: str = "") -> Tracing:
         return cls(service, TracePolicy())
 
     @classmethod
-    def with_exporter(cls, service: str, policy: TracePolicy, exporter: SpanExporter,
-                      instance: str = "", export: SpanProcessor | None = None) -> "Tracing":
+    def with_exporter(
+        cls,
+        service: str,
+        policy: TracePolicy,
+        exporter: SpanExporter,
+        instance: str = "",
+        export: SpanProcessor | None = None,
+    ) -> Tracing:
         """Tracing into ``exporter`` through a tail sampler (tests pass an in-memory
         exporter and a simple processor as ``export``)."""
         from opentelemetry.sdk.resources import Resource
@@ -436,12 +479,14 @@ class Tracing:
 
         import inferbus
 
-        resource = Resource.create({
-            "service.name": os.environ.get("OTEL_SERVICE_NAME") or f"inferbus-{service}",
-            "service.namespace": "inferbus",
-            "service.instance.id": instance,
-            "service.version": inferbus.__version__,
-        })
+        resource = Resource.create(
+            {
+                "service.name": os.environ.get("OTEL_SERVICE_NAME") or f"inferbus-{service}",
+                "service.namespace": "inferbus",
+                "service.instance.id": instance,
+                "service.version": inferbus.__version__,
+            }
+        )
         sampler = TailSampler(export or BatchSpanProcessor(exporter), policy, service, resource)
         return cls(service, policy, sampler)
 
@@ -458,24 +503,36 @@ class Tracing:
         return parent.trace_id if parent is not None else 0
 
     @staticmethod
-    def headers(span_or_parent: "Span | TraceParent") -> dict[str, str]:
+    def headers(span_or_parent: Span | TraceParent) -> dict[str, str]:
         """``traceparent``/``tracestate`` naming this span (or context) as the parent."""
         ctx = span_or_parent.context if isinstance(span_or_parent, Span) else span_or_parent
         return ctx.headers()
 
     # -- spans -------------------------------------------------------------------------
 
-    def start(self, name: str, parent: TraceParent | None = None,
-              attributes: Mapping[str, Any] | None = None, start_ns: int | None = None,
-              kind: str = "internal") -> Span:
+    def start(
+        self,
+        name: str,
+        parent: TraceParent | None = None,
+        attributes: Mapping[str, Any] | None = None,
+        start_ns: int | None = None,
+        kind: str = "internal",
+    ) -> Span:
         """A live span, ended by the caller (``span.end(error)``); tracing on only.
         ``kind``: OpenTelemetry's SpanKind by name (``server``, ``internal``...)."""
         assert self.sampler is not None, "start spans only with tracing on"
         return Span(self.sampler, name, parent, attributes, start_ns, kind, live=True)
 
-    def record(self, name: str, parent: TraceParent | None, start_ns: int, end_ns: int,
-               attributes: Mapping[str, Any] | None = None, error: str = "",
-               kind: str = "internal") -> Span | None:
+    def record(
+        self,
+        name: str,
+        parent: TraceParent | None,
+        start_ns: int,
+        end_ns: int,
+        attributes: Mapping[str, Any] | None = None,
+        error: str = "",
+        kind: str = "internal",
+    ) -> Span | None:
         """A span of a stage that is already over (times in Unix nanoseconds)."""
         if self.sampler is None:
             return None
@@ -504,9 +561,16 @@ class Tracing:
         for key, keep in decided:
             self.sampler.decide(key, keep)
 
-    def end_request(self, parent: TraceParent | None, *, request_id: str, failed: bool,
-                    e2e_s: float, ttft_s: float | None = None,
-                    tell: str = "all") -> tuple[bool, str] | None:
+    def end_request(
+        self,
+        parent: TraceParent | None,
+        *,
+        request_id: str,
+        failed: bool,
+        e2e_s: float,
+        ttft_s: float | None = None,
+        tell: str = "all",
+    ) -> tuple[bool, str] | None:
         """Decide the request's trace from how it ended and apply it here; the other
         services hear of it with the next batch. None when tracing is off or the
         request carries no trace. ``tell``:
@@ -519,8 +583,9 @@ class Tracing:
         tid = self.trace_id(parent)
         if not tid or self.sampler is None:
             return None
-        keep, reason = verdict(failed=failed, e2e_s=e2e_s, ttft_s=ttft_s, trace_id=tid,
-                               policy=self.policy)
+        keep, reason = verdict(
+            failed=failed, e2e_s=e2e_s, ttft_s=ttft_s, trace_id=tid, policy=self.policy
+        )
         key = (tid, request_id)
         if tell == "keeps" and (not keep or self.sampler.decision(key)):
             return keep, reason
@@ -530,12 +595,14 @@ class Tracing:
         return keep, reason
 
     @staticmethod
-    def log_fields(parent: TraceParent | None,
-                   decision: tuple[bool, str] | None) -> dict[str, str]:
+    def log_fields(parent: TraceParent | None, decision: tuple[bool, str] | None) -> dict[str, str]:
         """The trace's part of a request's log line: its id, and what was decided."""
-        return {"trace_id": trace_id_hex(parent.trace_id) if parent is not None else "",
-                "trace": f"{'kept' if decision[0] else 'dropped'}: {decision[1]}"
-                if decision else "off"}
+        return {
+            "trace_id": trace_id_hex(parent.trace_id) if parent is not None else "",
+            "trace": f"{'kept' if decision[0] else 'dropped'}: {decision[1]}"
+            if decision
+            else "off",
+        }
 
     async def _flush_forever(self) -> None:
         while True:
@@ -554,13 +621,25 @@ class Tracing:
             return
         batch, self._outbox = self._outbox, []
         for i in range(0, len(batch), _DECISIONS_PER_MESSAGE):  # well under max_payload
-            part = batch[i:i + _DECISIONS_PER_MESSAGE]
-            await self._nc.publish(TRACE_DECIDED, encode(TraceDecided(
-                kept=[DecidedRequest(trace_id=trace_id_hex(t), request_id=r)
-                      for (t, r), keep in part if keep],
-                dropped=[DecidedRequest(trace_id=trace_id_hex(t), request_id=r)
-                         for (t, r), keep in part if not keep],
-                service=self.service)))
+            part = batch[i : i + _DECISIONS_PER_MESSAGE]
+            await self._nc.publish(
+                TRACE_DECIDED,
+                encode(
+                    TraceDecided(
+                        kept=[
+                            DecidedRequest(trace_id=trace_id_hex(t), request_id=r)
+                            for (t, r), keep in part
+                            if keep
+                        ],
+                        dropped=[
+                            DecidedRequest(trace_id=trace_id_hex(t), request_id=r)
+                            for (t, r), keep in part
+                            if not keep
+                        ],
+                        service=self.service,
+                    )
+                ),
+            )
 
     async def close(self) -> None:
         """Tell the others what was decided here, then export what is still held
@@ -576,7 +655,7 @@ class Tracing:
         if self.sampler is not None:
             try:
                 await asyncio.wait_for(asyncio.to_thread(self.sampler.shutdown), 6.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.warning("spans still unexported at shutdown: the collector is slow")
 
 
@@ -587,12 +666,17 @@ def enabled_by_env(environ: Mapping[str, str] | None = None) -> bool:
     exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     if exporter and exporter not in ("otlp", "console"):
         if exporter != "none":
-            log.warning("OTEL_TRACES_EXPORTER names an exporter inferbus does not ship; "
-                        "tracing stays off (otlp and console are supported)",
-                        exporter=exporter)
+            log.warning(
+                "OTEL_TRACES_EXPORTER names an exporter inferbus does not ship; "
+                "tracing stays off (otlp and console are supported)",
+                exporter=exporter,
+            )
         return False
-    return bool(exporter or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-                or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+    return bool(
+        exporter
+        or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
 
 
 def _exporter_from_env() -> SpanExporter:
@@ -602,8 +686,9 @@ def _exporter_from_env() -> SpanExporter:
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
         return ConsoleSpanExporter()
-    protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"))
+    protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
+    )
     if protocol == "grpc":
         try:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
@@ -612,8 +697,10 @@ def _exporter_from_env() -> SpanExporter:
 
             return GrpcExporter()
         except ImportError:
-            log.warning("OTLP over gRPC needs opentelemetry-exporter-otlp-proto-grpc; "
-                        "exporting over HTTP instead")
+            log.warning(
+                "OTLP over gRPC needs opentelemetry-exporter-otlp-proto-grpc; "
+                "exporting over HTTP instead"
+            )
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     return OTLPSpanExporter()  # reads OTEL_EXPORTER_OTLP_* itself
@@ -624,9 +711,13 @@ def setup(service: str, policy: TracePolicy, instance: str = "") -> Tracing:
     if not enabled_by_env():
         return Tracing.disabled(service)
     tracing = Tracing.with_exporter(service, policy, _exporter_from_env(), instance)
-    log.info("tracing on", slow_s=policy.slow_s, keep_ratio=policy.keep_ratio,
-             endpoint=os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-             or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", ""))
+    log.info(
+        "tracing on",
+        slow_s=policy.slow_s,
+        keep_ratio=policy.keep_ratio,
+        endpoint=os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", ""),
+    )
     return tracing
 
 

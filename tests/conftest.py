@@ -39,8 +39,9 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory):
             with NatsContainer("nats:2.10", jetstream=True) as container:
                 yield container.nats_uri()
             return
-    server = NatsServer(tmp_path_factory.mktemp("nats"),
-                        log_file=tmp_path_factory.getbasetemp() / "nats.log").start()
+    server = NatsServer(
+        tmp_path_factory.mktemp("nats"), log_file=tmp_path_factory.getbasetemp() / "nats.log"
+    ).start()
     try:
         yield server.url
     finally:

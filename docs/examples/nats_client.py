@@ -45,10 +45,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--timeout", type=float, default=0.0,
-                   help="seconds; sets the request's deadline (0: none)")
-    p.add_argument("--chat", action="store_true",
-                   help="send the prompt as one user message instead of a raw prompt")
+    p.add_argument(
+        "--timeout", type=float, default=0.0, help="seconds; sets the request's deadline (0: none)"
+    )
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="send the prompt as one user message instead of a raw prompt",
+    )
     p.add_argument("--request-id", default=None, help="default: a fresh random id")
     p.add_argument("--tenant", default="default")
     return p.parse_args(argv)
@@ -66,8 +70,11 @@ def build_request(args: argparse.Namespace, request_id: str, reply_to: str) -> d
         "request_id": request_id,
         "model": args.model,
         "reply_to": reply_to,
-        "sampling": {"max_tokens": args.max_tokens, "temperature": args.temperature,
-                     "seed": args.seed},
+        "sampling": {
+            "max_tokens": args.max_tokens,
+            "temperature": args.temperature,
+            "seed": args.seed,
+        },
         "tenant": args.tenant,
         "created_at": now,
         "deadline": now + args.timeout if args.timeout > 0 else 0.0,
@@ -88,8 +95,9 @@ async def run(args: argparse.Namespace) -> int:
     async def quiet(exc: Exception) -> None:  # connection trouble ends in one error line
         pass
 
-    nc = await nats.connect(args.nats_url, name="inferbus-nats-example",
-                            max_reconnect_attempts=3, error_cb=quiet)
+    nc = await nats.connect(
+        args.nats_url, name="inferbus-nats-example", max_reconnect_attempts=3, error_cb=quiet
+    )
     js = nc.jetstream()
     loop = asyncio.get_running_loop()
     request_id = args.request_id or uuid.uuid4().hex
@@ -121,12 +129,16 @@ async def run(args: argparse.Namespace) -> int:
         }
         ack = await js.publish(SUBMIT, json.dumps(request).encode(), headers=headers)
         if ack.duplicate:
-            return fail("duplicate_request",
-                        f"request id {request_id} was already submitted; use a new id")
+            return fail(
+                "duplicate_request", f"request id {request_id} was already submitted; use a new id"
+            )
 
         # 3. Ctrl-C: ask the platform to stop the request, then wait for its answer
-        give_up_at = (request["deadline"] + DEADLINE_GRACE_S - time.time() + loop.time()
-                      if request["deadline"] else None)
+        give_up_at = (
+            request["deadline"] + DEADLINE_GRACE_S - time.time() + loop.time()
+            if request["deadline"]
+            else None
+        )
         cancelling = False
 
         def on_sigint() -> None:
@@ -134,8 +146,11 @@ async def run(args: argparse.Namespace) -> int:
             if cancelling:
                 os._exit(EXIT_CANCELLED)  # a second Ctrl-C: stop waiting
             cancelling = True
-            cancel = {"type": "request.cancel", "request_id": request_id,
-                      "reason": "cancelled by client"}
+            cancel = {
+                "type": "request.cancel",
+                "request_id": request_id,
+                "reason": "cancelled by client",
+            }
             loop.create_task(nc.publish(CANCEL, json.dumps(cancel).encode()))
             give_up_at = loop.time() + CANCEL_GRACE_S
             inbox.put_nowait(None)  # wake the reader so it sees the new limit
@@ -148,7 +163,7 @@ async def run(args: argparse.Namespace) -> int:
             wait = None if give_up_at is None else max(0.0, give_up_at - loop.time())
             try:
                 msg = await asyncio.wait_for(inbox.get(), wait)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if cancelling:
                     print("error: cancelled: no answer to the cancel", file=sys.stderr)
                     return EXIT_CANCELLED
@@ -170,12 +185,15 @@ async def run(args: argparse.Namespace) -> int:
                     continue
                 if chunk_attempt > attempt:
                     if written:
-                        print(f"\nwarning: attempt {chunk_attempt} restarts the output",
-                              file=sys.stderr)
+                        print(
+                            f"\nwarning: attempt {chunk_attempt} restarts the output",
+                            file=sys.stderr,
+                        )
                     attempt, next_seq = chunk_attempt, 0
                 if event["seq"] != next_seq:
-                    print(f"\nwarning: expected chunk {next_seq}, got {event['seq']}",
-                          file=sys.stderr)
+                    print(
+                        f"\nwarning: expected chunk {next_seq}, got {event['seq']}", file=sys.stderr
+                    )
                 next_seq = event["seq"] + 1
                 sys.stdout.write(event["text"])
                 sys.stdout.flush()
@@ -186,21 +204,27 @@ async def run(args: argparse.Namespace) -> int:
                 usage = event.get("usage", {})
                 timings = event.get("timings", {})
                 if event.get("chunks", next_seq) != next_seq:
-                    print(f"warning: {event['chunks']} chunks sent, {next_seq} read",
-                          file=sys.stderr)
+                    print(
+                        f"warning: {event['chunks']} chunks sent, {next_seq} read", file=sys.stderr
+                    )
                 end_line()
-                print(f"usage: prompt_tokens={usage.get('prompt_tokens', 0)} "
-                      f"completion_tokens={usage.get('completion_tokens', 0)} "
-                      f"cached_prompt_tokens={usage.get('cached_prompt_tokens', 0)} "
-                      f"finish_reason={event.get('finish_reason')} "
-                      f"first_token_s={timings.get('first_token_s', 0.0):.3f}",
-                      file=sys.stderr)
+                print(
+                    f"usage: prompt_tokens={usage.get('prompt_tokens', 0)} "
+                    f"completion_tokens={usage.get('completion_tokens', 0)} "
+                    f"cached_prompt_tokens={usage.get('cached_prompt_tokens', 0)} "
+                    f"finish_reason={event.get('finish_reason')} "
+                    f"first_token_s={timings.get('first_token_s', 0.0):.3f}",
+                    file=sys.stderr,
+                )
                 return EXIT_OK
             elif kind in ("request.failed", "request.rejected"):
                 end_line()
                 where = f" (param {event['param']})" if event.get("param") else ""
-                return fail(event.get("code", "unknown"), event.get("reason", "") + where,
-                            bool(event.get("retryable")))
+                return fail(
+                    event.get("code", "unknown"),
+                    event.get("reason", "") + where,
+                    bool(event.get("retryable")),
+                )
             elif kind == "request.cancelled":
                 end_line()
                 print(f"cancelled: {event.get('reason', '')}", file=sys.stderr)

@@ -32,9 +32,14 @@ async def connect(url: str) -> NatsClient:
         pass
 
     try:
-        return await nats.connect(url, name="inferbus-top", connect_timeout=2,
-                                  max_reconnect_attempts=1, reconnect_time_wait=0.5,
-                                  error_cb=quiet)
+        return await nats.connect(
+            url,
+            name="inferbus-top",
+            connect_timeout=2,
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0.5,
+            error_cb=quiet,
+        )
     except Exception as exc:
         raise NatsUnreachable(f"cannot reach NATS at {url}: {_describe(exc)}") from None
 
@@ -69,12 +74,13 @@ async def read_metrics(http: aiohttp.ClientSession, inst: Instance, timeout_s: f
     if not inst.metrics_url:
         return replace(inst, metrics_error="no HTTP address in its $SRV metadata")
     try:
-        async with http.get(inst.metrics_url,
-                            timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        async with http.get(
+            inst.metrics_url, timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as resp:
             if resp.status != 200:
                 return replace(inst, metrics_error=f"HTTP {resp.status}")
             text = await resp.text()
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         return replace(inst, metrics_error=_describe(exc))
     try:
         return replace(inst, metrics=parse_metrics(text))
@@ -93,7 +99,7 @@ class Collector:
         self._nc: NatsClient | None = None
         self._http: aiohttp.ClientSession | None = None
 
-    async def __aenter__(self) -> "Collector":
+    async def __aenter__(self) -> Collector:
         self._nc = await connect(self.nats_url)  # a wrong URL fails here, clearly
         self._http = aiohttp.ClientSession()
         return self
@@ -114,8 +120,9 @@ class Collector:
         try:
             nc = await self._connection()
             if not nc.is_connected:
-                return Snapshot(at=time.monotonic(),
-                                problem=f"lost NATS at {self.nats_url}, reconnecting")
+                return Snapshot(
+                    at=time.monotonic(), problem=f"lost NATS at {self.nats_url}, reconnecting"
+                )
             replies = await discover(nc, self.window_s)
         except NatsUnreachable as exc:
             return Snapshot(at=time.monotonic(), problem=str(exc))
@@ -124,5 +131,6 @@ class Collector:
         found = [i for i in map(instance_from_stats, replies) if i is not None]
         at = time.monotonic()
         instances = await asyncio.gather(
-            *(read_metrics(self._http, i, self.http_timeout_s) for i in found))
+            *(read_metrics(self._http, i, self.http_timeout_s) for i in found)
+        )
         return Snapshot(at=at, instances=tuple(instances))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from rich.console import Console
 from rich.live import Live
@@ -47,8 +47,9 @@ async def once(nats_url: str, interval_s: float) -> View:
 
 async def live(nats_url: str, interval_s: float, console: Console) -> None:
     async with Collector(nats_url) as collector:
-        with Live(console=console, auto_refresh=False, screen=True,
-                  vertical_overflow="crop") as screen:
+        with Live(
+            console=console, auto_refresh=False, screen=True, vertical_overflow="crop"
+        ) as screen:
             async for view in views(collector, interval_s):
                 screen.update(render(view, _heading(nats_url, interval_s)), refresh=True)
 

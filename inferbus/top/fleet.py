@@ -4,7 +4,8 @@ version may lack it, or have it in another shape)."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .rows import QueueRow, ServiceRow, WorkerRow
 from .snapshot import Instance, Snapshot
@@ -47,12 +48,16 @@ def worker_id_of(inst: Instance) -> str:
 def pick_scheduler(now: Snapshot) -> Instance | None:
     """The scheduler the view follows: a ready one, the one knowing most workers."""
     schedulers = [i for i in now.instances if i.service == "scheduler"]
-    return max(schedulers, default=None, key=lambda i: (
-        i.status.get("ready") is True, len(as_mapping(i.status.get("workers")))))
+    return max(
+        schedulers,
+        default=None,
+        key=lambda i: (i.status.get("ready") is True, len(as_mapping(i.status.get("workers")))),
+    )
 
 
-def worker_rows(now: Snapshot, scheduler: Instance | None,
-                decode_rates: Mapping[str, float]) -> list[WorkerRow]:
+def worker_rows(
+    now: Snapshot, scheduler: Instance | None, decode_rates: Mapping[str, float]
+) -> list[WorkerRow]:
     """Every worker the scheduler knows or that answered ``$SRV`` itself, merged by id."""
     known = as_mapping(scheduler.status.get("workers")) if scheduler else {}
     own = {worker_id_of(i): i for i in now.instances if i.service == "worker"}
@@ -71,20 +76,23 @@ def worker_rows(now: Snapshot, scheduler: Instance | None,
         kv = as_float(mine.get("kv_cache_usage"))
         if kv is None:
             kv = gauge(now.instances, "inferbus_kv_cache_usage_ratio", worker=wid)
-        rows.append(WorkerRow(
-            worker_id=wid,
-            models=as_strings(seen.get("models")) or as_strings(mine.get("models")),
-            state=str(seen.get("state") or mine.get("state") or "?"),
-            running=as_int(mine.get("running")),
-            waiting=as_int(mine.get("waiting")),
-            assigned=as_int(seen.get("assigned")),
-            max_num_seqs=as_int(seen.get("max_num_seqs")),
-            kv_cache_usage=kv,
-            heartbeat_age_s=gauge([scheduler], "inferbus_worker_heartbeat_age_seconds",
-                                  worker=wid),
-            decode_tokens_per_s=decode_rates.get(wid),
-            note="; ".join(notes),
-        ))
+        rows.append(
+            WorkerRow(
+                worker_id=wid,
+                models=as_strings(seen.get("models")) or as_strings(mine.get("models")),
+                state=str(seen.get("state") or mine.get("state") or "?"),
+                running=as_int(mine.get("running")),
+                waiting=as_int(mine.get("waiting")),
+                assigned=as_int(seen.get("assigned")),
+                max_num_seqs=as_int(seen.get("max_num_seqs")),
+                kv_cache_usage=kv,
+                heartbeat_age_s=gauge(
+                    [scheduler], "inferbus_worker_heartbeat_age_seconds", worker=wid
+                ),
+                decode_tokens_per_s=decode_rates.get(wid),
+                note="; ".join(notes),
+            )
+        )
     return rows
 
 
@@ -96,9 +104,14 @@ def queue_rows(scheduler: Instance | None) -> list[QueueRow]:
     if not lanes:  # a scheduler without lanes: one queue per model
         lanes = {m: {"all": n} for m, n in as_mapping(scheduler.status.get("queued")).items()}
     return [
-        QueueRow(model=str(model), lane=str(lane), depth=as_int(depth) or 0,
-                 oldest_wait_s=gauge([scheduler], "inferbus_queue_oldest_wait_seconds",
-                                     model=str(model), lane=str(lane)))
+        QueueRow(
+            model=str(model),
+            lane=str(lane),
+            depth=as_int(depth) or 0,
+            oldest_wait_s=gauge(
+                [scheduler], "inferbus_queue_oldest_wait_seconds", model=str(model), lane=str(lane)
+            ),
+        )
         for model in sorted(lanes)
         for lane, depth in sorted(as_mapping(lanes[model]).items())
     ]
@@ -122,7 +135,8 @@ def _detail(inst: Instance) -> str:
         routing = as_mapping(s.get("routing"))
         hit = as_float(routing.get("prefix_hit_rate"))
         return f"routing {routing.get('policy', '?')}" + (
-            f", prefix hits {hit:.0%}" if hit is not None else "")
+            f", prefix hits {hit:.0%}" if hit is not None else ""
+        )
     if inst.service == "worker":
         return f"{s.get('engine', '?')} engine, worker {s.get('worker_id', '?')}"
     return ""
@@ -136,12 +150,16 @@ def _order(inst: Instance) -> tuple[int, str, str]:
 def service_rows(now: Snapshot) -> list[ServiceRow]:
     return [
         ServiceRow(
-            service=inst.service, instance=inst.instance,
+            service=inst.service,
+            instance=inst.instance,
             ready=inst.status.get("ready") if isinstance(inst.status.get("ready"), bool) else None,
             inflight=as_int(inst.status.get("inflight")),
-            metrics="ok" if inst.metrics is not None else
-            f"unreachable: {inst.metrics_error or 'no address'}",
-            metrics_url=inst.metrics_url, detail=_detail(inst))
+            metrics="ok"
+            if inst.metrics is not None
+            else f"unreachable: {inst.metrics_error or 'no address'}",
+            metrics_url=inst.metrics_url,
+            detail=_detail(inst),
+        )
         for inst in sorted(now.instances, key=_order)
     ]
 

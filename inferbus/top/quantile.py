@@ -4,7 +4,7 @@ computes them: find the bucket holding the rank, interpolate linearly inside it.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float | None:
@@ -47,4 +47,3 @@ def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> floa
     if count <= 0:
         return None
     return start + (end - start) * (rank / count)
-

@@ -8,8 +8,8 @@ Prometheus's ``increase``; a series that appeared between the two started from 0
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Iterator, Mapping
 
 from .snapshot import Instance, Labels, Snapshot
 
@@ -38,8 +38,11 @@ class Interval:
                 yield old, inst
 
 
-def counter_increases(interval: Interval, name: str, service: str | None = None,
-                      ) -> Iterator[tuple[Instance, dict[str, str], float]]:
+def counter_increases(
+    interval: Interval,
+    name: str,
+    service: str | None = None,
+) -> Iterator[tuple[Instance, dict[str, str], float]]:
     """(instance, labels, increase) of every series named ``name``."""
     for old, new in interval.paired(service):
         assert old.metrics is not None and new.metrics is not None
@@ -63,8 +66,11 @@ def _buckets_by_series(samples: Mapping[Labels, float]) -> dict[Labels, dict[flo
     return out
 
 
-def histogram_increases(interval: Interval, name: str, service: str | None = None,
-                        ) -> Iterator[tuple[Instance, dict[str, str], dict[float, float]]]:
+def histogram_increases(
+    interval: Interval,
+    name: str,
+    service: str | None = None,
+) -> Iterator[tuple[Instance, dict[str, str], dict[float, float]]]:
     """(instance, labels without ``le``, {upper bound: cumulative increase}) of every
     series of the histogram ``name``; a histogram any of whose buckets went down was
     restarted, and counts whole."""
@@ -74,7 +80,11 @@ def histogram_increases(interval: Interval, name: str, service: str | None = Non
         for labels, buckets in _buckets_by_series(new.metrics.get(f"{name}_bucket", {})).items():
             prev = then.get(labels, {})
             restarted = any(count < prev.get(le, 0.0) for le, count in buckets.items())
-            yield new, dict(labels), {
-                le: count if restarted else count - prev.get(le, 0.0)
-                for le, count in buckets.items()
-            }
+            yield (
+                new,
+                dict(labels),
+                {
+                    le: count if restarted else count - prev.get(le, 0.0)
+                    for le, count in buckets.items()
+                },
+            )

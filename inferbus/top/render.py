@@ -35,50 +35,91 @@ def _table(title: str, *columns: str, text: tuple[str, ...] = ()) -> Table:
     """Numbers right-aligned; the first column and those named in ``text`` left."""
     table = Table(title=title, title_justify="left", title_style="bold", expand=False)
     for i, name in enumerate(columns):
-        table.add_column(name, justify="left" if i == 0 or name in text else "right",
-                         no_wrap=i == 0)
+        table.add_column(
+            name, justify="left" if i == 0 or name in text else "right", no_wrap=i == 0
+        )
     return table
 
 
 def workers_table(view: View) -> Table:
-    table = _table("Workers", "worker", "models", "state", "running", "assigned/max", "KV",
-                   "heartbeat", "decode tok/s", "note", text=("models", "state", "note"))
+    table = _table(
+        "Workers",
+        "worker",
+        "models",
+        "state",
+        "running",
+        "assigned/max",
+        "KV",
+        "heartbeat",
+        "decode tok/s",
+        "note",
+        text=("models", "state", "note"),
+    )
     for w in view.workers:
         state = Text(w.state, style="green" if w.state == "ready" else "yellow")
-        table.add_row(w.worker_id, ", ".join(w.models) or DASH, state, _count(w.running),
-                      f"{_count(w.assigned)}/{_count(w.max_num_seqs)}", _share(w.kv_cache_usage),
-                      _seconds(w.heartbeat_age_s), _rate(w.decode_tokens_per_s, ""),
-                      Text(w.note, style="yellow"))
+        table.add_row(
+            w.worker_id,
+            ", ".join(w.models) or DASH,
+            state,
+            _count(w.running),
+            f"{_count(w.assigned)}/{_count(w.max_num_seqs)}",
+            _share(w.kv_cache_usage),
+            _seconds(w.heartbeat_age_s),
+            _rate(w.decode_tokens_per_s, ""),
+            Text(w.note, style="yellow"),
+        )
     if not view.workers:
         table.add_row(Text("no workers", style="red"))
     return table
 
 
 def queues_table(view: View) -> Table:
-    title = "Queues" + (f"  ({view.queued} waiting, {view.scheduler_inflight} in flight)"
-                        if view.queued is not None else "")
+    title = "Queues" + (
+        f"  ({view.queued} waiting, {view.scheduler_inflight} in flight)"
+        if view.queued is not None
+        else ""
+    )
     table = _table(title, "model", "lane", "depth", "oldest wait", text=("lane",))
     for q in view.queues:
         table.add_row(q.model, q.lane, str(q.depth), _seconds(q.oldest_wait_s))
     if not view.queues:
-        table.add_row(Text("no scheduler" if view.queued is None else "nothing queued yet",
-                           style="red" if view.queued is None else "dim"))
+        table.add_row(
+            Text(
+                "no scheduler" if view.queued is None else "nothing queued yet",
+                style="red" if view.queued is None else "dim",
+            )
+        )
     return table
 
 
 def _model_cells(m: ModelRow) -> list[str | Text]:
-    errors = Text(_share(m.error_ratio),
-                  style="red" if (m.error_ratio or 0) > 0 else "")
-    return [m.model, _rate(m.requests_per_s), errors, _rate(m.prefill_tokens_per_s, ""),
-            _rate(m.decode_tokens_per_s, ""), _seconds(m.ttft_p50_s), _seconds(m.ttft_p95_s),
-            f"{m.ttft_count} from {m.ttft_source}" if m.ttft_source else DASH]
+    errors = Text(_share(m.error_ratio), style="red" if (m.error_ratio or 0) > 0 else "")
+    return [
+        m.model,
+        _rate(m.requests_per_s),
+        errors,
+        _rate(m.prefill_tokens_per_s, ""),
+        _rate(m.decode_tokens_per_s, ""),
+        _seconds(m.ttft_p50_s),
+        _seconds(m.ttft_p95_s),
+        f"{m.ttft_count} from {m.ttft_source}" if m.ttft_source else DASH,
+    ]
 
 
 def traffic_table(view: View) -> Table:
     over = f" over {view.interval_s:.1f} s" if view.interval_s else " (needs a second look)"
-    table = _table("Throughput & latency" + over, "model", "requests", "errors",
-                   "prefill tok/s", "decode tok/s", "TTFT p50", "TTFT p95", "first tokens",
-                   text=("first tokens",))
+    table = _table(
+        "Throughput & latency" + over,
+        "model",
+        "requests",
+        "errors",
+        "prefill tok/s",
+        "decode tok/s",
+        "TTFT p50",
+        "TTFT p95",
+        "first tokens",
+        text=("first tokens",),
+    )
     for m in view.models:
         table.add_row(*_model_cells(m))
     if view.totals is not None:
@@ -88,11 +129,20 @@ def traffic_table(view: View) -> Table:
 
 
 def services_table(view: View) -> Table:
-    table = _table("Services", "service", "instance", "ready", "in flight", "metrics", "detail",
-                   text=("instance", "ready", "metrics", "detail"))
+    table = _table(
+        "Services",
+        "service",
+        "instance",
+        "ready",
+        "in flight",
+        "metrics",
+        "detail",
+        text=("instance", "ready", "metrics", "detail"),
+    )
     for s in view.services:
-        ready = Text({True: "yes", False: "no", None: "?"}[s.ready],
-                     style="green" if s.ready else "red")
+        ready = Text(
+            {True: "yes", False: "no", None: "?"}[s.ready], style="green" if s.ready else "red"
+        )
         metrics = Text(s.metrics, style="" if s.metrics == "ok" else "red")
         table.add_row(s.service, s.instance, ready, _count(s.inflight), metrics, s.detail)
     for name in view.missing_services:
@@ -106,13 +156,21 @@ def footer(view: View) -> Text:
         parts.append(f"gateway refusals {_rate(view.gateway_refusals_per_s)}")
     if view.traces is not None:
         t = view.traces
-        parts.append(f"traces kept {_rate(t.kept_per_s)}, dropped {_rate(t.dropped_per_s)}, "
-                     f"spans dropped {_rate(t.spans_dropped_per_s)}")
+        parts.append(
+            f"traces kept {_rate(t.kept_per_s)}, dropped {_rate(t.dropped_per_s)}, "
+            f"spans dropped {_rate(t.spans_dropped_per_s)}"
+        )
     return Text("  ·  ".join(parts), style="dim")
 
 
 def render(view: View, heading: str) -> RenderableType:
     if view.problem:
         return Group(Text(heading, style="bold"), Text(view.problem, style="bold red"))
-    return Group(Text(heading, style="bold"), workers_table(view), queues_table(view),
-                 traffic_table(view), services_table(view), footer(view))
+    return Group(
+        Text(heading, style="bold"),
+        workers_table(view),
+        queues_table(view),
+        traffic_table(view),
+        services_table(view),
+        footer(view),
+    )

@@ -3,8 +3,9 @@ answered ``$SRV.STATS`` and its parsed /metrics. Plain data and pure parsing, no
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -81,5 +82,6 @@ def instance_from_stats(reply: Mapping[str, Any]) -> Instance | None:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"  # an IPv6 address
     url = f"http://{host}:{port}/metrics" if port else ""
-    return Instance(service=name[len(SERVICE_PREFIX):], instance=str(instance), status=status,
-                    metrics_url=url)
+    return Instance(
+        service=name[len(SERVICE_PREFIX) :], instance=str(instance), status=status, metrics_url=url
+    )

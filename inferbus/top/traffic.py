@@ -12,8 +12,8 @@ Pure: counter and histogram increases between two snapshots, divided by the time
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from .fleet import worker_id_of
 from .quantile import histogram_quantile
@@ -44,7 +44,8 @@ class _Traffic:
     outcomes: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     tokens: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     ttft: defaultdict[str, defaultdict[float, float]] = field(
-        default_factory=lambda: defaultdict(_buckets))
+        default_factory=lambda: defaultdict(_buckets)
+    )
 
     def first_tokens(self) -> tuple[str | None, dict[float, float]]:
         """The TTFT source to show and its buckets."""
@@ -75,8 +76,14 @@ def _gather(interval: Interval) -> dict[str, _Traffic]:
     return by_model
 
 
-def _row(model: str, seconds: float, outcomes: dict[str, float], tokens: dict[str, float],
-         ttft_source: str | None, ttft: dict[float, float]) -> ModelRow:
+def _row(
+    model: str,
+    seconds: float,
+    outcomes: dict[str, float],
+    tokens: dict[str, float],
+    ttft_source: str | None,
+    ttft: dict[float, float],
+) -> ModelRow:
     ended = sum(outcomes.values())
     return ModelRow(
         model=model,
@@ -93,13 +100,24 @@ def _row(model: str, seconds: float, outcomes: dict[str, float], tokens: dict[st
 
 
 def _unknown(model: str) -> ModelRow:
-    return ModelRow(model=model, requests_per_s=None, error_ratio=None, outcomes_per_s={},
-                    prefill_tokens_per_s=None, decode_tokens_per_s=None, ttft_p50_s=None,
-                    ttft_p95_s=None, ttft_count=0, ttft_source=None)
+    return ModelRow(
+        model=model,
+        requests_per_s=None,
+        error_ratio=None,
+        outcomes_per_s={},
+        prefill_tokens_per_s=None,
+        decode_tokens_per_s=None,
+        ttft_p50_s=None,
+        ttft_p95_s=None,
+        ttft_count=0,
+        ttft_source=None,
+    )
 
 
-def model_rows(interval: Interval | None, models: Iterable[str],
-               ) -> tuple[list[ModelRow], ModelRow | None]:
+def model_rows(
+    interval: Interval | None,
+    models: Iterable[str],
+) -> tuple[list[ModelRow], ModelRow | None]:
     """A row per model (those given and any with traffic) and the totals row."""
     interval = usable(interval)
     if interval is None:
@@ -147,8 +165,9 @@ def refusals_per_s(interval: Interval | None) -> float | None:
 
 def trace_rates(now: Snapshot, interval: Interval | None) -> TraceRates | None:
     """Traces kept and dropped per second; None when no service exports them."""
-    exported = any(i.metrics and (i.metrics.get(TRACES) or i.metrics.get(SPANS_DROPPED))
-                   for i in now.instances)
+    exported = any(
+        i.metrics and (i.metrics.get(TRACES) or i.metrics.get(SPANS_DROPPED)) for i in now.instances
+    )
     if not exported:
         return None
     interval = usable(interval)
@@ -158,6 +177,8 @@ def trace_rates(now: Snapshot, interval: Interval | None) -> TraceRates | None:
     for _, labels, grew in counter_increases(interval, TRACES):
         decided[labels.get("decision", "?")] += grew
     spans = sum(grew for _, _, grew in counter_increases(interval, SPANS_DROPPED))
-    return TraceRates(kept_per_s=decided["kept"] / interval.seconds,
-                      dropped_per_s=decided["dropped"] / interval.seconds,
-                      spans_dropped_per_s=spans / interval.seconds)
+    return TraceRates(
+        kept_per_s=decided["kept"] / interval.seconds,
+        dropped_per_s=decided["dropped"] / interval.seconds,
+        spans_dropped_per_s=spans / interval.seconds,
+    )

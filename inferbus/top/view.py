@@ -21,7 +21,8 @@ def build_view(before: Snapshot | None, now: Snapshot) -> View:
     workers = fleet.worker_rows(now, scheduler, traffic.worker_decode_rates(interval))
     queues = fleet.queue_rows(scheduler)
     models, totals = traffic.model_rows(
-        interval, {m for w in workers for m in w.models} | {q.model for q in queues})
+        interval, {m for w in workers for m in w.models} | {q.model for q in queues}
+    )
     return View(
         interval_s=interval.seconds if interval else None,
         problem=now.problem,

@@ -1,6 +1,6 @@
 """`python -m inferbus.services.gateway` (or `inferbus serve gateway`): run one gateway."""
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from inferbus.shared import runtime
 

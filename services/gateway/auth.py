@@ -145,47 +145,74 @@ class AccessControl:
             if scheme.lower() == "bearer" and value.strip():
                 token = value.strip()
         if not token:
-            raise ApiError(401, "no API key: send the header 'Authorization: Bearer <key>'",
-                           type="invalid_request_error", code="invalid_api_key")
+            raise ApiError(
+                401,
+                "no API key: send the header 'Authorization: Bearer <key>'",
+                type="invalid_request_error",
+                code="invalid_api_key",
+            )
         key = self.by_digest.get(digest(token))
         if key is None:
-            raise ApiError(401, "the API key is not valid", type="invalid_request_error",
-                           code="invalid_api_key")
+            raise ApiError(
+                401,
+                "the API key is not valid",
+                type="invalid_request_error",
+                code="invalid_api_key",
+            )
         return key
 
     @staticmethod
     def authorize_model(key: ApiKey, model: str) -> None:
         if not key.allows(model):
-            raise ApiError(403, f"the API key {key.name!r} may not use the model {model!r}",
-                           type="permission_error", param="model", code="model_not_allowed")
+            raise ApiError(
+                403,
+                f"the API key {key.name!r} may not use the model {model!r}",
+                type="permission_error",
+                param="model",
+                code="model_not_allowed",
+            )
 
-    def admit(self, key: ApiKey, *, model: str, max_tokens: int, prompt_chars: int,
-              now: float) -> Admission:
+    def admit(
+        self, key: ApiKey, *, model: str, max_tokens: int, prompt_chars: int, now: float
+    ) -> Admission:
         """Check the key's scopes and limits for one request, charging its budgets."""
         self.authorize_model(key, model)
         if key.max_tokens and max_tokens > key.max_tokens:
-            raise ApiError(400, f"max_tokens is {max_tokens}, over this key's limit of "
-                           f"{key.max_tokens}", param="max_tokens", code="max_tokens_over_limit")
+            raise ApiError(
+                400,
+                f"max_tokens is {max_tokens}, over this key's limit of {key.max_tokens}",
+                param="max_tokens",
+                code="max_tokens_over_limit",
+            )
         charge = 0
         waits: list[float] = []
         req_bucket = tok_bucket = None
         if key.requests_per_s > 0:
-            req_bucket = self._bucket(self._requests, key.sha256, key.requests_per_s,
-                                      max(1.0, key.requests_per_s), now)
+            req_bucket = self._bucket(
+                self._requests, key.sha256, key.requests_per_s, max(1.0, key.requests_per_s), now
+            )
             waits.append(req_bucket.wait_for(1, now))
         if key.tokens_per_min > 0:
             # a request bigger than the whole budget waits for a full bucket, not forever
             charge = min(estimate_prompt_tokens(prompt_chars) + max_tokens, key.tokens_per_min)
-            tok_bucket = self._bucket(self._tokens, key.sha256, key.tokens_per_min / 60.0,
-                                      key.tokens_per_min, now)
+            tok_bucket = self._bucket(
+                self._tokens, key.sha256, key.tokens_per_min / 60.0, key.tokens_per_min, now
+            )
             waits.append(tok_bucket.wait_for(charge, now))
         wait = max(waits, default=0.0)
         if wait > 0:
-            which = "requests per second" if req_bucket and req_bucket.wait_for(1, now) else \
-                "tokens per minute"
-            raise ApiError(429, f"rate limit of the API key {key.name!r} reached ({which}); "
-                           f"retry in {wait:.1f}s", type="rate_limit_error",
-                           code="rate_limit_exceeded", retry_after=math.ceil(wait))
+            which = (
+                "requests per second"
+                if req_bucket and req_bucket.wait_for(1, now)
+                else "tokens per minute"
+            )
+            raise ApiError(
+                429,
+                f"rate limit of the API key {key.name!r} reached ({which}); retry in {wait:.1f}s",
+                type="rate_limit_error",
+                code="rate_limit_exceeded",
+                retry_after=math.ceil(wait),
+            )
         if req_bucket:
             req_bucket.take(1, now)
         if tok_bucket:
@@ -206,8 +233,9 @@ class AccessControl:
                 bucket.take(-refund, now)
 
     @staticmethod
-    def _bucket(table: dict[str, Bucket], name: str, rate: float, capacity: float,
-                now: float) -> Bucket:
+    def _bucket(
+        table: dict[str, Bucket], name: str, rate: float, capacity: float, now: float
+    ) -> Bucket:
         b = table.get(name)
         if b is None:
             b = table[name] = Bucket(rate, capacity, now)

@@ -11,13 +11,13 @@ import msgspec
 from inferbus.contracts import (
     ChatMessage,
     ModelLoad,
-    SchedulerLoad,
     RequestCancelled,
     RequestFailed,
     RequestFinished,
     RequestRejected,
     RequestSubmitted,
     SamplingParams,
+    SchedulerLoad,
     WorkerHeartbeat,
 )
 
@@ -89,8 +89,9 @@ class CompletionRequest(_Common, kw_only=True):
 
 
 def _unsupported(param: str, what: str) -> ApiError:
-    return ApiError(400, f"{what} is not supported by this server", param=param,
-                    code="unsupported_parameter")
+    return ApiError(
+        400, f"{what} is not supported by this server", param=param, code="unsupported_parameter"
+    )
 
 
 def _refuse_unsupported(req: _Common) -> None:
@@ -123,16 +124,29 @@ def _refuse_unsupported(req: _Common) -> None:
 class ApiError(Exception):
     """An OpenAI-shaped error: ``{"error": {"message", "type", "param", "code"}}``."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None,
-                 retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type = status, message, type
         self.param, self.code, self.retry_after = param, code, retry_after
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 _AT = re.compile(r"at `\$\.?([^`]*)`")
@@ -162,8 +176,9 @@ def _decode(body: bytes, cls: type[Any]) -> Any:
             return msgspec.convert(_integral(msgspec.json.decode(body)), cls)
         except msgspec.ValidationError as exc:
             error = exc
-    raise ApiError(400, f"invalid request: {error}", param=_param(str(error)),
-                   code="invalid_value") from None
+    raise ApiError(
+        400, f"invalid request: {error}", param=_param(str(error)), code="invalid_value"
+    ) from None
 
 
 def _integral(value: Any) -> Any:
@@ -182,13 +197,19 @@ def _sampling(req: _Common, max_tokens: int | None, default_max_tokens: int) -> 
         raise ApiError(400, "only n=1 is supported", param="n", code="unsupported_value")
     _refuse_unsupported(req)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    return SamplingParams(max_tokens=default_max_tokens if max_tokens is None else max_tokens,
-                          temperature=req.temperature, top_p=req.top_p,
-                          top_k=max(0, req.top_k), stop=stop, seed=req.seed,
-                          presence_penalty=req.presence_penalty,
-                          frequency_penalty=req.frequency_penalty,
-                          repetition_penalty=req.repetition_penalty, ignore_eos=req.ignore_eos,
-                          stop_token_ids=list(req.stop_token_ids))
+    return SamplingParams(
+        max_tokens=default_max_tokens if max_tokens is None else max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=max(0, req.top_k),
+        stop=stop,
+        seed=req.seed,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        repetition_penalty=req.repetition_penalty,
+        ignore_eos=req.ignore_eos,
+        stop_token_ids=list(req.stop_token_ids),
+    )
 
 
 def _content(msg: ChatMessageIn) -> str:
@@ -199,30 +220,52 @@ def _content(msg: ChatMessageIn) -> str:
     return "".join(part.text for part in msg.content)
 
 
-def parse_chat(body: bytes, default_max_tokens: int) -> tuple[ChatCompletionRequest, SamplingParams, list[ChatMessage]]:
+def parse_chat(
+    body: bytes, default_max_tokens: int
+) -> tuple[ChatCompletionRequest, SamplingParams, list[ChatMessage]]:
     req: ChatCompletionRequest = _decode(body, ChatCompletionRequest)
-    messages = [ChatMessage(role=m.role, content=_content(m), name=m.name)
-                for m in req.messages]
+    messages = [ChatMessage(role=m.role, content=_content(m), name=m.name) for m in req.messages]
     limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     return req, _sampling(req, limit, default_max_tokens), messages
 
 
-def parse_completion(body: bytes, default_max_tokens: int) -> tuple[CompletionRequest, SamplingParams, str]:
+def parse_completion(
+    body: bytes, default_max_tokens: int
+) -> tuple[CompletionRequest, SamplingParams, str]:
     req: CompletionRequest = _decode(body, CompletionRequest)
     prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
     return req, _sampling(req, req.max_tokens, default_max_tokens), prompt
 
 
-def submitted(*, request_id: str, model: str, reply_to: str, sampling: SamplingParams,
-              now: float, tenant: str = "default", priority: str = "standard",
-              timeout_s: float | None = None, prompt: str | None = None,
-              messages: list[ChatMessage] | None = None, input_policy: str = "",
-              mask_pii: bool | None = None) -> RequestSubmitted:
-    return RequestSubmitted(request_id=request_id, model=model, reply_to=reply_to,
-                            prompt=prompt, messages=messages, sampling=sampling, tenant=tenant,
-                            priority=priority, created_at=now,
-                            deadline=now + timeout_s if timeout_s else 0.0,
-                            input_policy=input_policy, mask_pii=mask_pii)
+def submitted(
+    *,
+    request_id: str,
+    model: str,
+    reply_to: str,
+    sampling: SamplingParams,
+    now: float,
+    tenant: str = "default",
+    priority: str = "standard",
+    timeout_s: float | None = None,
+    prompt: str | None = None,
+    messages: list[ChatMessage] | None = None,
+    input_policy: str = "",
+    mask_pii: bool | None = None,
+) -> RequestSubmitted:
+    return RequestSubmitted(
+        request_id=request_id,
+        model=model,
+        reply_to=reply_to,
+        prompt=prompt,
+        messages=messages,
+        sampling=sampling,
+        tenant=tenant,
+        priority=priority,
+        created_at=now,
+        deadline=now + timeout_s if timeout_s else 0.0,
+        input_policy=input_policy,
+        mask_pii=mask_pii,
+    )
 
 
 def request_timeout(header: str | None) -> float | None:
@@ -235,8 +278,12 @@ def request_timeout(header: str | None) -> float | None:
     except ValueError:
         value = -1.0
     if not 0 < value <= 24 * 3600:
-        raise ApiError(400, "X-Request-Timeout must be seconds between 0 and 86400",
-                       param="X-Request-Timeout", code="invalid_value")
+        raise ApiError(
+            400,
+            "X-Request-Timeout must be seconds between 0 and 86400",
+            param="X-Request-Timeout",
+            code="invalid_value",
+        )
     return value
 
 
@@ -248,10 +295,19 @@ def prompt_chars(prompt: str | None, messages: list[ChatMessage] | None) -> int:
 
 # -- terminal events → HTTP ------------------------------------------------------------
 
-_FAIL_STATUS = {"no_worker": 503, "worker_lost": 503, "worker_shutdown": 503,
-                "queue_timeout": 503, "invalid_request": 400, "timeout": 504,
-                "deadline_exceeded": 504, "queue_full": 429, "duplicate_request": 409,
-                "context_length_exceeded": 400, "model_not_found": 404}
+_FAIL_STATUS = {
+    "no_worker": 503,
+    "worker_lost": 503,
+    "worker_shutdown": 503,
+    "queue_timeout": 503,
+    "invalid_request": 400,
+    "timeout": 504,
+    "deadline_exceeded": 504,
+    "queue_full": 429,
+    "duplicate_request": 409,
+    "context_length_exceeded": 400,
+    "model_not_found": 404,
+}
 
 
 def error_for(event: RequestFailed | RequestRejected | RequestCancelled) -> ApiError:
@@ -260,10 +316,19 @@ def error_for(event: RequestFailed | RequestRejected | RequestCancelled) -> ApiE
     if isinstance(event, RequestCancelled):
         return ApiError(499, event.reason, type="cancelled", code="cancelled")
     status = _FAIL_STATUS.get(event.code, 500)
-    kind = {400: "invalid_request_error", 404: "invalid_request_error",
-            409: "invalid_request_error", 429: "rate_limit_error"}.get(status, "server_error")
-    return ApiError(status, event.reason, type=kind, code=event.code,
-                    retry_after=1.0 if event.retryable else None)
+    kind = {
+        400: "invalid_request_error",
+        404: "invalid_request_error",
+        409: "invalid_request_error",
+        429: "rate_limit_error",
+    }.get(status, "server_error")
+    return ApiError(
+        status,
+        event.reason,
+        type=kind,
+        code=event.code,
+        retry_after=1.0 if event.retryable else None,
+    )
 
 
 # -- OpenAI response shapes --------------------------------------------------------------
@@ -271,8 +336,11 @@ def error_for(event: RequestFailed | RequestRejected | RequestCancelled) -> ApiE
 
 def usage_dict(fin: RequestFinished) -> dict[str, int]:
     u = fin.usage
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.total_tokens}
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens,
+    }
 
 
 class Shapes:
@@ -297,15 +365,24 @@ class Shapes:
             if text is not None:
                 delta["content"] = text
             return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"index": 0, "message": {"role": "assistant", "content": text},
-                "logprobs": None, "finish_reason": finish}
+        return {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish,
+        }
 
     def _envelope(self, choices: list[dict[str, Any]], stream: bool) -> dict[str, Any]:
-        obj = ("chat.completion" if self.chat else "text_completion")
+        obj = "chat.completion" if self.chat else "text_completion"
         if stream and self.chat:
             obj += ".chunk"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": choices}
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
 
     def chunk(self, text: str) -> dict[str, Any]:
         return self._envelope([self._choice(text, None, True)], True)
@@ -315,9 +392,9 @@ class Shapes:
         if self.chat and not self._role_sent:
             return sse(self.chunk(text))
         if self._event_parts is None:
-            head = msgspec.json.encode(self._envelope([], True))[:-len(b'"choices":[]}')]
+            head = msgspec.json.encode(self._envelope([], True))[: -len(b'"choices":[]}')]
             field = b'"delta":{"content":' if self.chat else b'"text":'
-            tail = b'}' if self.chat else b''
+            tail = b"}" if self.chat else b""
             self._event_parts = (
                 b"data: " + head + b'"choices":[{"index":0,' + field,
                 tail + b',"logprobs":null,"finish_reason":null}]}\n\n',
@@ -326,8 +403,9 @@ class Shapes:
         return prefix + msgspec.json.encode(text) + suffix
 
     def final_chunk(self, fin: RequestFinished) -> dict[str, Any]:
-        return self._envelope([self._choice(None if self.chat else "", fin.finish_reason, True)],
-                              True)
+        return self._envelope(
+            [self._choice(None if self.chat else "", fin.finish_reason, True)], True
+        )
 
     def usage_chunk(self, fin: RequestFinished) -> dict[str, Any]:
         env = self._envelope([], True)
@@ -364,21 +442,37 @@ class ModelRegistry:
         """Raise the HTTP error for a model no live worker can serve right now."""
         ready = self.models(now).get(model)
         if ready is None:
-            raise ApiError(404, f"the model {model!r} does not exist or no worker serves it",
-                           param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"the model {model!r} does not exist or no worker serves it",
+                param="model",
+                code="model_not_found",
+            )
         if ready == 0:
-            raise ApiError(503, f"no worker for {model!r} is ready", type="server_error",
-                           code="no_worker", retry_after=1.0)
+            raise ApiError(
+                503,
+                f"no worker for {model!r} is ready",
+                type="server_error",
+                code="no_worker",
+                retry_after=1.0,
+            )
         limit = self.max_model_len(model)
         if limit and max_tokens >= limit:
-            raise ApiError(400, f"max_tokens ({max_tokens}) leaves no room for the prompt in "
-                           f"{model!r}'s {limit}-token context", param="max_tokens",
-                           code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"max_tokens ({max_tokens}) leaves no room for the prompt in "
+                f"{model!r}'s {limit}-token context",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
 
     def max_model_len(self, model: str) -> int:
         """The smallest context of the workers serving ``model`` (0 when unknown)."""
-        lens = [hb.max_model_len for hb, _ in self._workers.values()
-                if model in hb.models and hb.max_model_len]
+        lens = [
+            hb.max_model_len
+            for hb, _ in self._workers.values()
+            if model in hb.models and hb.max_model_len
+        ]
         return min(lens, default=0)
 
     def models(self, now: float) -> dict[str, int]:
@@ -434,12 +528,22 @@ class LoadView:
         if m is None or not m.queue_limit or m.queued < m.queue_limit:
             return
         if not m.ready_workers:
-            raise ApiError(503, f"{m.queued} requests for {model!r} are waiting and no worker "
-                           "serves it now; retry later", type="server_error", code="no_worker",
-                           retry_after=5.0)
-        raise ApiError(429, f"{m.queued} requests for {model!r} are waiting, the most this "
-                       "platform queues; retry later", type="rate_limit_error",
-                       code="queue_full", retry_after=retry_after(m))
+            raise ApiError(
+                503,
+                f"{m.queued} requests for {model!r} are waiting and no worker "
+                "serves it now; retry later",
+                type="server_error",
+                code="no_worker",
+                retry_after=5.0,
+            )
+        raise ApiError(
+            429,
+            f"{m.queued} requests for {model!r} are waiting, the most this "
+            "platform queues; retry later",
+            type="rate_limit_error",
+            code="queue_full",
+            retry_after=retry_after(m),
+        )
 
 
 def retry_after(m: ModelLoad) -> float:

@@ -117,7 +117,7 @@ _REF = "#/components/schemas/{name}"
 
 _ERRORS = {
     "400": "Invalid request: malformed JSON, a wrong type or value, an unsupported parameter, "
-           "or a prompt over the model's context",
+    "or a prompt over the model's context",
     "401": "Missing or invalid API key",
     "403": "The API key may not use this model",
     "404": "No live worker serves this model",
@@ -129,45 +129,76 @@ _ERRORS = {
 
 
 def _error(description: str) -> dict[str, Any]:
-    return {"description": description, "headers": _HEADERS,
-            "content": {"application/json": {"schema": {"$ref": _REF.format(name="ErrorResponse")}}}}
+    return {
+        "description": description,
+        "headers": _HEADERS,
+        "content": {"application/json": {"schema": {"$ref": _REF.format(name="ErrorResponse")}}},
+    }
 
 
-_HEADERS = {"x-request-id": {"description": "The request's id (yours, or a new one)",
-                             "schema": {"type": "string"}}}
+_HEADERS = {
+    "x-request-id": {
+        "description": "The request's id (yours, or a new one)",
+        "schema": {"type": "string"},
+    }
+}
 
 
 def _events(chunk: str) -> dict[str, Any]:
     """Each server-sent event: ``data`` is a JSON chunk (or an error, after which the
     stream ends), and the last event's data is ``[DONE]``."""
-    json_data = {"type": "string", "contentMediaType": "application/json",
-                 "contentSchema": {"oneOf": [{"$ref": _REF.format(name=chunk)},
-                                             {"$ref": _REF.format(name="ErrorResponse")}]}}
-    return {"type": "object", "required": ["data"],
-            "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_data]}}}
+    json_data = {
+        "type": "string",
+        "contentMediaType": "application/json",
+        "contentSchema": {
+            "oneOf": [
+                {"$ref": _REF.format(name=chunk)},
+                {"$ref": _REF.format(name="ErrorResponse")},
+            ]
+        },
+    }
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_data]}},
+    }
 
 
 def _completion_op(summary: str, request: str, response: str, chunk: str) -> dict[str, Any]:
     return {
         "summary": summary,
         "parameters": [
-            {"name": "x-request-id", "in": "header", "required": False,
-             "description": "Your id for the request (letters, digits, - and _); "
-                            "reusing one that was already submitted gives 409",
-             "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,128}$"}},
-            {"name": "X-Request-Timeout", "in": "header", "required": False,
-             "description": "Seconds the request may take; past them it ends with 504 "
-                            "deadline_exceeded wherever it is",
-             "schema": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400}},
+            {
+                "name": "x-request-id",
+                "in": "header",
+                "required": False,
+                "description": "Your id for the request (letters, digits, - and _); "
+                "reusing one that was already submitted gives 409",
+                "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,128}$"},
+            },
+            {
+                "name": "X-Request-Timeout",
+                "in": "header",
+                "required": False,
+                "description": "Seconds the request may take; past them it ends with 504 "
+                "deadline_exceeded wherever it is",
+                "schema": {"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
+            },
         ],
-        "requestBody": {"required": True, "content": {
-            "application/json": {"schema": {"$ref": _REF.format(name=request)}}}},
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": _REF.format(name=request)}}},
+        },
         "responses": {
-            "200": {"description": "The completion; with stream=true, server-sent events of "
-                                   "chunks ending with 'data: [DONE]'",
-                    "headers": _HEADERS,
-                    "content": {"application/json": {"schema": {"$ref": _REF.format(name=response)}},
-                                "text/event-stream": {"schema": _events(chunk)}}},
+            "200": {
+                "description": "The completion; with stream=true, server-sent events of "
+                "chunks ending with 'data: [DONE]'",
+                "headers": _HEADERS,
+                "content": {
+                    "application/json": {"schema": {"$ref": _REF.format(name=response)}},
+                    "text/event-stream": {"schema": _events(chunk)},
+                },
+            },
             **{code: _error(text) for code, text in _ERRORS.items()},
         },
     }
@@ -180,19 +211,27 @@ _UNSUPPORTED: dict[str, dict[str, Any]] = {
     # them wider so the error names the field instead of a type mismatch
     "n": {"enum": [1], "description": _ONLY.format("1")},
     "logprobs": {"enum": [False, 0, None], "description": _ONLY.format("false")},
-    "logit_bias": {"anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}],
-                   "description": _ONLY.format("{}")},
+    "logit_bias": {
+        "anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}],
+        "description": _ONLY.format("{}"),
+    },
 }
 _UNSUPPORTED_CHAT: dict[str, dict[str, Any]] = {
     "top_logprobs": {"enum": [0, None], "description": _ONLY.format("0")},
-    "tools": {"anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}],
-              "description": _ONLY.format("[]")},
-    "functions": {"anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}],
-                  "description": _ONLY.format("[]")},
+    "tools": {
+        "anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}],
+        "description": _ONLY.format("[]"),
+    },
+    "functions": {
+        "anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}],
+        "description": _ONLY.format("[]"),
+    },
     "tool_choice": {"enum": ["none", "auto", None], "description": _ONLY.format('"none"')},
     "function_call": {"enum": ["none", "auto", None], "description": _ONLY.format('"none"')},
-    "response_format": {"anyOf": [{"type": "object", "properties": {
-        "type": {"enum": ["text"]}}}, {"type": "null"}], "description": _ONLY.format("text")},
+    "response_format": {
+        "anyOf": [{"type": "object", "properties": {"type": {"enum": ["text"]}}}, {"type": "null"}],
+        "description": _ONLY.format("text"),
+    },
 }
 _UNSUPPORTED_COMPLETION: dict[str, dict[str, Any]] = {
     "echo": {"enum": [False], "description": _ONLY.format("false")},
@@ -217,37 +256,70 @@ def openapi_document(models: tuple[str, ...] = ()) -> dict[str, Any]:
 @cache
 def _document() -> dict[str, Any]:
     _, components = msgspec.json.schema_components(
-        [ChatCompletionRequest, CompletionRequest, ChatCompletion, Completion, ModelList,
-         ErrorResponse, ChatCompletionChunk, CompletionChunk], ref_template=_REF)
-    for name, extra in (("ChatCompletionRequest", _UNSUPPORTED_CHAT),
-                        ("CompletionRequest", _UNSUPPORTED_COMPLETION)):
+        [
+            ChatCompletionRequest,
+            CompletionRequest,
+            ChatCompletion,
+            Completion,
+            ModelList,
+            ErrorResponse,
+            ChatCompletionChunk,
+            CompletionChunk,
+        ],
+        ref_template=_REF,
+    )
+    for name, extra in (
+        ("ChatCompletionRequest", _UNSUPPORTED_CHAT),
+        ("CompletionRequest", _UNSUPPORTED_COMPLETION),
+    ):
         props = components[name]["properties"]
         for field, override in {**_UNSUPPORTED, **extra}.items():
-            props[field] = {**override, **({"default": props[field]["default"]}
-                                           if "default" in props[field] else {})}
+            props[field] = {
+                **override,
+                **({"default": props[field]["default"]} if "default" in props[field] else {}),
+            }
     return {
         "openapi": "3.1.0",
-        "info": {"title": "inferbus gateway", "version": "1",
-                 "description": "OpenAI-compatible completions over the inferbus platform."},
+        "info": {
+            "title": "inferbus gateway",
+            "version": "1",
+            "description": "OpenAI-compatible completions over the inferbus platform.",
+        },
         "components": {
             "schemas": components,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
         "security": [{"bearer": []}, {}],
         "paths": {
-            "/v1/chat/completions": {"post": _completion_op(
-                "Create a chat completion", "ChatCompletionRequest", "ChatCompletion",
-                "ChatCompletionChunk")},
-            "/v1/completions": {"post": _completion_op(
-                "Create a text completion", "CompletionRequest", "Completion",
-                "CompletionChunk")},
-            "/v1/models": {"get": {
-                "summary": "Models live workers serve (those the API key may use)",
-                "responses": {
-                    "200": {"description": "The models", "headers": _HEADERS, "content": {
-                        "application/json": {"schema": {"$ref": _REF.format(name="ModelList")}}}},
-                    "401": _error(_ERRORS["401"]),
-                },
-            }},
+            "/v1/chat/completions": {
+                "post": _completion_op(
+                    "Create a chat completion",
+                    "ChatCompletionRequest",
+                    "ChatCompletion",
+                    "ChatCompletionChunk",
+                )
+            },
+            "/v1/completions": {
+                "post": _completion_op(
+                    "Create a text completion", "CompletionRequest", "Completion", "CompletionChunk"
+                )
+            },
+            "/v1/models": {
+                "get": {
+                    "summary": "Models live workers serve (those the API key may use)",
+                    "responses": {
+                        "200": {
+                            "description": "The models",
+                            "headers": _HEADERS,
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": _REF.format(name="ModelList")}
+                                }
+                            },
+                        },
+                        "401": _error(_ERRORS["401"]),
+                    },
+                }
+            },
         },
     }

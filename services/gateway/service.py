@@ -7,7 +7,8 @@ import re
 import secrets
 import time
 import uuid
-from typing import Any, AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from aiohttp import web
 from nats.aio.msg import Msg
@@ -53,8 +54,12 @@ from .trace import HttpTrace, NoTrace, http_trace
 
 log = logs.get("inferbus.gateway")
 
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                "Connection": "keep-alive", "X-Accel-Buffering": "no"}
+_SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "Connection": "keep-alive",
+    "X-Accel-Buffering": "no",
+}
 
 
 class GatewaySettings(ServiceSettings, kw_only=True):
@@ -105,22 +110,30 @@ class GatewayService(Service[GatewaySettings]):
     async def start(self, ctx: Context[GatewaySettings]) -> None:
         self._ctx = ctx
         self._subs = [
-            await ctx.nc.subscribe(f"{REPLY_PREFIX}.{self.gateway_id}.>", cb=self._on_reply,
-                                   pending_msgs_limit=1_000_000),
+            await ctx.nc.subscribe(
+                f"{REPLY_PREFIX}.{self.gateway_id}.>",
+                cb=self._on_reply,
+                pending_msgs_limit=1_000_000,
+            ),
             await ctx.nc.subscribe(HEARTBEATS, cb=self._on_heartbeat),
             await ctx.nc.subscribe(SCHEDULER_LOAD, cb=self._on_load),
         ]
         if self.access.open:
-            log.warning("open mode: no API keys are configured, so every request is served "
-                        "without authentication as tenant 'default'; set --api-keys-file "
-                        "or INFERBUS_API_KEYS to require keys")
+            log.warning(
+                "open mode: no API keys are configured, so every request is served "
+                "without authentication as tenant 'default'; set --api-keys-file "
+                "or INFERBUS_API_KEYS to require keys"
+            )
         else:
             log.info("API keys required", keys=len(self.access.by_digest))
 
     def status(self) -> dict[str, Any]:
-        return {"gateway_id": self.gateway_id, "inflight": len(self._pending),
-                "models": self.registry.models(time.monotonic()),
-                "auth": "open" if self.access.open else "api-keys"}
+        return {
+            "gateway_id": self.gateway_id,
+            "inflight": len(self._pending),
+            "models": self.registry.models(time.monotonic()),
+            "auth": "open" if self.access.open else "api-keys",
+        }
 
     async def drain(self) -> None:
         self._draining = True
@@ -163,11 +176,18 @@ class GatewayService(Service[GatewaySettings]):
         except ApiError as err:
             return _error_response(err, rid)
         models = self.registry.models(time.monotonic())
-        data = [{"id": m, "object": "model", "created": 0, "owned_by": "inferbus",
-                 "max_model_len": self.registry.max_model_len(m) or None}
-                for m, ready in sorted(models.items()) if ready and key.allows(m)]
-        return web.json_response({"object": "list", "data": data},
-                                 headers={"x-request-id": rid})
+        data = [
+            {
+                "id": m,
+                "object": "model",
+                "created": 0,
+                "owned_by": "inferbus",
+                "max_model_len": self.registry.max_model_len(m) or None,
+            }
+            for m, ready in sorted(models.items())
+            if ready and key.allows(m)
+        ]
+        return web.json_response({"object": "list", "data": data}, headers={"x-request-id": rid})
 
     async def openapi(self, _: web.Request) -> web.Response:
         # the document needs no key, so it names the live models only on an open gateway
@@ -181,8 +201,9 @@ class GatewayService(Service[GatewaySettings]):
         return await self._handle(request, chat=False)
 
     def _authenticate(self, http: web.Request) -> ApiKey:
-        return self.access.authenticate(http.headers.get("Authorization"),
-                                        http.headers.get("x-api-key"))
+        return self.access.authenticate(
+            http.headers.get("Authorization"), http.headers.get("x-api-key")
+        )
 
     async def _handle(self, http: web.Request, chat: bool) -> web.StreamResponse:
         assert self._ctx
@@ -195,8 +216,13 @@ class GatewayService(Service[GatewaySettings]):
                 metrics.GATEWAY_REFUSALS.labels(err.code or str(err.status)).inc()
             trace.end(err.status, f"{err.code or err.status}: {err.message}")
             if not trace.submitted:  # it ends here: its one line is written here
-                log.info("request ended", request_id=rid, outcome="refused",
-                         status=err.status, code=err.code or "")
+                log.info(
+                    "request ended",
+                    request_id=rid,
+                    outcome="refused",
+                    status=err.status,
+                    code=err.code or "",
+                )
             return _error_response(err, rid)
         except (asyncio.CancelledError, ConnectionResetError):  # the client hung up
             trace.end(499, "client_disconnected: the client closed the connection")
@@ -207,15 +233,25 @@ class GatewayService(Service[GatewaySettings]):
         trace.end(resp.status, "")
         return resp
 
-    async def _serve(self, http: web.Request, rid: str, chat: bool,
-                     trace: HttpTrace | NoTrace) -> web.StreamResponse:
+    async def _serve(
+        self, http: web.Request, rid: str, chat: bool, trace: HttpTrace | NoTrace
+    ) -> web.StreamResponse:
         assert self._ctx
         if self._draining:
-            raise ApiError(503, "the gateway is shutting down", type="server_error",
-                           code="draining", retry_after=1.0)
+            raise ApiError(
+                503,
+                "the gateway is shutting down",
+                type="server_error",
+                code="draining",
+                retry_after=1.0,
+            )
         if not _REQUEST_ID.fullmatch(rid):
-            raise ApiError(400, "x-request-id must be 1 to 128 letters, digits, - or _",
-                           param="x-request-id", code="invalid_value")
+            raise ApiError(
+                400,
+                "x-request-id must be 1 to 128 letters, digits, - or _",
+                param="x-request-id",
+                code="invalid_value",
+            )
         key = self._authenticate(http)
         body = await http.read()
         # a request that names no max_tokens gets the default, within the key's cap
@@ -236,15 +272,25 @@ class GatewayService(Service[GatewaySettings]):
             raise ApiError(409, f"request {rid} is already in flight", code="duplicate_request")
         self.load.admit(req.model, now)  # before charging the key: a full queue costs nothing
         chars = prompt_chars(prompt, messages)
-        admission = self.access.admit(key, model=req.model, max_tokens=sampling.max_tokens,
-                                      prompt_chars=chars, now=now)
+        admission = self.access.admit(
+            key, model=req.model, max_tokens=sampling.max_tokens, prompt_chars=chars, now=now
+        )
         flow = _Flow()
         try:
-            event = submitted(request_id=rid, model=req.model, sampling=sampling,
-                              reply_to=reply_subject(self.gateway_id, rid), now=time.time(),
-                              tenant=key.tenant_id, priority=key.priority, timeout_s=timeout_s,
-                              prompt=prompt, messages=messages, input_policy=key.input_policy,
-                              mask_pii=key.mask_pii)
+            event = submitted(
+                request_id=rid,
+                model=req.model,
+                sampling=sampling,
+                reply_to=reply_subject(self.gateway_id, rid),
+                now=time.time(),
+                tenant=key.tenant_id,
+                priority=key.priority,
+                timeout_s=timeout_s,
+                prompt=prompt,
+                messages=messages,
+                input_policy=key.input_policy,
+                mask_pii=key.mask_pii,
+            )
             shapes = Shapes(chat=chat, request_id=rid, model=req.model, created=int(time.time()))
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             events = self._submit(event, timeout_s, flow, trace)
@@ -266,18 +312,30 @@ class GatewayService(Service[GatewaySettings]):
         finally:
             self.access.settle(admission, flow.used_tokens(chars), time.monotonic())
 
-    async def _submit(self, event: RequestSubmitted, timeout_s: float | None,
-                      flow: "_Flow", trace: HttpTrace | NoTrace) -> AsyncIterator[Any]:
+    async def _submit(
+        self,
+        event: RequestSubmitted,
+        timeout_s: float | None,
+        flow: _Flow,
+        trace: HttpTrace | NoTrace,
+    ) -> AsyncIterator[Any]:
         """Register for replies, publish, then yield chunks until the terminal event."""
         assert self._ctx
         rid = event.request_id
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._pending[rid] = queue
-        ack = await publish_durable(self._ctx.js, SUBMIT, event, request_id=rid, msg_id=rid,
-                                    trace=trace.headers)
+        ack = await publish_durable(
+            self._ctx.js, SUBMIT, event, request_id=rid, msg_id=rid, trace=trace.headers
+        )
         if ack.duplicate:  # refused: the request under that id is another one
-            raise _Ended(ApiError(409, f"request id {rid} was already submitted; use a new one",
-                                  param="x-request-id", code="duplicate_request"))
+            raise _Ended(
+                ApiError(
+                    409,
+                    f"request id {rid} was already submitted; use a new one",
+                    param="x-request-id",
+                    code="duplicate_request",
+                )
+            )
         trace.on_submitted()
         # the platform ends a request at its deadline; the grace covers the last hop
         limit = self.settings.request_timeout_s
@@ -290,15 +348,25 @@ class GatewayService(Service[GatewaySettings]):
             remaining = deadline - time.monotonic()
             try:
                 ev = await asyncio.wait_for(queue.get(), remaining) if remaining > 0 else None
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 ev = None
             if ev is None:
                 if own:
-                    raise _Ended(ApiError(504, f"the request's {timeout_s:g}s timeout passed",
-                                          type="server_error", code="deadline_exceeded"),
-                                 settled=False)
-                raise _Ended(ApiError(504, f"no answer within {limit:g}s",
-                                      type="server_error", code="timeout"), settled=False)
+                    raise _Ended(
+                        ApiError(
+                            504,
+                            f"the request's {timeout_s:g}s timeout passed",
+                            type="server_error",
+                            code="deadline_exceeded",
+                        ),
+                        settled=False,
+                    )
+                raise _Ended(
+                    ApiError(
+                        504, f"no answer within {limit:g}s", type="server_error", code="timeout"
+                    ),
+                    settled=False,
+                )
             if isinstance(ev, TokenChunk):
                 attempt = attempt or ev.attempt
                 if ev.attempt != attempt:
@@ -323,25 +391,39 @@ class GatewayService(Service[GatewaySettings]):
             yield ev
             return
 
-    async def _complete(self, rid: str, events: AsyncIterator[Any], shapes: Shapes,
-                        started: float) -> web.Response:
+    async def _complete(
+        self, rid: str, events: AsyncIterator[Any], shapes: Shapes, started: float
+    ) -> web.Response:
         parts: list[str] = []
         async for ev in events:
             if isinstance(ev, TokenChunk):
                 parts.append(ev.text)
             elif isinstance(ev, RequestFinished):
                 self._observe(shapes.model, started, "request.finished")
-                return web.json_response(shapes.complete("".join(parts), ev),
-                                         headers={"x-request-id": rid})
+                return web.json_response(
+                    shapes.complete("".join(parts), ev), headers={"x-request-id": rid}
+                )
             else:
                 self._observe(shapes.model, started, ev.__struct_config__.tag)
                 raise _Ended(error_for(ev))
-        raise _Ended(ApiError(500, "the reply stream ended without a terminal event",
-                              type="server_error", code="internal_error"))
+        raise _Ended(
+            ApiError(
+                500,
+                "the reply stream ended without a terminal event",
+                type="server_error",
+                code="internal_error",
+            )
+        )
 
-    async def _stream(self, http: web.Request, rid: str, events: AsyncIterator[Any],
-                      shapes: Shapes, include_usage: bool,
-                      started: float) -> web.StreamResponse:
+    async def _stream(
+        self,
+        http: web.Request,
+        rid: str,
+        events: AsyncIterator[Any],
+        shapes: Shapes,
+        include_usage: bool,
+        started: float,
+    ) -> web.StreamResponse:
         resp: web.StreamResponse | None = None
         async for ev in events:
             if isinstance(ev, TokenChunk):
@@ -368,8 +450,14 @@ class GatewayService(Service[GatewaySettings]):
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp
-        raise _Ended(ApiError(500, "the reply stream ended without a terminal event",
-                              type="server_error", code="internal_error"))
+        raise _Ended(
+            ApiError(
+                500,
+                "the reply stream ended without a terminal event",
+                type="server_error",
+                code="internal_error",
+            )
+        )
 
     def _observe(self, model: str, started: float, outcome: str) -> None:
         metrics.REQUESTS.labels(self.name, model, outcome).inc()
@@ -384,9 +472,14 @@ class GatewayService(Service[GatewaySettings]):
 
 
 def merge_chunks(a: TokenChunk, b: TokenChunk) -> TokenChunk:
-    return TokenChunk(request_id=a.request_id, seq=a.seq, text=a.text + b.text,
-                      token_ids=a.token_ids + b.token_ids, attempt=a.attempt,
-                      n_tokens=a.n_tokens + b.n_tokens)
+    return TokenChunk(
+        request_id=a.request_id,
+        seq=a.seq,
+        text=a.text + b.text,
+        token_ids=a.token_ids + b.token_ids,
+        attempt=a.attempt,
+        n_tokens=a.n_tokens + b.n_tokens,
+    )
 
 
 class _Flow:

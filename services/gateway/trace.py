@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from inferbus.contracts import RequestFinished, SamplingParams
 from inferbus.shared import tracing as t
@@ -14,19 +15,39 @@ _NS = 1_000_000_000
 
 
 class HttpTrace:
-    __slots__ = ("tracing", "op", "root", "context", "headers", "t0", "submitted_ns",
-                 "first_ns", "model", "submitted", "request_id")
+    __slots__ = (
+        "tracing",
+        "op",
+        "root",
+        "context",
+        "headers",
+        "t0",
+        "submitted_ns",
+        "first_ns",
+        "model",
+        "submitted",
+        "request_id",
+    )
 
-    def __init__(self, tracing: Tracing, incoming: Mapping[str, str], request_id: str,
-                 chat: bool) -> None:
+    def __init__(
+        self, tracing: Tracing, incoming: Mapping[str, str], request_id: str, chat: bool
+    ) -> None:
         """``incoming``: the HTTP headers (a client's own ``traceparent`` is the parent)."""
         self.tracing = tracing
         self.t0 = time.time_ns()
         self.op = op = "chat" if chat else "text_completion"
-        self.root = tracing.start(op, tracing.parent(incoming), {
-            t.GEN_AI_OPERATION: op, t.GEN_AI_PROVIDER: "inferbus",
-            t.REQUEST_ID: request_id, t.GEN_AI_RESPONSE_ID: request_id,
-        }, self.t0, "server")
+        self.root = tracing.start(
+            op,
+            tracing.parent(incoming),
+            {
+                t.GEN_AI_OPERATION: op,
+                t.GEN_AI_PROVIDER: "inferbus",
+                t.REQUEST_ID: request_id,
+                t.GEN_AI_RESPONSE_ID: request_id,
+            },
+            self.t0,
+            "server",
+        )
         self.context = self.root.context
         self.headers = self.context.headers()
         self.submitted_ns = self.first_ns = 0
@@ -34,41 +55,53 @@ class HttpTrace:
         self.submitted = False
         self.request_id = request_id
 
-    def describe(self, model: str, sampling: SamplingParams, tenant: str,
-                 stream: bool) -> None:
+    def describe(self, model: str, sampling: SamplingParams, tenant: str, stream: bool) -> None:
         self.model = model
         self.root.update_name(f"{self.op} {model}")  # gen_ai: "{operation} {model}"
-        self.root.set_attributes({
-            t.GEN_AI_REQUEST_MODEL: model, t.GEN_AI_MAX_TOKENS: sampling.max_tokens,
-            t.GEN_AI_TEMPERATURE: sampling.temperature, t.GEN_AI_TOP_P: sampling.top_p,
-            t.TENANT: tenant, "inferbus.stream": stream,
-        })
+        self.root.set_attributes(
+            {
+                t.GEN_AI_REQUEST_MODEL: model,
+                t.GEN_AI_MAX_TOKENS: sampling.max_tokens,
+                t.GEN_AI_TEMPERATURE: sampling.temperature,
+                t.GEN_AI_TOP_P: sampling.top_p,
+                t.TENANT: tenant,
+                "inferbus.stream": stream,
+            }
+        )
 
     def on_submitted(self) -> None:
         """Parsed, checked, admitted and published: the receive stage is over."""
         self.submitted = True
         self.submitted_ns = time.time_ns()
-        self.tracing.record("gateway receive", self.context, self.t0, self.submitted_ns,
-                            self._attributes())
+        self.tracing.record(
+            "gateway receive", self.context, self.t0, self.submitted_ns, self._attributes()
+        )
 
     def on_first_token(self) -> None:
         if not self.first_ns:
             self.first_ns = time.time_ns()
-            self.tracing.record("first token", self.context, self.submitted_ns or self.t0,
-                                self.first_ns, self._attributes())
+            self.tracing.record(
+                "first token",
+                self.context,
+                self.submitted_ns or self.t0,
+                self.first_ns,
+                self._attributes(),
+            )
 
     def _attributes(self) -> dict[str, Any]:
         return {t.REQUEST_ID: self.request_id, t.GEN_AI_REQUEST_MODEL: self.model}
 
     def on_finished(self, ev: RequestFinished) -> None:
-        self.root.set_attributes({
-            t.GEN_AI_RESPONSE_MODEL: self.model,
-            t.GEN_AI_INPUT_TOKENS: ev.usage.prompt_tokens,
-            t.GEN_AI_OUTPUT_TOKENS: ev.usage.completion_tokens,
-            t.GEN_AI_FINISH_REASONS: [ev.finish_reason],
-            t.CACHED_PREFIX_TOKENS: ev.usage.cached_prompt_tokens,
-            t.WORKER: ev.worker_id,
-        })
+        self.root.set_attributes(
+            {
+                t.GEN_AI_RESPONSE_MODEL: self.model,
+                t.GEN_AI_INPUT_TOKENS: ev.usage.prompt_tokens,
+                t.GEN_AI_OUTPUT_TOKENS: ev.usage.completion_tokens,
+                t.GEN_AI_FINISH_REASONS: [ev.finish_reason],
+                t.CACHED_PREFIX_TOKENS: ev.usage.cached_prompt_tokens,
+                t.WORKER: ev.worker_id,
+            }
+        )
 
     def end(self, status: int, error: str = "") -> None:
         """The response is written (or refused): close the spans and, when the gateway
@@ -78,8 +111,9 @@ class HttpTrace:
             return
         end_ns = time.time_ns()
         if self.first_ns:
-            self.tracing.record("stream out", self.context, self.first_ns, end_ns,
-                                self._attributes())
+            self.tracing.record(
+                "stream out", self.context, self.first_ns, end_ns, self._attributes()
+            )
         self.root.set_attribute("http.response.status_code", status)
         self.root.end(error, end_ns)
         e2e = (end_ns - self.t0) / _NS
@@ -90,9 +124,14 @@ class HttpTrace:
         failed = status >= 500 and not (status == 503 and not self.submitted)
         # submitted: the platform ended it and decided, this is a second opinion;
         # refused here: only this process holds spans of it, no one else to tell
-        self.tracing.end_request(self.context, request_id=self.request_id, failed=failed,
-                                 e2e_s=e2e, ttft_s=ttft,
-                                 tell="keeps" if self.submitted else "none")
+        self.tracing.end_request(
+            self.context,
+            request_id=self.request_id,
+            failed=failed,
+            e2e_s=e2e,
+            ttft_s=ttft,
+            tell="keeps" if self.submitted else "none",
+        )
 
 
 class NoTrace:
@@ -120,8 +159,9 @@ class NoTrace:
         pass
 
 
-def http_trace(tracing: Tracing, incoming: Mapping[str, str], request_id: str,
-               chat: bool) -> HttpTrace | NoTrace:
+def http_trace(
+    tracing: Tracing, incoming: Mapping[str, str], request_id: str, chat: bool
+) -> HttpTrace | NoTrace:
     # only a well-formed context goes on (a client's bytes never reach NATS headers)
     carrier = t.valid_context(incoming)
     if tracing.enabled:

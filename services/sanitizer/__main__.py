@@ -1,6 +1,6 @@
 """`python -m inferbus.services.sanitizer` (or `inferbus serve sanitizer`): run one sanitizer."""
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from inferbus.shared import runtime
 

@@ -24,7 +24,6 @@ from inferbus.contracts import (
 from .injection import Policy, decide, findings
 from .pii import StreamMasker
 
-
 # dot-separated tokens without whitespace or wildcards
 _PUBLISH_SUBJECT = re.compile(r"[^.\s*>]+(\.[^.\s*>]+)*")
 
@@ -45,30 +44,36 @@ def check(request: RequestSubmitted, limits: InputLimits) -> RequestRejected | N
     """``None`` when the request may go on, else the rejection to send back."""
 
     def reject(code: str, reason: str, param: str | None = None) -> RequestRejected:
-        return RequestRejected(request_id=request.request_id, code=code, reason=reason,
-                               param=param)
+        return RequestRejected(request_id=request.request_id, code=code, reason=reason, param=param)
 
     if not request.request_id or not request.model:
         return reject("invalid_request", "request_id and model must not be empty", "model")
     if not _PUBLISH_SUBJECT.fullmatch(request.reply_to) or (
-            request.reply_to.startswith("ib.") and not request.reply_to.startswith("ib.reply.")):
-        return reject("invalid_request",
-                      f"reply_to {request.reply_to!r} is not a subject one can publish to",
-                      "reply_to")
+        request.reply_to.startswith("ib.") and not request.reply_to.startswith("ib.reply.")
+    ):
+        return reject(
+            "invalid_request",
+            f"reply_to {request.reply_to!r} is not a subject one can publish to",
+            "reply_to",
+        )
     if (request.prompt is None) == (request.messages is None):
         return reject("invalid_request", "give exactly one of prompt or messages", "messages")
     if request.messages is not None:
         if not request.messages:
             return reject("invalid_request", "messages must not be empty", "messages")
         if len(request.messages) > limits.max_messages:
-            return reject("invalid_request",
-                          f"{len(request.messages)} messages; at most {limits.max_messages}",
-                          "messages")
+            return reject(
+                "invalid_request",
+                f"{len(request.messages)} messages; at most {limits.max_messages}",
+                "messages",
+            )
     s = request.sampling
     if not 1 <= s.max_tokens <= limits.max_tokens:
-        return reject("invalid_request",
-                      f"max_tokens must be between 1 and {limits.max_tokens}, got {s.max_tokens}",
-                      "max_tokens")
+        return reject(
+            "invalid_request",
+            f"max_tokens must be between 1 and {limits.max_tokens}, got {s.max_tokens}",
+            "max_tokens",
+        )
     if not 0.0 <= s.temperature <= 2.0:
         return reject("invalid_request", "temperature must be between 0 and 2", "temperature")
     if not 0.0 < s.top_p <= 1.0:
@@ -123,13 +128,19 @@ def inspect(request: RequestSubmitted, policy: Policy) -> tuple[str, list[InputF
     texts: list[tuple[str, str, bool]] = []
     if request.messages is not None:
         # a tool's output (fetched HTML, query results) is checked for prompt injection only
-        texts = [(f"messages[{i}].content", m.content, m.role == "tool")
-                 for i, m in enumerate(request.messages) if m.role not in _TRUSTED_ROLES]
+        texts = [
+            (f"messages[{i}].content", m.content, m.role == "tool")
+            for i, m in enumerate(request.messages)
+            if m.role not in _TRUSTED_ROLES
+        ]
     elif request.prompt is not None:
         texts = [("prompt", request.prompt, False)]
-    found = [InputFinding(rule=f.rule, type=f.type, field=where, start=f.start, end=f.end)
-             for where, text, tool in texts for f in findings(text)
-             if not tool or f.type == "prompt_injection"]
+    found = [
+        InputFinding(rule=f.rule, type=f.type, field=where, start=f.start, end=f.end)
+        for where, text, tool in texts
+        for f in findings(text)
+        if not tool or f.type == "prompt_injection"
+    ]
     return decide(found, policy), found  # type: ignore[arg-type]
 
 
@@ -137,10 +148,13 @@ def blocked(request: RequestSubmitted, found: list[InputFinding]) -> RequestReje
     first = found[0]
     rules = ", ".join(sorted({f.rule for f in found}))
     return RequestRejected(
-        request_id=request.request_id, code="input_blocked", param=first.field,
+        request_id=request.request_id,
+        code="input_blocked",
+        param=first.field,
         reason=f"the input looks like a {first.type.replace('_', ' ')} payload "
-               f"(rule {first.rule}); blocked by policy ({rules})",
-        findings=found)
+        f"(rule {first.rule}); blocked by policy ({rules})",
+        findings=found,
+    )
 
 
 # -- the output filter -----------------------------------------------------------------
@@ -150,8 +164,18 @@ class FilteredStream:
     """One request's output on its way to the client: chunks masked and renumbered,
     a terminal event after the held-back text."""
 
-    __slots__ = ("request_id", "client_reply_to", "attempt", "masker", "seq", "tokens",
-                 "last_seen", "upstream_seq", "lost", "busy_s")
+    __slots__ = (
+        "request_id",
+        "client_reply_to",
+        "attempt",
+        "masker",
+        "seq",
+        "tokens",
+        "last_seen",
+        "upstream_seq",
+        "lost",
+        "busy_s",
+    )
 
     def __init__(self, request_id: str, client_reply_to: str, now: float) -> None:
         self.request_id = request_id
@@ -178,7 +202,11 @@ class FilteredStream:
                     return [], False  # a lost attempt's straggler
                 # a new attempt restarts the text (the client drops the older attempt)
                 self.attempt, self.masker, self.seq, self.tokens = (
-                    event.attempt, StreamMasker(), 0, 0)
+                    event.attempt,
+                    StreamMasker(),
+                    0,
+                    0,
+                )
                 self.upstream_seq = self.lost = 0
             if event.seq != self.upstream_seq:  # a chunk was lost on the way here
                 self.lost += max(0, event.seq - self.upstream_seq)
@@ -201,8 +229,13 @@ class FilteredStream:
         return out, True
 
     def _chunk(self, text: str) -> TokenChunk:
-        chunk = TokenChunk(request_id=self.request_id, seq=self.seq, text=text,
-                           attempt=max(1, self.attempt), n_tokens=self.tokens)
+        chunk = TokenChunk(
+            request_id=self.request_id,
+            seq=self.seq,
+            text=text,
+            attempt=max(1, self.attempt),
+            n_tokens=self.tokens,
+        )
         self.seq += 1
         self.tokens = 0
         return chunk

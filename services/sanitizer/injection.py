@@ -19,8 +19,9 @@ smuggled into user text, jailbreak personas, requests for the system prompt.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Literal
+from typing import Literal
 
 Decision = Literal["block", "flag", "pass"]
 Policy = Literal["block", "flag", "off"]
@@ -55,12 +56,32 @@ _STACKED = re.compile(
     r"insert\s+into\b|update\s+\w+\s+set\b|select\s+(?:\*|@@|\d|null\b|\w+\s*\(|"
     r"[\w.,\s]{1,60}?\bfrom\b)|exec(?:ute)?\s+\w|declare\s+@|shutdown\b|"
     r"truncate\s+table\b|alter\s+(?:table|user|database)\b|create\s+(?:table|user|database|"
-    r"procedure|function)\b|waitfor\s+delay\b)", re.IGNORECASE)
+    r"procedure|function)\b|waitfor\s+delay\b)",
+    re.IGNORECASE,
+)
 _TIME_FUNCS = {"sleep", "benchmark", "pg_sleep", "dbms_lock.sleep", "waitfor"}
-_DANGER_FUNCS = _TIME_FUNCS | {"load_file", "extractvalue", "updatexml", "xp_cmdshell",
-                               "char", "concat", "version", "database", "user", "ascii",
-                               "substring", "substr", "if", "md5", "hex", "unhex", "exp",
-                               "utl_inaddr.get_host_name", "group_concat", "count"}
+_DANGER_FUNCS = _TIME_FUNCS | {
+    "load_file",
+    "extractvalue",
+    "updatexml",
+    "xp_cmdshell",
+    "char",
+    "concat",
+    "version",
+    "database",
+    "user",
+    "ascii",
+    "substring",
+    "substr",
+    "if",
+    "md5",
+    "hex",
+    "unhex",
+    "exp",
+    "utl_inaddr.get_host_name",
+    "group_concat",
+    "count",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +125,7 @@ def _rest_is_blank(text: str, tok: _Tok) -> bool:
     """Nothing but filler follows the comment on its line ("--", "-- -", "#"): the
     query's end is cut off, which is what a truncation needs and prose never does."""
     line_end = text.find("\n", tok.end)
-    rest = text[tok.end: len(text) if line_end < 0 else line_end]
+    rest = text[tok.end : len(text) if line_end < 0 else line_end]
     return tok.text == "/*" or not rest.strip(" \t-#;+")
 
 
@@ -123,7 +144,7 @@ def _always_true(a: _Tok, op: _Tok, b: _Tok) -> bool:
         return a.kind == b.kind == "word" and a.low == b.low and op.text == "="
     if b.kind == "string" and b.text[-1] != b.text[0] or len(b.text) == 1:
         # left open for the application's own closing quote: "' OR '1'='1"
-        lb = lb[:len(la)] if lb.startswith(la) and not lb[len(la):len(la) + 1].isalnum() else lb
+        lb = lb[: len(la)] if lb.startswith(la) and not lb[len(la) : len(la) + 1].isalnum() else lb
     if op.text in ("=", "<=>", ">=", "<=") and la == lb:
         return True
     try:
@@ -158,23 +179,44 @@ def _sql_shape(text: str, toks: list[_Tok], broke_out: bool) -> str | None:
         while j < len(t) and t[j].text == "(":
             j += 1
         rest = t[j:]
-        if len(rest) >= 3 and rest[1].kind == "op" and rest[0].value and (
-                _always_true(rest[0], rest[1], rest[2]) or rest[2].text == "(" and
-                len(rest) > 3 and rest[3].low == "select"):
+        if (
+            len(rest) >= 3
+            and rest[1].kind == "op"
+            and rest[0].value
+            and (
+                _always_true(rest[0], rest[1], rest[2])
+                or rest[2].text == "("
+                and len(rest) > 3
+                and rest[3].low == "select"
+            )
+        ):
             return "sqli.tautology"
         if rest and rest[0].kind == "func" and rest[0].low in _DANGER_FUNCS:
             return "sqli.function"
-        if rest and (rest[0].kind == "number" or rest[0].low == "true") and \
-                _ends_query(text, t, j + 1, at_end=not broke_out):
+        if (
+            rest
+            and (rest[0].kind == "number" or rest[0].low == "true")
+            and _ends_query(text, t, j + 1, at_end=not broke_out)
+        ):
             return "sqli.tautology"  # "' OR 1 --", "1 or true"
-        if len(rest) >= 3 and rest[0].value and rest[1].low in ("like", "is") and \
-                _literal(rest[0]) is not None and _literal(rest[2]) is not None:
+        if (
+            len(rest) >= 3
+            and rest[0].value
+            and rest[1].low in ("like", "is")
+            and _literal(rest[0]) is not None
+            and _literal(rest[2]) is not None
+        ):
             return "sqli.tautology"  # "' OR 'x' LIKE 'x"
-    if broke_out and first.low in ("order", "group") and len(t) >= 4 and \
-            t[1].low == "by" and t[2].kind == "number" and _ends_query(text, t, 3):
+    if (
+        broke_out
+        and first.low in ("order", "group")
+        and len(t) >= 4
+        and t[1].low == "by"
+        and t[2].kind == "number"
+        and _ends_query(text, t, 3)
+    ):
         return "sqli.column-probe"  # "1' ORDER BY 3--": counting the query's columns
-    if broke_out and first.low == "having" and len(t) >= 4 and \
-            _always_true(t[1], t[2], t[3]):
+    if broke_out and first.low == "having" and len(t) >= 4 and _always_true(t[1], t[2], t[3]):
         return "sqli.tautology"
     if first.low == "union":
         words = [x.low for x in t[1:3]]
@@ -192,7 +234,9 @@ _UNION_SELECT = re.compile(r"\bunion(?:\s+(?:all|distinct))?\s+select\b", re.IGN
 _UNION_EXTRACT = re.compile(
     r"\bnull\b|@@\w+|information_schema|\bconcat(?:_ws)?\s*\(|\bgroup_concat\s*\(|"
     r"\bversion\s*\(|\bdatabase\s*\(|\buser\s*\(|(?:\b\d+\s*,\s*){2,}|"
-    r"(?:--|#|/\*)[ \t\-#+]*$", re.IGNORECASE | re.MULTILINE)
+    r"(?:--|#|/\*)[ \t\-#+]*$",
+    re.IGNORECASE | re.MULTILINE,
+)
 
 
 def sql_findings(text: str) -> Iterator[Finding]:
@@ -219,12 +263,16 @@ def sql_findings(text: str) -> Iterator[Finding]:
     # UNION-based extraction anywhere, when its select list reads like one
     for u in _UNION_SELECT.finditer(text):
         line_end = text.find("\n", u.end())
-        tail = text[u.end(): min(u.end() + 160, len(text) if line_end < 0 else line_end)]
+        tail = text[u.end() : min(u.end() + 160, len(text) if line_end < 0 else line_end)]
         if _UNION_EXTRACT.search(tail) or _before_is_value_break(text, u.start()):
             yield Finding("sqli.union", "sql_injection", u.start(), min(len(text), u.end() + 40))
     # time delays after a logic operator: "1 AND SLEEP(5)"
-    for t in re.finditer(r"\b(?:and|or)\s+(?:sleep|benchmark|pg_sleep)\s*\(|"
-                         r";\s*waitfor\s+delay\b", text, re.IGNORECASE):
+    for t in re.finditer(
+        r"\b(?:and|or)\s+(?:sleep|benchmark|pg_sleep)\s*\(|"
+        r";\s*waitfor\s+delay\b",
+        text,
+        re.IGNORECASE,
+    ):
         yield Finding("sqli.time-delay", "sql_injection", t.start(), t.end())
 
 
@@ -234,33 +282,58 @@ _VALUE_BEFORE = re.compile(r"(?:['\")]|(?:^|[\s=(])-?\d+)\s*$")
 def _before_is_value_break(text: str, at: int) -> bool:
     """A quote, a parenthesis or a lone number ends right before: a value broke out
     ("1 UNION SELECT", "' UNION SELECT"), not a table name ("t1 UNION SELECT")."""
-    return bool(_VALUE_BEFORE.search(text[max(0, at - 12):at]))
+    return bool(_VALUE_BEFORE.search(text[max(0, at - 12) : at]))
 
 
 # -- XSS -----------------------------------------------------------------------------------
 
 _XSS_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("xss.attribute-break", re.compile(r"""["'`]\s*/?\s*>\s*<\s*[a-z!/]""", re.IGNORECASE)),
-    ("xss.attribute-handler", re.compile(  # out of one attribute, into an event handler
-        r"""["'`]\s*/?\s*on[a-z]{3,}\s*=\s*["'`]?[^\s"'`>]*\(""", re.IGNORECASE)),
-    ("xss.event-handler", re.compile(  # not JSX's onClick={handler}
-        r"<\s*[a-z][\w:-]*\b[^>]{0,200}?[\s/\"']on[a-z]{3,}\s*=\s*[^\s>{]", re.IGNORECASE)),
-    ("xss.script-body", re.compile(  # a body that does something: a call, an assignment
-        r"<\s*script\b[^>]{0,200}>[^<]{0,400}?(?:\w\s*\(|=|;|\b(?:document|window)\.)",
-        re.IGNORECASE)),
+    (
+        "xss.attribute-handler",
+        re.compile(  # out of one attribute, into an event handler
+            r"""["'`]\s*/?\s*on[a-z]{3,}\s*=\s*["'`]?[^\s"'`>]*\(""", re.IGNORECASE
+        ),
+    ),
+    (
+        "xss.event-handler",
+        re.compile(  # not JSX's onClick={handler}
+            r"<\s*[a-z][\w:-]*\b[^>]{0,200}?[\s/\"']on[a-z]{3,}\s*=\s*[^\s>{]", re.IGNORECASE
+        ),
+    ),
+    (
+        "xss.script-body",
+        re.compile(  # a body that does something: a call, an assignment
+            r"<\s*script\b[^>]{0,200}>[^<]{0,400}?(?:\w\s*\(|=|;|\b(?:document|window)\.)",
+            re.IGNORECASE,
+        ),
+    ),
     ("xss.script-src", re.compile(r"<\s*script\b[^>]{0,200}\bsrc\s*=", re.IGNORECASE)),
-    ("xss.js-url", re.compile(
-        r"(?:\b(?:href|src|action|formaction|data|xlink:href)\s*=\s*[\"']?\s*|^\s*)"
-        r"(?:java|vb)script\s*:|\b(?:java|vb)script\s*:\s*[\w.]+\s*\(", re.IGNORECASE)),
-    ("xss.data-html", re.compile(
-        r"\b(?:href|src|data)\s*=\s*[\"']?\s*data\s*:\s*text/html", re.IGNORECASE)),
-    ("xss.frame", re.compile(  # an iframe showing a video is not one: srcdoc, plugins
-        r"<\s*(?:iframe|frame)\b[^>]{0,200}\bsrcdoc\s*=|"
-        r"<\s*(?:object|embed|base)\b[^>]{0,200}\b(?:src|data|href)\s*=", re.IGNORECASE)),
-    ("xss.meta-refresh", re.compile(r"<\s*meta\b[^>]{0,200}http-equiv\s*=\s*[\"']?refresh",
-                                    re.IGNORECASE)),
-    ("xss.css-expression", re.compile(r"\bstyle\s*=\s*[\"'][^\"']*expression\s*\(",
-                                      re.IGNORECASE)),
+    (
+        "xss.js-url",
+        re.compile(
+            r"(?:\b(?:href|src|action|formaction|data|xlink:href)\s*=\s*[\"']?\s*|^\s*)"
+            r"(?:java|vb)script\s*:|\b(?:java|vb)script\s*:\s*[\w.]+\s*\(",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "xss.data-html",
+        re.compile(r"\b(?:href|src|data)\s*=\s*[\"']?\s*data\s*:\s*text/html", re.IGNORECASE),
+    ),
+    (
+        "xss.frame",
+        re.compile(  # an iframe showing a video is not one: srcdoc, plugins
+            r"<\s*(?:iframe|frame)\b[^>]{0,200}\bsrcdoc\s*=|"
+            r"<\s*(?:object|embed|base)\b[^>]{0,200}\b(?:src|data|href)\s*=",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "xss.meta-refresh",
+        re.compile(r"<\s*meta\b[^>]{0,200}http-equiv\s*=\s*[\"']?refresh", re.IGNORECASE),
+    ),
+    ("xss.css-expression", re.compile(r"\bstyle\s*=\s*[\"'][^\"']*expression\s*\(", re.IGNORECASE)),
 )
 
 
@@ -276,38 +349,65 @@ def xss_findings(text: str) -> Iterator[Finding]:
 # -- prompt injection ---------------------------------------------------------------------
 
 _PI_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("prompt.ignore-instructions", re.compile(
-        r"\b(?:ignore|disregard|forget|override|bypass)\s+(?:(?:all|any|the|your|of|my)\s+)*"
-        r"(?:previous|prior|above|earlier|preceding|system|original|initial|these|those|all)"
-        r"\s+(?:\w+\s+)?(?:instructions?|prompts?|rules|guidelines|directions|directives)\b"
-        r"|\b(?:ignore|disregard|forget|override)\s+your\s+(?:\w+\s+)?(?:instructions|rules|"
-        r"guidelines|programming|training|system\s+prompt)\b"
-        r"|\b(?:ignore|disregard|forget)\s+(?:(?:the|everything|all|anything)\s+)?"
-        r"(?:above|before this|said before)\b", re.IGNORECASE)),
-    ("prompt.ignore-instructions-zh", re.compile(
-        r"(?:忽略|无视|忘记|忘掉|不要理会|绕过)[^，。,.!！?？\n]{0,8}?"
-        r"(?:指令|指示|提示词|系统提示|规则|设定)")),
-    ("prompt.role-tag", re.compile(
-        r"<\|(?:im_start|im_end|system|user|assistant|begin_of_text|end_of_text|eot_id|"
-        r"start_header_id|end_header_id)\|>|\[/?INST\]|<</?SYS>>", re.IGNORECASE)),
-    ("prompt.jailbreak-persona", re.compile(
-        r"\b(?:you\s+are\s+now|act\s+as|pretend\s+(?:to\s+be|you\s+are)|from\s+now\s+on"
-        r"\s+you\s+are)\s+(?:an?\s+|in\s+)?(?:DAN\b|jailbr(?:oken|eak)|unrestricted|unfiltered|"
-        r"uncensored|developer\s+mode|(?:evil|rogue)\s+(?:AI|assistant|model)|"
-        r"(?:AI|assistant|model|chatbot)\b[^.\n]{0,30}?\b(?:without|with\s+no)\s+(?:any\s+)?"
-        r"(?:restrictions|filters|limits|rules|guidelines|censorship))"
-        r"|\b(?:enable|enter|activate)\s+(?:the\s+)?(?:developer|god|jailbreak)\s+mode\b",
-        re.IGNORECASE)),
-    ("prompt.disable-safety", re.compile(
-        r"\b(?:override|disable|bypass|turn\s+off|ignore)\s+(?:your\s+|the\s+|all\s+)*"
-        r"(?:safety|content|moderation)\s+(?:filters?|guidelines|policies|restrictions|rules)",
-        re.IGNORECASE)),
-    ("prompt.exfiltrate-system", re.compile(
-        r"\b(?:reveal|print|show|repeat|output|leak|display|tell\s+me|give\s+me)\s+(?:me\s+)?"
-        r"(?:your|the\s+(?:above|original|initial|hidden))\s+(?:system\s+prompt|"
-        r"(?:original\s+|initial\s+|hidden\s+)?instructions|hidden\s+prompt|initial\s+prompt|"
-        r"developer\s+message)|\bwhat\s+(?:were|are)\s+your\s+(?:original|initial|system)\s+"
-        r"(?:instructions|prompt)", re.IGNORECASE)),
+    (
+        "prompt.ignore-instructions",
+        re.compile(
+            r"\b(?:ignore|disregard|forget|override|bypass)\s+(?:(?:all|any|the|your|of|my)\s+)*"
+            r"(?:previous|prior|above|earlier|preceding|system|original|initial|these|those|all)"
+            r"\s+(?:\w+\s+)?(?:instructions?|prompts?|rules|guidelines|directions|directives)\b"
+            r"|\b(?:ignore|disregard|forget|override)\s+your\s+(?:\w+\s+)?(?:instructions|rules|"
+            r"guidelines|programming|training|system\s+prompt)\b"
+            r"|\b(?:ignore|disregard|forget)\s+(?:(?:the|everything|all|anything)\s+)?"
+            r"(?:above|before this|said before)\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "prompt.ignore-instructions-zh",
+        re.compile(
+            r"(?:忽略|无视|忘记|忘掉|不要理会|绕过)[^，。,.!！?？\n]{0,8}?"
+            r"(?:指令|指示|提示词|系统提示|规则|设定)"
+        ),
+    ),
+    (
+        "prompt.role-tag",
+        re.compile(
+            r"<\|(?:im_start|im_end|system|user|assistant|begin_of_text|end_of_text|eot_id|"
+            r"start_header_id|end_header_id)\|>|\[/?INST\]|<</?SYS>>",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "prompt.jailbreak-persona",
+        re.compile(
+            r"\b(?:you\s+are\s+now|act\s+as|pretend\s+(?:to\s+be|you\s+are)|from\s+now\s+on"
+            r"\s+you\s+are)\s+(?:an?\s+|in\s+)?(?:DAN\b|jailbr(?:oken|eak)|unrestricted|unfiltered|"
+            r"uncensored|developer\s+mode|(?:evil|rogue)\s+(?:AI|assistant|model)|"
+            r"(?:AI|assistant|model|chatbot)\b[^.\n]{0,30}?\b(?:without|with\s+no)\s+(?:any\s+)?"
+            r"(?:restrictions|filters|limits|rules|guidelines|censorship))"
+            r"|\b(?:enable|enter|activate)\s+(?:the\s+)?(?:developer|god|jailbreak)\s+mode\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "prompt.disable-safety",
+        re.compile(
+            r"\b(?:override|disable|bypass|turn\s+off|ignore)\s+(?:your\s+|the\s+|all\s+)*"
+            r"(?:safety|content|moderation)\s+(?:filters?|guidelines|policies|restrictions|rules)",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "prompt.exfiltrate-system",
+        re.compile(
+            r"\b(?:reveal|print|show|repeat|output|leak|display|tell\s+me|give\s+me)\s+(?:me\s+)?"
+            r"(?:your|the\s+(?:above|original|initial|hidden))\s+(?:system\s+prompt|"
+            r"(?:original\s+|initial\s+|hidden\s+)?instructions|hidden\s+prompt|initial\s+prompt|"
+            r"developer\s+message)|\bwhat\s+(?:were|are)\s+your\s+(?:original|initial|system)\s+"
+            r"(?:instructions|prompt)",
+            re.IGNORECASE,
+        ),
+    ),
 )
 
 

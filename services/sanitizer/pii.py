@@ -14,8 +14,8 @@ masking a text in any split gives the same output as masking it whole.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 ENTITY_TYPES = ("CREDIT_CARD", "CN_ID_CARD", "PHONE", "EMAIL", "IBAN", "IP_ADDRESS", "US_SSN")
 
@@ -85,20 +85,25 @@ def cn_id_ok(text: str) -> bool:
     year, month, day = int(text[6:10]), int(text[10:12]), int(text[12:14])
     if not (1900 <= year <= 2099 and 1 <= month <= 12 and 1 <= day <= _DAYS[month - 1]):
         return False
-    s = sum(int(c) * w for c, w in zip(text[:17], _GB11643_WEIGHTS))
+    s = sum(int(c) * w for c, w in zip(text[:17], _GB11643_WEIGHTS, strict=True))
     return _GB11643_CHECK[s % 11] == text[17].upper()
 
 
 def _cn_id_shaped(digits: str) -> bool:
     """Region and birth date in place, whatever the check digit."""
-    return cn_id_ok(digits[:17] + _GB11643_CHECK[
-        sum(int(c) * w for c, w in zip(digits[:17], _GB11643_WEIGHTS)) % 11])
+    return cn_id_ok(
+        digits[:17]
+        + _GB11643_CHECK[
+            sum(int(c) * w for c, w in zip(digits[:17], _GB11643_WEIGHTS, strict=True)) % 11
+        ]
+    )
 
 
 _IBAN_COUNTRIES = frozenset(
     "AD AE AL AT AZ BA BE BG BH BR BY CH CR CY CZ DE DK DO EE EG ES FI FO FR GB GE GI GL GR "
     "GT HR HU IE IL IQ IS IT JO KW KZ LB LC LI LT LU LV LY MC MD ME MK MR MT MU NI NL NO OM "
-    "PK PL PS PT QA RO RS RU SA SC SD SE SI SK SM SO ST SV TL TN TR UA VA VG XK".split())
+    "PK PL PS PT QA RO RS RU SA SC SD SE SI SK SM SO ST SV TL TN TR UA VA VG XK".split()
+)
 
 
 def iban_ok(text: str) -> bool:
@@ -111,8 +116,7 @@ def iban_ok(text: str) -> bool:
 
 
 def ssn_ok(area: str, group: str, serial: str) -> bool:
-    return (area not in ("000", "666") and area[0] != "9" and group != "00"
-            and serial != "0000")
+    return area not in ("000", "666") and area[0] != "9" and group != "00" and serial != "0000"
 
 
 def ipv4_ok(text: str) -> bool:
@@ -123,22 +127,24 @@ def ipv4_ok(text: str) -> bool:
 _IPV4 = re.compile(r"(?:\d{1,3}\.){3}\d{1,3}")
 _CN_MOBILE = re.compile(r"(?:\+86[ \-]?)?(1[3-9]\d)[ \-]?(\d{4})[ \-]?(\d{4})")
 _SSN = re.compile(r"(\d{3})-(\d{2})-(\d{4})")
-_US_PHONE = re.compile(r"(?:\+1[ \-.]?)?(?:\(\d{3}\) ?|\d{3}[ \-.])\d{3}[ \-.]\d{4}"
-                       r"|\+1\d{10}")
+_US_PHONE = re.compile(
+    r"(?:\+1[ \-.]?)?(?:\(\d{3}\) ?|\d{3}[ \-.])\d{3}[ \-.]\d{4}"
+    r"|\+1\d{10}"
+)
 _E164 = re.compile(r"\+[1-9]\d{0,2}(?:[ \-.]?(?:\(\d{1,4}\)|\d{1,4})){2,5}")
 
 
 def _mask_alnum(text: str, keep_head: int, keep_tail: int) -> str:
     """Star every letter and digit but the first ``keep_head`` and last ``keep_tail``."""
     positions = [i for i, c in enumerate(text) if c.isalnum()]
-    hidden = set(positions[keep_head:len(positions) - keep_tail])
+    hidden = set(positions[keep_head : len(positions) - keep_tail])
     return "".join("*" if i in hidden else c for i, c in enumerate(text))
 
 
 def _mask_digits(text: str, keep_head: int, keep_tail: int) -> str:
     """Star every digit but the first ``keep_head`` and last ``keep_tail``."""
     positions = [i for i, c in enumerate(text) if c.isdigit()]
-    hidden = set(positions[keep_head:len(positions) - keep_tail])
+    hidden = set(positions[keep_head : len(positions) - keep_tail])
     return "".join("*" if i in hidden else c for i, c in enumerate(text))
 
 
@@ -152,8 +158,9 @@ def _classify_digits(text: str) -> tuple[str, str] | None:
         return None  # an ID with a wrong check digit, not a card that happens to pass Luhn
     if text[-1] in "Xx" or "(" in text or text.startswith("+"):
         pass  # only phones (or IDs, above) take these shapes
-    elif 13 <= len(digits) <= 19 and digits[0] in "23456" and luhn_ok(digits) \
-            and _card_shape(text):  # issuers' numbers start 2-6 (ISO/IEC 7812)
+    elif (
+        13 <= len(digits) <= 19 and digits[0] in "23456" and luhn_ok(digits) and _card_shape(text)
+    ):  # issuers' numbers start 2-6 (ISO/IEC 7812)
         return "CREDIT_CARD", "****" + digits[-4:]
     elif (m := _SSN.fullmatch(text)) and ssn_ok(*m.groups()):
         return "US_SSN", "***-**-" + m.group(3)
@@ -162,7 +169,7 @@ def _classify_digits(text: str) -> tuple[str, str] | None:
     if _IPV4.fullmatch(text):
         return ("IP_ADDRESS", text.split(".")[0] + ".*.*.*") if ipv4_ok(text) else None
     if m := _CN_MOBILE.fullmatch(text):
-        prefix = text[:text.index(m.group(1))]
+        prefix = text[: text.index(m.group(1))]
         return "PHONE", prefix + m.group(1) + "****" + m.group(3)
     if _US_PHONE.fullmatch(text) or (_E164.fullmatch(text) and 8 <= len(digits) <= 15):
         # keep the country code and the national number's first 3 and last 4 digits
@@ -179,8 +186,12 @@ def _card_shape(text: str) -> bool:
         groups = text.split(sep)
         if len(groups) > 1 and all(g.isdigit() for g in groups):
             sizes = [len(g) for g in groups]
-            return sizes[:-1] == [4] * (len(sizes) - 1) and 1 <= sizes[-1] <= 4 \
-                or sizes == [4, 6, 5] or sizes == [4, 6, 4]
+            return (
+                sizes[:-1] == [4] * (len(sizes) - 1)
+                and 1 <= sizes[-1] <= 4
+                or sizes == [4, 6, 5]
+                or sizes == [4, 6, 4]
+            )
     return False
 
 
@@ -212,7 +223,9 @@ def _digit_entities(text: str, offset: int) -> list[Entity]:
             i += 1
             continue
         hit = None
-        if starts[i] + 1 == groups[i][1] and (i + 1 == n or not dotted(groups[i][1], groups[i + 1][0])):
+        if starts[i] + 1 == groups[i][1] and (
+            i + 1 == n or not dotted(groups[i][1], groups[i + 1][0])
+        ):
             i += 1  # no entity starts with a lone digit unless it is an address's octet
             continue
         # no entity has more than 19 digits or 32 characters: longer spans are not tried
@@ -275,8 +288,12 @@ def _window_entities(window: str) -> Iterator[Entity]:
         yield from found
         if m.lastgroup == "digits":  # its spans were tried already
             pos = m.end()
-        elif (not found and m.lastgroup == "iban" and m.group()[:2] in _IBAN_COUNTRIES
-              and _written_as_iban(m.group())):
+        elif (
+            not found
+            and m.lastgroup == "iban"
+            and m.group()[:2] in _IBAN_COUNTRIES
+            and _written_as_iban(m.group())
+        ):
             pos = m.end()  # a mistyped IBAN: its digits are not something else
         else:  # a failed email or IBAN-like word may have read over an entity: look inside
             pos = max([e.end for e in found], default=m.start() + 1)
@@ -286,8 +303,7 @@ def _written_as_iban(text: str) -> bool:
     """In one piece, or in groups of four with a shorter last one: "BA11 4660487647593"
     is a word and a number (a card), not an IBAN with a typo."""
     groups = text.split(" ")
-    return len(groups) == 1 or (all(len(g) == 4 for g in groups[:-1])
-                                and 1 <= len(groups[-1]) <= 4)
+    return len(groups) == 1 or (all(len(g) == 4 for g in groups[:-1]) and 1 <= len(groups[-1]) <= 4)
 
 
 def _after_word(text: str, at: int) -> bool:
@@ -297,8 +313,14 @@ def _after_word(text: str, at: int) -> bool:
     return before.isalpha()
 
 
-def _scan_run(run: str, window: int, done: int, final: bool,
-              out: list[str], found: list[tuple[int, int, str, str]]) -> tuple[int, int]:
+def _scan_run(
+    run: str,
+    window: int,
+    done: int,
+    final: bool,
+    out: list[str],
+    found: list[tuple[int, int, str, str]],
+) -> tuple[int, int]:
     """Mask ``run`` window by window from window number ``window``, releasing text
     from ``done`` on; stops at a window not yet complete (unless ``final``). Returns
     the next window and how far the run is released."""
@@ -307,10 +329,10 @@ def _scan_run(run: str, window: int, done: int, final: bool,
         s = window * _WINDOW
         if not final and n < s + _WINDOW + _OVERLAP:
             break
-        for e in _window_entities(run[s:s + _WINDOW + _OVERLAP]):
+        for e in _window_entities(run[s : s + _WINDOW + _OVERLAP]):
             if e.start >= _WINDOW or s + e.start < done:
                 continue  # the next window's, or over text already released
-            out.append(run[done:s + e.start])
+            out.append(run[done : s + e.start])
             out.append(e.masked)
             found.append((s + e.start, s + e.end, e.type, e.masked))
             done = s + e.end
@@ -327,7 +349,7 @@ def mask(text: str) -> tuple[str, list[Entity]]:
     entities: list[Entity] = []
     at = 0
     for m in _RUN.finditer(text):
-        out.append(text[at:m.start()])
+        out.append(text[at : m.start()])
         found: list[tuple[int, int, str, str]] = []
         _scan_run(m.group(), 0, 0, True, out, found)
         entities += [Entity(t, m.start() + a, m.start() + b, mk) for a, b, t, mk in found]
@@ -381,15 +403,19 @@ class StreamMasker:
                 pos = n
                 break
             if self._done == 0:
-                out.append(buf[pos:m.start()])
+                out.append(buf[pos : m.start()])
             start, end = m.start(), m.end()
             # a run is over once the character after it cannot join it: anything but a
             # space, or a space that only joins after a capital, digit or ")"
-            over = final or end + 1 < n or (end < n and (
-                buf[end] != " " or not _JOINS_AFTER.match(buf, end - 1)))
+            over = (
+                final
+                or end + 1 < n
+                or (end < n and (buf[end] != " " or not _JOINS_AFTER.match(buf, end - 1)))
+            )
             found: list[tuple[int, int, str, str]] = []
-            self._window, self._done = _scan_run(buf[start:end], self._window, self._done,
-                                                 over, out, found)
+            self._window, self._done = _scan_run(
+                buf[start:end], self._window, self._done, over, out, found
+            )
             base = self._offset + start
             self.entities += [Entity(t, base + a, base + b, mk) for a, b, t, mk in found]
             if over:

@@ -23,7 +23,6 @@ from inferbus.contracts import (
 )
 from inferbus.shared import logs, metrics
 from inferbus.shared import tracing as t
-from inferbus.shared.tracing import valid_context
 from inferbus.shared.bus import (
     Background,
     consume,
@@ -33,6 +32,7 @@ from inferbus.shared.bus import (
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
+from inferbus.shared.tracing import valid_context
 
 from .core import FilteredStream, InputLimits, blocked, check, inspect, parse_policies
 
@@ -78,13 +78,13 @@ class SanitizerService(Service[SanitizerSettings]):
 
     def __init__(self, settings: SanitizerSettings) -> None:
         super().__init__(settings)
-        self.limits = InputLimits(max_prompt_chars=settings.max_prompt_chars,
-                                  max_tokens=settings.max_tokens)
+        self.limits = InputLimits(
+            max_prompt_chars=settings.max_prompt_chars, max_tokens=settings.max_tokens
+        )
         self._ctx: Context[SanitizerSettings] | None = None
         self._sub: Any = None
         self._work = Background()
-        self._counts = {"accepted": 0, "rejected": 0, "invalid": 0, "blocked": 0,
-                        "flagged": 0}
+        self._counts = {"accepted": 0, "rejected": 0, "invalid": 0, "blocked": 0, "flagged": 0}
         self.policies = parse_policies(settings.input_policy, settings.model_input_policies)
         self.filter_id = subject_token(settings.instance_id)
         self._filter_prefix = f"{FILTER_PREFIX}.{self.filter_id}."
@@ -97,9 +97,9 @@ class SanitizerService(Service[SanitizerSettings]):
     async def start(self, ctx: Context[SanitizerSettings]) -> None:
         self._ctx = ctx
         # the filter first: an accepted request's tokens may come back at once
-        self._filter_sub = await ctx.nc.subscribe(self._filter_prefix + ">",
-                                                  cb=self._on_output,
-                                                  pending_msgs_limit=1_000_000)
+        self._filter_sub = await ctx.nc.subscribe(
+            self._filter_prefix + ">", cb=self._on_output, pending_msgs_limit=1_000_000
+        )
         self._sub = await consume(ctx.nc, SANITIZER_SUBMITTED, self._on_submitted)
         self._sweeper = asyncio.create_task(self._sweep(), name="filter-sweep")
 
@@ -117,14 +117,17 @@ class SanitizerService(Service[SanitizerSettings]):
             await self._filter_sub.unsubscribe()
 
     def status(self) -> dict[str, Any]:
-        return {**self._counts, "filtering": len(self._streams),
-                "input_policy": self.policies.default}
+        return {
+            **self._counts,
+            "filtering": len(self._streams),
+            "input_policy": self.policies.default,
+        }
 
     # -- output: the PII filter -----------------------------------------------------------
 
     async def _on_output(self, msg: Msg) -> None:
         assert self._ctx
-        client = msg.subject[len(self._filter_prefix):]
+        client = msg.subject[len(self._filter_prefix) :]
         try:
             event = decode(msg.data, ReplyEvent)
         except DecodeError as exc:
@@ -150,8 +153,7 @@ class SanitizerService(Service[SanitizerSettings]):
                 self._trace_filter(self._filter_traces.pop(client), stream)
         headers = request_headers(rid)
         if stream.lost and over:
-            log.warning("output chunks lost before the filter", request_id=rid,
-                        lost=stream.lost)
+            log.warning("output chunks lost before the filter", request_id=rid, lost=stream.lost)
         for ev in out:
             await self._ctx.nc.publish(client, encode(ev), headers=headers)
         if over:
@@ -165,8 +167,9 @@ class SanitizerService(Service[SanitizerSettings]):
                 if now - s.last_seen > self.settings.filter_idle_s:
                     del self._streams[key]
                     self._filter_traces.pop(key, None)
-                    log.warning("filtered stream forgotten: silent too long",
-                                request_id=s.request_id)
+                    log.warning(
+                        "filtered stream forgotten: silent too long", request_id=s.request_id
+                    )
 
     async def _on_submitted(self, msg: Msg) -> None:
         # requests are independent: check many at once rather than one ack round trip apiece
@@ -176,15 +179,22 @@ class SanitizerService(Service[SanitizerSettings]):
         by_type: dict[str, int] = {}
         for e in stream.masker.entities:
             by_type[e.type] = by_type.get(e.type, 0) + 1
-        attrs: dict[str, Any] = {t.REQUEST_ID: stream.request_id,
-                                 "inferbus.pii.masked": sum(by_type.values()),
-                                 "inferbus.filter.busy_s": round(stream.busy_s, 6)}
+        attrs: dict[str, Any] = {
+            t.REQUEST_ID: stream.request_id,
+            "inferbus.pii.masked": sum(by_type.values()),
+            "inferbus.filter.busy_s": round(stream.busy_s, 6),
+        }
         for kind, n in by_type.items():
             attrs[f"inferbus.pii.masked.{kind.lower()}"] = n
         assert self._ctx
-        self._ctx.tracing.record("output pii filter", traced.parent,
-                                 traced.start_ns or time.time_ns(), time.time_ns(), attrs,
-                                 error=f"lost: {stream.lost} chunks" if stream.lost else "")
+        self._ctx.tracing.record(
+            "output pii filter",
+            traced.parent,
+            traced.start_ns or time.time_ns(),
+            time.time_ns(),
+            attrs,
+            error=f"lost: {stream.lost} chunks" if stream.lost else "",
+        )
 
     async def _check(self, msg: Msg) -> None:
         assert self._ctx
@@ -200,9 +210,15 @@ class SanitizerService(Service[SanitizerSettings]):
         span = None
         if tracing.enabled:
             # a client that sent no (valid) trace context gets a trace starting here
-            span = tracing.start("input sanitize", tracing.parent(trace), {
-                t.REQUEST_ID: rid, t.GEN_AI_REQUEST_MODEL: request.model,
-                t.TENANT: request.tenant})
+            span = tracing.start(
+                "input sanitize",
+                tracing.parent(trace),
+                {
+                    t.REQUEST_ID: rid,
+                    t.GEN_AI_REQUEST_MODEL: request.model,
+                    t.TENANT: request.tenant,
+                },
+            )
             if not trace:
                 trace = tracing.headers(span)
         parent = tracing.parent(trace)
@@ -217,25 +233,28 @@ class SanitizerService(Service[SanitizerSettings]):
                 self._counts["blocked"] += 1
             elif decision == "flag":
                 self._counts["flagged"] += 1
-                log.warning("input flagged", request_id=rid,
-                            findings=[msgspec.to_builtins(f) for f in found])
+                log.warning(
+                    "input flagged",
+                    request_id=rid,
+                    findings=[msgspec.to_builtins(f) for f in found],
+                )
         if rejection is None:
-            if request.mask_pii if request.mask_pii is not None else \
-                    self.settings.mask_output_pii:
+            if request.mask_pii if request.mask_pii is not None else self.settings.mask_output_pii:
                 # the output comes back through this instance's filter, then to the client
                 client = request.reply_to
                 request = msgspec.structs.replace(
-                    request, client_reply_to=client, reply_to=self._filter_prefix + client)
+                    request, client_reply_to=client, reply_to=self._filter_prefix + client
+                )
                 # keyed by the client's subject: another request reusing the id (or a
                 # redelivery of this one) never shares or resets this stream
                 self._streams.setdefault(client, FilteredStream(rid, client, time.monotonic()))
                 if parent is not None:
                     self._filter_traces.setdefault(client, _FilterTrace(parent))
-            accepted = RequestAccepted(request=request, accepted_at=time.time(),
-                                       findings=found)
+            accepted = RequestAccepted(request=request, accepted_at=time.time(), findings=found)
             try:
-                await publish_durable(js, ACCEPTED, accepted, request_id=rid,
-                                      msg_id=f"{rid}:accepted", trace=trace)
+                await publish_durable(
+                    js, ACCEPTED, accepted, request_id=rid, msg_id=f"{rid}:accepted", trace=trace
+                )
             except BaseException as exc:
                 if request.client_reply_to:  # nothing will come through it: JetStream
                     self._streams.pop(request.client_reply_to, None)  # redelivers the submit
@@ -248,8 +267,7 @@ class SanitizerService(Service[SanitizerSettings]):
             if rejection.param == "reply_to":  # nowhere to answer: keep it with the reason
                 await self._ctx.dead_letters.send(msg, rejection.reason)
             else:
-                await nc.publish(request.reply_to, encode(rejection),
-                                 headers=request_headers(rid))
+                await nc.publish(request.reply_to, encode(rejection), headers=request_headers(rid))
             await publish_durable(js, ENDED, rejection, request_id=rid, msg_id=f"{rid}:end")
             self._counts["rejected"] += 1
             metrics.REQUESTS.labels(self.name, request.model, "request.rejected").inc()
@@ -262,13 +280,19 @@ class SanitizerService(Service[SanitizerSettings]):
             e2e = time.time() - request.created_at if request.created_at else 0.0
             # a refusal is the client's doing, not a failure: kept as any request is
             # (a flood of payloads must not flood the traces; the metrics count them)
-            decision = tracing.end_request(parent, request_id=rid, failed=False,
-                                                 e2e_s=e2e)
-            log.info("request ended", request_id=rid, model=request.model,
-                     tenant=request.tenant, outcome="request.rejected", code=rejection.code,
-                     reason=rejection.reason, e2e_s=round(e2e, 6),
-                     rules=sorted({f.rule for f in found}),
-                     **tracing.log_fields(parent, decision))
+            decision = tracing.end_request(parent, request_id=rid, failed=False, e2e_s=e2e)
+            log.info(
+                "request ended",
+                request_id=rid,
+                model=request.model,
+                tenant=request.tenant,
+                outcome="request.rejected",
+                code=rejection.code,
+                reason=rejection.reason,
+                e2e_s=round(e2e, 6),
+                rules=sorted({f.rule for f in found}),
+                **tracing.log_fields(parent, decision),
+            )
         metrics.EVENTS_HANDLED.labels(self.name, "request.submitted").inc()
         await msg.ack()
 
@@ -282,7 +306,10 @@ class SanitizerService(Service[SanitizerSettings]):
         except (msgspec.DecodeError, msgspec.ValidationError):
             addr = None
         if addr is not None and addr.reply_to:
-            failed = RequestFailed(request_id=addr.request_id, code="invalid_request",
-                                   reason=f"invalid request: {error}")
+            failed = RequestFailed(
+                request_id=addr.request_id,
+                code="invalid_request",
+                reason=f"invalid request: {error}",
+            )
             await self._ctx.nc.publish(addr.reply_to, encode(failed))
         await msg.ack()

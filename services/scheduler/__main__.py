@@ -1,6 +1,6 @@
 """`python -m inferbus.services.scheduler` (or `inferbus serve scheduler`): run one scheduler."""
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from inferbus.shared import runtime
 

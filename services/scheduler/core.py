@@ -128,8 +128,11 @@ class Worker:
         if self.state != "ready" or len(self.assigned) + len(self.foreign) >= self.max_num_seqs:
             return False
         # a request bigger than the whole cache still goes to an idle worker
-        return (not self.kv_capacity_tokens or not self.assigned
-                or self.assigned_tokens + tokens <= self.kv_capacity_tokens)
+        return (
+            not self.kv_capacity_tokens
+            or not self.assigned
+            or self.assigned_tokens + tokens <= self.kv_capacity_tokens
+        )
 
 
 @dataclass
@@ -189,8 +192,13 @@ class SchedulerCore:
 
     # -- inputs ----------------------------------------------------------------------
 
-    def on_accepted(self, request: RequestSubmitted, now: float,
-                    wall: float | None = None, redelivered: bool = False) -> list[Effect]:
+    def on_accepted(
+        self,
+        request: RequestSubmitted,
+        now: float,
+        wall: float | None = None,
+        redelivered: bool = False,
+    ) -> list[Effect]:
         """``wall`` is the Unix time matching ``now``, to place the request's deadline.
         ``redelivered``: JetStream delivered this message before."""
         if self.knows(request.request_id):
@@ -199,9 +207,14 @@ class SchedulerCore:
             # the id was reused (past JetStream's duplicate window), or its first use is
             # unknown here (it ended before we saw it): without an answer this sender
             # would wait forever
-            return [Refuse(request=request, code="duplicate_request",
-                           reason=f"request id {request.request_id!r} was already used; "
-                           "submit with a new id")]
+            return [
+                Refuse(
+                    request=request,
+                    code="duplicate_request",
+                    reason=f"request id {request.request_id!r} was already used; "
+                    "submit with a new id",
+                )
+            ]
         reason = self._cancelled_unseen.pop(request.request_id, None)
         if reason is not None:
             self._remember_ended(request.request_id, request)
@@ -215,12 +228,17 @@ class SchedulerCore:
         queued = len(self.queues.get(request.model, ()))
         if queued >= self.policy.max_queue_per_model:
             self._remember_ended(request.request_id, request)
-            return [Fail(request=request, code="queue_full", retryable=True,
-                         reason=f"{queued} requests for {request.model!r} are already "
-                         "waiting; retry later")]
+            return [
+                Fail(
+                    request=request,
+                    code="queue_full",
+                    retryable=True,
+                    reason=f"{queued} requests for {request.model!r} are already "
+                    "waiting; retry later",
+                )
+            ]
         self._arrivals += 1
-        self._enqueue(Queued(request=request, since=now, order=self._arrivals,
-                             deadline=deadline))
+        self._enqueue(Queued(request=request, since=now, order=self._arrivals, deadline=deadline))
         return self._dispatch(now)
 
     def on_heartbeat(self, hb: WorkerHeartbeat, now: float) -> list[Effect]:
@@ -239,14 +257,18 @@ class SchedulerCore:
             )
         else:
             w.models, w.max_num_seqs, w.state, w.last_seen, w.kv_capacity_tokens = (
-                list(hb.models), hb.max_num_seqs, hb.state, now, hb.kv_capacity_tokens,
+                list(hb.models),
+                hb.max_num_seqs,
+                hb.state,
+                now,
+                hb.kv_capacity_tokens,
             )
-        w.foreign = {rid for rid in hb.inflight
-                     if rid not in w.assigned and rid not in self._ended}
+        w.foreign = {rid for rid in hb.inflight if rid not in w.assigned and rid not in self._ended}
         return self._dispatch(now)
 
-    def restore(self, assignments: list[tuple[RequestSubmitted, str, int]],
-                ended: set[str], now: float) -> None:
+    def restore(
+        self, assignments: list[tuple[RequestSubmitted, str, int]], ended: set[str], now: float
+    ) -> None:
         """Take back what a scheduler before a restart had placed and not seen end
         ((request, worker, attempt), oldest first): it holds its slots, and if its worker
         is lost it ends ``worker_lost`` (retryable; whether it had started is unknown,
@@ -262,22 +284,29 @@ class SchedulerCore:
             w = self.workers.get(worker_id)
             if w is None:  # known from its heartbeats soon, or lost after worker_timeout_s
                 w = self.workers[worker_id] = Worker(
-                    worker_id=worker_id, models=[], max_num_seqs=0, state="ready",
-                    last_seen=now)
+                    worker_id=worker_id, models=[], max_num_seqs=0, state="ready", last_seen=now
+                )
             self._arrivals += 1
             tokens = cost_tokens(request)
             w.assigned.add(rid)
             w.assigned_tokens += tokens
-            self.inflight[rid] = Inflight(request=request, worker_id=worker_id, attempt=attempt,
-                                          assigned_at=now, order=self._arrivals, started=True,
-                                          tokens=tokens)
+            self.inflight[rid] = Inflight(
+                request=request,
+                worker_id=worker_id,
+                attempt=attempt,
+                assigned_at=now,
+                order=self._arrivals,
+                started=True,
+                tokens=tokens,
+            )
 
     def set_canary(self, model: str, weights: dict[str, float]) -> None:
         """Route these shares of ``model``'s requests to other model names (a new
         version); the rest stays. Weights outside 0..1 or summing over 1 are refused."""
         if any(not 0.0 <= w <= 1.0 for w in weights.values()) or sum(weights.values()) > 1.0:
-            raise ValueError(f"canary weights for {model!r} must be shares summing to at "
-                             f"most 1, got {weights}")
+            raise ValueError(
+                f"canary weights for {model!r} must be shares summing to at most 1, got {weights}"
+            )
         if any(w > 0 for w in weights.values()):
             self.canaries[model] = {k: v for k, v in weights.items() if v > 0}
         else:
@@ -348,8 +377,11 @@ class SchedulerCore:
 
     def tick(self, now: float) -> list[Effect]:
         effects: list[Effect] = []
-        for wid in [w.worker_id for w in self.workers.values()
-                    if now - w.last_seen > self.policy.worker_timeout_s]:
+        for wid in [
+            w.worker_id
+            for w in self.workers.values()
+            if now - w.last_seen > self.policy.worker_timeout_s
+        ]:
             effects += self._lose_worker(wid, now)
         # KV events of workers that never heartbeat here (gone before a restart)
         for wid in [w for w in self._kv_orphans if w in self.workers]:
@@ -370,8 +402,11 @@ class SchedulerCore:
                 for item in q.drop_where(expired):
                     self._queued_ids.discard(item.request.request_id)
                     self._remember_ended(item.request.request_id, item.request)
-                    effects.append(self._deadline_fail(item.request, "while queued")
-                                   if now >= item.deadline else self._timed_out(item.request))
+                    effects.append(
+                        self._deadline_fail(item.request, "while queued")
+                        if now >= item.deadline
+                        else self._timed_out(item.request)
+                    )
         return effects + self._dispatch(now)
 
     # -- views -----------------------------------------------------------------------
@@ -381,8 +416,11 @@ class SchedulerCore:
 
     def knows(self, request_id: str) -> bool:
         """Queued, running, or recently ended: another copy of it changes nothing."""
-        return (request_id in self._queued_ids or request_id in self.inflight
-                or request_id in self._ended)
+        return (
+            request_id in self._queued_ids
+            or request_id in self.inflight
+            or request_id in self._ended
+        )
 
     def _same_request(self, request: RequestSubmitted) -> bool:
         """A resend of the held copy: same reply subject and same creation time (one
@@ -441,8 +479,12 @@ class SchedulerCore:
     def status(self) -> dict[str, object]:
         return {
             "workers": {
-                w.worker_id: {"models": w.models, "state": w.state, "assigned": len(w.assigned),
-                              "max_num_seqs": w.max_num_seqs}
+                w.worker_id: {
+                    "models": w.models,
+                    "state": w.state,
+                    "assigned": len(w.assigned),
+                    "max_num_seqs": w.max_num_seqs,
+                }
                 for w in self.workers.values()
             },
             "queued": self.queue_depths(),
@@ -450,10 +492,13 @@ class SchedulerCore:
             "tenants": {m: dict(q.counters) for m, q in self.queues.items()},
             "inflight": len(self.inflight),
             "canaries": self.canaries,
-            "routing": {"policy": self.policy.routing,
-                        "prefix_blocks_routed": self.routed_blocks,
-                        "prefix_hit_rate": round(self.routed_hits / self.routed_blocks, 4)
-                        if self.routed_blocks else None},
+            "routing": {
+                "policy": self.policy.routing,
+                "prefix_blocks_routed": self.routed_blocks,
+                "prefix_hit_rate": round(self.routed_hits / self.routed_blocks, 4)
+                if self.routed_blocks
+                else None,
+            },
         }
 
     # -- internals -------------------------------------------------------------------
@@ -463,7 +508,8 @@ class SchedulerCore:
         if q is None:
             p = self.policy
             q = self.queues[item.request.model] = ModelQueue(
-                p.short_prompt_tokens, p.long_wait_bound_s, lanes=p.lanes)
+                p.short_prompt_tokens, p.long_wait_bound_s, lanes=p.lanes
+            )
         q.push(item, front)
         self._queued_ids.add(item.request.request_id)
 
@@ -476,25 +522,36 @@ class SchedulerCore:
                     return item
         return None
 
-    def _remember_ended(self, request_id: str,
-                        request: RequestSubmitted | None = None) -> None:
-        self._ended[request_id] = (_identity(request) if request is not None
-                                   else self._ended.get(request_id))
+    def _remember_ended(self, request_id: str, request: RequestSubmitted | None = None) -> None:
+        self._ended[request_id] = (
+            _identity(request) if request is not None else self._ended.get(request_id)
+        )
         if len(self._ended) > self.policy.remember_ended:
             self._ended.popitem(last=False)
 
     @staticmethod
     def _deadline_fail(request: RequestSubmitted, where: str) -> Fail:
-        return Fail(request=request, code="deadline_exceeded",
-                    reason=f"the request's deadline passed {where}")
+        return Fail(
+            request=request,
+            code="deadline_exceeded",
+            reason=f"the request's deadline passed {where}",
+        )
 
     def _timed_out(self, request: RequestSubmitted) -> Fail:
         wait = f"{self.policy.queue_timeout_s:g}s"
         if self.live_models().get(request.model):
-            return Fail(request=request, code="queue_timeout", retryable=True,
-                        reason=f"every worker serving {request.model!r} stayed busy for {wait}")
-        return Fail(request=request, code="no_worker", retryable=True,
-                    reason=f"no worker serving model {request.model!r} appeared within {wait}")
+            return Fail(
+                request=request,
+                code="queue_timeout",
+                retryable=True,
+                reason=f"every worker serving {request.model!r} stayed busy for {wait}",
+            )
+        return Fail(
+            request=request,
+            code="no_worker",
+            retryable=True,
+            reason=f"no worker serving model {request.model!r} appeared within {wait}",
+        )
 
     def _lose_worker(self, worker_id: str, now: float) -> list[Effect]:
         w = self.workers.pop(worker_id, None)
@@ -506,24 +563,36 @@ class SchedulerCore:
         for rid in sorted(w.assigned, key=lambda r: self.inflight[r].order, reverse=True):
             f = self.inflight.pop(rid)
             if f.started:
-                effects.append(Fail(
-                    request=f.request,
-                    code="worker_lost",
-                    reason=f"worker {worker_id} was lost after streaming began; "
-                    "submit the request again (with a new request id)",
-                    retryable=True,
-                ))
+                effects.append(
+                    Fail(
+                        request=f.request,
+                        code="worker_lost",
+                        reason=f"worker {worker_id} was lost after streaming began; "
+                        "submit the request again (with a new request id)",
+                        retryable=True,
+                    )
+                )
             elif f.attempt >= self.policy.max_attempts:
-                effects.append(Fail(
-                    request=f.request,
-                    code="worker_lost",
-                    reason=f"lost {f.attempt} workers in a row while serving this request",
-                    retryable=True,
-                ))
+                effects.append(
+                    Fail(
+                        request=f.request,
+                        code="worker_lost",
+                        reason=f"lost {f.attempt} workers in a row while serving this request",
+                        retryable=True,
+                    )
+                )
             else:
                 # not started: hand it to another worker ahead of newer requests
-                self._enqueue(Queued(request=f.request, since=now, order=f.order,
-                                     attempt=f.attempt + 1, deadline=f.deadline), front=True)
+                self._enqueue(
+                    Queued(
+                        request=f.request,
+                        since=now,
+                        order=f.order,
+                        attempt=f.attempt + 1,
+                        deadline=f.deadline,
+                    ),
+                    front=True,
+                )
         return effects
 
     def _dispatch(self, now: float) -> list[Effect]:
@@ -537,9 +606,13 @@ class SchedulerCore:
             def candidates_for(target: str) -> list[Worker]:
                 if target not in by_target:
                     by_target[target] = sorted(
-                        (w for w in self.workers.values()
-                         if target in w.models and w.state == "ready"),
-                        key=lambda w: w.worker_id)
+                        (
+                            w
+                            for w in self.workers.values()
+                            if target in w.models and w.state == "ready"
+                        ),
+                        key=lambda w: w.worker_id,
+                    )
                 return by_target[target]
 
             blocked: set[str] = set()  # lanes no worker can take more of in this pass
@@ -554,8 +627,11 @@ class SchedulerCore:
 
                 def place(target: str) -> Worker | None:
                     pool = candidates_for(target)
-                    return self._route(target, item, self._eligible(
-                        pool, lane, overdue, tokens)) if pool else None
+                    return (
+                        self._route(target, item, self._eligible(pool, lane, overdue, tokens))
+                        if pool
+                        else None
+                    )
 
                 w = place(target)
                 if w is None and target != model:
@@ -579,21 +655,33 @@ class SchedulerCore:
                 if lane == "long" and self.policy.lanes:
                     w.prefilling_long.add(rid)
                 self.inflight[rid] = Inflight(
-                    request=item.request, worker_id=w.worker_id, attempt=item.attempt,
-                    assigned_at=now, order=item.order, deadline=item.deadline,
-                    tokens=tokens, long=lane == "long",
+                    request=item.request,
+                    worker_id=w.worker_id,
+                    attempt=item.attempt,
+                    assigned_at=now,
+                    order=item.order,
+                    deadline=item.deadline,
+                    tokens=tokens,
+                    long=lane == "long",
                 )
                 self._dispatched[model] = self._dispatched.get(model, 0) + 1
-                effects.append(Assign(worker_id=w.worker_id, request=item.request,
-                                      attempt=item.attempt,
-                                      served_model="" if target == model else target,
-                                      lane=lane, queued_s=max(0.0, now - item.since),
-                                      prefix_blocks=len(item.blocks or ()),
-                                      cached_blocks=item.cached_blocks))
+                effects.append(
+                    Assign(
+                        worker_id=w.worker_id,
+                        request=item.request,
+                        attempt=item.attempt,
+                        served_model="" if target == model else target,
+                        lane=lane,
+                        queued_s=max(0.0, now - item.since),
+                        prefix_blocks=len(item.blocks or ()),
+                        cached_blocks=item.cached_blocks,
+                    )
+                )
         return effects
 
-    def _eligible(self, candidates: list[Worker], lane: str, overdue: bool,
-                  tokens: int = 0) -> list[Worker]:
+    def _eligible(
+        self, candidates: list[Worker], lane: str, overdue: bool, tokens: int = 0
+    ) -> list[Worker]:
         """Workers a request of ``lane`` may go to: long prompts prefill one at a time per
         worker, off the reserved share unless overdue."""
         p = self.policy
@@ -621,15 +709,18 @@ class SchedulerCore:
         p = self.policy
         if p.routing == "round_robin":
             start = self._rr.get(model, 0)
-            order = candidates[start % len(candidates):] + candidates[:start % len(candidates)]
+            order = candidates[start % len(candidates) :] + candidates[: start % len(candidates)]
             w = next(w for w in order if w.can_take(tokens))
             self._rr[model] = (candidates.index(w) + 1) % len(candidates)
             return w
         if item.blocks is None:
             r = item.request
             item.blocks = list(r.prefix_hashes) or text_blocks(
-                r.prompt if r.prompt is not None else
-                "".join(f"{m.role}\n{m.content}\n" for m in r.messages or ()), p.kv_block_chars)
+                r.prompt
+                if r.prompt is not None
+                else "".join(f"{m.role}\n{m.content}\n" for m in r.messages or ()),
+                p.kv_block_chars,
+            )
         if p.routing == "dynamo":
             hit = self.kv.overlaps(item.blocks, [w.worker_id for w in free])
 
@@ -642,15 +733,16 @@ class SchedulerCore:
             return best
         load = {w.worker_id: len(w.assigned) / max(1, w.max_num_seqs) for w in candidates}
         mean = sum(load.values()) / len(load)
-        ceiling = (1 + p.max_load_skew) * mean + 1 / max(1, min(w.max_num_seqs
-                                                               for w in candidates))
+        ceiling = (1 + p.max_load_skew) * mean + 1 / max(1, min(w.max_num_seqs for w in candidates))
         allowed = [w for w in free if load[w.worker_id] <= ceiling] or free
         overlap = self.kv.overlaps(item.blocks, [w.worker_id for w in allowed])
         n = max(1, len(item.blocks))
 
         def cost(w: Worker) -> tuple[float, str]:
-            return (p.load_weight * load[w.worker_id]
-                    - p.overlap_weight * overlap[w.worker_id] / n, w.worker_id)
+            return (
+                p.load_weight * load[w.worker_id] - p.overlap_weight * overlap[w.worker_id] / n,
+                w.worker_id,
+            )
 
         best = min(allowed, key=cost)
         self._note_route(best, item, overlap[best.worker_id])

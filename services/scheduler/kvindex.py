@@ -128,6 +128,6 @@ def text_blocks(text: str, block_chars: int = 256) -> list[int]:
     out: list[int] = []
     parent = 0
     for i in range(0, len(text) - block_chars + 1, block_chars):
-        parent = hash((parent, text[i:i + block_chars]))
+        parent = hash((parent, text[i : i + block_chars]))
         out.append(parent)
     return out

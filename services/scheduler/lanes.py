@@ -11,7 +11,8 @@ least-served busy one, so it cannot bank an idle hour into a burst.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Iterator, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 
 class Item(Protocol):
@@ -36,8 +37,9 @@ def cost_tokens(request: Any) -> int:
 class ModelQueue:
     """FIFO per tenant, tenants by VTC, short lane before long (within the bound)."""
 
-    def __init__(self, short_prompt_tokens: int, long_wait_bound_s: float,
-                 lanes: bool = True) -> None:
+    def __init__(
+        self, short_prompt_tokens: int, long_wait_bound_s: float, lanes: bool = True
+    ) -> None:
         self.short_prompt_tokens = short_prompt_tokens
         self.long_wait_bound_s = long_wait_bound_s
         self.lanes = lanes
@@ -65,10 +67,15 @@ class ModelQueue:
         tenant = item.request.tenant
         if tenant not in tenants or not tenants[tenant]:
             # idle until now: start level with the least-served tenant that is waiting
-            busy = [self.counters.get(t, 0.0) for lane in self._lanes.values()
-                    for t, q in lane.items() if q]
-            self.counters[tenant] = max(self.counters.get(tenant, 0.0),
-                                        min(busy, default=self._level))
+            busy = [
+                self.counters.get(t, 0.0)
+                for lane in self._lanes.values()
+                for t, q in lane.items()
+                if q
+            ]
+            self.counters[tenant] = max(
+                self.counters.get(tenant, 0.0), min(busy, default=self._level)
+            )
         q = tenants.setdefault(tenant, deque())
         q.appendleft(item) if front else q.append(item)
         self._n += 1
@@ -92,8 +99,7 @@ class ModelQueue:
         the short lane's, else the long lane's; ``allow`` may refuse a lane (no worker
         can take a long prompt now)."""
         oldest = self._oldest("long")  # the bound is any tenant's, not the head tenant's
-        if oldest is not None and now - oldest.since >= self.long_wait_bound_s \
-                and allow("long"):
+        if oldest is not None and now - oldest.since >= self.long_wait_bound_s and allow("long"):
             return oldest
         for lane in ("short", "long"):
             if allow(lane):

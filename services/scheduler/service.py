@@ -11,18 +11,18 @@ from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
 from inferbus.contracts import (
+    CANARIES,
     CANCEL,
     ENDED,
     HEARTBEATS,
+    KV_EVENTS,
     SCHEDULER_ACCEPTED,
     SCHEDULER_ENDED,
     SCHEDULER_LOAD,
     STARTED,
-    KV_EVENTS,
-    CANARIES,
     CanaryWeights,
-    KvEvent,
     CancelRequest,
+    KvEvent,
     RequestAccepted,
     RequestCancelled,
     RequestFailed,
@@ -35,7 +35,6 @@ from inferbus.contracts import (
 )
 from inferbus.shared import logs, metrics
 from inferbus.shared import tracing as t
-from inferbus.shared.tracing import valid_context
 from inferbus.shared.bus import (
     Background,
     consume,
@@ -47,6 +46,7 @@ from inferbus.shared.bus import (
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
+from inferbus.shared.tracing import valid_context
 
 from .core import Assign, Cancel, Effect, Fail, Refuse, SchedulerCore, SchedulerPolicy
 
@@ -89,8 +89,11 @@ class SchedulerService(Service[SchedulerSettings]):
     def __init__(self, settings: SchedulerSettings) -> None:
         super().__init__(settings)
         # the policy's fields are the settings of the same names
-        fields = {f: getattr(settings, f) for f in SchedulerPolicy.__struct_fields__
-                  if hasattr(settings, f)}
+        fields = {
+            f: getattr(settings, f)
+            for f in SchedulerPolicy.__struct_fields__
+            if hasattr(settings, f)
+        }
         try:
             self.core = SchedulerCore(msgspec.convert(fields, SchedulerPolicy))
         except msgspec.ValidationError as exc:
@@ -121,12 +124,21 @@ class SchedulerService(Service[SchedulerSettings]):
             await consume(nc, SCHEDULER_ACCEPTED, self._on_accepted),
             # the workers' KV events, replayed from the stream's start: the index of
             # which worker holds which prefix is rebuilt after a restart
-            await ctx.js.subscribe(KV_EVENTS, stream="IB_KV", cb=self._on_kv,
-                                   ordered_consumer=True, deliver_policy=DeliverPolicy.ALL),
+            await ctx.js.subscribe(
+                KV_EVENTS,
+                stream="IB_KV",
+                cb=self._on_kv,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.ALL,
+            ),
             # canary weights: the latest per model, then every change
-            await ctx.js.subscribe(CANARIES, stream="IB_CONFIG", cb=self._on_canary,
-                                   ordered_consumer=True,
-                                   deliver_policy=DeliverPolicy.LAST_PER_SUBJECT),
+            await ctx.js.subscribe(
+                CANARIES,
+                stream="IB_CONFIG",
+                cb=self._on_canary,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            ),
         ]
         self._tick_task = asyncio.create_task(self._ticks(), name="ticks")
         self._progress_task = asyncio.create_task(self._keep_unacked(), name="in-progress")
@@ -159,8 +171,12 @@ class SchedulerService(Service[SchedulerSettings]):
         for rid in ended:
             self._traces.pop(rid, None)
         self.core.restore(assignments, ended, time.monotonic())
-        log.info("restored", assignments=len(assignments), ended=len(ended),
-                 inflight=len(self.core.inflight))
+        log.info(
+            "restored",
+            assignments=len(assignments),
+            ended=len(ended),
+            inflight=len(self.core.inflight),
+        )
 
     async def drain(self) -> None:
         for sub in reversed(self._subs):
@@ -187,8 +203,9 @@ class SchedulerService(Service[SchedulerSettings]):
         rid = event.request.request_id
         redelivered = msg.metadata.num_delivered > 1
         if self.core.knows(rid):  # a redelivery or resend (nothing) or a reused id (refused)
-            effects = self.core.on_accepted(event.request, time.monotonic(), time.time(),
-                                            redelivered)
+            effects = self.core.on_accepted(
+                event.request, time.monotonic(), time.time(), redelivered
+            )
             if rid in self._unacked and not effects:
                 self._unacked[rid] = msg  # still queued: keep the newest handle
             else:
@@ -200,8 +217,9 @@ class SchedulerService(Service[SchedulerSettings]):
         trace = trace_headers(msg)
         if trace:
             self._traces[rid] = trace
-        await self._apply(self.core.on_accepted(event.request, time.monotonic(), time.time(),
-                                                redelivered))
+        await self._apply(
+            self.core.on_accepted(event.request, time.monotonic(), time.time(), redelivered)
+        )
 
     async def _on_heartbeat(self, msg: Msg) -> None:
         try:
@@ -266,9 +284,12 @@ class SchedulerService(Service[SchedulerSettings]):
                 await self._apply(self.core.tick(now))
                 if now >= next_load:
                     next_load = now + self.settings.load_interval_s
-                    load = SchedulerLoad(scheduler_id=self.settings.instance_id,
-                                         models=self.core.load(now), sent_at=time.time(),
-                                         interval_s=self.settings.load_interval_s)
+                    load = SchedulerLoad(
+                        scheduler_id=self.settings.instance_id,
+                        models=self.core.load(now),
+                        sent_at=time.time(),
+                        interval_s=self.settings.load_interval_s,
+                    )
                     await self._ctx.nc.publish(SCHEDULER_LOAD, encode(load))
                 for model, q in self.core.queues.items():
                     for lane, n in q.depths().items():
@@ -277,7 +298,8 @@ class SchedulerService(Service[SchedulerSettings]):
                 hits, blocks = self.core.routed_hits, self.core.routed_blocks
                 metrics.ROUTED_PREFIX_BLOCKS.labels("true").inc(hits - self._hits_seen)
                 metrics.ROUTED_PREFIX_BLOCKS.labels("false").inc(
-                    blocks - hits - (self._blocks_seen - self._hits_seen))
+                    blocks - hits - (self._blocks_seen - self._hits_seen)
+                )
                 self._hits_seen, self._blocks_seen = hits, blocks
                 live = self.core.live_models()
                 for model, n in live.items():
@@ -320,18 +342,25 @@ class SchedulerService(Service[SchedulerSettings]):
         forever would pin its request and a consumer slot."""
         rid = e.request.request_id
         metrics.SCHEDULER_DECISIONS.labels(
-            "assigned" if isinstance(e, Assign) else "cancelled" if isinstance(e, Cancel)
-            else e.code).inc()
+            "assigned"
+            if isinstance(e, Assign)
+            else "cancelled"
+            if isinstance(e, Cancel)
+            else e.code
+        ).inc()
         for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
             try:
                 await self._publish(e)
                 break
             except Exception:
                 if attempt == _PUBLISH_ATTEMPTS:
-                    log.exception("could not publish an effect; its request may not end",
-                                  request_id=rid, effect=type(e).__name__)
+                    log.exception(
+                        "could not publish an effect; its request may not end",
+                        request_id=rid,
+                        effect=type(e).__name__,
+                    )
                 else:
-                    await asyncio.sleep(0.25 * 2 ** attempt)
+                    await asyncio.sleep(0.25 * 2**attempt)
         if isinstance(e, Refuse):
             return  # the held message, if any, is the first request's
         held = self._unacked.pop(rid, None)
@@ -353,23 +382,36 @@ class SchedulerService(Service[SchedulerSettings]):
         trace = self._traces.get(rid)
         if isinstance(e, Assign):
             began = time.time()
-            work = WorkAssigned(request=e.request, worker_id=e.worker_id, attempt=e.attempt,
-                                assigned_at=began, served_model=e.served_model)
+            work = WorkAssigned(
+                request=e.request,
+                worker_id=e.worker_id,
+                attempt=e.attempt,
+                assigned_at=began,
+                served_model=e.served_model,
+            )
             # recorded first: a fast request may have ended (and been decided) by the
             # time the publish is acknowledged
             self._trace_assignment(e, trace, began)
-            await publish_durable(js, work_subject(e.worker_id), work, request_id=rid,
-                                  msg_id=f"{rid}:{e.attempt}", trace=trace)
-            metrics.ASSIGNMENTS.labels(e.request.model,
-                                       "first" if e.attempt == 1 else "retry").inc()
+            await publish_durable(
+                js,
+                work_subject(e.worker_id),
+                work,
+                request_id=rid,
+                msg_id=f"{rid}:{e.attempt}",
+                trace=trace,
+            )
+            metrics.ASSIGNMENTS.labels(
+                e.request.model, "first" if e.attempt == 1 else "retry"
+            ).inc()
             metrics.QUEUE_TIME.labels(e.request.model, e.lane).observe(e.queued_s)
             # debug: the request's one info line is written where it ends
             log.debug("assigned", request_id=rid, worker=e.worker_id, attempt=e.attempt)
         else:
             terminal: Any
             if isinstance(e, Fail):
-                terminal = RequestFailed(request_id=rid, code=e.code, reason=e.reason,
-                                         retryable=e.retryable)
+                terminal = RequestFailed(
+                    request_id=rid, code=e.code, reason=e.reason, retryable=e.retryable
+                )
                 log.warning("request failed", request_id=rid, code=e.code, reason=e.reason)
             else:
                 assert isinstance(e, Cancel)
@@ -388,19 +430,37 @@ class SchedulerService(Service[SchedulerSettings]):
         if parent is None:
             return
         ns = 1_000_000_000
-        attrs = {t.REQUEST_ID: e.request.request_id, t.GEN_AI_REQUEST_MODEL: e.request.model,
-                 t.ATTEMPT: e.attempt, t.LANE: e.lane, t.TENANT: e.request.tenant}
-        tracing.record("queue wait", parent, int((began - e.queued_s) * ns), int(began * ns),
-                       {**attrs, "inferbus.priority": e.request.priority})
+        attrs = {
+            t.REQUEST_ID: e.request.request_id,
+            t.GEN_AI_REQUEST_MODEL: e.request.model,
+            t.ATTEMPT: e.attempt,
+            t.LANE: e.lane,
+            t.TENANT: e.request.tenant,
+        }
+        tracing.record(
+            "queue wait",
+            parent,
+            int((began - e.queued_s) * ns),
+            int(began * ns),
+            {**attrs, "inferbus.priority": e.request.priority},
+        )
         # the placement: from the core's choice to the assignment handed to JetStream
-        tracing.record("schedule", parent, int(began * ns), time.time_ns(), {
-            **attrs, t.WORKER: e.worker_id, "inferbus.routing": self.settings.routing,
-            "inferbus.prefix_blocks": e.prefix_blocks,
-            "inferbus.cached_prefix_blocks": e.cached_blocks,
-            t.GEN_AI_RESPONSE_MODEL: e.served_model or e.request.model})
+        tracing.record(
+            "schedule",
+            parent,
+            int(began * ns),
+            time.time_ns(),
+            {
+                **attrs,
+                t.WORKER: e.worker_id,
+                "inferbus.routing": self.settings.routing,
+                "inferbus.prefix_blocks": e.prefix_blocks,
+                "inferbus.cached_prefix_blocks": e.cached_blocks,
+                t.GEN_AI_RESPONSE_MODEL: e.served_model or e.request.model,
+            },
+        )
 
-    def _trace_end(self, e: Fail | Cancel, trace: dict[str, str] | None,
-                         outcome: str) -> None:
+    def _trace_end(self, e: Fail | Cancel, trace: dict[str, str] | None, outcome: str) -> None:
         """A request this scheduler ended (in its queue, or its worker lost): the trace's
         decision is made here, and the request's one log line written."""
         assert self._ctx
@@ -411,12 +471,28 @@ class SchedulerService(Service[SchedulerSettings]):
         code = e.code if isinstance(e, Fail) else ""
         if parent is not None:  # the point where it ended, with why
             now = time.time_ns()
-            tracing.record("schedule", parent, now, now,
-                           {t.REQUEST_ID: req.request_id, t.GEN_AI_REQUEST_MODEL: req.model,
-                            "inferbus.outcome": outcome},
-                           error=f"{code}: {e.reason}" if code else "")
-        decision = tracing.end_request(parent, request_id=req.request_id,
-                                             failed=isinstance(e, Fail), e2e_s=e2e)
-        log.info("request ended", request_id=req.request_id, model=req.model,
-                 tenant=req.tenant, outcome=outcome, code=code, e2e_s=round(e2e, 6),
-                 **tracing.log_fields(parent, decision))
+            tracing.record(
+                "schedule",
+                parent,
+                now,
+                now,
+                {
+                    t.REQUEST_ID: req.request_id,
+                    t.GEN_AI_REQUEST_MODEL: req.model,
+                    "inferbus.outcome": outcome,
+                },
+                error=f"{code}: {e.reason}" if code else "",
+            )
+        decision = tracing.end_request(
+            parent, request_id=req.request_id, failed=isinstance(e, Fail), e2e_s=e2e
+        )
+        log.info(
+            "request ended",
+            request_id=req.request_id,
+            model=req.model,
+            tenant=req.tenant,
+            outcome=outcome,
+            code=code,
+            e2e_s=round(e2e, 6),
+            **tracing.log_fields(parent, decision),
+        )

@@ -1,6 +1,6 @@
 """`python -m inferbus.services.worker` (or `inferbus serve worker`): run one worker."""
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from inferbus.shared import runtime
 

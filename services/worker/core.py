@@ -18,9 +18,13 @@ from .engine import EngineOutput, EngineRequest, EngineStats
 
 def engine_request(assignment: WorkAssigned) -> EngineRequest:
     r = assignment.request
-    return EngineRequest(request_id=r.request_id, model=assignment.served_model or r.model,
-                         prompt=r.prompt,
-                         messages=r.messages, sampling=r.sampling)
+    return EngineRequest(
+        request_id=r.request_id,
+        model=assignment.served_model or r.model,
+        prompt=r.prompt,
+        messages=r.messages,
+        sampling=r.sampling,
+    )
 
 
 class RequestStream:
@@ -68,8 +72,11 @@ class RequestStream:
         return RequestFinished(
             request_id=self.request_id,
             finish_reason="stop" if out.finish_reason == "stop" else "length",
-            usage=Usage(prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
-                        cached_prompt_tokens=out.cached_tokens),
+            usage=Usage(
+                prompt_tokens=out.prompt_tokens,
+                completion_tokens=out.completion_tokens,
+                cached_prompt_tokens=out.cached_tokens,
+            ),
             chunks=self.seq,
             worker_id=self.worker_id,
             attempt=self.assignment.attempt,

@@ -43,13 +43,24 @@ def stage_times(stream: RequestStream, terminal: Any, now: float) -> StageTiming
     engine, or a request that did not finish): no split of queue and prefill then."""
     timings = terminal.timings if isinstance(terminal, RequestFinished) else stream.timings(now)
     if not timings.queued_s and not timings.prefill_s and stream.first_token_at is not None:
-        timings = StageTimings(queued_s=0.0, prefill_s=timings.first_token_s,
-                               first_token_s=timings.first_token_s, decode_s=timings.decode_s)
+        timings = StageTimings(
+            queued_s=0.0,
+            prefill_s=timings.first_token_s,
+            first_token_s=timings.first_token_s,
+            decode_s=timings.decode_s,
+        )
     return timings
 
 
-def report_end(tracing: Tracing, service: str, stream: RequestStream, terminal: Any,
-                     parent: Any, received: float, now: float) -> None:
+def report_end(
+    tracing: Tracing,
+    service: str,
+    stream: RequestStream,
+    terminal: Any,
+    parent: Any,
+    received: float,
+    now: float,
+) -> None:
     """``received``: Unix time the assignment arrived; ``now``: monotonic, at the end."""
     a = stream.assignment
     req = a.request
@@ -75,8 +86,12 @@ def report_end(tracing: Tracing, service: str, stream: RequestStream, terminal: 
 
     error = f"{terminal.code}: {terminal.reason}" if failed else ""
     if tracing.enabled and parent is not None:  # no context: no trace to join
-        common = {t.REQUEST_ID: req.request_id, t.WORKER: stream.worker_id,
-                  t.GEN_AI_REQUEST_MODEL: model, t.ATTEMPT: a.attempt}
+        common = {
+            t.REQUEST_ID: req.request_id,
+            t.WORKER: stream.worker_id,
+            t.GEN_AI_REQUEST_MODEL: model,
+            t.ATTEMPT: a.attempt,
+        }
         t0 = int(received * _NS)
         if started:
             first = t0 + int(timings.first_token_s * _NS)
@@ -99,8 +114,9 @@ def report_end(tracing: Tracing, service: str, stream: RequestStream, terminal: 
 
     created = req.created_at or received
     ttft_s = (received + timings.first_token_s - created) if started else None
-    decision = tracing.end_request(parent, request_id=req.request_id, failed=failed,
-                                         e2e_s=end_wall - created, ttft_s=ttft_s)
+    decision = tracing.end_request(
+        parent, request_id=req.request_id, failed=failed, e2e_s=end_wall - created, ttft_s=ttft_s
+    )
     log.info(
         "request ended",
         request_id=req.request_id,
@@ -136,4 +152,3 @@ def report_stats(worker_id: str, hb: WorkerHeartbeat, seen: tuple[int, int]) -> 
         metrics.PREFIX_CACHE_HITS.labels(worker_id).inc(hits)
         metrics.PREFIX_CACHE_QUERIES.labels(worker_id).inc(queries)
     return hits, queries
-

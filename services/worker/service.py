@@ -32,8 +32,8 @@ from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
 
 from .core import RequestStream, engine_request, heartbeat
-from .report import report_end, report_stats
 from .engine import Engine, EngineError
+from .report import report_end, report_stats
 from .sim import SimEngine, SimTiming
 
 log = logs.get("inferbus.worker")
@@ -93,8 +93,9 @@ def build_engine(s: WorkerSettings, worker_id: str = "", on_kv_events: Any = Non
             decode_s_per_step=s.sim_decode_s_per_step,
             decode_s_per_seq=s.sim_decode_s_per_seq,
         )
-        return SimEngine(s.model, timing, s.max_num_seqs, s.sim_max_model_len,
-                         s.sim_kv_capacity_tokens)
+        return SimEngine(
+            s.model, timing, s.max_num_seqs, s.sim_max_model_len, s.sim_kv_capacity_tokens
+        )
     if s.engine == "vllm":
         from .vllm_engine import VllmEngine, VllmOptions, prepare_environment
 
@@ -102,8 +103,9 @@ def build_engine(s: WorkerSettings, worker_id: str = "", on_kv_events: Any = Non
         # the engine's options are the settings of the same names
         fields = {f: getattr(s, f) for f in VllmOptions.__struct_fields__ if hasattr(s, f)}
         fields["lora_modules"] = parse_lora_modules(s.lora_modules)
-        return VllmEngine(msgspec.convert(fields, VllmOptions), worker_id=worker_id,
-                          on_kv_events=on_kv_events)
+        return VllmEngine(
+            msgspec.convert(fields, VllmOptions), worker_id=worker_id, on_kv_events=on_kv_events
+        )
     raise SystemExit(f"unknown engine {s.engine!r}: choose sim or vllm")
 
 
@@ -197,8 +199,7 @@ class WorkerService(Service[WorkerSettings]):
         if rid in self._tasks:
             return  # a redelivery of what we already serve
         parent = self._ctx.tracing.parent(msg.headers)
-        self._tasks[rid] = asyncio.create_task(self._serve(assignment, parent),
-                                               name=f"req-{rid}")
+        self._tasks[rid] = asyncio.create_task(self._serve(assignment, parent), name=f"req-{rid}")
         metrics.INFLIGHT.labels(self.name).set(len(self._tasks))
 
     async def _serve(self, assignment: WorkAssigned, parent: Any = None) -> None:
@@ -240,11 +241,14 @@ class WorkerService(Service[WorkerSettings]):
             reason = self._cancel_reasons.pop(rid, None)
             if rid in self._expired:
                 terminal = RequestFailed(
-                    request_id=rid, code="deadline_exceeded",
-                    reason=f"the request's deadline passed after {stream.seq} chunks")
+                    request_id=rid,
+                    code="deadline_exceeded",
+                    reason=f"the request's deadline passed after {stream.seq} chunks",
+                )
             elif reason is None:
                 terminal = RequestFailed(
-                    request_id=rid, code="worker_shutdown",
+                    request_id=rid,
+                    code="worker_shutdown",
                     reason="the worker shut down before the request finished; retry it",
                     retryable=True,
                 )
@@ -274,8 +278,7 @@ class WorkerService(Service[WorkerSettings]):
             await nc.publish(reply, encode(terminal), headers=request_headers(rid))
             await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=f"{rid}:end")
         finally:  # counted and logged even when the record of its end could not be made
-            report_end(self._ctx.tracing, self.name, stream, terminal, parent,
-                             received, ended)
+            report_end(self._ctx.tracing, self.name, stream, terminal, parent, received, ended)
 
     def _expire(self, rid: str) -> None:
         task = self._tasks.get(rid)

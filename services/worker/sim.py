@@ -16,7 +16,7 @@ import asyncio
 import re
 import zlib
 from collections import deque
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import msgspec
 
@@ -60,8 +60,18 @@ def token_id(prompt_hash: int, index: int) -> int:
 
 
 class _Sequence:
-    __slots__ = ("request", "prompt_tokens", "prompt_hash", "outputs", "generated", "text",
-                 "emitted", "holdback", "aborted", "echo")
+    __slots__ = (
+        "request",
+        "prompt_tokens",
+        "prompt_hash",
+        "outputs",
+        "generated",
+        "text",
+        "emitted",
+        "holdback",
+        "aborted",
+        "echo",
+    )
 
     def __init__(self, request: EngineRequest) -> None:
         text = prompt_text(request)
@@ -77,7 +87,7 @@ class _Sequence:
         self.holdback = max((len(s) for s in request.sampling.stop), default=1) - 1
         self.aborted = False
         last = request.messages[-1].content if request.messages else request.prompt or ""
-        self.echo = last[len(ECHO):] if last.startswith(ECHO) else None
+        self.echo = last[len(ECHO) :] if last.startswith(ECHO) else None
 
     def step(self) -> EngineOutput:
         tid = token_id(self.prompt_hash, self.generated)
@@ -85,20 +95,25 @@ class _Sequence:
         before = len(self.text)
         finish = None
         if self.echo is not None:
-            self.text += self.echo[before:before + 3]
+            self.text += self.echo[before : before + 3]
             if len(self.text) >= len(self.echo):
                 finish = "stop"
         else:
             self.text += VOCAB[tid] + " "
-        cuts = [c for stop in self.request.sampling.stop if stop
-                for c in (self.text.find(stop, max(0, before - len(stop) + 1)),) if c >= 0]
+        cuts = [
+            c
+            for stop in self.request.sampling.stop
+            if stop
+            for c in (self.text.find(stop, max(0, before - len(stop) + 1)),)
+            if c >= 0
+        ]
         if cuts:  # the earliest match wins, whichever stop string it is
-            self.text = self.text[:min(cuts)]
+            self.text = self.text[: min(cuts)]
             finish = "stop"
         if finish is None and self.generated >= self.request.sampling.max_tokens:
             finish = "length"
         end = len(self.text) if finish else max(self.emitted, len(self.text) - self.holdback)
-        piece = self.text[self.emitted:end]
+        piece = self.text[self.emitted : end]
         self.emitted = end
         return EngineOutput(
             text=piece,
@@ -126,8 +141,14 @@ def merge(outputs: list[EngineOutput]) -> EngineOutput:
 class SimEngine:
     name = "sim"
 
-    def __init__(self, model: str, timing: SimTiming, max_num_seqs: int = 256,
-                 max_model_len: int = 8192, kv_capacity_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        model: str,
+        timing: SimTiming,
+        max_num_seqs: int = 256,
+        max_model_len: int = 8192,
+        kv_capacity_tokens: int = 0,
+    ) -> None:
         self.models = [model]
         self.adapters: list[str] = []
         self.timing = timing
@@ -162,7 +183,8 @@ class SimEngine:
                 "context_length_exceeded",
                 f"the prompt ({seq.prompt_tokens} tokens) plus max_tokens "
                 f"({request.sampling.max_tokens}) exceeds the model's "
-                f"{self.max_model_len}-token context")
+                f"{self.max_model_len}-token context",
+            )
         self._waiting.append(seq)
         self._wake.set()
         try:

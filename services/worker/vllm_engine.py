@@ -11,8 +11,9 @@ import asyncio
 import os
 import re
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import msgspec
 
@@ -56,12 +57,15 @@ class VllmOptions(msgspec.Struct, kw_only=True, frozen=True):
         return self.served_model_name or Path(self.model.rstrip("/")).name
 
 
-def prepare_environment(state_dir: str | None = None, instance: str = "",
-                        log_level: str = "info") -> None:
+def prepare_environment(
+    state_dir: str | None = None, instance: str = "", log_level: str = "info"
+) -> None:
     """Engine-wide settings that must be in place before vLLM is imported."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # serve local models; never reach a hub
-    if ("VLLM_LOGGING_CONFIG_PATH" not in os.environ
-            and os.environ.get("VLLM_CONFIGURE_LOGGING") != "0"):
+    if (
+        "VLLM_LOGGING_CONFIG_PATH" not in os.environ
+        and os.environ.get("VLLM_CONFIGURE_LOGGING") != "0"
+    ):
         # vLLM's own log lines in our JSON, in this process and its engine core (one
         # file per instance, rewritten at each start)
         import json
@@ -111,11 +115,18 @@ def sampling_params(s: SamplingParams) -> Any:
 
     try:
         return VllmSampling(
-            max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-            stop=list(s.stop) or None, stop_token_ids=list(s.stop_token_ids) or None,
-            seed=s.seed, presence_penalty=s.presence_penalty,
-            frequency_penalty=s.frequency_penalty, repetition_penalty=s.repetition_penalty,
-            ignore_eos=s.ignore_eos, output_kind=RequestOutputKind.DELTA,
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            stop=list(s.stop) or None,
+            stop_token_ids=list(s.stop_token_ids) or None,
+            seed=s.seed,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+            repetition_penalty=s.repetition_penalty,
+            ignore_eos=s.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
         )
     except request_errors() as exc:
         raise EngineError("invalid_request", f"invalid sampling parameters: {exc}") from None
@@ -147,14 +158,25 @@ def kv_events_of(batch: Any, worker_id: str) -> list[KvEvent]:
     for ev in batch.events:
         kind = type(ev).__name__
         if kind == "BlockStored":
-            out.append(KvBlocksStored(
-                worker_id=worker_id, block_hashes=[h(b) for b in ev.block_hashes],
-                parent_block_hash=h(ev.parent_block_hash), token_ids=list(ev.token_ids),
-                block_size=ev.block_size, lora_name=ev.lora_name, medium=ev.medium))
+            out.append(
+                KvBlocksStored(
+                    worker_id=worker_id,
+                    block_hashes=[h(b) for b in ev.block_hashes],
+                    parent_block_hash=h(ev.parent_block_hash),
+                    token_ids=list(ev.token_ids),
+                    block_size=ev.block_size,
+                    lora_name=ev.lora_name,
+                    medium=ev.medium,
+                )
+            )
         elif kind == "BlockRemoved":
-            out.append(KvBlocksRemoved(worker_id=worker_id,
-                                       block_hashes=[h(b) for b in ev.block_hashes],
-                                       medium=ev.medium))
+            out.append(
+                KvBlocksRemoved(
+                    worker_id=worker_id,
+                    block_hashes=[h(b) for b in ev.block_hashes],
+                    medium=ev.medium,
+                )
+            )
         elif kind == "AllBlocksCleared":
             out.append(KvAllCleared(worker_id=worker_id))
     return out
@@ -168,8 +190,13 @@ def _stat_logger(sink: EngineStats) -> type:
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             pass
 
-        def record(self, scheduler_stats: Any, iteration_stats: Any,
-                   mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+        def record(
+            self,
+            scheduler_stats: Any,
+            iteration_stats: Any,
+            mm_cache_stats: Any = None,
+            engine_idx: int = 0,
+        ) -> None:
             if scheduler_stats is None:
                 return
             sink.running = scheduler_stats.num_running_reqs
@@ -189,8 +216,12 @@ def _stat_logger(sink: EngineStats) -> type:
 class VllmEngine:
     name = "vllm"
 
-    def __init__(self, options: VllmOptions, worker_id: str = "",
-                 on_kv_events: Callable[[list[KvEvent]], Any] | None = None) -> None:
+    def __init__(
+        self,
+        options: VllmOptions,
+        worker_id: str = "",
+        on_kv_events: Callable[[list[KvEvent]], Any] | None = None,
+    ) -> None:
         self.options = options
         self.models = [options.served_name, *options.lora_modules]
         self.adapters = list(options.lora_modules)
@@ -211,17 +242,24 @@ class VllmEngine:
         kv = None
         if kv_endpoint:
             # a concrete host makes vLLM's publisher connect to our bound SUB socket
-            kv = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
-                                endpoint=kv_endpoint, topic="kv")
+            kv = KVEventsConfig(
+                enable_kv_cache_events=True, publisher="zmq", endpoint=kv_endpoint, topic="kv"
+            )
         return AsyncEngineArgs(
-            model=o.model, served_model_name=[o.served_name], dtype=o.dtype,
-            max_model_len=o.max_model_len or None, max_num_seqs=o.max_num_seqs,
-            enforce_eager=o.enforce_eager, enable_prefix_caching=o.enable_prefix_caching,
+            model=o.model,
+            served_model_name=[o.served_name],
+            dtype=o.dtype,
+            max_model_len=o.max_model_len or None,
+            max_num_seqs=o.max_num_seqs,
+            enforce_eager=o.enforce_eager,
+            enable_prefix_caching=o.enable_prefix_caching,
             gpu_memory_utilization=o.gpu_memory_utilization,
             tensor_parallel_size=o.tensor_parallel_size,
             distributed_executor_backend=o.distributed_executor_backend or None,
-            enable_lora=o.enable_lora or bool(o.lora_modules), max_loras=o.max_loras,
-            max_lora_rank=o.max_lora_rank, kv_events_config=kv,
+            enable_lora=o.enable_lora or bool(o.lora_modules),
+            max_loras=o.max_loras,
+            max_lora_rank=o.max_lora_rank,
+            kv_events_config=kv,
             disable_log_stats=False,
         )
 
@@ -238,8 +276,10 @@ class VllmEngine:
             self._kv_task = asyncio.create_task(self._relay_kv_events(sock), name="kv-events")
         # loading takes seconds to minutes: off the event loop, so heartbeats keep going
         self._engine = await asyncio.to_thread(
-            AsyncLLM.from_engine_args, self.engine_args(endpoint),
-            stat_loggers=[_stat_logger(self._stats)])
+            AsyncLLM.from_engine_args,
+            self.engine_args(endpoint),
+            stat_loggers=[_stat_logger(self._stats)],
+        )
         self._tokenizer = self._engine.get_tokenizer()
         for i, (name, path) in enumerate(self.options.lora_modules.items(), start=1):
             self._loras[name] = LoRARequest(lora_name=name, lora_int_id=i, lora_path=path)
@@ -293,7 +333,8 @@ class VllmEngine:
             raise EngineError(
                 "context_length_exceeded",
                 f"the prompt ({n_prompt} tokens) plus max_tokens "
-                f"({request.sampling.max_tokens}) exceeds the model's {max_len}-token context")
+                f"({request.sampling.max_tokens}) exceeds the model's {max_len}-token context",
+            )
         params = sampling_params(request.sampling)
         received = time.time()
         rid = request.request_id
@@ -305,7 +346,8 @@ class VllmEngine:
                 completion += len(o.token_ids)
                 finished = out.finished
                 yield EngineOutput(
-                    text=o.text, token_ids=list(o.token_ids),
+                    text=o.text,
+                    token_ids=list(o.token_ids),
                     prompt_tokens=len(out.prompt_token_ids or ()),
                     completion_tokens=completion,
                     finish_reason=o.finish_reason if out.finished else None,

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import urllib.request
-import json
 
 import pytest
 
@@ -25,15 +25,27 @@ def platform(nats_url: str, log_dir):
     """Sanitizer, scheduler, a zero-cost sim worker, a slow sim worker and the gateway."""
     procs = [
         ServiceProcess("sanitizer", nats_url, log_dir, "--max-prompt-chars", "2000"),
-        ServiceProcess("scheduler", nats_url, log_dir, "--worker-timeout-s", "1.5",
-                       "--queue-timeout-s", "5"),
-        ServiceProcess("worker", nats_url, log_dir, "--model", MODEL,
-                       "--heartbeat-interval-s", "0.3"),
-        ServiceProcess("worker", nats_url, log_dir, "--model", SLOW_MODEL,
-                       "--heartbeat-interval-s", "0.3", "--sim-decode-s-per-step", "0.02",
-                       name="slow-worker"),
-        ServiceProcess("gateway", nats_url, log_dir, "--worker-stale-s", "1.5",
-                       "--request-timeout-s", "30"),
+        ServiceProcess(
+            "scheduler", nats_url, log_dir, "--worker-timeout-s", "1.5", "--queue-timeout-s", "5"
+        ),
+        ServiceProcess(
+            "worker", nats_url, log_dir, "--model", MODEL, "--heartbeat-interval-s", "0.3"
+        ),
+        ServiceProcess(
+            "worker",
+            nats_url,
+            log_dir,
+            "--model",
+            SLOW_MODEL,
+            "--heartbeat-interval-s",
+            "0.3",
+            "--sim-decode-s-per-step",
+            "0.02",
+            name="slow-worker",
+        ),
+        ServiceProcess(
+            "gateway", nats_url, log_dir, "--worker-stale-s", "1.5", "--request-timeout-s", "30"
+        ),
     ]
     start_all(procs)
     gateway = procs[-1]

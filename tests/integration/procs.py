@@ -15,29 +15,47 @@ from inferbus.shared.natsserver import free_port
 
 
 class ServiceProcess:
-    def __init__(self, service: str, nats_url: str, log_dir: Path, *args: str,
-                 name: str | None = None, http_port: int | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        service: str,
+        nats_url: str,
+        log_dir: Path,
+        *args: str,
+        name: str | None = None,
+        http_port: int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.service = service
         self.env = {**os.environ, **env} if env else None
         self.name = name or service
         self.http_port = http_port or free_port()
         self.log_path = log_dir / f"{self.name}.log"
-        self.argv = [sys.executable, "-m", f"inferbus.services.{service}", "--nats-url", nats_url,
-                     "--http-port", str(self.http_port), "--instance-id", self.name, *args]
+        self.argv = [
+            sys.executable,
+            "-m",
+            f"inferbus.services.{service}",
+            "--nats-url",
+            nats_url,
+            "--http-port",
+            str(self.http_port),
+            "--instance-id",
+            self.name,
+            *args,
+        ]
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def base(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
 
-    def start(self) -> "ServiceProcess":
+    def start(self) -> ServiceProcess:
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=self.env)
+        self.proc = subprocess.Popen(
+            self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=self.env
+        )
         return self
 
-    def wait_ready(self, timeout: float = 30.0) -> "ServiceProcess":
+    def wait_ready(self, timeout: float = 30.0) -> ServiceProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc and self.proc.poll() is None, f"{self.name} died:\n{self.logs()}"

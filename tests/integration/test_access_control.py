@@ -20,8 +20,12 @@ from .procs import ServiceProcess, start_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 
-KEYS = {"full": "ib-full-secret", "limited": "ib-limited-secret", "tpm": "ib-tpm-secret",
-        "tpm-cut": "ib-tpm-cut-secret"}
+KEYS = {
+    "full": "ib-full-secret",
+    "limited": "ib-limited-secret",
+    "tpm": "ib-tpm-secret",
+    "tpm-cut": "ib-tpm-cut-secret",
+}
 MESSAGES = [{"role": "user", "content": "hello"}]
 
 
@@ -31,34 +35,43 @@ def keyed_gateway(nats_url, log_dir, tmp_path_factory):
     path.write_text(f"""
 [[keys]]
 name = "full"
-sha256 = "{digest(KEYS['full'])}"
+sha256 = "{digest(KEYS["full"])}"
 tenant = "acme"
 priority = "interactive"
 
 [[keys]]
 name = "limited"
-sha256 = "{digest(KEYS['limited'])}"
+sha256 = "{digest(KEYS["limited"])}"
 models = ["{MODEL}"]
 max_tokens = 50
 requests_per_s = 2
 
 [[keys]]
 name = "tpm"
-sha256 = "{digest(KEYS['tpm'])}"
+sha256 = "{digest(KEYS["tpm"])}"
 tokens_per_min = 600
 
 [[keys]]
 name = "tpm-cut"
-sha256 = "{digest(KEYS['tpm-cut'])}"
+sha256 = "{digest(KEYS["tpm-cut"])}"
 tokens_per_min = 600
 """)
-    gw = ServiceProcess("gateway", nats_url, log_dir, "--api-keys-file", str(path),
-                        "--worker-stale-s", "1.5", name="keyed-gateway")
+    gw = ServiceProcess(
+        "gateway",
+        nats_url,
+        log_dir,
+        "--api-keys-file",
+        str(path),
+        "--worker-stale-s",
+        "1.5",
+        name="keyed-gateway",
+    )
     start_all([gw])
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:  # it learns the models from heartbeats
-        req = urllib.request.Request(f"{gw.base}/v1/models",
-                                     headers={"Authorization": f"Bearer {KEYS['full']}"})
+        req = urllib.request.Request(
+            f"{gw.base}/v1/models", headers={"Authorization": f"Bearer {KEYS['full']}"}
+        )
         with urllib.request.urlopen(req) as r:
             if {MODEL, SLOW_MODEL} <= {m["id"] for m in json.loads(r.read())["data"]}:
                 break
@@ -84,7 +97,8 @@ async def test_the_key_sets_tenant_and_priority_on_the_request(keyed_gateway, cl
     sub = await client.nc.subscribe(SUBMIT)
     await client.nc.flush()  # subscribed at the server before the blocking SDK call
     r = sdk(keyed_gateway, "full").chat.completions.with_raw_response.create(
-        model=SLOW_MODEL, messages=MESSAGES, max_tokens=2)
+        model=SLOW_MODEL, messages=MESSAGES, max_tokens=2
+    )
     rid = r.headers["x-request-id"]
     while True:
         ev = decode((await sub.next_msg(timeout=5)).data, RequestSubmitted)
@@ -122,8 +136,7 @@ def test_tokens_per_minute_are_settled_against_real_usage(keyed_gateway):
     c = sdk(keyed_gateway, "tpm")  # 600 tokens a minute
     # each request is charged 2 + 250 up front; it uses about 10, so the rest comes back
     for _ in range(5):
-        r = c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=250,
-                                      stop=["the"])
+        r = c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=250, stop=["the"])
         assert r.usage.total_tokens < 250
     with pytest.raises(openai.RateLimitError) as e:  # more than the whole minute's budget
         c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=599)
@@ -134,8 +147,12 @@ def test_tokens_per_minute_are_settled_against_real_usage(keyed_gateway):
 def test_tokens_delivered_before_a_cut_are_charged(keyed_gateway):
     c = sdk(keyed_gateway, "tpm-cut")  # 600 tokens a minute, 10 a second
     with pytest.raises(openai.InternalServerError):  # 504 at the deadline, after ~25 tokens
-        c.chat.completions.create(model=SLOW_MODEL, messages=MESSAGES, max_tokens=500,
-                                  extra_headers={"X-Request-Timeout": "0.5"})
+        c.chat.completions.create(
+            model=SLOW_MODEL,
+            messages=MESSAGES,
+            max_tokens=500,
+            extra_headers={"X-Request-Timeout": "0.5"},
+        )
     # what was generated stays charged: the whole minute's budget is not there again
     with pytest.raises(openai.RateLimitError):
         c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=598)

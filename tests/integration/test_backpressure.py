@@ -28,11 +28,30 @@ def narrow(tmp_path_factory):
     url = server.url
     procs = [
         ServiceProcess("sanitizer", url, root, name="bp-sanitizer"),
-        ServiceProcess("scheduler", url, root, "--max-queue-per-model", "3",
-                       "--load-interval-s", "0.1", name="bp-scheduler"),
-        ServiceProcess("worker", url, root, "--model", MODEL, "--max-num-seqs", "1",
-                       "--sim-decode-s-per-step", "0.01", "--heartbeat-interval-s", "0.3",
-                       name="bp-worker"),
+        ServiceProcess(
+            "scheduler",
+            url,
+            root,
+            "--max-queue-per-model",
+            "3",
+            "--load-interval-s",
+            "0.1",
+            name="bp-scheduler",
+        ),
+        ServiceProcess(
+            "worker",
+            url,
+            root,
+            "--model",
+            MODEL,
+            "--max-num-seqs",
+            "1",
+            "--sim-decode-s-per-step",
+            "0.01",
+            "--heartbeat-interval-s",
+            "0.3",
+            name="bp-worker",
+        ),
         ServiceProcess("gateway", url, root, name="bp-gateway"),
     ]
     start_all(procs)
@@ -49,9 +68,12 @@ async def test_a_full_queue_gets_429_with_retry_after_and_nothing_is_lost(narrow
         long = c.stream(MODEL, "a long job", max_tokens=5000, timeout=60)
         first = await long.__anext__()
         assert first.seq == 0
-        held = [asyncio.create_task(c.generate(MODEL, f"job {i}", max_tokens=5,
-                                               request_id=f"bp-{i}", timeout=60))
-                for i in range(3)]
+        held = [
+            asyncio.create_task(
+                c.generate(MODEL, f"job {i}", max_tokens=5, request_id=f"bp-{i}", timeout=60)
+            )
+            for i in range(3)
+        ]
         # wait for the scheduler to report its queue full, as the gateway hears it
         loads = await c.nc.subscribe(SCHEDULER_LOAD)
         deadline = time.monotonic() + 10

@@ -38,8 +38,11 @@ async def test_undecodable_request_is_dead_lettered_and_the_sanitizer_goes_on(cl
 async def test_request_missing_fields_gets_a_clear_error(client):
     inbox = client.nc.new_inbox()
     sub = await client.nc.subscribe(inbox)
-    await client.js.publish(SUBMIT, b'{"type": "request.submitted", "request_id": "r-bad",'
-                                    b' "reply_to": "' + inbox.encode() + b'"}')
+    await client.js.publish(
+        SUBMIT,
+        b'{"type": "request.submitted", "request_id": "r-bad",'
+        b' "reply_to": "' + inbox.encode() + b'"}',
+    )
     failed = decode((await sub.next_msg(timeout=10)).data, RequestFailed)
     assert failed.code == "invalid_request" and "model" in failed.reason
 
@@ -80,8 +83,9 @@ async def test_request_with_an_unusable_reply_subject_is_dead_lettered(client):
     from inferbus.shared.codec import encode
 
     dlq = await client.nc.subscribe(dead_letter_subject("sanitizer"))
-    bad = RequestSubmitted(request_id="r-no-reply", model=MODEL, reply_to="has spaces in it",
-                           prompt="hi")
+    bad = RequestSubmitted(
+        request_id="r-no-reply", model=MODEL, reply_to="has spaces in it", prompt="hi"
+    )
     await client.js.publish(SUBMIT, encode(bad))
     letter = await _dead_letter(dlq, SUBMIT)
     assert "reply_to" in letter.reason

@@ -17,14 +17,22 @@ from .conftest import MODEL, SLOW_MODEL
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "nats_client.py"
-USAGE = re.compile(r"usage: prompt_tokens=(\d+) completion_tokens=(\d+) "
-                   r"cached_prompt_tokens=(\d+) finish_reason=(\w+)")
+USAGE = re.compile(
+    r"usage: prompt_tokens=(\d+) completion_tokens=(\d+) "
+    r"cached_prompt_tokens=(\d+) finish_reason=(\w+)"
+)
 
 
 async def run_example(nats_url: str, *args: str, timeout: float = 60.0) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(EXAMPLE), "--nats-url", nats_url, *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        str(EXAMPLE),
+        "--nats-url",
+        nats_url,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(proc.communicate(), timeout)
     return proc.returncode, out.decode(), err.decode()
 
@@ -46,8 +54,9 @@ def test_the_example_needs_only_nats_py_and_the_standard_library():
 async def test_the_example_streams_what_the_python_client_gets(nats_url, client):
     prompt = "tell me about subjects"
     expected = await client.generate(MODEL, prompt, max_tokens=30, seed=11)
-    rc, out, err = await run_example(nats_url, "--model", MODEL, "--max-tokens", "30",
-                                     "--seed", "11", prompt)
+    rc, out, err = await run_example(
+        nats_url, "--model", MODEL, "--max-tokens", "30", "--seed", "11", prompt
+    )
     assert rc == 0, err
     assert expected.text and out == expected.text + "\n"
     usage = USAGE.search(err)
@@ -57,10 +66,12 @@ async def test_the_example_streams_what_the_python_client_gets(nats_url, client)
     assert usage[4] == expected.outcome.finish_reason == "length"
 
     # chat form: the prompt as one user message
-    expected = await client.generate(MODEL, messages=[{"role": "user", "content": prompt}],
-                                     max_tokens=12, seed=11)
-    rc, out, err = await run_example(nats_url, "--model", MODEL, "--max-tokens", "12",
-                                     "--seed", "11", "--chat", prompt)
+    expected = await client.generate(
+        MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=12, seed=11
+    )
+    rc, out, err = await run_example(
+        nats_url, "--model", MODEL, "--max-tokens", "12", "--seed", "11", "--chat", prompt
+    )
     assert rc == 0, err
     assert out == expected.text + "\n"
 
@@ -77,8 +88,9 @@ async def test_an_unknown_model_fails_no_worker_after_the_queue_timeout(nats_url
 
 async def test_timeout_sets_a_deadline_that_ends_the_request(nats_url):
     start = time.monotonic()
-    rc, out, err = await run_example(nats_url, "--model", SLOW_MODEL, "--max-tokens", "2000",
-                                     "--timeout", "0.5", "a long story")
+    rc, out, err = await run_example(
+        nats_url, "--model", SLOW_MODEL, "--max-tokens", "2000", "--timeout", "0.5", "a long story"
+    )
     assert rc == 1
     assert "error: deadline_exceeded:" in err
     assert out.strip()  # some tokens came before the deadline, far from 2000 of them
@@ -97,9 +109,18 @@ async def test_a_reused_request_id_is_refused(nats_url):
 
 async def test_ctrl_c_cancels_the_request(nats_url):
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(EXAMPLE), "--nats-url", nats_url, "--model", SLOW_MODEL,
-        "--max-tokens", "2000", "go on and on",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        str(EXAMPLE),
+        "--nats-url",
+        nats_url,
+        "--model",
+        SLOW_MODEL,
+        "--max-tokens",
+        "2000",
+        "go on and on",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         first = await asyncio.wait_for(proc.stdout.read(1), 30)  # streaming has begun
         assert first

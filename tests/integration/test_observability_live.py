@@ -22,38 +22,59 @@ from .conftest import MODEL, SLOW_MODEL
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(PROMETHEUS is None, reason="no prometheus server here (CI installs "
-                       "Debian's prometheus package)"),
+    pytest.mark.skipif(
+        PROMETHEUS is None,
+        reason="no prometheus server here (CI installs Debian's prometheus package)",
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
 OBSERVABILITY = ROOT / "deploy" / "observability"
 # panels the traffic here cannot feed: tracing is off on this platform, and nothing
 # is dead-lettered or routed by cached prefix
-NEEDS_MORE = {"Dead letters", "Traces by decision", "Share of traces kept",
-              "Spans dropped before a decision"}
+NEEDS_MORE = {
+    "Dead letters",
+    "Traces by decision",
+    "Share of traces kept",
+    "Spans dropped before a decision",
+}
 
 
 @pytest.fixture
 def prometheus(platform, tmp_path):
-    jobs = {"inferbus-gateway": ["gateway"], "inferbus-sanitizer": ["sanitizer"],
-            "inferbus-scheduler": ["scheduler"], "inferbus-worker": ["worker", "slow-worker"]}
+    jobs = {
+        "inferbus-gateway": ["gateway"],
+        "inferbus-sanitizer": ["sanitizer"],
+        "inferbus-scheduler": ["scheduler"],
+        "inferbus-worker": ["worker", "slow-worker"],
+    }
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(OBSERVABILITY / "rules" / "inferbus.rules.yml")],
         "scrape_configs": [
-            {"job_name": job, "static_configs": [{"targets": [
-                f"127.0.0.1:{platform[name].http_port}" for name in names]}]}
-            for job, names in jobs.items()],
+            {
+                "job_name": job,
+                "static_configs": [
+                    {"targets": [f"127.0.0.1:{platform[name].http_port}" for name in names]}
+                ],
+            }
+            for job, names in jobs.items()
+        ],
     }
     path = tmp_path / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
     port = free_port()
     log = open(tmp_path / "prometheus.log", "wb")
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={path}",
-                             f"--storage.tsdb.path={tmp_path / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={path}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     yield f"http://127.0.0.1:{port}"
     proc.terminate()
     proc.wait(10)
@@ -71,9 +92,14 @@ def panels() -> list[tuple[str, str]]:
 
 async def traffic(base: str) -> None:
     async with aiohttp.ClientSession(base) as http:
+
         async def one(model: str, content: str, max_tokens: int = 8) -> None:
-            body = {"model": model, "stream": True, "max_tokens": max_tokens,
-                    "messages": [{"role": "user", "content": content}]}
+            body = {
+                "model": model,
+                "stream": True,
+                "max_tokens": max_tokens,
+                "messages": [{"role": "user", "content": content}],
+            }
             async with http.post("/v1/chat/completions", json=body) as r:
                 await r.read()
 
@@ -111,8 +137,11 @@ async def test_every_dashboard_panel_shows_the_running_platform(platform, promet
         empty: list[str] = []
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            empty = [f"{title}: {expr}" for title, expr in wanted
-                     if not await query(http, prometheus, expr)]
+            empty = [
+                f"{title}: {expr}"
+                for title, expr in wanted
+                if not await query(http, prometheus, expr)
+            ]
             if not empty:
                 break
             await asyncio.sleep(1.0)
@@ -122,5 +151,6 @@ async def test_every_dashboard_panel_shows_the_running_platform(platform, promet
         async with http.get(f"{prometheus}/api/v1/rules") as r:
             groups = (await r.json())["data"]["groups"]
         rules = [rule for g in groups for rule in g["rules"]]
-        assert rules and all(rule["health"] == "ok" for rule in rules), \
-            [(rule["name"], rule.get("lastError")) for rule in rules if rule["health"] != "ok"]
+        assert rules and all(rule["health"] == "ok" for rule in rules), [
+            (rule["name"], rule.get("lastError")) for rule in rules if rule["health"] != "ok"
+        ]

@@ -11,27 +11,30 @@ from .conftest import MODEL, SLOW_MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 
-MESSAGES = [{"role": "system", "content": "Be brief."},
-            {"role": "user", "content": "Say something about queues."}]
+MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Say something about queues."},
+]
 
 
 @pytest.fixture
 def sdk(platform) -> OpenAI:
-    with OpenAI(base_url=platform["gateway"].base + "/v1", api_key="unused",
-                max_retries=0) as c:
+    with OpenAI(base_url=platform["gateway"].base + "/v1", api_key="unused", max_retries=0) as c:
         yield c
 
 
 @pytest.fixture
 async def asdk(platform):
-    async with AsyncOpenAI(base_url=platform["gateway"].base + "/v1", api_key="unused",
-                           max_retries=0) as c:
+    async with AsyncOpenAI(
+        base_url=platform["gateway"].base + "/v1", api_key="unused", max_retries=0
+    ) as c:
         yield c
 
 
 def test_chat_non_stream(sdk: OpenAI):
-    r = sdk.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12, seed=7,
-                                    temperature=0.0, user="alice")
+    r = sdk.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=12, seed=7, temperature=0.0, user="alice"
+    )
     assert r.object == "chat.completion" and r.model == MODEL
     assert r.choices[0].message.role == "assistant" and r.choices[0].message.content
     assert r.choices[0].finish_reason == "length"
@@ -40,11 +43,17 @@ def test_chat_non_stream(sdk: OpenAI):
 
 
 def test_chat_stream_with_usage_matches_non_stream(sdk: OpenAI):
-    whole = sdk.chat.completions.create(model=MODEL, messages=MESSAGES, max_completion_tokens=20,
-                                        seed=3)
-    stream = sdk.chat.completions.create(model=MODEL, messages=MESSAGES,
-                                         max_completion_tokens=20, seed=3, stream=True,
-                                         stream_options={"include_usage": True})
+    whole = sdk.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_completion_tokens=20, seed=3
+    )
+    stream = sdk.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_completion_tokens=20,
+        seed=3,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
@@ -55,11 +64,14 @@ def test_chat_stream_with_usage_matches_non_stream(sdk: OpenAI):
 
 
 def test_completions_stream_and_non_stream(sdk: OpenAI):
-    r = sdk.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8,
-                               stop=["\n"])
+    r = sdk.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, stop=["\n"])
     assert r.object == "text_completion" and r.choices[0].text
-    pieces = [c.choices[0].text for c in sdk.completions.create(
-        model=MODEL, prompt="Once upon a time", max_tokens=8, stop=["\n"], stream=True)]
+    pieces = [
+        c.choices[0].text
+        for c in sdk.completions.create(
+            model=MODEL, prompt="Once upon a time", max_tokens=8, stop=["\n"], stream=True
+        )
+    ]
     assert "".join(pieces) == r.choices[0].text
 
 
@@ -82,8 +94,11 @@ def test_errors_are_the_sdks_own_exceptions(sdk: OpenAI):
         sdk.chat.completions.create(model=MODEL, messages=MESSAGES, logit_bias={"50": 5})
     assert e.value.code == "unsupported_parameter"
     with pytest.raises(openai.BadRequestError) as e:
-        sdk.chat.completions.create(model=MODEL, messages=MESSAGES, tools=[{
-            "type": "function", "function": {"name": "f", "parameters": {}}}])
+        sdk.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        )
     assert e.value.param == "tools"
     with pytest.raises(openai.BadRequestError) as e:
         sdk.chat.completions.create(model=MODEL, messages=[])
@@ -95,21 +110,31 @@ def test_errors_are_the_sdks_own_exceptions(sdk: OpenAI):
 
 def test_request_id_header_round_trips(sdk: OpenAI):
     raw = sdk.chat.completions.with_raw_response.create(
-        model=MODEL, messages=MESSAGES, max_tokens=2, extra_headers={"x-request-id": "sdk-rid-1"})
+        model=MODEL, messages=MESSAGES, max_tokens=2, extra_headers={"x-request-id": "sdk-rid-1"}
+    )
     assert raw.headers["x-request-id"] == "sdk-rid-1"
     assert raw.parse().id == "chatcmpl-sdk-rid-1"
 
 
 def test_a_timeout_ends_the_request_with_504(sdk: OpenAI):
     with pytest.raises(openai.InternalServerError) as e:  # the SDK's type for any 5xx
-        sdk.chat.completions.create(model=SLOW_MODEL, messages=MESSAGES, max_tokens=2000,
-                                    extra_headers={"X-Request-Timeout": "0.5"})
+        sdk.chat.completions.create(
+            model=SLOW_MODEL,
+            messages=MESSAGES,
+            max_tokens=2000,
+            extra_headers={"X-Request-Timeout": "0.5"},
+        )
     assert e.value.status_code == 504 and e.value.code == "deadline_exceeded"
 
 
 def test_a_timeout_mid_stream_ends_with_an_error_event(sdk: OpenAI):
-    stream = sdk.chat.completions.create(model=SLOW_MODEL, messages=MESSAGES, max_tokens=2000,
-                                         stream=True, extra_headers={"X-Request-Timeout": "0.6"})
+    stream = sdk.chat.completions.create(
+        model=SLOW_MODEL,
+        messages=MESSAGES,
+        max_tokens=2000,
+        stream=True,
+        extra_headers={"X-Request-Timeout": "0.6"},
+    )
     got = 0
     with pytest.raises(openai.APIError) as e:
         for chunk in stream:
@@ -120,8 +145,9 @@ def test_a_timeout_mid_stream_ends_with_an_error_event(sdk: OpenAI):
 
 async def test_async_client_stream_and_non_stream(asdk: AsyncOpenAI):
     r = await asdk.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5, seed=1)
-    stream = await asdk.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5,
-                                                seed=1, stream=True)
+    stream = await asdk.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=5, seed=1, stream=True
+    )
     text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     assert text == r.choices[0].message.content
     with pytest.raises(openai.NotFoundError):

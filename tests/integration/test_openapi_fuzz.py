@@ -53,20 +53,26 @@ def test_no_server_errors_and_responses_match_the_document(platform, mode):
     schema = schemathesis.openapi.from_url(f"{base}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
     assert {op.label for op in operations} == {
-        "POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models"}
+        "POST /v1/chat/completions",
+        "POST /v1/completions",
+        "GET /v1/models",
+    }
     for op in operations:
         if mode is GenerationMode.NEGATIVE and op.method.upper() == "GET":
             continue  # /v1/models takes no input there is to get wrong
 
         @given(case=op.as_strategy(generation_mode=mode))
-        @settings(max_examples=80, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=80, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        )
         def run(case):
             if mode is GenerationMode.POSITIVE:
                 steer(case)
             response = case.call(base_url=base, timeout=30)
-            if response.status_code == 400 and \
-                    response.json()["error"]["code"] in DEPLOYMENT_REFUSALS:
+            if (
+                response.status_code == 400
+                and response.json()["error"]["code"] in DEPLOYMENT_REFUSALS
+            ):
                 # a deployment's limit or policy, which no schema states: still an
                 # OpenAI-shaped error, and every check but "valid input is accepted"
                 case.validate_response(response, excluded_checks=[positive_data_acceptance])

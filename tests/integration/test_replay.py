@@ -27,7 +27,8 @@ async def test_replay_returns_everything_recorded_every_time(nats_url):
             got = await replay(js, "REPLAYTEST", "replaytest.>", 60)
             assert [data for data, _ in got] == [str(i).encode() for i in range(50)]
         assert await replay(js, "REPLAYTEST", "replaytest.1", 60) == [
-            (str(i).encode(), {"i": str(i)}) for i in range(1, 50, 3)]
+            (str(i).encode(), {"i": str(i)}) for i in range(1, 50, 3)
+        ]
         assert time.monotonic() - t0 < 10  # never waits out a silence
     finally:
         await js.delete_stream("REPLAYTEST")

@@ -53,15 +53,19 @@ async def test_stop_string_and_concurrency(client):
     assert stopped.outcome.finish_reason == "stop"
     assert stop not in stopped.text and base.text.startswith(stopped.text)
 
-    streams = await asyncio.gather(*[
-        client.generate(MODEL, f"request {i}", max_tokens=20) for i in range(64)
-    ])
+    streams = await asyncio.gather(
+        *[client.generate(MODEL, f"request {i}", max_tokens=20) for i in range(64)]
+    )
     assert all(s.outcome.usage.completion_tokens == 20 for s in streams)
 
 
 async def test_http_chat_stream_and_non_stream_agree(platform):
-    body = {"model": MODEL, "max_tokens": 25, "seed": 3,
-            "messages": [{"role": "user", "content": "hello there"}]}
+    body = {
+        "model": MODEL,
+        "max_tokens": 25,
+        "seed": 3,
+        "messages": [{"role": "user", "content": "hello there"}],
+    }
     async with aiohttp.ClientSession(gateway_url(platform)) as http:
         async with http.post("/v1/chat/completions", json=body) as r:
             assert r.status == 200
@@ -71,9 +75,10 @@ async def test_http_chat_stream_and_non_stream_agree(platform):
         assert full["usage"]["completion_tokens"] == 25
         text = full["choices"][0]["message"]["content"]
 
-        async with http.post("/v1/chat/completions",
-                             json={**body, "stream": True,
-                                   "stream_options": {"include_usage": True}}) as r:
+        async with http.post(
+            "/v1/chat/completions",
+            json={**body, "stream": True, "stream_options": {"include_usage": True}},
+        ) as r:
             assert r.status == 200
             assert r.headers["Content-Type"].startswith("text/event-stream")
             events = []
@@ -96,12 +101,15 @@ async def test_http_completions_and_models(platform):
         async with http.get("/v1/models") as r:
             ids = {m["id"] for m in (await r.json())["data"]}
         assert {MODEL, SLOW_MODEL} <= ids
-        async with http.post("/v1/completions",
-                             json={"model": MODEL, "prompt": "once upon", "max_tokens": 5}) as r:
+        async with http.post(
+            "/v1/completions", json={"model": MODEL, "prompt": "once upon", "max_tokens": 5}
+        ) as r:
             out = await r.json()
         assert out["object"] == "text_completion" and out["choices"][0]["text"]
-        async with http.post("/v1/completions", json={"model": MODEL, "prompt": "once upon",
-                                                      "max_tokens": 5, "stream": True}) as r:
+        async with http.post(
+            "/v1/completions",
+            json={"model": MODEL, "prompt": "once upon", "max_tokens": 5, "stream": True},
+        ) as r:
             raw = await r.read()
         assert raw.rstrip().endswith(b"data: [DONE]")
 
@@ -110,9 +118,14 @@ async def test_oversized_prompt_is_rejected_with_openai_error(platform, client):
     big = "word " * 1000  # the sanitizer here accepts 2000 characters
     async with aiohttp.ClientSession(gateway_url(platform)) as http:
         for stream in (False, True):
-            async with http.post("/v1/chat/completions", json={
-                "model": MODEL, "stream": stream,
-                "messages": [{"role": "user", "content": big}]}) as r:
+            async with http.post(
+                "/v1/chat/completions",
+                json={
+                    "model": MODEL,
+                    "stream": stream,
+                    "messages": [{"role": "user", "content": big}],
+                },
+            ) as r:
                 assert r.status == 400
                 err = (await r.json())["error"]
         assert err["code"] == "prompt_too_long" and err["param"] == "messages"
@@ -124,12 +137,15 @@ async def test_oversized_prompt_is_rejected_with_openai_error(platform, client):
 
 async def test_unknown_model_and_bad_json(platform):
     async with aiohttp.ClientSession(gateway_url(platform)) as http:
-        async with http.post("/v1/chat/completions", json={
-                "model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}) as r:
+        async with http.post(
+            "/v1/chat/completions",
+            json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]},
+        ) as r:
             assert r.status == 404
             assert (await r.json())["error"]["code"] == "model_not_found"
-        async with http.post("/v1/chat/completions", data=b"{not json",
-                             headers={"Content-Type": "application/json"}) as r:
+        async with http.post(
+            "/v1/chat/completions", data=b"{not json", headers={"Content-Type": "application/json"}
+        ) as r:
             assert r.status == 400
             assert (await r.json())["error"]["code"] == "invalid_json"
         async with http.post("/v1/chat/completions", json={"model": MODEL, "messages": "hi"}) as r:
@@ -163,9 +179,16 @@ async def test_http_client_disconnect_cancels_the_request(platform, client):
     await client.nc.subscribe(f"{REPLY_PREFIX}.*.{rid}", cb=seen)
     await client.nc.flush()
     async with aiohttp.ClientSession(gateway_url(platform)) as http:
-        async with http.post("/v1/chat/completions", headers={"x-request-id": rid}, json={
-                "model": SLOW_MODEL, "stream": True, "max_tokens": 2000,
-                "messages": [{"role": "user", "content": "go on forever"}]}) as r:
+        async with http.post(
+            "/v1/chat/completions",
+            headers={"x-request-id": rid},
+            json={
+                "model": SLOW_MODEL,
+                "stream": True,
+                "max_tokens": 2000,
+                "messages": [{"role": "user", "content": "go on forever"}],
+            },
+        ) as r:
             assert r.status == 200
             await r.content.readline()
         # leaving the block closes the connection mid-stream
@@ -189,8 +212,9 @@ async def test_a_reused_request_id_gets_a_clear_error_not_a_hang(platform, clien
     body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
     async with aiohttp.ClientSession(gateway_url(platform)) as http:
         for expected in (200, 409):
-            async with http.post("/v1/chat/completions", json=body,
-                                 headers={"x-request-id": "reused-http-1"}) as r:
+            async with http.post(
+                "/v1/chat/completions", json=body, headers={"x-request-id": "reused-http-1"}
+            ) as r:
                 assert r.status == expected
                 reply = await r.json()
         assert reply["error"]["code"] == "duplicate_request"
@@ -202,8 +226,9 @@ async def test_canary_weights_send_a_models_requests_to_its_new_version(platform
     from inferbus.cli import main
 
     def canary(*weights: str) -> None:
-        r = CliRunner().invoke(main, ["canary", "set", MODEL, *weights,
-                                      "--nats-url", client.nc.connected_url.geturl()])
+        r = CliRunner().invoke(
+            main, ["canary", "set", MODEL, *weights, "--nats-url", client.nc.connected_url.geturl()]
+        )
         assert r.exit_code == 0, r.output
 
     await asyncio.to_thread(canary, f"{SLOW_MODEL}=1")

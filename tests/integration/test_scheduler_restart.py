@@ -26,14 +26,26 @@ def fleet(tmp_path):
     """NATS, sanitizer, scheduler and one worker with 4 slots (20 ms a token)."""
     server = NatsServer(tmp_path / "nats", log_file=tmp_path / "nats.log").start()
     url = server.url
-    scheduler = ServiceProcess("scheduler", url, tmp_path, "--worker-timeout-s", "3",
-                               name="rs-scheduler")
+    scheduler = ServiceProcess(
+        "scheduler", url, tmp_path, "--worker-timeout-s", "3", name="rs-scheduler"
+    )
     procs = [
         ServiceProcess("sanitizer", url, tmp_path, name="rs-sanitizer"),
         scheduler,
-        ServiceProcess("worker", url, tmp_path, "--model", MODEL, "--max-num-seqs", "4",
-                       "--sim-decode-s-per-step", "0.02", "--heartbeat-interval-s", "0.3",
-                       name="rs-worker"),
+        ServiceProcess(
+            "worker",
+            url,
+            tmp_path,
+            "--model",
+            MODEL,
+            "--max-num-seqs",
+            "4",
+            "--sim-decode-s-per-step",
+            "0.02",
+            "--heartbeat-interval-s",
+            "0.3",
+            name="rs-worker",
+        ),
     ]
     start_all(procs)
     yield url, tmp_path, scheduler, procs[2]
@@ -59,14 +71,18 @@ async def test_killing_the_scheduler_under_load_loses_and_duplicates_nothing(fle
     await c.nc.flush()
     try:
         # 16 requests of ~0.8 s each on 4 slots: some run, most wait, when the kill comes
-        jobs = [asyncio.create_task(c.generate(MODEL, f"job {i}", max_tokens=40,
-                                               request_id=f"rs-{i}", timeout=60))
-                for i in range(16)]
+        jobs = [
+            asyncio.create_task(
+                c.generate(MODEL, f"job {i}", max_tokens=40, request_id=f"rs-{i}", timeout=60)
+            )
+            for i in range(16)
+        ]
         await asyncio.sleep(1.0)
         scheduler.kill()  # SIGKILL: no drain, nothing acked on the way out
         await asyncio.sleep(1.0)
-        replacement = ServiceProcess("scheduler", url, logs, "--worker-timeout-s", "3",
-                                     name="rs-scheduler-2")
+        replacement = ServiceProcess(
+            "scheduler", url, logs, "--worker-timeout-s", "3", name="rs-scheduler-2"
+        )
         start_all([replacement])
         try:
             results = await asyncio.wait_for(asyncio.gather(*jobs), 60)
@@ -87,13 +103,16 @@ async def test_work_placed_before_a_restart_still_ends_when_its_worker_dies(flee
     url, logs, scheduler, worker = fleet
     c = await Client.connect(url)
     try:
-        streams = [c.stream(MODEL, f"long {i}", max_tokens=2000, request_id=f"rw-{i}",
-                            timeout=60) for i in range(3)]
+        streams = [
+            c.stream(MODEL, f"long {i}", max_tokens=2000, request_id=f"rw-{i}", timeout=60)
+            for i in range(3)
+        ]
         for s in streams:
             await s.__anext__()  # all three are generating
         scheduler.kill()
-        replacement = ServiceProcess("scheduler", url, logs, "--worker-timeout-s", "3",
-                                     name="rw-scheduler-2")
+        replacement = ServiceProcess(
+            "scheduler", url, logs, "--worker-timeout-s", "3", name="rw-scheduler-2"
+        )
         start_all([replacement])
         try:
             await asyncio.sleep(1.0)  # it has taken the three back from the streams

@@ -20,8 +20,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 
 
 async def _http_stream(base: str, prompt: str) -> None:
-    body = {"model": MODEL, "stream": True, "max_tokens": 16,
-            "messages": [{"role": "user", "content": prompt}]}
+    body = {
+        "model": MODEL,
+        "stream": True,
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": prompt}],
+    }
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{base}/v1/chat/completions", json=body) as resp:
             assert resp.status == 200
@@ -33,7 +37,8 @@ async def test_the_view_shows_the_workers_lanes_and_traffic(client, nats_url, pl
         before = await collector.snapshot()
         await asyncio.gather(
             *[client.generate(MODEL, f"top over nats {i}", max_tokens=24) for i in range(24)],
-            *[_http_stream(platform["gateway"].base, f"top over http {i}") for i in range(8)])
+            *[_http_stream(platform["gateway"].base, f"top over http {i}") for i in range(8)],
+        )
         now = await collector.snapshot()
     view = build_view(before, now)
 
@@ -56,8 +61,12 @@ async def test_the_view_shows_the_workers_lanes_and_traffic(client, nats_url, pl
 
 
 def _top(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "inferbus.cli", "top", *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "inferbus.cli", "top", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_top_once_json_names_the_workers(nats_url):

@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from inferbus.contracts import TRACE_DECIDED
 from inferbus.otlp_sink import OtlpSink
-from inferbus.shared.tracing import REQUEST_ID, TracePolicy, Tracing
 from inferbus.shared.natsserver import NatsServer
+from inferbus.shared.tracing import REQUEST_ID, TracePolicy, Tracing
 
 from .procs import ServiceProcess, start_all
 
@@ -26,11 +26,16 @@ pytestmark = [pytest.mark.integration]
 
 FAST, SLOW = "traced-fast", "traced-slow"
 STAGES = {
-    "gateway receive": "inferbus-gateway", "first token": "inferbus-gateway",
-    "stream out": "inferbus-gateway", "input sanitize": "inferbus-sanitizer",
-    "output pii filter": "inferbus-sanitizer", "queue wait": "inferbus-scheduler",
-    "schedule": "inferbus-scheduler", "engine queue": "inferbus-worker",
-    "prefill": "inferbus-worker", "decode": "inferbus-worker",
+    "gateway receive": "inferbus-gateway",
+    "first token": "inferbus-gateway",
+    "stream out": "inferbus-gateway",
+    "input sanitize": "inferbus-sanitizer",
+    "output pii filter": "inferbus-sanitizer",
+    "queue wait": "inferbus-scheduler",
+    "schedule": "inferbus-scheduler",
+    "engine queue": "inferbus-worker",
+    "prefill": "inferbus-worker",
+    "decode": "inferbus-worker",
 }
 
 
@@ -39,16 +44,39 @@ async def traced(tmp_path):
     """A platform of its own (its NATS too) with tracing on, exporting to ``sink``."""
     sink = await OtlpSink().start()
     server = NatsServer(tmp_path / "nats", log_file=tmp_path / "nats.log").start()
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100",
-           "INFERBUS_TRACE_SLOW_S": "0.5", "INFERBUS_TRACE_KEEP_RATIO": "0.5"}
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint,
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "INFERBUS_TRACE_SLOW_S": "0.5",
+        "INFERBUS_TRACE_KEEP_RATIO": "0.5",
+    }
     procs = [
         ServiceProcess("sanitizer", server.url, tmp_path, name="tr-sanitizer", env=env),
         ServiceProcess("scheduler", server.url, tmp_path, name="tr-scheduler", env=env),
-        ServiceProcess("worker", server.url, tmp_path, "--model", FAST,
-                       "--heartbeat-interval-s", "0.3", name="tr-worker-fast", env=env),
-        ServiceProcess("worker", server.url, tmp_path, "--model", SLOW,
-                       "--heartbeat-interval-s", "0.3", "--sim-decode-s-per-step", "0.02",
-                       name="tr-worker-slow", env=env),
+        ServiceProcess(
+            "worker",
+            server.url,
+            tmp_path,
+            "--model",
+            FAST,
+            "--heartbeat-interval-s",
+            "0.3",
+            name="tr-worker-fast",
+            env=env,
+        ),
+        ServiceProcess(
+            "worker",
+            server.url,
+            tmp_path,
+            "--model",
+            SLOW,
+            "--heartbeat-interval-s",
+            "0.3",
+            "--sim-decode-s-per-step",
+            "0.02",
+            name="tr-worker-slow",
+            env=env,
+        ),
         ServiceProcess("gateway", server.url, tmp_path, name="tr-gateway", env=env),
     ]
     start_all(procs)
@@ -67,20 +95,26 @@ async def traced(tmp_path):
     await sink.stop()
 
 
-async def chat(http, base: str, model: str, trace_id: str, max_tokens: int,
-               timeout: str | None = None) -> int:
+async def chat(
+    http, base: str, model: str, trace_id: str, max_tokens: int, timeout: str | None = None
+) -> int:
     headers = {"traceparent": f"00-{trace_id}-{random.getrandbits(64):016x}-01"}
     if timeout:
         headers["X-Request-Timeout"] = timeout
-    body = {"model": model, "stream": True, "max_tokens": max_tokens,
-            "messages": [{"role": "user", "content": "call me at +1 415 555 0100"}]}
+    body = {
+        "model": model,
+        "stream": True,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "call me at +1 415 555 0100"}],
+    }
     async with http.post(f"{base}/v1/chat/completions", json=body, headers=headers) as r:
         await r.read()
         return r.status
 
 
-async def wait_for(sink: OtlpSink, trace_ids: set[str], names: set[str],
-                   timeout: float = 15.0) -> None:
+async def wait_for(
+    sink: OtlpSink, trace_ids: set[str], names: set[str], timeout: float = 15.0
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if all(names <= {s.name for s in sink.trace(t)} for t in trace_ids):
@@ -137,14 +171,22 @@ async def test_failed_requests_are_kept_and_fast_ones_by_the_draw(traced):
     await asyncio.sleep(1.5)  # what was dropped would have come by now
     assert {s.trace_id for s in sink.spans} & set(fast) == drawn
     failed_spans = sink.trace(failed)
-    assert any(s.error.startswith("deadline_exceeded") for s in failed_spans), \
-        [(s.name, s.error) for s in failed_spans]
+    assert any(s.error.startswith("deadline_exceeded") for s in failed_spans), [
+        (s.name, s.error) for s in failed_spans
+    ]
 
 
 def in_memory(service: str) -> tuple[Tracing, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
-    return (Tracing.with_exporter(service, TracePolicy(slow_s=1.0, keep_ratio=0.0), exporter,
-                                  export=SimpleSpanProcessor(exporter)), exporter)
+    return (
+        Tracing.with_exporter(
+            service,
+            TracePolicy(slow_s=1.0, keep_ratio=0.0),
+            exporter,
+            export=SimpleSpanProcessor(exporter),
+        ),
+        exporter,
+    )
 
 
 def names(exporter: InMemorySpanExporter) -> list[str]:
@@ -158,6 +200,7 @@ async def test_decisions_reach_other_processes_in_batches(nats_url):
     gateway, gateway_out = in_memory("gateway")
     conns = [await nats.connect(nats_url) for _ in range(3)]
     seen = []
+
     async def count(msg):
         seen.append(msg)
 
@@ -171,8 +214,9 @@ async def test_decisions_reach_other_processes_in_batches(nats_url):
             gateway.record("gateway receive", ctx, 1, 2, {REQUEST_ID: f"r{i}"})
             worker.record("decode", ctx, 2, 3, {REQUEST_ID: f"r{i}"})
             # every third request is slow: kept; the rest are dropped
-            worker.end_request(ctx, request_id=f"r{i}", failed=False,
-                                     e2e_s=2.0 if i % 3 == 0 else 0.01)
+            worker.end_request(
+                ctx, request_id=f"r{i}", failed=False, e2e_s=2.0 if i % 3 == 0 else 0.01
+            )
         for _ in range(100):
             if gateway.sampler is not None and gateway.sampler.buffered_spans == 0:
                 break
@@ -180,8 +224,9 @@ async def test_decisions_reach_other_processes_in_batches(nats_url):
         for r in roots:
             r.end()
         assert names(gateway_out).count("gateway receive") == 4
-        roots_kept = [s.name for s in gateway_out.get_finished_spans()
-                      if s.name != "gateway receive"]
+        roots_kept = [
+            s.name for s in gateway_out.get_finished_spans() if s.name != "gateway receive"
+        ]
         assert sorted(roots_kept) == ["r0", "r3", "r6", "r9"]
         assert names(worker_out) == ["decode"] * 4
         assert len(seen) <= 2  # ten decisions, one or two messages

@@ -24,10 +24,25 @@ def test_up_generate_and_stream_then_ctrl_c(tmp_path: Path):
     port, nats_port = free_port(), free_port()
     metrics_base = random.randrange(20000, 32000, 100)  # below the ephemeral port range
     up = subprocess.Popen(
-        [*INFERBUS, "up", "--engine", "sim", "--port", str(port), "--nats-port", str(nats_port),
-         "--metrics-port-base", str(metrics_base), "--state-dir", str(tmp_path / "state")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={
-            **__import__("os").environ, "NATS_URL": ""})
+        [
+            *INFERBUS,
+            "up",
+            "--engine",
+            "sim",
+            "--port",
+            str(port),
+            "--nats-port",
+            str(nats_port),
+            "--metrics-port-base",
+            str(metrics_base),
+            "--state-dir",
+            str(tmp_path / "state"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**__import__("os").environ, "NATS_URL": ""},
+    )
     try:
         lines = []
         deadline = time.monotonic() + 60
@@ -41,21 +56,39 @@ def test_up_generate_and_stream_then_ctrl_c(tmp_path: Path):
         assert "inferbus is up" in out and "self-test" in out
 
         gen = subprocess.run(
-            [*INFERBUS, "generate", "--model", "sim-model", "--max-tokens", "8",
-             "--nats-url", f"nats://127.0.0.1:{nats_port}", "Hello"],
-            capture_output=True, text=True, timeout=30)
+            [
+                *INFERBUS,
+                "generate",
+                "--model",
+                "sim-model",
+                "--max-tokens",
+                "8",
+                "--nats-url",
+                f"nats://127.0.0.1:{nats_port}",
+                "Hello",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert gen.returncode == 0, gen.stderr
         assert len(gen.stdout.split()) == 8 and "8 completion tokens" in gen.stderr
 
         req = urllib.request.Request(
             f"http://127.0.0.1:{port}/v1/chat/completions",
-            data=json.dumps({"model": "sim-model", "stream": True, "max_tokens": 5,
-                             "messages": [{"role": "user", "content": "hi"}]}).encode(),
-            headers={"Content-Type": "application/json"})
+            data=json.dumps(
+                {
+                    "model": "sim-model",
+                    "stream": True,
+                    "max_tokens": 5,
+                    "messages": [{"role": "user", "content": "hi"}],
+                }
+            ).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=30) as r:
             body = r.read().decode()
-        events = [json.loads(line[6:]) for line in body.splitlines()
-                  if line.startswith("data: {")]
+        events = [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {")]
         text = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
         assert len(text.split()) == 5 and body.rstrip().endswith("data: [DONE]")
         assert events[-1]["choices"][0]["finish_reason"] == "length"
@@ -70,17 +103,38 @@ def test_up_generate_and_stream_then_ctrl_c(tmp_path: Path):
 
 
 def test_keys_new_then_up_with_keys_serves_its_self_test(tmp_path: Path):
-    made = subprocess.run([*INFERBUS, "keys", "new", "--name", "ops", "--rps", "5"],
-                          capture_output=True, text=True, check=True)
+    made = subprocess.run(
+        [*INFERBUS, "keys", "new", "--name", "ops", "--rps", "5"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     secret = made.stderr.strip().rsplit(" ", 1)[-1]
     assert secret.startswith("ib-") and secret not in made.stdout  # only the hash is kept
     keys = tmp_path / "keys.toml"
     keys.write_text(made.stdout)
     run = subprocess.run(
-        [*INFERBUS, "up", "--check", "--engine", "sim", "--port", "0", "--nats-port", "0",
-         "--metrics-port-base", str(random.randrange(20000, 32000, 100)),
-         "--state-dir", str(tmp_path / "state"), "--api-keys-file", str(keys)],
-        capture_output=True, text=True, timeout=120, env={
-            **__import__("os").environ, "NATS_URL": ""})
+        [
+            *INFERBUS,
+            "up",
+            "--check",
+            "--engine",
+            "sim",
+            "--port",
+            "0",
+            "--nats-port",
+            "0",
+            "--metrics-port-base",
+            str(random.randrange(20000, 32000, 100)),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--api-keys-file",
+            str(keys),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "NATS_URL": ""},
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"API keys from {keys}" in run.stdout and "self-test" in run.stdout

@@ -59,21 +59,41 @@ async def traces():
 def vllm_worker(nats_url, log_dir, tiny, traces):
     model, lora = tiny
     worker = ServiceProcess(
-        "worker", nats_url, log_dir, "--engine", "vllm", "--model", str(model),
-        "--enforce-eager", "true", "--max-model-len", "1024", "--max-num-seqs", "8",
-        "--lora-modules", f"{LORA}={lora}", "--max-lora-rank", "8",
-        "--heartbeat-interval-s", "0.3", "--state-dir", str(log_dir / "vllm-state"),
+        "worker",
+        nats_url,
+        log_dir,
+        "--engine",
+        "vllm",
+        "--model",
+        str(model),
+        "--enforce-eager",
+        "true",
+        "--max-model-len",
+        "1024",
+        "--max-num-seqs",
+        "8",
+        "--lora-modules",
+        f"{LORA}={lora}",
+        "--max-lora-rank",
+        "8",
+        "--heartbeat-interval-s",
+        "0.3",
+        "--state-dir",
+        str(log_dir / "vllm-state"),
         name="vllm-worker",
-        env={"OTEL_EXPORTER_OTLP_ENDPOINT": traces.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100",
-             "INFERBUS_TRACE_KEEP_RATIO": "1"})
+        env={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": traces.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+            "INFERBUS_TRACE_KEEP_RATIO": "1",
+        },
+    )
     worker.start().wait_ready(timeout=300)
     yield worker
     assert worker.stop(timeout=60) == 0, worker.logs()
 
 
 async def test_streams_in_order_with_usage_and_timings(vllm_worker, client):
-    stream = client.stream(MODEL, messages=CHAT, max_tokens=24, temperature=0.0,
-                           ignore_eos=True)
+    stream = client.stream(MODEL, messages=CHAT, max_tokens=24, temperature=0.0, ignore_eos=True)
     chunks = [c async for c in stream]
     assert [c.seq for c in chunks] == list(range(len(chunks)))
     fin = stream.outcome
@@ -84,22 +104,28 @@ async def test_streams_in_order_with_usage_and_timings(vllm_worker, client):
 
 
 async def test_max_tokens_and_stop_strings(vllm_worker, client):
-    base = await client.generate(MODEL, "def main():", max_tokens=40, temperature=0.0,
-                                 ignore_eos=True)
+    base = await client.generate(
+        MODEL, "def main():", max_tokens=40, temperature=0.0, ignore_eos=True
+    )
     assert base.outcome.usage.completion_tokens == 40
     text = base.text
-    stop = text[len(text) // 2: len(text) // 2 + 3]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
     assert stop.strip(), f"pick a visible stop string from {text!r}"
-    cut = await client.generate(MODEL, "def main():", max_tokens=40, temperature=0.0,
-                                ignore_eos=True, stop=[stop])
+    cut = await client.generate(
+        MODEL, "def main():", max_tokens=40, temperature=0.0, ignore_eos=True, stop=[stop]
+    )
     assert cut.outcome.finish_reason == "stop"
     assert stop not in cut.text and text.startswith(cut.text)
     assert cut.outcome.usage.completion_tokens < 40
 
 
 async def test_seeded_sampling_is_reproducible(vllm_worker, client):
-    runs = [await client.generate(MODEL, "import os", max_tokens=16, temperature=1.0, seed=11,
-                                  ignore_eos=True) for _ in range(2)]
+    runs = [
+        await client.generate(
+            MODEL, "import os", max_tokens=16, temperature=1.0, seed=11, ignore_eos=True
+        )
+        for _ in range(2)
+    ]
     assert runs[0].text == runs[1].text
 
 
@@ -133,12 +159,18 @@ async def test_lora_changes_the_output(vllm_worker, client):
 
 
 async def test_concurrent_requests_over_http(vllm_worker, platform):
-    body = {"model": MODEL, "max_tokens": 12, "stream": True,
-            "messages": [{"role": "user", "content": "hi"}]}
+    body = {
+        "model": MODEL,
+        "max_tokens": 12,
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
 
     async def one(http: aiohttp.ClientSession, i: int) -> str:
-        async with http.post("/v1/chat/completions",
-                             json={**body, "messages": [{"role": "user", "content": f"#{i}"}]}) as r:
+        async with http.post(
+            "/v1/chat/completions",
+            json={**body, "messages": [{"role": "user", "content": f"#{i}"}]},
+        ) as r:
             assert r.status == 200
             raw = (await r.read()).decode()
         assert raw.rstrip().endswith("data: [DONE]")
@@ -152,16 +184,30 @@ async def test_concurrent_requests_over_http(vllm_worker, platform):
 async def test_openai_sdk_on_the_real_engine(vllm_worker, platform):
     import openai
 
-    async with openai.AsyncOpenAI(base_url=platform["gateway"].base + "/v1", api_key="x",
-                                  max_retries=0) as sdk:
-        whole = await sdk.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=16,
-                                                  temperature=0.0, extra_body={"ignore_eos": True})
+    async with openai.AsyncOpenAI(
+        base_url=platform["gateway"].base + "/v1", api_key="x", max_retries=0
+    ) as sdk:
+        whole = await sdk.chat.completions.create(
+            model=MODEL,
+            messages=CHAT,
+            max_tokens=16,
+            temperature=0.0,
+            extra_body={"ignore_eos": True},
+        )
         stream = await sdk.chat.completions.create(
-            model=MODEL, messages=CHAT, max_tokens=16, temperature=0.0, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+            model=MODEL,
+            messages=CHAT,
+            max_tokens=16,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
         chunks = [c async for c in stream]
-        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
-            whole.choices[0].message.content
+        assert (
+            "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            == whole.choices[0].message.content
+        )
         assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 16
         assert whole.usage.prompt_tokens == chunks[-1].usage.prompt_tokens > 5
         models = {m.id: m for m in (await sdk.models.list()).data}
@@ -179,12 +225,33 @@ async def test_vllm_serving_benchmark_runs_against_the_gateway(vllm_worker, plat
 
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
-    args = parser.parse_args([
-        "--backend", "openai-chat", "--base-url", platform["gateway"].base,
-        "--endpoint", "/v1/chat/completions", "--model", MODEL, "--tokenizer", str(tiny[0]),
-        "--dataset-name", "random", "--random-input-len", "32", "--random-output-len", "8",
-        "--num-prompts", "16", "--max-concurrency", "4", "--seed", "0", "--disable-tqdm",
-    ])
+    args = parser.parse_args(
+        [
+            "--backend",
+            "openai-chat",
+            "--base-url",
+            platform["gateway"].base,
+            "--endpoint",
+            "/v1/chat/completions",
+            "--model",
+            MODEL,
+            "--tokenizer",
+            str(tiny[0]),
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            "32",
+            "--random-output-len",
+            "8",
+            "--num-prompts",
+            "16",
+            "--max-concurrency",
+            "4",
+            "--seed",
+            "0",
+            "--disable-tqdm",
+        ]
+    )
     result = await asyncio.to_thread(main, args)
     assert (result["completed"], result["failed"]) == (16, 0)
     assert result["total_output_tokens"] == 16 * 8  # random datasets ignore EOS
@@ -220,9 +287,18 @@ async def test_prompt_over_the_context_is_refused_clearly(vllm_worker, client):
 
 async def test_unloadable_model_reports_failed_and_exits(nats_url, log_dir, client, tmp_path):
     hbs = await client.nc.subscribe(HEARTBEATS)
-    bad = ServiceProcess("worker", nats_url, log_dir, "--engine", "vllm",
-                         "--model", str(tmp_path / "no-model-here"), "--served-model-name", "broken",
-                         name="broken-worker").start()
+    bad = ServiceProcess(
+        "worker",
+        nats_url,
+        log_dir,
+        "--engine",
+        "vllm",
+        "--model",
+        str(tmp_path / "no-model-here"),
+        "--served-model-name",
+        "broken",
+        name="broken-worker",
+    ).start()
     try:
         failed = None
         for _ in range(200):
@@ -240,24 +316,34 @@ async def test_the_engine_stages_are_traced_and_its_logs_are_json(vllm_worker, c
     trace_id = f"{random.getrandbits(128):032x}"
     parent = f"{random.getrandbits(64):016x}"
     long_prompt = " ".join(f"word{i}" for i in range(100))
-    await client.generate(MODEL, long_prompt, max_tokens=8, temperature=0.0,
-                          traceparent=f"00-{trace_id}-{parent}-01")
+    await client.generate(
+        MODEL, long_prompt, max_tokens=8, temperature=0.0, traceparent=f"00-{trace_id}-{parent}-01"
+    )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and len(traces.trace(trace_id)) < 3:
         await asyncio.sleep(0.1)
     spans = {s.name: s for s in traces.trace(trace_id)}
     assert set(spans) == {"engine queue", "prefill", "decode"}
-    assert all(s.parent_span_id == parent and s.service == "inferbus-worker"
-               for s in spans.values())
+    assert all(
+        s.parent_span_id == parent and s.service == "inferbus-worker" for s in spans.values()
+    )
     # the engine's own timestamps: queue, then prefill, then decode, end to end
-    assert (spans["engine queue"].end_ns == spans["prefill"].start_ns
-            and spans["prefill"].end_ns == spans["decode"].start_ns)
+    assert (
+        spans["engine queue"].end_ns == spans["prefill"].start_ns
+        and spans["prefill"].end_ns == spans["decode"].start_ns
+    )
     assert spans["prefill"].attributes["gen_ai.usage.input_tokens"] > 100
     assert spans["decode"].attributes["gen_ai.usage.output_tokens"] == 8
     # vLLM's standard-library log lines went through our JSON formatter
-    vllm_lines = [json.loads(line) for line in vllm_worker.log_path.read_text().splitlines()
-                  if line.startswith("{") and '"logger": "vllm' in line]
+    vllm_lines = [
+        json.loads(line)
+        for line in vllm_worker.log_path.read_text().splitlines()
+        if line.startswith("{") and '"logger": "vllm' in line
+    ]
     assert vllm_lines and all(x["service"] == "worker" for x in vllm_lines)
-    ended = [json.loads(line) for line in vllm_worker.log_path.read_text().splitlines()
-             if '"request ended"' in line and trace_id in line]
+    ended = [
+        json.loads(line)
+        for line in vllm_worker.log_path.read_text().splitlines()
+        if '"request ended"' in line and trace_id in line
+    ]
     assert ended and ended[0]["trace"] == "kept: sampled" and ended[0]["prefill_s"] > 0

@@ -17,11 +17,22 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 
 
 def _workers(nats_url, log_dir, model, *args):
-    return start_all([
-        ServiceProcess("worker", nats_url, log_dir, "--model", model,
-                       "--heartbeat-interval-s", "0.3", *args, name=f"{model}-{i}")
-        for i in range(2)
-    ])
+    return start_all(
+        [
+            ServiceProcess(
+                "worker",
+                nats_url,
+                log_dir,
+                "--model",
+                model,
+                "--heartbeat-interval-s",
+                "0.3",
+                *args,
+                name=f"{model}-{i}",
+            )
+            for i in range(2)
+        ]
+    )
 
 
 def _owner(workers, worker_id: str) -> ServiceProcess:

@@ -23,8 +23,9 @@ def samples(text: bytes, name: str) -> dict:
 def test_a_batched_histogram_reads_exactly_like_a_histogram_fed_one_by_one():
     values = [0.0005, 0.001, 0.001, 0.0099, 0.01, 0.05, 0.1, 0.7, 1.0, 3.0]
     reference_registry = CollectorRegistry()
-    reference = Histogram("ref_seconds", "d", ["model"], buckets=BUCKETS,
-                          registry=reference_registry)
+    reference = Histogram(
+        "ref_seconds", "d", ["model"], buckets=BUCKETS, registry=reference_registry
+    )
     batched = BatchedHistogram("batched_seconds", "d", ["model"], BUCKETS)
     for model, part in (("a", values[:4]), ("b", values), ("a", values[4:])):
         tally = batched.tally()
@@ -34,7 +35,9 @@ def test_a_batched_histogram_reads_exactly_like_a_histogram_fed_one_by_one():
         batched.add((model,), tally)
     registry = CollectorRegistry()
     registry.register(batched)
-    got = {(n.replace("batched", "ref"), labels): v
-           for (n, labels), v in samples(generate_latest(registry), "batched_seconds").items()}
+    got = {
+        (n.replace("batched", "ref"), labels): v
+        for (n, labels), v in samples(generate_latest(registry), "batched_seconds").items()
+    }
     want = samples(generate_latest(reference_registry), "ref_seconds")
     assert got == want and len(want) == 2 * (len(BUCKETS) + 3)

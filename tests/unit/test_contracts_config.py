@@ -14,17 +14,16 @@ from inferbus.contracts import (
     ALL_EVENTS,
     SUBMIT,
     TERMINAL_TYPES,
+    CanaryWeights,
     CancelRequest,
     ChatMessage,
     DeadLetter,
-    KvAllCleared,
-    CanaryWeights,
-    TraceDecided,
     DecidedRequest,
-    ModelLoad,
-    SchedulerLoad,
+    KvAllCleared,
     KvBlocksRemoved,
     KvBlocksStored,
+    ModelLoad,
+    ReplyEvent,
     RequestAccepted,
     RequestCancelled,
     RequestFailed,
@@ -32,10 +31,11 @@ from inferbus.contracts import (
     RequestRejected,
     RequestStarted,
     RequestSubmitted,
-    ReplyEvent,
     SamplingParams,
+    SchedulerLoad,
     Terminal,
     TokenChunk,
+    TraceDecided,
     Usage,
     WorkAssigned,
     WorkerHeartbeat,
@@ -51,45 +51,87 @@ from inferbus.shared.config import DEFAULT_NATS_URL, ServiceSettings, load_setti
 CONTRACTS_DIR = Path(__file__).resolve().parents[2] / "contracts"
 
 SUBMITTED = RequestSubmitted(
-    request_id="r1", model="m", reply_to="ib.reply.g.r1",
+    request_id="r1",
+    model="m",
+    reply_to="ib.reply.g.r1",
     messages=[ChatMessage(role="user", content="héllo ✓", name="u")],
     sampling=SamplingParams(max_tokens=5, temperature=0.5, top_p=0.9, stop=["\n"], seed=3),
-    tenant="t1", created_at=1.5,
+    tenant="t1",
+    created_at=1.5,
 )
 
 SAMPLES = {
     RequestSubmitted: SUBMITTED,
     RequestAccepted: RequestAccepted(request=SUBMITTED, accepted_at=2.0),
-    RequestRejected: RequestRejected(request_id="r1", code="prompt_too_long", reason="long",
-                                     param="messages"),
+    RequestRejected: RequestRejected(
+        request_id="r1", code="prompt_too_long", reason="long", param="messages"
+    ),
     WorkAssigned: WorkAssigned(request=SUBMITTED, worker_id="w1", attempt=2, assigned_at=3.0),
     RequestStarted: RequestStarted(request_id="r1", worker_id="w1", attempt=2),
     TokenChunk: TokenChunk(request_id="r1", seq=4, text="tok ", token_ids=[1, 2], attempt=2),
-    RequestFinished: RequestFinished(request_id="r1", finish_reason="stop",
-                                     usage=Usage(prompt_tokens=3, completion_tokens=4),
-                                     chunks=5, worker_id="w1", attempt=2),
-    RequestFailed: RequestFailed(request_id="r1", code="worker_lost", reason="gone",
-                                 retryable=True),
+    RequestFinished: RequestFinished(
+        request_id="r1",
+        finish_reason="stop",
+        usage=Usage(prompt_tokens=3, completion_tokens=4),
+        chunks=5,
+        worker_id="w1",
+        attempt=2,
+    ),
+    RequestFailed: RequestFailed(
+        request_id="r1", code="worker_lost", reason="gone", retryable=True
+    ),
     RequestCancelled: RequestCancelled(request_id="r1", reason="bye"),
     CancelRequest: CancelRequest(request_id="r1", reason="bye"),
-    WorkerHeartbeat: WorkerHeartbeat(worker_id="w1", models=["m"], engine="sim",
-                                     state="draining", reason="shutdown", max_num_seqs=4,
-                                     running=1, waiting=2, inflight=["r1"], interval_s=0.5,
-                                     sent_at=9.0),
-    DeadLetter: DeadLetter(service="sanitizer", subject="ib.req.submitted",
-                           reason="undecodable", payload=b"\x00\xffnot json",
-                           headers={"Ib-Request-Id": "r1"}, received_at=7.0),
-    KvBlocksStored: KvBlocksStored(worker_id="w1", block_hashes=[2**63 + 5, 7],
-                                   parent_block_hash=-3, token_ids=[1, 2, 3, 4],
-                                   block_size=2, lora_name="ad", medium="CPU"),
+    WorkerHeartbeat: WorkerHeartbeat(
+        worker_id="w1",
+        models=["m"],
+        engine="sim",
+        state="draining",
+        reason="shutdown",
+        max_num_seqs=4,
+        running=1,
+        waiting=2,
+        inflight=["r1"],
+        interval_s=0.5,
+        sent_at=9.0,
+    ),
+    DeadLetter: DeadLetter(
+        service="sanitizer",
+        subject="ib.req.submitted",
+        reason="undecodable",
+        payload=b"\x00\xffnot json",
+        headers={"Ib-Request-Id": "r1"},
+        received_at=7.0,
+    ),
+    KvBlocksStored: KvBlocksStored(
+        worker_id="w1",
+        block_hashes=[2**63 + 5, 7],
+        parent_block_hash=-3,
+        token_ids=[1, 2, 3, 4],
+        block_size=2,
+        lora_name="ad",
+        medium="CPU",
+    ),
     KvBlocksRemoved: KvBlocksRemoved(worker_id="w1", block_hashes=[7], medium="CPU"),
     KvAllCleared: KvAllCleared(worker_id="w1"),
     CanaryWeights: CanaryWeights(model="m", weights={"m-v2": 0.1}),
-    TraceDecided: TraceDecided(kept=[DecidedRequest(trace_id="0af7651916cd43dd8448eb211c80319c",
-                                                    request_id="r1")], service="worker"),
-    SchedulerLoad: SchedulerLoad(scheduler_id="s1", models={
-        "m": ModelLoad(queued=3, queue_limit=10, ready_workers=1, free_slots=0,
-                       oldest_wait_s=0.5, dispatch_per_s=12.0)}),
+    TraceDecided: TraceDecided(
+        kept=[DecidedRequest(trace_id="0af7651916cd43dd8448eb211c80319c", request_id="r1")],
+        service="worker",
+    ),
+    SchedulerLoad: SchedulerLoad(
+        scheduler_id="s1",
+        models={
+            "m": ModelLoad(
+                queued=3,
+                queue_limit=10,
+                ready_workers=1,
+                free_slots=0,
+                oldest_wait_s=0.5,
+                dispatch_per_s=12.0,
+            )
+        },
+    ),
 }
 
 
@@ -118,8 +160,7 @@ def test_event_tags_are_unique():
 
 def test_defaults_are_on_the_wire():
     obj = json.loads(codec.encode(RequestStarted(request_id="r", worker_id="w")))
-    assert obj == {"type": "request.started", "request_id": "r", "worker_id": "w",
-                   "attempt": 1}
+    assert obj == {"type": "request.started", "request_id": "r", "worker_id": "w", "attempt": 1}
 
 
 def test_decoding_a_reply_event_picks_the_right_class():
@@ -147,8 +188,9 @@ def test_decoding_garbage_fails_with_a_decode_error():
 
 
 def test_an_older_reader_ignores_new_fields():
-    data = json.dumps({"type": "request.cancelled", "request_id": "r",
-                       "reason": "x", "added_later": 1}).encode()
+    data = json.dumps(
+        {"type": "request.cancelled", "request_id": "r", "reason": "x", "added_later": 1}
+    ).encode()
     assert codec.decode(data, RequestCancelled) == RequestCancelled(request_id="r", reason="x")
 
 
@@ -249,9 +291,17 @@ def test_defaults_without_env_or_flags():
 
 
 def test_env_prefix_sets_fields_with_conversion():
-    s = load_settings(DemoSettings, argv=[], environ={
-        "INFERBUS_RATIO": "0.25", "INFERBUS_COUNT": "7", "INFERBUS_VERBOSE": "true",
-        "INFERBUS_HTTP_PORT": "8080", "INFERBUS_INSTANCE_ID": "me"})
+    s = load_settings(
+        DemoSettings,
+        argv=[],
+        environ={
+            "INFERBUS_RATIO": "0.25",
+            "INFERBUS_COUNT": "7",
+            "INFERBUS_VERBOSE": "true",
+            "INFERBUS_HTTP_PORT": "8080",
+            "INFERBUS_INSTANCE_ID": "me",
+        },
+    )
     assert s.ratio == 0.25 and isinstance(s.ratio, float)
     assert s.count == 7 and isinstance(s.count, int)
     assert s.verbose is True
@@ -268,8 +318,9 @@ def test_nats_url_env():
 
 def test_flags_win_over_env():
     env = {"INFERBUS_COUNT": "7", "NATS_URL": "nats://env:1", "INFERBUS_RATIO": "0.5"}
-    s = load_settings(DemoSettings, argv=["--count", "9", "--nats-url", "nats://flag:2"],
-                      environ=env)
+    s = load_settings(
+        DemoSettings, argv=["--count", "9", "--nats-url", "nats://flag:2"], environ=env
+    )
     assert s.count == 9
     assert s.nats_url == "nats://flag:2"
     assert s.ratio == 0.5  # not given as a flag: env still applies

@@ -53,10 +53,19 @@ def test_scopes_limit_models_and_max_tokens():
     ac = AccessControl([key(models=["small"], max_tokens=100)])
     k = ac.authenticate(f"Bearer {SECRET}")
     ac.admit(k, model="small", max_tokens=100, prompt_chars=10, now=0.0)
-    raises(403, "model_not_allowed", ac.admit, k, model="big", max_tokens=10, prompt_chars=1,
-           now=0.0)
-    err = raises(400, "max_tokens_over_limit", ac.admit, k, model="small", max_tokens=101,
-                 prompt_chars=1, now=0.0)
+    raises(
+        403, "model_not_allowed", ac.admit, k, model="big", max_tokens=10, prompt_chars=1, now=0.0
+    )
+    err = raises(
+        400,
+        "max_tokens_over_limit",
+        ac.admit,
+        k,
+        model="small",
+        max_tokens=101,
+        prompt_chars=1,
+        now=0.0,
+    )
     assert err.param == "max_tokens"
 
 
@@ -65,8 +74,9 @@ def test_requests_per_second_limit_with_retry_after():
     k = ac.authenticate(f"Bearer {SECRET}")
     for _ in range(2):
         ac.admit(k, model="m", max_tokens=1, prompt_chars=1, now=0.0)
-    err = raises(429, "rate_limit_exceeded", ac.admit, k, model="m", max_tokens=1,
-                 prompt_chars=1, now=0.0)
+    err = raises(
+        429, "rate_limit_exceeded", ac.admit, k, model="m", max_tokens=1, prompt_chars=1, now=0.0
+    )
     assert err.retry_after == 1 and "requests per second" in err.message
     ac.admit(k, model="m", max_tokens=1, prompt_chars=1, now=0.5)  # one more after 0.5 s
 
@@ -77,8 +87,9 @@ def test_tokens_per_minute_are_charged_up_front_and_settled_on_usage():
     a = ac.admit(k, model="m", max_tokens=399, prompt_chars=0, now=0.0)
     assert a.charged_tokens == 400  # prompt estimate 1 + 399
     ac.admit(k, model="m", max_tokens=199, prompt_chars=0, now=0.0)
-    err = raises(429, "rate_limit_exceeded", ac.admit, k, model="m", max_tokens=99,
-                 prompt_chars=0, now=0.0)
+    err = raises(
+        429, "rate_limit_exceeded", ac.admit, k, model="m", max_tokens=99, prompt_chars=0, now=0.0
+    )
     assert err.retry_after == 10 and "tokens per minute" in err.message
     ac.settle(a, used_tokens=50, now=0.0)  # the first used 50: 350 come back
     ac.admit(k, model="m", max_tokens=99, prompt_chars=0, now=0.0)
@@ -96,8 +107,10 @@ def test_a_request_bigger_than_the_minute_budget_waits_for_a_full_bucket():
 def test_keys_load_from_toml_json_and_env(tmp_path):
     secret = new_key()
     toml = tmp_path / "keys.toml"
-    toml.write_text(f'[[keys]]\nname = "a"\nsha256 = "{digest(secret)}"\n'
-                    'models = ["m"]\nrequests_per_s = 5\npriority = "interactive"\n')
+    toml.write_text(
+        f'[[keys]]\nname = "a"\nsha256 = "{digest(secret)}"\n'
+        'models = ["m"]\nrequests_per_s = 5\npriority = "interactive"\n'
+    )
     jfile = tmp_path / "keys.json"
     jfile.write_text(json.dumps({"keys": [{"name": "b", "sha256": digest("x")}]}))
     inline = json.dumps([{"name": "c", "sha256": digest("y"), "tenant": "t"}])
@@ -107,12 +120,18 @@ def test_keys_load_from_toml_json_and_env(tmp_path):
     assert AccessControl(keys).authenticate(f"Bearer {secret}").name == "a"
 
 
-@pytest.mark.parametrize("text", ['[[keys]]\nname = "a"\nsha256 = "nothex"\n',
-                                  '[[keys]]\nname = "a"\n', "not toml [",
-                                  # typos must not open the gateway or widen a key
-                                  f'[[key]]\nname = "a"\nsha256 = "{"0" * 64}"\n',
-                                  f'[[keys]]\nname = "a"\nsha256 = "{"0" * 64}"\n'
-                                  'model = ["m"]\n', ""])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[[keys]]\nname = "a"\nsha256 = "nothex"\n',
+        '[[keys]]\nname = "a"\n',
+        "not toml [",
+        # typos must not open the gateway or widen a key
+        f'[[key]]\nname = "a"\nsha256 = "{"0" * 64}"\n',
+        f'[[keys]]\nname = "a"\nsha256 = "{"0" * 64}"\nmodel = ["m"]\n',
+        "",
+    ],
+)
 def test_bad_key_files_stop_the_gateway_with_a_clear_message(tmp_path, text):
     f = tmp_path / "keys.toml"
     f.write_text(text)
@@ -125,8 +144,12 @@ def test_load_view_pushes_back_only_on_a_fresh_full_queue():
     view = LoadView(min_stale_s=2.0)
     view.admit("m", 0.0)  # nothing heard: the scheduler enforces its own limit
     full = ModelLoad(queued=10, queue_limit=10, ready_workers=1, dispatch_per_s=4.0)
-    view.on_load(SchedulerLoad(scheduler_id="s", models={"m": full, "n": ModelLoad(
-        queued=1, queue_limit=10)}), now=1.0)
+    view.on_load(
+        SchedulerLoad(
+            scheduler_id="s", models={"m": full, "n": ModelLoad(queued=1, queue_limit=10)}
+        ),
+        now=1.0,
+    )
     err = raises(429, "queue_full", view.admit, "m", 1.5)
     assert err.retry_after == 1.0 and err.type == "rate_limit_error"
     view.admit("n", 1.5)
@@ -175,6 +198,11 @@ def test_openapi_document_describes_the_request_structs():
     msgspec.json.encode(doc)  # serialisable as served
     live = openapi_document(("m1", "m2"))
     assert live["components"]["schemas"]["CompletionRequest"]["properties"]["model"][
-        "examples"] == ["m1", "m2"]
-    assert "examples" not in openapi_document()["components"]["schemas"][
-        "CompletionRequest"]["properties"]["model"]  # the cached document is untouched
+        "examples"
+    ] == ["m1", "m2"]
+    assert (
+        "examples"
+        not in openapi_document()["components"]["schemas"]["CompletionRequest"]["properties"][
+            "model"
+        ]
+    )  # the cached document is untouched

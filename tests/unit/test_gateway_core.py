@@ -44,27 +44,49 @@ def api_error(fn, raw: bytes) -> ApiError:
 
 def test_chat_with_string_content():
     req, sampling, messages = parse_chat(
-        body(model="m", messages=[{"role": "system", "content": "Be brief."},
-                                  {"role": "user", "content": "Hi", "name": "bob"}]), 16)
+        body(
+            model="m",
+            messages=[
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi", "name": "bob"},
+            ],
+        ),
+        16,
+    )
     assert req.model == "m"
     assert req.stream is False
-    assert messages == [ChatMessage(role="system", content="Be brief."),
-                        ChatMessage(role="user", content="Hi", name="bob")]
+    assert messages == [
+        ChatMessage(role="system", content="Be brief."),
+        ChatMessage(role="user", content="Hi", name="bob"),
+    ]
     assert sampling.max_tokens == 16  # the default given by the caller
     assert sampling.stop == []
     assert sampling.temperature == 1.0 and sampling.top_p == 1.0
 
 
 def test_chat_with_list_of_text_parts():
-    _, _, messages = parse_chat(body(model="m", messages=[
-        {"role": "user", "content": [{"type": "text", "text": "Hello, "},
-                                     {"type": "text", "text": "world"}]}]), 16)
+    _, _, messages = parse_chat(
+        body(
+            model="m",
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "Hello, "},
+                        {"type": "text", "text": "world"},
+                    ],
+                }
+            ],
+        ),
+        16,
+    )
     assert messages == [ChatMessage(role="user", content="Hello, world")]
 
 
 def test_chat_null_content_is_empty():
-    _, _, messages = parse_chat(body(model="m", messages=[{"role": "assistant",
-                                                           "content": None}]), 16)
+    _, _, messages = parse_chat(
+        body(model="m", messages=[{"role": "assistant", "content": None}]), 16
+    )
     assert messages[0].content == ""
 
 
@@ -74,17 +96,27 @@ def test_chat_max_tokens_is_used():
 
 
 def test_chat_max_completion_tokens_wins_over_max_tokens():
-    _, sampling, _ = parse_chat(body(model="m", messages=USER, max_tokens=7,
-                                     max_completion_tokens=9), 16)
+    _, sampling, _ = parse_chat(
+        body(model="m", messages=USER, max_tokens=7, max_completion_tokens=9), 16
+    )
     assert sampling.max_tokens == 9
     _, sampling, _ = parse_chat(body(model="m", messages=USER, max_completion_tokens=3), 16)
     assert sampling.max_tokens == 3
 
 
 def test_chat_sampling_fields_pass_through():
-    req, sampling, _ = parse_chat(body(model="m", messages=USER, temperature=0.2, top_p=0.5,
-                                       seed=42, stream=True,
-                                       stream_options={"include_usage": True}), 16)
+    req, sampling, _ = parse_chat(
+        body(
+            model="m",
+            messages=USER,
+            temperature=0.2,
+            top_p=0.5,
+            seed=42,
+            stream=True,
+            stream_options={"include_usage": True},
+        ),
+        16,
+    )
     assert (sampling.temperature, sampling.top_p, sampling.seed) == (0.2, 0.5, 42)
     assert req.stream is True
     assert req.stream_options is not None and req.stream_options.include_usage is True
@@ -120,14 +152,17 @@ def test_empty_body(raw):
     assert (e.status, e.code) == (400, "invalid_json")
 
 
-@pytest.mark.parametrize("fields, param", [
-    ({"model": 3, "messages": USER}, "model"),
-    ({"model": "m", "messages": "Hi"}, "messages"),
-    ({"model": "m", "messages": USER, "temperature": "hot"}, "temperature"),
-    ({"model": "m", "messages": USER, "max_tokens": "many"}, "max_tokens"),
-    ({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
-    ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-])
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"model": 3, "messages": USER}, "model"),
+        ({"model": "m", "messages": "Hi"}, "messages"),
+        ({"model": "m", "messages": USER, "temperature": "hot"}, "temperature"),
+        ({"model": "m", "messages": USER, "max_tokens": "many"}, "max_tokens"),
+        ({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ],
+)
 def test_wrong_types_name_the_field(fields, param):
     e = api_error(parse_chat, json.dumps(fields).encode())
     assert e.status == 400
@@ -157,32 +192,45 @@ def test_empty_messages():
     assert (e.status, e.param) == (400, "messages")
 
 
-@pytest.mark.parametrize("fn, fields", [
-    (parse_chat, {"model": "m", "messages": USER, "n": 2}),
-    (parse_completion, {"model": "m", "prompt": "p", "n": 2}),
-])
+@pytest.mark.parametrize(
+    "fn, fields",
+    [
+        (parse_chat, {"model": "m", "messages": USER, "n": 2}),
+        (parse_completion, {"model": "m", "prompt": "p", "n": 2}),
+    ],
+)
 def test_n_other_than_one(fn, fields):
     e = api_error(fn, json.dumps(fields).encode())
     assert (e.status, e.param, e.code) == (400, "n", "unsupported_value")
 
 
 def test_unknown_content_part_type():
-    e = api_error(parse_chat, body(model="m", messages=[
-        {"role": "user", "content": "ok"},
-        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]))
+    e = api_error(
+        parse_chat,
+        body(
+            model="m",
+            messages=[
+                {"role": "user", "content": "ok"},
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+            ],
+        ),
+    )
     assert e.status == 400
     assert e.param.startswith("messages[1].content")
     assert "image_url" in e.message
 
 
-@pytest.mark.parametrize("fields, param", [
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"max_completion_tokens": 0, "max_tokens": 5}, "max_completion_tokens"),
-    ({"temperature": 2.5}, "temperature"),
-    ({"temperature": -1}, "temperature"),
-    ({"top_p": 0}, "top_p"),
-    ({"top_p": 1.5}, "top_p"),
-])
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_completion_tokens": 0, "max_tokens": 5}, "max_completion_tokens"),
+        ({"temperature": 2.5}, "temperature"),
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+    ],
+)
 def test_bad_sampling_values(fields, param):
     e = api_error(parse_chat, body(model="m", messages=USER, **fields))
     assert (e.status, e.param, e.code) == (400, param, "invalid_value")
@@ -214,10 +262,22 @@ def test_completion_with_not_exactly_one_prompt(prompts):
 
 def test_submitted_builds_the_contract_event():
     _, sampling, messages = parse_chat(body(model="m", messages=USER, max_tokens=4), 16)
-    ev = submitted(request_id="r1", model="m", reply_to="ib.reply.g.r1", sampling=sampling,
-                   now=12.5, messages=messages, tenant="t")
+    ev = submitted(
+        request_id="r1",
+        model="m",
+        reply_to="ib.reply.g.r1",
+        sampling=sampling,
+        now=12.5,
+        messages=messages,
+        tenant="t",
+    )
     assert (ev.request_id, ev.model, ev.reply_to, ev.created_at, ev.tenant) == (
-        "r1", "m", "ib.reply.g.r1", 12.5, "t")
+        "r1",
+        "m",
+        "ib.reply.g.r1",
+        12.5,
+        "t",
+    )
     assert ev.prompt is None and ev.messages == messages
     assert ev.sampling.max_tokens == 4
 
@@ -226,23 +286,26 @@ def test_submitted_builds_the_contract_event():
 
 
 def test_rejected_maps_to_400_with_param():
-    e = error_for(RequestRejected(request_id="r", code="prompt_too_long", reason="too long",
-                                  param="messages"))
-    assert (e.status, e.code, e.param, e.message) == (400, "prompt_too_long", "messages",
-                                                      "too long")
+    e = error_for(
+        RequestRejected(request_id="r", code="prompt_too_long", reason="too long", param="messages")
+    )
+    assert (e.status, e.code, e.param, e.message) == (
+        400,
+        "prompt_too_long",
+        "messages",
+        "too long",
+    )
     assert e.type == "invalid_request_error"
 
 
 def test_failed_no_worker_maps_to_503_with_retry_after():
-    e = error_for(RequestFailed(request_id="r", code="no_worker", reason="none",
-                                retryable=True))
+    e = error_for(RequestFailed(request_id="r", code="no_worker", reason="none", retryable=True))
     assert (e.status, e.code, e.type) == (503, "no_worker", "server_error")
     assert e.retry_after is not None and e.retry_after > 0
 
 
 def test_failed_worker_lost_maps_to_503():
-    e = error_for(RequestFailed(request_id="r", code="worker_lost", reason="gone",
-                                retryable=True))
+    e = error_for(RequestFailed(request_id="r", code="worker_lost", reason="gone", retryable=True))
     assert (e.status, e.code) == (503, "worker_lost")
 
 
@@ -264,14 +327,19 @@ def test_cancelled_maps_to_499():
 
 def test_error_body_is_openai_shaped():
     e = ApiError(400, "bad", param="x", code="c")
-    assert e.body() == {"error": {"message": "bad", "type": "invalid_request_error",
-                                  "param": "x", "code": "c"}}
+    assert e.body() == {
+        "error": {"message": "bad", "type": "invalid_request_error", "param": "x", "code": "c"}
+    }
 
 
 # -- Shapes -------------------------------------------------------------------------------
 
-FIN = RequestFinished(request_id="r1", finish_reason="length",
-                      usage=Usage(prompt_tokens=5, completion_tokens=3), chunks=3)
+FIN = RequestFinished(
+    request_id="r1",
+    finish_reason="length",
+    usage=Usage(prompt_tokens=5, completion_tokens=3),
+    chunks=3,
+)
 
 
 def test_chat_stream_first_chunk_has_role_later_ones_do_not():
@@ -294,8 +362,9 @@ def test_chat_final_chunk_carries_finish_reason_and_no_content():
     choice = final["choices"][0]
     assert choice["finish_reason"] == "length"
     assert choice["delta"] == {}
-    stop = s.final_chunk(RequestFinished(request_id="r1", finish_reason="stop", usage=Usage(),
-                                         chunks=0))
+    stop = s.final_chunk(
+        RequestFinished(request_id="r1", finish_reason="stop", usage=Usage(), chunks=0)
+    )
     assert stop["choices"][0]["finish_reason"] == "stop"
 
 
@@ -317,8 +386,14 @@ def test_chat_complete_has_message_and_usage():
     c = s.complete("Hello!", FIN)
     assert c["object"] == "chat.completion"
     assert c["id"] == "chatcmpl-r1"
-    assert c["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Hello!"},
-                             "logprobs": None, "finish_reason": "length"}]
+    assert c["choices"] == [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "Hello!"},
+            "logprobs": None,
+            "finish_reason": "length",
+        }
+    ]
     assert c["usage"]["total_tokens"] == 8
 
 
@@ -327,8 +402,7 @@ def test_text_completion_shapes():
     c = s.chunk("Once")
     assert c["object"] == "text_completion"
     assert c["id"] == "cmpl-r1"
-    assert c["choices"] == [{"index": 0, "text": "Once", "logprobs": None,
-                             "finish_reason": None}]
+    assert c["choices"] == [{"index": 0, "text": "Once", "logprobs": None, "finish_reason": None}]
     f = s.final_chunk(FIN)
     assert f["object"] == "text_completion"
     assert f["choices"][0]["text"] == "" and f["choices"][0]["finish_reason"] == "length"
@@ -393,8 +467,9 @@ def test_registry_counts_draining_and_starting_workers_with_zero():
 
 def test_registry_admit_maps_unknown_and_unready_models():
     reg = ModelRegistry(stale_after_s=3.0)
-    reg.on_heartbeat(WorkerHeartbeat(worker_id="w1", models=["m"], engine="sim",
-                                     state="draining"), now=0.0)
+    reg.on_heartbeat(
+        WorkerHeartbeat(worker_id="w1", models=["m"], engine="sim", state="draining"), now=0.0
+    )
     with pytest.raises(ApiError) as unknown:
         reg.admit("other", now=1.0)
     assert unknown.value.status == 404 and unknown.value.code == "model_not_found"
@@ -406,16 +481,30 @@ def test_registry_admit_maps_unknown_and_unready_models():
 
 
 def test_vllm_sampling_extensions_reach_the_request():
-    raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}],
-                      "ignore_eos": True, "top_k": 5, "repetition_penalty": 1.2,
-                      "presence_penalty": 0.5, "frequency_penalty": -0.5,
-                      "stop_token_ids": [7]}).encode()
+    raw = json.dumps(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "x"}],
+            "ignore_eos": True,
+            "top_k": 5,
+            "repetition_penalty": 1.2,
+            "presence_penalty": 0.5,
+            "frequency_penalty": -0.5,
+            "stop_token_ids": [7],
+        }
+    ).encode()
     _, sampling, _ = parse_chat(raw, 16)
-    assert (sampling.ignore_eos, sampling.top_k, sampling.repetition_penalty,
-            sampling.presence_penalty, sampling.frequency_penalty, sampling.stop_token_ids) == (
-        True, 5, 1.2, 0.5, -0.5, [7])
-    bad = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}],
-                      "presence_penalty": 3}).encode()
+    assert (
+        sampling.ignore_eos,
+        sampling.top_k,
+        sampling.repetition_penalty,
+        sampling.presence_penalty,
+        sampling.frequency_penalty,
+        sampling.stop_token_ids,
+    ) == (True, 5, 1.2, 0.5, -0.5, [7])
+    bad = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "presence_penalty": 3}
+    ).encode()
     with pytest.raises(ApiError) as exc:
         parse_chat(bad, 16)
     assert exc.value.param == "presence_penalty"
@@ -432,19 +521,32 @@ def test_fast_sse_events_equal_the_full_encoding(chat):
 
 
 def test_engine_refusals_are_client_errors():
-    long = error_for(RequestFailed(request_id="r", code="context_length_exceeded",
-                                   reason="too long"))
+    long = error_for(
+        RequestFailed(request_id="r", code="context_length_exceeded", reason="too long")
+    )
     assert long.status == 400 and long.type == "invalid_request_error"
-    assert error_for(RequestFailed(request_id="r", code="model_not_found", reason="x")).status == 404
+    assert (
+        error_for(RequestFailed(request_id="r", code="model_not_found", reason="x")).status == 404
+    )
 
 
 def test_integral_floats_are_taken_as_integers_but_strings_are_not():
-    req, sampling, _ = parse_chat(body(model="m", max_tokens=16.0, top_k=5.0, temperature=1,
-                                       messages=[{"role": "user", "content": "x"}]), 8)
+    req, sampling, _ = parse_chat(
+        body(
+            model="m",
+            max_tokens=16.0,
+            top_k=5.0,
+            temperature=1,
+            messages=[{"role": "user", "content": "x"}],
+        ),
+        8,
+    )
     assert (sampling.max_tokens, sampling.top_k) == (16, 5)
-    e = api_error(parse_chat, body(model="m", max_tokens=16.5,
-                                   messages=[{"role": "user", "content": "x"}]))
+    e = api_error(
+        parse_chat, body(model="m", max_tokens=16.5, messages=[{"role": "user", "content": "x"}])
+    )
     assert e.param == "max_tokens"
-    e = api_error(parse_chat, body(model="m", max_tokens="16",
-                                   messages=[{"role": "user", "content": "x"}]))
+    e = api_error(
+        parse_chat, body(model="m", max_tokens="16", messages=[{"role": "user", "content": "x"}])
+    )
     assert e.param == "max_tokens"

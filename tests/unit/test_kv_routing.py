@@ -51,8 +51,9 @@ def hb(wid: str, seqs: int = 4) -> WorkerHeartbeat:
 
 
 def req(rid: str, blocks: list[int]) -> RequestSubmitted:
-    return RequestSubmitted(request_id=rid, model="m", reply_to=f"r.{rid}", prompt="p",
-                            prefix_hashes=blocks)
+    return RequestSubmitted(
+        request_id=rid, model="m", reply_to=f"r.{rid}", prompt="p", prefix_hashes=blocks
+    )
 
 
 def test_requests_go_where_their_prefix_is_cached_within_the_load_bound():
@@ -97,30 +98,35 @@ import pytest  # noqa: E402
 
 def test_a_canary_takes_its_share_stably_and_falls_back_when_absent():
     core = SchedulerCore(SchedulerPolicy())
-    core.on_heartbeat(WorkerHeartbeat(worker_id="old", models=["m"], engine="sim",
-                                      max_num_seqs=5000), 0.0)
+    core.on_heartbeat(
+        WorkerHeartbeat(worker_id="old", models=["m"], engine="sim", max_num_seqs=5000), 0.0
+    )
     core.set_canary("m", {"m-v2": 0.2})
     first = [e for i in range(500) for e in core.on_accepted(req(f"a{i}", []), 0.0)]
     assert all(e.worker_id == "old" and e.served_model == "" for e in first)  # no v2 yet
-    core.on_heartbeat(WorkerHeartbeat(worker_id="new", models=["m-v2"], engine="sim",
-                                      max_num_seqs=5000), 0.0)
+    core.on_heartbeat(
+        WorkerHeartbeat(worker_id="new", models=["m-v2"], engine="sim", max_num_seqs=5000), 0.0
+    )
     effects = [e for i in range(2000) for e in core.on_accepted(req(f"r{i}", []), 0.0)]
     to_v2 = [e for e in effects if e.worker_id == "new"]
     assert all(e.served_model == "m-v2" for e in to_v2)
     assert 0.17 < len(to_v2) / len(effects) < 0.23
     core.set_canary("m", {})
-    assert all(e.worker_id == "old" for i in range(50)
-               for e in core.on_accepted(req(f"z{i}", []), 0.0))
+    assert all(
+        e.worker_id == "old" for i in range(50) for e in core.on_accepted(req(f"z{i}", []), 0.0)
+    )
     with pytest.raises(ValueError):
         core.set_canary("m", {"a": 0.7, "b": 0.6})
 
 
 def test_canary_requests_fall_back_when_the_new_version_is_full_or_gone():
     core = SchedulerCore(SchedulerPolicy())
-    core.on_heartbeat(WorkerHeartbeat(worker_id="A", models=["m"], engine="sim",
-                                      max_num_seqs=4), 0.0)
-    core.on_heartbeat(WorkerHeartbeat(worker_id="B", models=["m2"], engine="sim",
-                                      max_num_seqs=1), 0.0)
+    core.on_heartbeat(
+        WorkerHeartbeat(worker_id="A", models=["m"], engine="sim", max_num_seqs=4), 0.0
+    )
+    core.on_heartbeat(
+        WorkerHeartbeat(worker_id="B", models=["m2"], engine="sim", max_num_seqs=1), 0.0
+    )
     core.set_canary("m", {"m2": 1.0})
     placed = [e.worker_id for i in range(3) for e in core.on_accepted(req(f"c{i}", []), 0.0)]
     assert placed == ["B", "A", "A"]  # B full: the rest run on the current version

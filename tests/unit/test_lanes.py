@@ -8,19 +8,31 @@ from hypothesis import strategies as st
 from inferbus.contracts import RequestSubmitted, SamplingParams, WorkerHeartbeat
 from inferbus.services.scheduler.core import Assign, SchedulerCore, SchedulerPolicy
 
-POLICY = SchedulerPolicy(short_prompt_tokens=1000, long_wait_bound_s=5.0, queue_timeout_s=1e9,
-                         worker_timeout_s=1e9, routing="round_robin")
+POLICY = SchedulerPolicy(
+    short_prompt_tokens=1000,
+    long_wait_bound_s=5.0,
+    queue_timeout_s=1e9,
+    worker_timeout_s=1e9,
+    routing="round_robin",
+)
 
 
 def hb(wid: str, seqs: int = 1, kv: int = 0) -> WorkerHeartbeat:
-    return WorkerHeartbeat(worker_id=wid, models=["m"], engine="sim", max_num_seqs=seqs,
-                           kv_capacity_tokens=kv)
+    return WorkerHeartbeat(
+        worker_id=wid, models=["m"], engine="sim", max_num_seqs=seqs, kv_capacity_tokens=kv
+    )
 
 
 def req(rid: str, tokens: int, tenant: str = "t", max_tokens: int = 10) -> RequestSubmitted:
-    return RequestSubmitted(request_id=rid, model="m", reply_to=f"r.{rid}", prompt="p",
-                            prompt_tokens=tokens, tenant=tenant,
-                            sampling=SamplingParams(max_tokens=max_tokens))
+    return RequestSubmitted(
+        request_id=rid,
+        model="m",
+        reply_to=f"r.{rid}",
+        prompt="p",
+        prompt_tokens=tokens,
+        tenant=tenant,
+        sampling=SamplingParams(max_tokens=max_tokens),
+    )
 
 
 def assigned(effects) -> list[str]:
@@ -55,12 +67,21 @@ def test_a_long_request_waits_no_longer_than_the_bound():
 
 
 def test_long_prompts_keep_off_the_reserved_worker_and_prefill_one_at_a_time():
-    core = SchedulerCore(SchedulerPolicy(short_prompt_tokens=1000, short_reserve=0.25,
-                                         long_wait_bound_s=1e9, routing="round_robin"))
+    core = SchedulerCore(
+        SchedulerPolicy(
+            short_prompt_tokens=1000,
+            short_reserve=0.25,
+            long_wait_bound_s=1e9,
+            routing="round_robin",
+        )
+    )
     for w in ("a", "b", "c", "d"):
         core.on_heartbeat(hb(w, seqs=8), 0.0)
-    placed = {e.request.request_id: e.worker_id for i in range(6)
-              for e in core.on_accepted(req(f"L{i}", 5000), 0.0)}
+    placed = {
+        e.request.request_id: e.worker_id
+        for i in range(6)
+        for e in core.on_accepted(req(f"L{i}", 5000), 0.0)
+    }
     assert len(placed) == 3 and len(set(placed.values())) == 3  # one long each, one spare
     spare = ({"a", "b", "c", "d"} - set(placed.values())).pop()
     [short] = core.on_accepted(req("s", 10), 0.0)
@@ -112,8 +133,10 @@ def test_token_budget_admission():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 8000), st.sampled_from("abc")), min_size=1,
-                max_size=40), st.integers(1, 4))
+@given(
+    st.lists(st.tuples(st.integers(1, 8000), st.sampled_from("abc")), min_size=1, max_size=40),
+    st.integers(1, 4),
+)
 def test_every_request_is_placed_once_and_all_run_to_the_end(reqs, workers):
     core = SchedulerCore(SchedulerPolicy(short_prompt_tokens=1000, long_wait_bound_s=3.0))
     now = 0.0
@@ -137,8 +160,9 @@ def test_the_keys_priority_class_picks_the_lane():
     batch = req("batch", 10)
     batch = RequestSubmitted(**{**__import__("msgspec").structs.asdict(batch), "priority": "batch"})
     interactive = req("interactive", 5000)
-    interactive = RequestSubmitted(**{**__import__("msgspec").structs.asdict(interactive),
-                                      "priority": "interactive"})
+    interactive = RequestSubmitted(
+        **{**__import__("msgspec").structs.asdict(interactive), "priority": "interactive"}
+    )
     core.on_accepted(batch, 0.0)
     core.on_accepted(req("long", 5000), 0.0)
     core.on_accepted(interactive, 0.1)
@@ -174,6 +198,7 @@ def test_a_short_request_goes_to_the_long_prefilling_worker_when_only_it_has_bud
     core.on_heartbeat(hb("w2", seqs=8, kv=10_000), 0.0)
     core.on_accepted(req("L", 3000), 0.0)
     core.on_accepted(req("S1", 25, max_tokens=9000), 0.0)
-    [s2] = [e for e in core.on_accepted(req("S2", 25, max_tokens=2000), 0.0)
-            if isinstance(e, Assign)]
+    [s2] = [
+        e for e in core.on_accepted(req("S2", 25, max_tokens=2000), 0.0) if isinstance(e, Assign)
+    ]
     assert s2.worker_id == core.inflight["L"].worker_id

@@ -61,8 +61,9 @@ def _recorded() -> set[str]:
 
 
 def _rule_exprs() -> list[tuple[str, str]]:
-    return [(r.get("record") or r["alert"], r["expr"])
-            for g in _rules()["groups"] for r in g["rules"]]
+    return [
+        (r.get("record") or r["alert"], r["expr"]) for g in _rules()["groups"] for r in g["rules"]
+    ]
 
 
 def _dashboard() -> dict:
@@ -78,8 +79,9 @@ def _panels(dash: dict):
 def _dashboard_exprs() -> list[tuple[str, str]]:
     dash = _dashboard()
     out = [(p["title"], t["expr"]) for p in _panels(dash) for t in p.get("targets", [])]
-    out += [(f"annotation {a['name']}", a["expr"]) for a in dash["annotations"]["list"]
-            if "expr" in a]
+    out += [
+        (f"annotation {a['name']}", a["expr"]) for a in dash["annotations"]["list"] if "expr" in a
+    ]
     for v in dash["templating"]["list"]:
         if v["type"] == "query":
             q = v["query"]
@@ -100,8 +102,11 @@ def _inferbus_names(expr: str) -> set[str]:
 
 def _grafana_to_promql(expr: str) -> str:
     """The dashboard's template variables replaced by what they stand for."""
-    return (expr.replace("$__rate_interval", "5m").replace("$model", ".*")
-            .replace("$service", "gateway"))
+    return (
+        expr.replace("$__rate_interval", "5m")
+        .replace("$model", ".*")
+        .replace("$service", "gateway")
+    )
 
 
 # -- (a) promtool ----------------------------------------------------------------------
@@ -113,8 +118,9 @@ promtool = pytest.mark.skipif(
 
 
 def _promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["promtool", *map(str, args)], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        ["promtool", *map(str, args)], capture_output=True, text=True, timeout=120
+    )
 
 
 @promtool
@@ -139,9 +145,17 @@ def test_promtool_checks_the_prometheus_config():
 def test_dashboard_queries_are_valid_promql(tmp_path):
     """Each query, as a recording rule, through promtool's PromQL parser."""
     exprs = [e for title, e in _dashboard_exprs() if not title.startswith("variable ")]
-    rules = {"groups": [{"name": "dashboard", "rules": [
-        {"record": f"dashboard_query_{i}", "expr": _grafana_to_promql(e)}
-        for i, e in enumerate(exprs)]}]}
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [
+                    {"record": f"dashboard_query_{i}", "expr": _grafana_to_promql(e)}
+                    for i, e in enumerate(exprs)
+                ],
+            }
+        ]
+    }
     path = tmp_path / "dashboard.rules.yml"
     path.write_text(yaml.safe_dump(rules))
     r = _promtool("check", "rules", path)
@@ -170,11 +184,15 @@ def test_every_alert_says_how_bad_and_where_to_look():
 
 # -- (b) every name used is declared ---------------------------------------------------
 
+
 def test_the_declared_names_are_read_from_shared_metrics():
     declared = _declared_series()
     # one of each kind, so a change in how prometheus_client names them shows here
-    assert {"inferbus_requests_total", "inferbus_queue_depth",
-            "inferbus_time_to_first_token_seconds_bucket"} <= declared
+    assert {
+        "inferbus_requests_total",
+        "inferbus_queue_depth",
+        "inferbus_time_to_first_token_seconds_bucket",
+    } <= declared
     assert "inferbus_requests" not in declared
 
 
@@ -211,11 +229,19 @@ def test_dashboard_reads_the_provisioned_prometheus():
     ids = [p["id"] for p in _panels(dash)]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
     rows = {p["title"].split(":")[0] for p in _panels(dash) if p["type"] == "row"}
-    assert {"SLO overview", "Stages", "Tokens", "Scheduler", "KV cache", "Sanitizer",
-            "Tracing"} <= rows
+    assert {
+        "SLO overview",
+        "Stages",
+        "Tokens",
+        "Scheduler",
+        "KV cache",
+        "Sanitizer",
+        "Tracing",
+    } <= rows
 
 
 # -- (c) compose, scrape config, collector ---------------------------------------------
+
 
 def _compose() -> dict:
     return yaml.safe_load(COMPOSE.read_text())
@@ -223,8 +249,11 @@ def _compose() -> dict:
 
 def _inferbus_services(compose: dict) -> dict[str, dict]:
     """The services that run `inferbus serve NAME` (the x-service anchor)."""
-    return {name: s for name, s in compose["services"].items()
-            if s.get("image") == "inferbus:dev" and s.get("command", [None])[0] == "serve"}
+    return {
+        name: s
+        for name, s in compose["services"].items()
+        if s.get("image") == "inferbus:dev" and s.get("command", [None])[0] == "serve"
+    }
 
 
 def test_compose_wires_every_inferbus_service_to_the_collector():

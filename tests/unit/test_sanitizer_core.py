@@ -11,13 +11,23 @@ LIMITS = InputLimits(max_prompt_chars=100, max_tokens=1000, max_messages=4)
 
 
 def prompt_req(prompt: str | None = "Tell me a story.", **sampling) -> RequestSubmitted:
-    return RequestSubmitted(request_id="r1", model="m", reply_to="ib.reply.t.r1", prompt=prompt,
-                            sampling=SamplingParams(**sampling))
+    return RequestSubmitted(
+        request_id="r1",
+        model="m",
+        reply_to="ib.reply.t.r1",
+        prompt=prompt,
+        sampling=SamplingParams(**sampling),
+    )
 
 
 def chat_req(messages: list[ChatMessage] | None, **sampling) -> RequestSubmitted:
-    return RequestSubmitted(request_id="r1", model="m", reply_to="ib.reply.t.r1",
-                            messages=messages, sampling=SamplingParams(**sampling))
+    return RequestSubmitted(
+        request_id="r1",
+        model="m",
+        reply_to="ib.reply.t.r1",
+        messages=messages,
+        sampling=SamplingParams(**sampling),
+    )
 
 
 def msgs(*contents: str) -> list[ChatMessage]:
@@ -57,8 +67,7 @@ def test_rejects_prompt_over_the_limit():
 
 def test_rejects_messages_over_the_limit_in_total():
     # each message is short; together they are over
-    r = rejected(check(chat_req(msgs("a" * 60, "b" * 41)), LIMITS), "prompt_too_long",
-                 "messages")
+    r = rejected(check(chat_req(msgs("a" * 60, "b" * 41)), LIMITS), "prompt_too_long", "messages")
     assert "101" in r.reason
     assert check(chat_req(msgs("a" * 60, "b" * 40)), LIMITS) is None
 
@@ -69,8 +78,9 @@ def test_prompt_chars_counts_prompt_or_message_contents():
 
 
 def test_rejects_both_prompt_and_messages():
-    both = RequestSubmitted(request_id="r1", model="m", reply_to="x", prompt="p",
-                            messages=msgs("m"))
+    both = RequestSubmitted(
+        request_id="r1", model="m", reply_to="x", prompt="p", messages=msgs("m")
+    )
     rejected(check(both, LIMITS), "invalid_request", "messages")
 
 
@@ -87,8 +97,7 @@ def test_rejects_empty_messages():
 
 
 def test_rejects_too_many_messages():
-    rejected(check(chat_req(msgs("a", "b", "c", "d", "e")), LIMITS), "invalid_request",
-             "messages")
+    rejected(check(chat_req(msgs("a", "b", "c", "d", "e")), LIMITS), "invalid_request", "messages")
     assert check(chat_req(msgs("a", "b", "c", "d")), LIMITS) is None
 
 
@@ -102,8 +111,7 @@ def test_rejects_empty_request_id_or_model():
 
 @pytest.mark.parametrize("max_tokens", [0, -1, 1001])
 def test_rejects_bad_max_tokens(max_tokens):
-    r = rejected(check(prompt_req(max_tokens=max_tokens), LIMITS), "invalid_request",
-                 "max_tokens")
+    r = rejected(check(prompt_req(max_tokens=max_tokens), LIMITS), "invalid_request", "max_tokens")
     assert str(max_tokens) in r.reason
 
 
@@ -114,8 +122,7 @@ def test_accepts_max_tokens_at_the_bounds(max_tokens):
 
 @pytest.mark.parametrize("temperature", [-0.1, 2.01, float("nan")])
 def test_rejects_bad_temperature(temperature):
-    rejected(check(prompt_req(temperature=temperature), LIMITS), "invalid_request",
-             "temperature")
+    rejected(check(prompt_req(temperature=temperature), LIMITS), "invalid_request", "temperature")
 
 
 @pytest.mark.parametrize("temperature", [0.0, 2.0])
@@ -135,8 +142,7 @@ def test_accepts_top_p_of_one_and_a_small_one():
 
 def test_shape_errors_come_before_size_errors():
     # a request with a bad max_tokens and a huge prompt is refused for max_tokens
-    rejected(check(prompt_req("x" * 1000, max_tokens=0), LIMITS), "invalid_request",
-             "max_tokens")
+    rejected(check(prompt_req("x" * 1000, max_tokens=0), LIMITS), "invalid_request", "max_tokens")
 
 
 # -- the output filter ------------------------------------------------------------------
@@ -156,8 +162,12 @@ def test_filtered_stream_masks_renumbers_and_ends_with_the_held_text():
         events, over = s.on_event(chunk(i, piece), 0.0)
         assert not over
         out += events
-    fin = RequestFinished(request_id="r", finish_reason="stop", chunks=5,
-                          usage=Usage(prompt_tokens=1, completion_tokens=5))
+    fin = RequestFinished(
+        request_id="r",
+        finish_reason="stop",
+        chunks=5,
+        usage=Usage(prompt_tokens=1, completion_tokens=5),
+    )
     events, over = s.on_event(fin, 1.0)
     assert over
     out += events
@@ -182,12 +192,22 @@ def test_a_stale_attempts_finish_does_not_end_the_live_stream():
     s = FilteredStream("r", "c", 0.0)
     s.on_event(chunk(0, "x ", attempt=2), 0.0)
     s.on_event(chunk(1, "card 4111 1111", attempt=2), 0.0)
-    late = RequestFinished(request_id="r", finish_reason="length", chunks=3, attempt=1,
-                           usage=Usage(prompt_tokens=1, completion_tokens=3))
+    late = RequestFinished(
+        request_id="r",
+        finish_reason="length",
+        chunks=3,
+        attempt=1,
+        usage=Usage(prompt_tokens=1, completion_tokens=3),
+    )
     assert s.on_event(late, 0.0) == ([], False)
     out, _ = s.on_event(chunk(2, " 1111 1111 ok", attempt=2), 0.0)
-    fin = RequestFinished(request_id="r", finish_reason="stop", chunks=3, attempt=2,
-                          usage=Usage(prompt_tokens=1, completion_tokens=3))
+    fin = RequestFinished(
+        request_id="r",
+        finish_reason="stop",
+        chunks=3,
+        attempt=2,
+        usage=Usage(prompt_tokens=1, completion_tokens=3),
+    )
     events, over = s.on_event(fin, 0.0)
     text = "".join(e.text for e in [*out, *events] if isinstance(e, TokenChunk))
     assert over and "4111" not in text and "****1111" in text
@@ -198,8 +218,12 @@ def test_chunks_lost_before_the_filter_show_in_the_count():
     out = []
     for seq in (0, 2):  # chunk 1 never arrived
         out += s.on_event(chunk(seq, f"word{seq} "), 0.0)[0]
-    fin = RequestFinished(request_id="r", finish_reason="stop", chunks=3,
-                          usage=Usage(prompt_tokens=1, completion_tokens=3))
+    fin = RequestFinished(
+        request_id="r",
+        finish_reason="stop",
+        chunks=3,
+        usage=Usage(prompt_tokens=1, completion_tokens=3),
+    )
     events, _ = s.on_event(fin, 0.0)
     got = len([e for e in [*out, *events] if isinstance(e, TokenChunk)])
     assert events[-1].chunks == got + 1  # the client sees one missing

@@ -21,19 +21,23 @@ POLICY = SchedulerPolicy(worker_timeout_s=3.0, queue_timeout_s=10.0, max_attempt
 
 
 def req(rid: str, model: str = "m") -> RequestSubmitted:
-    return RequestSubmitted(request_id=rid, model=model, reply_to=f"ib.reply.t.{rid}",
-                            prompt="hello")
+    return RequestSubmitted(
+        request_id=rid, model=model, reply_to=f"ib.reply.t.{rid}", prompt="hello"
+    )
 
 
-def hb(wid: str, models: tuple[str, ...] = ("m",), *, state: str = "ready",
-       max_num_seqs: int = 8) -> WorkerHeartbeat:
-    return WorkerHeartbeat(worker_id=wid, models=list(models), engine="sim", state=state,
-                           max_num_seqs=max_num_seqs)
+def hb(
+    wid: str, models: tuple[str, ...] = ("m",), *, state: str = "ready", max_num_seqs: int = 8
+) -> WorkerHeartbeat:
+    return WorkerHeartbeat(
+        worker_id=wid, models=list(models), engine="sim", state=state, max_num_seqs=max_num_seqs
+    )
 
 
 def assigns(effects) -> list[tuple[str, str, int]]:
-    return [(e.request.request_id, e.worker_id, e.attempt) for e in effects
-            if isinstance(e, Assign)]
+    return [
+        (e.request.request_id, e.worker_id, e.attempt) for e in effects if isinstance(e, Assign)
+    ]
 
 
 def only(effects, kind):
@@ -49,7 +53,8 @@ def test_single_request_goes_to_the_only_ready_worker():
     assert core.on_heartbeat(hb("w1"), 0.0) == []
     effects = core.on_accepted(req("r1"), 0.1)
     assert [(e.worker_id, e.request, e.attempt, e.lane) for e in effects] == [
-        ("w1", req("r1"), 1, "short")]
+        ("w1", req("r1"), 1, "short")
+    ]
     assert isinstance(effects[0], Assign) and effects[0].queued_s == 0.0
     assert not core.is_queued("r1")
 
@@ -64,7 +69,7 @@ def test_round_robin_across_two_workers_of_the_same_model():
     workers = [w for _, w, _ in placed]
     assert len(placed) == 6
     # strictly alternating, and both used equally
-    assert all(a != b for a, b in zip(workers, workers[1:])), workers
+    assert all(a != b for a, b in zip(workers, workers[1:], strict=False)), workers
     assert Counter(workers) == {"w1": 3, "w2": 3}
 
 
@@ -80,7 +85,7 @@ def test_round_robin_within_one_dispatch_of_a_backlog():
     placed = assigns(effects)
     assert sorted(r for r, _, _ in placed) == ["r0", "r1", "r2", "r3"]
     workers = [w for _, w, _ in placed]
-    assert all(a != b for a, b in zip(workers, workers[1:])), workers
+    assert all(a != b for a, b in zip(workers, workers[1:], strict=False)), workers
     assert Counter(workers) == {"w2": 2, "w3": 2}
     assert all(attempt == 2 for _, _, attempt in placed)
 
@@ -346,9 +351,9 @@ def test_queue_timeout_is_not_blocked_by_a_requeued_request_at_the_front():
     # at the front after a worker loss (since=now) hid older requests behind it
     core = SchedulerCore(POLICY)  # queue_timeout_s=10, worker_timeout_s=3
     core.on_heartbeat(hb("w1", max_num_seqs=1), 0.0)
-    core.on_accepted(req("running"), 0.0)   # on w1
-    core.on_accepted(req("old"), 0.0)       # queued, w1 is full
-    effects = core.tick(5.0)                # w1 silent: "running" re-queued in front
+    core.on_accepted(req("running"), 0.0)  # on w1
+    core.on_accepted(req("old"), 0.0)  # queued, w1 is full
+    effects = core.tick(5.0)  # w1 silent: "running" re-queued in front
     assert effects == []
     assert [i.request.request_id for i in core.queues["m"]] == ["running", "old"]
     # "old" has now waited 11 s > queue_timeout_s and must fail
@@ -362,16 +367,16 @@ def test_queue_timeout_is_not_blocked_by_a_requeued_request_at_the_front():
 def test_duplicate_accepted_while_queued_inflight_or_ended_yields_nothing():
     core = SchedulerCore(POLICY)
     assert core.on_accepted(req("q"), 0.0) == []
-    assert core.on_accepted(req("q"), 0.1) == []          # queued duplicate
+    assert core.on_accepted(req("q"), 0.1) == []  # queued duplicate
     assert len(core.queues["m"]) == 1
     core.on_heartbeat(hb("w1", max_num_seqs=1), 0.2)
     assert core.inflight["q"].worker_id == "w1"
-    assert core.on_accepted(req("q"), 0.3) == []          # in-flight duplicate
-    core.on_heartbeat(hb("w2"), 0.3)                      # room elsewhere: still nothing
+    assert core.on_accepted(req("q"), 0.3) == []  # in-flight duplicate
+    core.on_heartbeat(hb("w2"), 0.3)  # room elsewhere: still nothing
     assert core.on_accepted(req("q"), 0.4) == []
     assert core.status()["workers"]["w2"]["assigned"] == 0
     core.on_ended("q", 0.5)
-    assert core.on_accepted(req("q"), 0.6) == []          # after it ended
+    assert core.on_accepted(req("q"), 0.6) == []  # after it ended
     assert "q" not in core.inflight and not core.is_queued("q")
     assert core.tick(0.7) == []
 
@@ -433,8 +438,9 @@ STATES = ("ready", "ready", "ready", "draining", "starting", "stopped", "failed"
 op = st.one_of(
     st.tuples(st.just("accept"), st.sampled_from(MODELS)),
     st.tuples(st.just("dup"), st.integers(0, 1_000)),
-    st.tuples(st.just("hb"), st.sampled_from(sorted(WORKERS)), st.sampled_from(STATES),
-              st.integers(1, 3)),
+    st.tuples(
+        st.just("hb"), st.sampled_from(sorted(WORKERS)), st.sampled_from(STATES), st.integers(1, 3)
+    ),
     st.tuples(st.just("hb_all")),
     st.tuples(st.just("silence"), st.sampled_from(sorted(WORKERS))),
     st.tuples(st.just("start"), st.integers(0, 1_000), st.booleans()),
@@ -450,26 +456,28 @@ class Model:
     """An independent book of what the scheduler must have done, checked per effect."""
 
     def __init__(self) -> None:
-        self.policy = SchedulerPolicy(worker_timeout_s=3.0, queue_timeout_s=10.0,
-                                      max_attempts=3)
+        self.policy = SchedulerPolicy(worker_timeout_s=3.0, queue_timeout_s=10.0, max_attempts=3)
         self.core = SchedulerCore(self.policy)
         self.now = 0.0
         self.n = 0
         self.accepted: dict[str, RequestSubmitted] = {}
-        self.registered: dict[str, dict] = {}   # as the core should see its workers
+        self.registered: dict[str, dict] = {}  # as the core should see its workers
         self.silent: set[str] = set()
         self.held: dict[str, tuple[str, int]] = {}  # rid -> (worker, attempt)
-        self.started: dict[str, int] = {}            # rid -> attempt that started
+        self.started: dict[str, int] = {}  # rid -> attempt that started
         self.queued_since: dict[str, float] = {}
-        self.attempt: dict[str, int] = {}            # next attempt for a queued rid
+        self.attempt: dict[str, int] = {}  # next attempt for a queued rid
         self.ever_assigned: set[str] = set()
-        self.terminal: dict[str, str] = {}           # rid -> how it ended
-        self.pending_echo: list[str] = []            # Fail/Cancel not yet back on ENDED
+        self.terminal: dict[str, str] = {}  # rid -> how it ended
+        self.pending_echo: list[str] = []  # Fail/Cancel not yet back on ENDED
 
     # -- helpers
     def _ready_for(self, model: str) -> list[str]:
-        return [w for w, info in self.registered.items()
-                if info["state"] == "ready" and model in WORKERS[w]]
+        return [
+            w
+            for w, info in self.registered.items()
+            if info["state"] == "ready" and model in WORKERS[w]
+        ]
 
     def _load(self, wid: str) -> int:
         return sum(1 for w, _ in self.held.values() if w == wid)
@@ -537,7 +545,8 @@ class Model:
             model = self.accepted[rid].model
             for w in self._ready_for(model):
                 assert self._load(w) >= self.registered[w]["max_num_seqs"], (
-                    f"{rid} queued while {w} has room")
+                    f"{rid} queued while {w} has room"
+                )
 
     def _pick(self, pool, k):
         pool = sorted(pool)
@@ -562,14 +571,20 @@ class Model:
     def heartbeat(self, wid: str, state: str, max_num_seqs: int) -> None:
         if state in ("stopped", "failed"):
             fail, _ = self._lose(wid)
-            self._apply(self.core.on_heartbeat(hb(wid, WORKERS[wid], state=state,
-                                                  max_num_seqs=max_num_seqs), self.now), fail)
+            self._apply(
+                self.core.on_heartbeat(
+                    hb(wid, WORKERS[wid], state=state, max_num_seqs=max_num_seqs), self.now
+                ),
+                fail,
+            )
             return
         self.silent.discard(wid)
-        self.registered[wid] = {"state": state, "max_num_seqs": max_num_seqs,
-                                "last": self.now}
-        self._apply(self.core.on_heartbeat(
-            hb(wid, WORKERS[wid], state=state, max_num_seqs=max_num_seqs), self.now))
+        self.registered[wid] = {"state": state, "max_num_seqs": max_num_seqs, "last": self.now}
+        self._apply(
+            self.core.on_heartbeat(
+                hb(wid, WORKERS[wid], state=state, max_num_seqs=max_num_seqs), self.now
+            )
+        )
 
     def hb_all(self) -> None:
         for wid, info in list(self.registered.items()):
@@ -621,15 +636,21 @@ class Model:
 
     def tick(self, dt: float) -> None:
         self.now += dt
-        lost = [w for w, info in self.registered.items()
-                if self.now - info["last"] > self.policy.worker_timeout_s]
+        lost = [
+            w
+            for w, info in self.registered.items()
+            if self.now - info["last"] > self.policy.worker_timeout_s
+        ]
         must_fail: set[str] = set()
         for w in lost:
             fail, _ = self._lose(w)
             must_fail |= fail
         self._apply(self.core.tick(self.now), must_fail)
-        overdue = {r for r, since in self.queued_since.items()
-                   if self.now - since > self.policy.queue_timeout_s}
+        overdue = {
+            r
+            for r, since in self.queued_since.items()
+            if self.now - since > self.policy.queue_timeout_s
+        }
         assert not overdue, f"queued past queue_timeout_s and not failed: {overdue}"
 
     def run(self, ops) -> None:
@@ -655,15 +676,35 @@ class Model:
             self.tick(1.0)
 
 
-@settings(max_examples=300, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(st.lists(op, max_size=60))
 # known tricky cases, always run: an old request queued behind one re-queued after a loss
-@example([("hb", "w0", "ready", 1), ("accept", "m0"), ("accept", "m0"), ("silence", "w0"),
-          ("tick", 5.0), ("tick", 5.0), ("tick", 0.5)])
+@example(
+    [
+        ("hb", "w0", "ready", 1),
+        ("accept", "m0"),
+        ("accept", "m0"),
+        ("silence", "w0"),
+        ("tick", 5.0),
+        ("tick", 5.0),
+        ("tick", 0.5),
+    ]
+)
 # a late RequestStarted of an earlier attempt must not turn a retry into a failure
-@example([("hb", "w0", "ready", 1), ("accept", "m0"), ("silence", "w0"), ("tick", 3.5),
-          ("hb", "w1", "ready", 1), ("start", 0, True), ("silence", "w1"), ("tick", 3.5)])
+@example(
+    [
+        ("hb", "w0", "ready", 1),
+        ("accept", "m0"),
+        ("silence", "w0"),
+        ("tick", 3.5),
+        ("hb", "w1", "ready", 1),
+        ("start", 0, True),
+        ("silence", "w1"),
+        ("tick", 3.5),
+    ]
+)
 def test_property_no_double_assignment_and_nothing_dropped(ops):
     m = Model()
     m.run(ops)
@@ -744,8 +785,7 @@ def test_a_reused_id_is_refused_to_its_new_sender_only():
     assert core.on_accepted(first, 0.1, redelivered=True) == []
     assert core.on_accepted(first, 0.1) == []
     # another sender with the same id, while the first runs: refused, the first untouched
-    other = RequestSubmitted(request_id="dup", model="m", reply_to="ib.reply.other.dup",
-                             prompt="x")
+    other = RequestSubmitted(request_id="dup", model="m", reply_to="ib.reply.other.dup", prompt="x")
     [refuse] = core.on_accepted(other, 0.2)
     assert isinstance(refuse, Refuse) and refuse.code == "duplicate_request"
     assert refuse.request.reply_to == "ib.reply.other.dup"
@@ -756,8 +796,13 @@ def test_a_reused_id_is_refused_to_its_new_sender_only():
     assert isinstance(refuse, Refuse)
     assert core.on_accepted(first, 200.0) == []  # the very same request: a resend
     # the same gateway reuses its reply subject for a reused id: told apart by creation time
-    again = RequestSubmitted(request_id="dup", model="m", reply_to=first.reply_to,
-                             prompt="hello", created_at=first.created_at + 150)
+    again = RequestSubmitted(
+        request_id="dup",
+        model="m",
+        reply_to=first.reply_to,
+        prompt="hello",
+        created_at=first.created_at + 150,
+    )
     assert [type(e) for e in core.on_accepted(again, 200.0)] == [Refuse]
 
 
@@ -773,21 +818,26 @@ def test_a_cancel_that_overtakes_its_request_still_cancels_it():
 
 def test_work_a_previous_scheduler_placed_takes_slots_until_it_ends():
     core = SchedulerCore(POLICY)  # restarted: knows nothing of what runs
-    busy = WorkerHeartbeat(worker_id="w1", models=["m"], engine="sim", max_num_seqs=2,
-                           inflight=["old1", "old2"])
+    busy = WorkerHeartbeat(
+        worker_id="w1", models=["m"], engine="sim", max_num_seqs=2, inflight=["old1", "old2"]
+    )
     core.on_heartbeat(busy, 0.0)
     assert core.on_accepted(req("new"), 0.1) == []  # both slots are taken
     core.on_ended("old1", 0.5)
-    later = WorkerHeartbeat(worker_id="w1", models=["m"], engine="sim", max_num_seqs=2,
-                            inflight=["old2"])
+    later = WorkerHeartbeat(
+        worker_id="w1", models=["m"], engine="sim", max_num_seqs=2, inflight=["old2"]
+    )
     assert assigns(core.on_heartbeat(later, 1.0)) == [("new", "w1", 1)]
 
 
 def test_a_restarted_scheduler_takes_back_open_assignments():
     core = SchedulerCore(POLICY)  # worker timeout 3 s
     done, running, again = req("done"), req("running"), req("again")
-    core.restore([(done, "w1", 1), (running, "w1", 1), (again, "w1", 1), (again, "w2", 2)],
-                 ended={"done"}, now=0.0)
+    core.restore(
+        [(done, "w1", 1), (running, "w1", 1), (again, "w1", 1), (again, "w2", 2)],
+        ended={"done"},
+        now=0.0,
+    )
     assert set(core.inflight) == {"running", "again"}
     assert core.inflight["again"].worker_id == "w2"  # the latest attempt
     assert core.on_accepted(running, 0.1) == []  # a redelivery of it changes nothing
@@ -803,8 +853,9 @@ def test_a_start_from_the_worker_holding_the_request_counts_whatever_the_attempt
     core.on_heartbeat(hb("w1", max_num_seqs=2), 0.0)
     core.on_accepted(req("r"), 0.0)
     core.tick(3.5)  # w1 briefly unreachable: r back in the queue
-    back = WorkerHeartbeat(worker_id="w1", models=["m"], engine="sim", max_num_seqs=2,
-                           inflight=["r"])
+    back = WorkerHeartbeat(
+        worker_id="w1", models=["m"], engine="sim", max_num_seqs=2, inflight=["r"]
+    )
     assert assigns(core.on_heartbeat(back, 3.6)) == [("r", "w1", 2)]
     core.on_started("r", 1, "w1")  # it was still streaming attempt 1
     core.on_heartbeat(hb("w2"), 7.0)

@@ -83,11 +83,16 @@ def test_count_tokens_counts_words_and_punctuation_at_least_one():
 
 def test_merge_coalesces_outputs():
     a = EngineOutput(text="a ", token_ids=[1], prompt_tokens=3, completion_tokens=1)
-    b = EngineOutput(text="b ", token_ids=[2], prompt_tokens=3, completion_tokens=2,
-                     finish_reason="length")
+    b = EngineOutput(
+        text="b ", token_ids=[2], prompt_tokens=3, completion_tokens=2, finish_reason="length"
+    )
     m = merge([a, b])
     assert (m.text, m.token_ids, m.completion_tokens, m.finish_reason) == (
-        "a b ", [1, 2], 2, "length")
+        "a b ",
+        [1, 2],
+        2,
+        "length",
+    )
     assert merge([a]) is a
 
 
@@ -127,8 +132,11 @@ async def test_max_tokens_finishes_with_length():
 
 
 async def test_chat_messages_generate_too():
-    req = EngineRequest(request_id="r", messages=[ChatMessage(role="user", content="hi")],
-                        sampling=SamplingParams(max_tokens=3))
+    req = EngineRequest(
+        request_id="r",
+        messages=[ChatMessage(role="user", content="hi")],
+        sampling=SamplingParams(max_tokens=3),
+    )
     async with Running() as engine:
         outs = await collect(engine, req)
     assert outs[-1].finish_reason == "length" and outs[-1].completion_tokens == 3
@@ -140,13 +148,13 @@ async def test_stop_string_spanning_two_tokens_ends_with_stop_and_is_never_emitt
         words = full.split()
         # the end of word 4, the space and the start of word 5: crosses a token boundary
         boundary = len(" ".join(words[:5]))
-        stop = full[boundary - 2:boundary + 3]
+        stop = full[boundary - 2 : boundary + 3]
         assert " " in stop and len(stop) == 5
         outs = await collect(engine, request(seed=3, max_tokens=30, stop=[stop]))
     text = text_of(outs)
     assert outs[-1].finish_reason == "stop"
     assert stop not in text
-    assert text == full[:full.find(stop)]
+    assert text == full[: full.find(stop)]
     # generation stopped at the token that completed the stop string
     assert outs[-1].completion_tokens < 30
     # no chunk ever carried part of the stop string beyond what was finally kept
@@ -168,9 +176,9 @@ async def test_stop_string_is_held_back_until_it_cannot_match():
     emitted = ""
     for o in outs[:-1]:
         emitted += o.text
-        generated = "".join(w + " " for w in words_all[:o.completion_tokens])
+        generated = "".join(w + " " for w in words_all[: o.completion_tokens])
         # everything but the last len(stop)-1 generated characters is out, no more
-        assert emitted == generated[:max(0, len(generated) - (len(stop) - 1))]
+        assert emitted == generated[: max(0, len(generated) - (len(stop) - 1))]
 
 
 async def test_two_stop_strings_in_one_token_cut_at_the_earliest():
@@ -271,7 +279,8 @@ async def test_a_request_over_the_context_is_refused():
 
 async def test_echo_prompts_are_answered_with_their_text():
     async with Running(SimTiming()) as engine:
-        outs = await collect(engine, request("e", prompt="/echo card 4111 1111 1111 1111.",
-                                             max_tokens=100))
+        outs = await collect(
+            engine, request("e", prompt="/echo card 4111 1111 1111 1111.", max_tokens=100)
+        )
     assert "".join(o.text for o in outs) == "card 4111 1111 1111 1111."
     assert outs[-1].finish_reason == "stop" and len(outs) > 5

@@ -44,8 +44,9 @@ def test_config_weights_and_tokenizer_agree(tiny):
 def test_chat_template_renders_with_transformers(tiny):
     transformers = pytest.importorskip("transformers")
     tok = transformers.AutoTokenizer.from_pretrained(str(tiny))
-    text = tok.apply_chat_template([{"role": "user", "content": "hi"}],
-                                   add_generation_prompt=True, tokenize=False)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
     assert text == "<s><|user|>hi<|end|><|assistant|>"
 
 

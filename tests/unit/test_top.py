@@ -31,24 +31,39 @@ class FakeProcess:
         self.service, self.instance = service, instance
         self.status = {"service": service, "instance": instance, "ready": True, **status}
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("inferbus_requests_total", "", ["service", "model", "outcome"],
-                                registry=r)
-        self.tokens = Counter("inferbus_tokens_total", "", ["service", "model", "phase"],
-                              registry=r)
-        self.ttft = Histogram("inferbus_time_to_first_token_seconds", "", ["service", "model"],
-                              buckets=BUCKETS, registry=r)
-        self.oldest = Gauge("inferbus_queue_oldest_wait_seconds", "", ["model", "lane"],
-                            registry=r)
-        self.heartbeat = Gauge("inferbus_worker_heartbeat_age_seconds", "", ["worker"],
-                               registry=r)
+        self.requests = Counter(
+            "inferbus_requests_total", "", ["service", "model", "outcome"], registry=r
+        )
+        self.tokens = Counter(
+            "inferbus_tokens_total", "", ["service", "model", "phase"], registry=r
+        )
+        self.ttft = Histogram(
+            "inferbus_time_to_first_token_seconds",
+            "",
+            ["service", "model"],
+            buckets=BUCKETS,
+            registry=r,
+        )
+        self.oldest = Gauge("inferbus_queue_oldest_wait_seconds", "", ["model", "lane"], registry=r)
+        self.heartbeat = Gauge("inferbus_worker_heartbeat_age_seconds", "", ["worker"], registry=r)
 
     def read(self, reachable: bool = True) -> Instance:
         if not reachable:
-            return Instance(self.service, self.instance, dict(self.status),
-                            "http://127.0.0.1:1/metrics", None, "ClientConnectorError: refused")
-        return Instance(self.service, self.instance, dict(self.status),
-                        "http://127.0.0.1:1/metrics",
-                        parse_metrics(generate_latest(self.registry).decode()))
+            return Instance(
+                self.service,
+                self.instance,
+                dict(self.status),
+                "http://127.0.0.1:1/metrics",
+                None,
+                "ClientConnectorError: refused",
+            )
+        return Instance(
+            self.service,
+            self.instance,
+            dict(self.status),
+            "http://127.0.0.1:1/metrics",
+            parse_metrics(generate_latest(self.registry).decode()),
+        )
 
 
 def snap(at: float, *procs: FakeProcess) -> Snapshot:
@@ -56,13 +71,27 @@ def snap(at: float, *procs: FakeProcess) -> Snapshot:
 
 
 def platform():
-    worker = FakeProcess("worker", "w-proc", worker_id="w1", engine="sim", models=["m"],
-                         state="ready", running=2, waiting=0, kv_cache_usage=0.25, inflight=2)
+    worker = FakeProcess(
+        "worker",
+        "w-proc",
+        worker_id="w1",
+        engine="sim",
+        models=["m"],
+        state="ready",
+        running=2,
+        waiting=0,
+        kv_cache_usage=0.25,
+        inflight=2,
+    )
     scheduler = FakeProcess(
-        "scheduler", "s1", inflight=2, queued={"m": 3},
+        "scheduler",
+        "s1",
+        inflight=2,
+        queued={"m": 3},
         lanes={"m": {"short": 2, "long": 1}},
         workers={"w1": {"models": ["m"], "state": "ready", "assigned": 2, "max_num_seqs": 8}},
-        routing={"policy": "kv_aware", "prefix_hit_rate": 0.5})
+        routing={"policy": "kv_aware", "prefix_hit_rate": 0.5},
+    )
     gateway = FakeProcess("gateway", "g1", inflight=1, auth="open", models={"m": 1})
     sanitizer = FakeProcess("sanitizer", "z1", accepted=4, rejected=1, blocked=0)
     return worker, scheduler, gateway, sanitizer
@@ -79,14 +108,17 @@ def rendered(view) -> str:
 KNOWN = [(0.1, 10.0), (0.2, 20.0), (0.5, 30.0), (INF, 40.0)]
 
 
-@pytest.mark.parametrize("q, expected", [
-    (0.25, 0.1),    # rank 10: the whole first bucket, from 0 to 0.1
-    (0.125, 0.05),  # rank 5: half way through the first bucket
-    (0.5, 0.2),     # rank 20: the end of the second
-    (0.6, 0.32),    # rank 24: 4 of the third bucket's 10, 0.2 + 0.3 * 0.4
-    (0.9, 0.5),     # rank 36 lies in +Inf: the highest finite bound, as Prometheus
-    (1.0, 0.5),
-])
+@pytest.mark.parametrize(
+    "q, expected",
+    [
+        (0.25, 0.1),  # rank 10: the whole first bucket, from 0 to 0.1
+        (0.125, 0.05),  # rank 5: half way through the first bucket
+        (0.5, 0.2),  # rank 20: the end of the second
+        (0.6, 0.32),  # rank 24: 4 of the third bucket's 10, 0.2 + 0.3 * 0.4
+        (0.9, 0.5),  # rank 36 lies in +Inf: the highest finite bound, as Prometheus
+        (1.0, 0.5),
+    ],
+)
 def test_quantiles_interpolate_within_buckets_as_prometheus_does(q, expected):
     assert histogram_quantile(q, KNOWN) == pytest.approx(expected)
 
@@ -108,6 +140,7 @@ def test_quantiles_take_unordered_and_non_monotonic_buckets():
 
 
 # -- rates between two snapshots ----------------------------------------------------
+
 
 def test_rates_come_from_the_increase_between_two_snapshots():
     worker, scheduler, gateway, sanitizer = platform()
@@ -155,8 +188,9 @@ def test_a_histogram_that_went_down_restarted_from_zero():
     restarted = FakeProcess("gateway", "g1")
     restarted.ttft.labels("gateway", "m").observe(0.03)
     now = snap(1.0, restarted)
-    ((_, _, buckets),) = histogram_increases(Interval(before, now),
-                                             "inferbus_time_to_first_token_seconds")
+    ((_, _, buckets),) = histogram_increases(
+        Interval(before, now), "inferbus_time_to_first_token_seconds"
+    )
     assert buckets[INF] == 1.0 and buckets[0.01] == 0.0 and buckets[0.05] == 1.0
 
 
@@ -202,26 +236,49 @@ def test_no_time_passed_gives_no_rates_rather_than_a_division_by_zero():
 
 # -- the fleet, odd ones included ---------------------------------------------------
 
+
 def test_the_fleet_merges_the_schedulers_view_with_the_workers_own():
     worker, scheduler, gateway, sanitizer = platform()
-    scheduler.status["workers"]["w2"] = {"models": ["m"], "state": "draining", "assigned": 0,
-                                         "max_num_seqs": 4}
+    scheduler.status["workers"]["w2"] = {
+        "models": ["m"],
+        "state": "draining",
+        "assigned": 0,
+        "max_num_seqs": 4,
+    }
     scheduler.oldest.labels("m", "short").set(1.5)
     scheduler.heartbeat.labels("w1").set(0.2)
     view = build_view(None, snap(0.0, worker, scheduler, gateway, sanitizer))
     w1, w2 = view.workers
-    assert (w1.worker_id, w1.models, w1.state, w1.running, w1.assigned, w1.max_num_seqs,
-            w1.kv_cache_usage, w1.heartbeat_age_s) == ("w1", ["m"], "ready", 2, 2, 8, 0.25, 0.2)
+    assert (
+        w1.worker_id,
+        w1.models,
+        w1.state,
+        w1.running,
+        w1.assigned,
+        w1.max_num_seqs,
+        w1.kv_cache_usage,
+        w1.heartbeat_age_s,
+    ) == ("w1", ["m"], "ready", 2, 2, 8, 0.25, 0.2)
     assert w2.state == "draining" and w2.running is None and "no $SRV answer" in w2.note
     assert [(q.model, q.lane, q.depth, q.oldest_wait_s) for q in view.queues] == [
-        ("m", "long", 1, None), ("m", "short", 2, 1.5)]
+        ("m", "long", 1, None),
+        ("m", "short", 2, 1.5),
+    ]
     assert view.queued == 3 and view.scheduler_inflight == 2
     assert view.missing_services == []
     assert [s.service for s in view.services] == ["gateway", "sanitizer", "scheduler", "worker"]
     assert view.services[0].detail == "auth open, 1 model"
     text = rendered(view)
-    for word in ("Workers", "Queues", "Throughput & latency", "Services", "w1", "draining",
-                 "kv_aware", "auth open"):
+    for word in (
+        "Workers",
+        "Queues",
+        "Throughput & latency",
+        "Services",
+        "w1",
+        "draining",
+        "kv_aware",
+        "auth open",
+    ):
         assert word in text
 
 
@@ -253,8 +310,15 @@ def test_an_instance_whose_metrics_cannot_be_read_is_shown_unreachable():
 
 
 def test_statuses_of_unexpected_shapes_do_not_crash_the_view():
-    odd = FakeProcess("scheduler", "s-odd", workers=["not", "a", "mapping"], lanes="none",
-                      queued=None, inflight="many", routing=7)
+    odd = FakeProcess(
+        "scheduler",
+        "s-odd",
+        workers=["not", "a", "mapping"],
+        lanes="none",
+        queued=None,
+        inflight="many",
+        routing=7,
+    )
     odd_worker = FakeProcess("worker", "w-odd", models="m", running="two", kv_cache_usage=None)
     view = build_view(None, snap(0.0, odd, odd_worker))
     assert view.queues == [] and view.queued == 0
@@ -269,32 +333,53 @@ def test_traces_kept_and_dropped_when_exported():
     proc = Instance("gateway", "g1", {}, "u", parse_metrics(generate_latest(registry).decode()))
     assert build_view(None, Snapshot(0.0, (proc,))).traces is None
     traces.labels("gateway", "kept").inc(1)
-    before = Snapshot(0.0, (Instance("gateway", "g1", {}, "u",
-                                     parse_metrics(generate_latest(registry).decode())),))
+    before = Snapshot(
+        0.0,
+        (Instance("gateway", "g1", {}, "u", parse_metrics(generate_latest(registry).decode())),),
+    )
     traces.labels("gateway", "kept").inc(2)
     traces.labels("gateway", "dropped").inc(8)
-    now = Snapshot(2.0, (Instance("gateway", "g1", {}, "u",
-                                  parse_metrics(generate_latest(registry).decode())),))
+    now = Snapshot(
+        2.0,
+        (Instance("gateway", "g1", {}, "u", parse_metrics(generate_latest(registry).decode())),),
+    )
     t = build_view(before, now).traces
     assert t is not None and (t.kept_per_s, t.dropped_per_s) == (1.0, 4.0)
 
 
 # -- reading $SRV replies -----------------------------------------------------------
 
+
 def test_srv_stats_replies_name_the_instance_and_where_its_metrics_are():
     reply = {
-        "type": "io.nats.micro.v1.stats_response", "name": "inferbus-worker", "id": "NUID",
-        "version": "0.1.0", "started": "2024-01-01T00:00:00.000000Z",
+        "type": "io.nats.micro.v1.stats_response",
+        "name": "inferbus-worker",
+        "id": "NUID",
+        "version": "0.1.0",
+        "started": "2024-01-01T00:00:00.000000Z",
         "metadata": {"instance": "w-proc", "http_host": "10.0.0.5", "http_port": "9110"},
-        "endpoints": [{"name": "status", "subject": "ib.svc.worker.status",
-                       "queue_group": "q", "num_requests": 0, "num_errors": 0,
-                       "last_error": "", "processing_time": 0, "average_processing_time": 0,
-                       "data": {"service": "worker", "worker_id": "w1", "ready": True}}],
+        "endpoints": [
+            {
+                "name": "status",
+                "subject": "ib.svc.worker.status",
+                "queue_group": "q",
+                "num_requests": 0,
+                "num_errors": 0,
+                "last_error": "",
+                "processing_time": 0,
+                "average_processing_time": 0,
+                "data": {"service": "worker", "worker_id": "w1", "ready": True},
+            }
+        ],
     }
     inst = instance_from_stats(reply)
     assert inst is not None
     assert (inst.service, inst.instance, inst.metrics_url, inst.status["worker_id"]) == (
-        "worker", "w-proc", "http://10.0.0.5:9110/metrics", "w1")
+        "worker",
+        "w-proc",
+        "http://10.0.0.5:9110/metrics",
+        "w1",
+    )
     assert instance_from_stats({**reply, "name": "someone-else"}) is None
     bare = instance_from_stats({"name": "inferbus-gateway", "id": "X", "endpoints": []})
     assert bare is not None and bare.instance == "X" and bare.metrics_url == ""

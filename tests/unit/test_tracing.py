@@ -27,8 +27,9 @@ class Clock:
         return self.now
 
 
-def traced(policy: TracePolicy = POLICY, service: str = "svc",
-           clock: Clock | None = None) -> tuple[Tracing, InMemorySpanExporter]:
+def traced(
+    policy: TracePolicy = POLICY, service: str = "svc", clock: Clock | None = None
+) -> tuple[Tracing, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     t = Tracing.with_exporter(service, policy, exporter, export=SimpleSpanProcessor(exporter))
     if clock is not None:
@@ -49,8 +50,9 @@ def test_verdict_keeps_failed_slow_and_over_slo_and_drops_the_rest():
     assert verdict(failed=False, e2e_s=1.5, ttft_s=0.1, trace_id=5, policy=p) == (True, "slow")
     assert verdict(failed=False, e2e_s=0.3, ttft_s=0.1, trace_id=5, policy=p) == (False, "fast")
     everything = TracePolicy(keep_ratio=1.0)
-    assert verdict(failed=False, e2e_s=0.0, ttft_s=None, trace_id=2**128 - 1,
-                   policy=everything) == (True, "sampled")
+    assert verdict(
+        failed=False, e2e_s=0.0, ttft_s=None, trace_id=2**128 - 1, policy=everything
+    ) == (True, "sampled")
 
 
 def test_the_kept_share_is_drawn_from_the_trace_id():
@@ -59,12 +61,14 @@ def test_the_kept_share_is_drawn_from_the_trace_id():
     rng = random.Random(7)
     p = TracePolicy(slow_s=10.0, keep_ratio=0.1)
     ids = [rng.getrandbits(128) for _ in range(20_000)]
-    kept = [i for i in ids if verdict(failed=False, e2e_s=0.1, ttft_s=None, trace_id=i,
-                                      policy=p)[0]]
+    kept = [
+        i for i in ids if verdict(failed=False, e2e_s=0.1, ttft_s=None, trace_id=i, policy=p)[0]
+    ]
     assert 0.09 < len(kept) / len(ids) < 0.11
     # every process draws alike: the same ids again give the same answer
-    assert kept == [i for i in ids if verdict(failed=False, e2e_s=0.2, ttft_s=0.0,
-                                              trace_id=i, policy=p)[0]]
+    assert kept == [
+        i for i in ids if verdict(failed=False, e2e_s=0.2, ttft_s=0.0, trace_id=i, policy=p)[0]
+    ]
 
 
 async def test_spans_wait_for_the_decision_then_go_or_vanish():
@@ -77,8 +81,7 @@ async def test_spans_wait_for_the_decision_then_go_or_vanish():
         t.record("prefill", ctx, 2, 3, {REQUEST_ID: rid})
         assert len(exporter.get_finished_spans()) == before  # held: nobody decided yet
         root.end()
-        decision = t.end_request(ctx, request_id=rid, failed=False,
-                                       e2e_s=2.0 if keep else 0.01)
+        decision = t.end_request(ctx, request_id=rid, failed=False, e2e_s=2.0 if keep else 0.01)
         assert decision == ((True, "slow") if keep else (False, "fast"))
     assert names(exporter) == ["input sanitize", "prefill", "request slow"]
     assert t.sampler is not None and t.sampler.buffered_spans == 0
@@ -143,20 +146,31 @@ async def test_decisions_about_requests_held_elsewhere_are_only_briefly_kept():
     # a span of one of them ends here just after (recorded once a publish was
     # acknowledged, while the request ended elsewhere): it follows the decision
     t.sampler.decide((7, "late"), True)
-    t.record("schedule", t.parent({"traceparent": f"00-{7:032x}-{1:016x}-01"}), 1, 2,
-             {REQUEST_ID: "late"})
+    t.record(
+        "schedule",
+        t.parent({"traceparent": f"00-{7:032x}-{1:016x}-01"}),
+        1,
+        2,
+        {REQUEST_ID: "late"},
+    )
     assert names(exporter) == ["schedule"] and t.sampler.buffered_spans == 0
     clock.now = 6.0  # past the hearsay window: forgotten
     t.sampler.sweep()
-    t.record("orphan", t.parent({"traceparent": f"00-{8:032x}-{1:016x}-01"}), 1, 2,
-             {REQUEST_ID: "elsewhere"})
+    t.record(
+        "orphan",
+        t.parent({"traceparent": f"00-{8:032x}-{1:016x}-01"}),
+        1,
+        2,
+        {REQUEST_ID: "elsewhere"},
+    )
     assert t.sampler.buffered_spans == 1
 
 
 async def test_undecided_traces_are_exported_after_the_wait_and_memory_is_bounded():
     clock = Clock()
-    t, exporter = traced(TracePolicy(keep_ratio=0.0, decision_wait_s=30.0, buffer_spans=5),
-                         clock=clock)
+    t, exporter = traced(
+        TracePolicy(keep_ratio=0.0, decision_wait_s=30.0, buffer_spans=5), clock=clock
+    )
     t.record("orphan", None, 1, 2)  # its request's end was never heard of
     clock.now = 31.0
     t.record("later", None, 1, 2)  # any activity sweeps
@@ -177,28 +191,38 @@ async def test_shutdown_exports_what_is_still_undecided():
 
 def test_disabled_tracing_records_nothing_and_passes_no_context():
     t = Tracing.disabled("svc")
-    assert t.parent({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}) is None
+    assert (
+        t.parent({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}) is None
+    )
     assert t.record("x", None, 1, 2) is None
 
 
-@pytest.mark.parametrize("env,on", [
-    ({}, False),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, True),
-    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, True),
-    ({"OTEL_TRACES_EXPORTER": "console"}, True),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}, False),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_TRACES_EXPORTER": "none"}, False),
-])
+@pytest.mark.parametrize(
+    "env,on",
+    [
+        ({}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, True),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, True),
+        ({"OTEL_TRACES_EXPORTER": "console"}, True),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_TRACES_EXPORTER": "none"}, False),
+    ],
+)
 def test_tracing_is_switched_by_the_standard_variables(env, on):
     assert enabled_by_env(env) is on
 
 
-@pytest.mark.parametrize("header", [
-    "", "garbage", "00-00000000000000000000000000000000-b7ad6b7169203331-01",
-    "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
-    "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-    "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        "",
+        "garbage",
+        "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+        "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+        "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",
+    ],
+)
 def test_a_bad_traceparent_is_no_parent(header):
     t, _ = traced()
     assert t.parent({"traceparent": header}) is None
@@ -207,29 +231,32 @@ def test_a_bad_traceparent_is_no_parent(header):
 def test_only_a_valid_context_is_passed_on():
     good = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     assert valid_context({"traceparent": good, "tracestate": "a=1"}) == {
-        "traceparent": good, "tracestate": "a=1"}
-    assert valid_context({"traceparent": good, "tracestate": "a=\udcff"}) == {
-        "traceparent": good}
+        "traceparent": good,
+        "tracestate": "a=1",
+    }
+    assert valid_context({"traceparent": good, "tracestate": "a=\udcff"}) == {"traceparent": good}
     assert valid_context({"traceparent": good, "tracestate": "x" * 600}) == {"traceparent": good}
     assert valid_context({"traceparent": good + "-garbage"}) == {}
     # a later version's extra fields are not passed on as sent: rebuilt as version 00
     later = "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00-\udcff"
     assert valid_context({"traceparent": later}) == {
-        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"}
+        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+    }
     assert valid_context({"tracestate": "a=1"}) == {}
 
 
 def test_context_round_trips_through_headers_with_its_tracestate():
     t, _ = traced()
-    incoming = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-                "tracestate": "vendor=1"}
+    incoming = {
+        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "tracestate": "vendor=1",
+    }
     parent = t.parent(incoming)
     assert parent is not None and t.trace_id(parent) == 0x0AF7651916CD43DD8448EB211C80319C
     span = t.start("stage", parent)
     out = t.headers(span)
     assert out["traceparent"].startswith("00-0af7651916cd43dd8448eb211c80319c-")
     assert out["traceparent"] != incoming["traceparent"] and out["tracestate"] == "vendor=1"
-
 
 
 async def test_a_drop_waits_while_a_span_of_the_request_is_open_here():

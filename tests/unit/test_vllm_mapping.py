@@ -17,12 +17,21 @@ def _named(name: str, **fields):
 
 
 def test_kv_events_map_and_hash_bytes_become_uint64():
-    batch = SimpleNamespace(events=[
-        _named("BlockStored", block_hashes=[b"\xff" * 32, 7], parent_block_hash=None,
-               token_ids=[1, 2], block_size=16, lora_name=None, medium="CPU"),
-        _named("BlockRemoved", block_hashes=[7], medium="CPU"),
-        _named("AllBlocksCleared"),
-    ])
+    batch = SimpleNamespace(
+        events=[
+            _named(
+                "BlockStored",
+                block_hashes=[b"\xff" * 32, 7],
+                parent_block_hash=None,
+                token_ids=[1, 2],
+                block_size=16,
+                lora_name=None,
+                medium="CPU",
+            ),
+            _named("BlockRemoved", block_hashes=[7], medium="CPU"),
+            _named("AllBlocksCleared"),
+        ]
+    )
     stored, removed, cleared = kv_events_of(batch, "w1")
     assert isinstance(stored, KvBlocksStored) and stored.worker_id == "w1"
     assert stored.block_hashes == [2**64 - 1, 7] and stored.block_size == 16
@@ -31,8 +40,13 @@ def test_kv_events_map_and_hash_bytes_become_uint64():
 
 
 def test_stage_timings_from_vllm_request_stats():
-    stats = SimpleNamespace(queued_ts=10.0, scheduled_ts=10.5, first_token_ts=10.75,
-                            last_token_ts=12.0, first_token_latency=0.9)
+    stats = SimpleNamespace(
+        queued_ts=10.0,
+        scheduled_ts=10.5,
+        first_token_ts=10.75,
+        last_token_ts=12.0,
+        first_token_latency=0.9,
+    )
     t = timings_of(stats, received_wall=0.0)
     assert (t.queued_s, t.prefill_s, t.first_token_s, t.decode_s) == (0.5, 0.25, 0.9, 1.25)
     assert timings_of(None, 0.0) is None
@@ -50,11 +64,26 @@ def test_sampling_maps_onto_vllm_and_bad_values_are_request_errors():
     pytest.importorskip("vllm")
     from inferbus.services.worker.vllm_engine import sampling_params
 
-    sp = sampling_params(SamplingParams(max_tokens=7, temperature=0.7, top_k=5, stop=["x"],
-                                        stop_token_ids=[3], seed=1, repetition_penalty=1.1,
-                                        ignore_eos=True))
+    sp = sampling_params(
+        SamplingParams(
+            max_tokens=7,
+            temperature=0.7,
+            top_k=5,
+            stop=["x"],
+            stop_token_ids=[3],
+            seed=1,
+            repetition_penalty=1.1,
+            ignore_eos=True,
+        )
+    )
     assert (sp.max_tokens, sp.top_k, sp.stop, sp.stop_token_ids, sp.seed, sp.ignore_eos) == (
-        7, 5, ["x"], [3], 1, True)
+        7,
+        5,
+        ["x"],
+        [3],
+        1,
+        True,
+    )
     with pytest.raises(EngineError) as exc:
         sampling_params(SamplingParams(repetition_penalty=-1.0))
     assert exc.value.code == "invalid_request"

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from inferbus.contracts import (
-    StageTimings,
     RequestFinished,
     RequestStarted,
     RequestSubmitted,
     SamplingParams,
+    StageTimings,
     TokenChunk,
     Usage,
     WorkAssigned,
@@ -17,14 +17,24 @@ from inferbus.services.worker.engine import EngineOutput, EngineStats
 
 
 def assignment(attempt: int = 2) -> WorkAssigned:
-    req = RequestSubmitted(request_id="r1", model="m", reply_to="ib.reply.g.r1", prompt="hi",
-                           sampling=SamplingParams(max_tokens=4, seed=1))
+    req = RequestSubmitted(
+        request_id="r1",
+        model="m",
+        reply_to="ib.reply.g.r1",
+        prompt="hi",
+        sampling=SamplingParams(max_tokens=4, seed=1),
+    )
     return WorkAssigned(request=req, worker_id="w1", attempt=attempt)
 
 
 def out(text: str, n: int, finish: str | None = None, ids: list[int] | None = None):
-    return EngineOutput(text=text, token_ids=[n] if ids is None else ids, prompt_tokens=3,
-                        completion_tokens=n, finish_reason=finish)
+    return EngineOutput(
+        text=text,
+        token_ids=[n] if ids is None else ids,
+        prompt_tokens=3,
+        completion_tokens=n,
+        finish_reason=finish,
+    )
 
 
 def test_started_is_returned_once():
@@ -67,10 +77,15 @@ def test_finished_carries_usage_chunk_count_and_attempt():
     s.chunk(out("a", 1))
     s.chunk(out("b", 2))
     fin = s.finished(out("", 4, finish="length", ids=[]), 2.0)
-    assert fin == RequestFinished(request_id="r1", finish_reason="length",
-                                  usage=Usage(prompt_tokens=3, completion_tokens=4),
-                                  chunks=2, worker_id="w1", attempt=3,
-                                  timings=StageTimings(first_token_s=2.0))
+    assert fin == RequestFinished(
+        request_id="r1",
+        finish_reason="length",
+        usage=Usage(prompt_tokens=3, completion_tokens=4),
+        chunks=2,
+        worker_id="w1",
+        attempt=3,
+        timings=StageTimings(first_token_s=2.0),
+    )
     assert fin.usage.total_tokens == 7
 
 
@@ -88,10 +103,30 @@ def test_engine_request_from_assignment():
 
 
 def test_heartbeat_builder():
-    hb = heartbeat(worker_id="w1", engine_name="sim", models=["m"], max_num_seqs=8,
-                   state="draining", stats=EngineStats(running=2, waiting=1), inflight=["r1"],
-                   interval_s=0.5, now=42.0, reason="bye")
+    hb = heartbeat(
+        worker_id="w1",
+        engine_name="sim",
+        models=["m"],
+        max_num_seqs=8,
+        state="draining",
+        stats=EngineStats(running=2, waiting=1),
+        inflight=["r1"],
+        interval_s=0.5,
+        now=42.0,
+        reason="bye",
+    )
     assert (hb.worker_id, hb.engine, hb.models, hb.max_num_seqs, hb.state) == (
-        "w1", "sim", ["m"], 8, "draining")
+        "w1",
+        "sim",
+        ["m"],
+        8,
+        "draining",
+    )
     assert (hb.running, hb.waiting, hb.inflight, hb.interval_s, hb.sent_at, hb.reason) == (
-        2, 1, ["r1"], 0.5, 42.0, "bye")
+        2,
+        1,
+        ["r1"],
+        0.5,
+        42.0,
+        "bye",
+    )
