@@ -264,7 +264,7 @@ async def _stream_added(nats_url: str, n: int) -> dict[str, float]:
             for mask_pii in (True, False) if i % 2 else (False, True):  # alternate order
                 pair[mask_pii] = await _arrivals(client, prompt, mask_pii)
             on, off = pair[True], pair[False]
-            added += [a - b for a, b in zip(on, off, strict=True)]
+            added += [a - b for a, b in zip(on, off, strict=False)]
     finally:
         await client.close()
     return {

@@ -1,4 +1,5 @@
-"""Subject names and JetStream stream/consumer specs, declared once.
+"""Subject names and JetStream stream specs, declared once (each service declares the
+durable consumers it reads through, beside its handlers).
 
 Durable where loss matters (requests, assignments, outcomes, dead letters live in
 JetStream); core NATS where latency matters (token chunks, heartbeats, control).
@@ -32,12 +33,7 @@ __all__ = [
     "canary_subject",
     "CANARIES",
     "StreamSpec",
-    "ConsumerSpec",
     "STREAMS",
-    "CONSUMERS",
-    "SANITIZER_SUBMITTED",
-    "SCHEDULER_ACCEPTED",
-    "SCHEDULER_ENDED",
     "HEADER_REQUEST_ID",
     "HEADER_TRACEPARENT",
     "HEADER_MSG_ID",
@@ -125,22 +121,6 @@ class StreamSpec(msgspec.Struct, kw_only=True, frozen=True):
     """1 for settings: a subject holds only its latest value."""
 
 
-class ConsumerSpec(msgspec.Struct, kw_only=True, frozen=True):
-    """A durable push consumer delivered to ``deliver_subject`` in queue group ``durable``.
-
-    Push rather than pull: each hop of a request adds no fetch round trip, and
-    replicas of a service share the work through the queue group.
-    """
-
-    durable: str
-    stream: str
-    filter_subject: str
-    deliver_subject: str
-    ack_wait_s: float = 30.0
-    max_ack_pending: int = 20_000
-    max_deliver: int = 5
-
-
 STREAMS: tuple[StreamSpec, ...] = (
     StreamSpec(
         name="IB_REQUESTS",
@@ -174,27 +154,3 @@ STREAMS: tuple[StreamSpec, ...] = (
         description="events a service could not decode or handle, with the reason",
     ),
 )
-
-SANITIZER_SUBMITTED = ConsumerSpec(
-    durable="sanitizer",
-    stream="IB_REQUESTS",
-    filter_subject=SUBMIT,
-    deliver_subject="ib.deliver.sanitizer",
-)
-SCHEDULER_ACCEPTED = ConsumerSpec(
-    durable="scheduler-accepted",
-    stream="IB_REQUESTS",
-    filter_subject=ACCEPTED,
-    deliver_subject="ib.deliver.scheduler-accepted",
-    # queued requests are held unacked (kept alive by in-progress signals every third
-    # of this): a scheduler that dies hands them to the next one this soon
-    ack_wait_s=10.0,
-)
-SCHEDULER_ENDED = ConsumerSpec(
-    durable="scheduler-ended",
-    stream="IB_REQUESTS",
-    filter_subject=ENDED,
-    deliver_subject="ib.deliver.scheduler-ended",
-    max_deliver=-1,
-)
-CONSUMERS: tuple[ConsumerSpec, ...] = (SANITIZER_SUBMITTED, SCHEDULER_ACCEPTED, SCHEDULER_ENDED)

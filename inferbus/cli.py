@@ -10,9 +10,9 @@ from typing import Any
 
 import click
 
+from inferbus import servicetable
+from inferbus.contracts.control import DEFAULT_SUPERVISOR
 from inferbus.shared.config import DEFAULT_NATS_URL
-
-SERVICES = ("gateway", "sanitizer", "scheduler", "worker")
 
 
 @click.group()
@@ -86,6 +86,12 @@ def main() -> None:
     show_default=True,
     help="Tail sampling: the share of other requests' traces kept.",
 )
+@click.option(
+    "--supervisor",
+    default=DEFAULT_SUPERVISOR,
+    show_default=True,
+    help="Its name on the control subject ib.sup.<name>.control (inferbus ps / scale).",
+)
 def up(
     engine: str,
     model: str | None,
@@ -102,6 +108,7 @@ def up(
     api_keys_file: Path | None,
     trace_slow_s: float,
     trace_keep_ratio: float,
+    supervisor: str,
 ) -> None:
     """Start the whole platform on this machine."""
     from inferbus.up import Options, run
@@ -124,6 +131,7 @@ def up(
                 api_keys_file=api_keys_file,
                 trace_slow_s=trace_slow_s,
                 trace_keep_ratio=trace_keep_ratio,
+                supervisor=supervisor,
             )
         )
     )
@@ -200,13 +208,83 @@ def generate(
     add_help_option=False,
     context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
 )
-@click.argument("service", type=click.Choice(SERVICES))
+@click.argument("service", type=click.Choice(servicetable.names()))
 @click.pass_context
 def serve(ctx: click.Context, service: str) -> None:
     """Run one service in the foreground (flags as for python -m inferbus.services.NAME)."""
-    import importlib
+    from inferbus.shared import runtime
 
-    importlib.import_module(f"inferbus.services.{service}.__main__").main(ctx.args)
+    entry = servicetable.get(service)
+    runtime.main(entry.service_class(), entry.settings_class(), ctx.args)
+
+
+def _supervisor_call(nats_url: str, supervisor: str, command: Any) -> Any:
+    """Send a command to ``inferbus up``'s supervisor; its state back."""
+    from inferbus.contracts.control import SupervisorState, supervisor_subject
+    from inferbus.shared.bus import connect
+    from inferbus.shared.codec import decode, encode
+
+    async def call() -> SupervisorState:
+        nc = await connect(nats_url, "inferbus-ctl")
+        try:
+            reply = await nc.request(supervisor_subject(supervisor), encode(command), timeout=5)
+        finally:
+            await nc.close()
+        return decode(reply.data, SupervisorState)
+
+    try:
+        state = asyncio.run(call())
+    except Exception as exc:
+        raise click.ClickException(
+            f"no answer from supervisor {supervisor!r} at {nats_url} ({type(exc).__name__}); "
+            "is `inferbus up` running?"
+        ) from None
+    for p in state.processes:
+        click.echo(f"{p.name:<14} {p.state:<9} pid {p.pid:<8} restarts {p.restarts:<3} "
+                   f"http :{p.http_port}")  # fmt: skip
+    if state.error:
+        raise click.ClickException(state.error)
+    return state
+
+
+_supervisor_options = [
+    click.option("--nats-url", envvar="NATS_URL", default=DEFAULT_NATS_URL, show_default=True),
+    click.option("--supervisor", default=DEFAULT_SUPERVISOR, show_default=True),
+]
+
+
+def _with_supervisor_options(f: Any) -> Any:
+    for option in reversed(_supervisor_options):
+        f = option(f)
+    return f
+
+
+@main.command()
+@_with_supervisor_options
+def ps(nats_url: str, supervisor: str) -> None:
+    """The processes `inferbus up` supervises, with their state and restarts."""
+    from inferbus.contracts.control import SupervisorQuery
+
+    _supervisor_call(nats_url, supervisor, SupervisorQuery())
+
+
+@main.command()
+@click.argument("service")
+@click.argument("instances", type=click.IntRange(min=0))
+@click.option("--stop-first", multiple=True, help="Instance to stop first when scaling down.")
+@_with_supervisor_options
+def scale(
+    service: str, instances: int, stop_first: tuple[str, ...], nats_url: str, supervisor: str
+) -> None:
+    """Run INSTANCES processes of SERVICE (workers) under `inferbus up`; stopped ones drain
+    their in-flight requests first."""
+    from inferbus.contracts.control import ScaleService
+
+    _supervisor_call(
+        nats_url,
+        supervisor,
+        ScaleService(service=service, instances=instances, stop_first=list(stop_first)),
+    )
 
 
 @main.command()

@@ -26,6 +26,7 @@ from inferbus.contracts import (
     SUBMIT,
     CancelRequest,
     ChatMessage,
+    FailureCode,
     ReplyEvent,
     RequestCancelled,
     RequestFailed,
@@ -53,7 +54,9 @@ class RequestError(Exception):
     ) -> None:
         super().__init__(message)
         self.event = event
-        self.code = code or getattr(event, "code", "cancelled" if event else "timeout")
+        self.code: str = code or getattr(
+            event, "code", FailureCode.CANCELLED if event else FailureCode.TIMEOUT
+        )
 
     @property
     def retryable(self) -> bool:
@@ -109,7 +112,7 @@ class Stream:
             raise RequestError(
                 None,
                 f"request id {self.request_id} was already submitted",
-                code="duplicate_request",
+                code=FailureCode.DUPLICATE_REQUEST,
             )
 
     def __aiter__(self) -> Stream:

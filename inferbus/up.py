@@ -1,9 +1,11 @@
 """``inferbus up``: the whole platform on one machine, each service its own process.
 
 Starts an embedded nats-server with JetStream (or uses NATS_URL), provisions the
-streams, supervises every service (a crashed one is restarted with backoff), serves
-one self-test request through the HTTP gateway, and on Ctrl-C stops everything in
-order: gateway first (no new work), workers drain, then the rest and NATS.
+streams, supervises it and every service of the service table (a crashed one is
+restarted with a backoff that resets once it has run healthily), serves one
+self-test request through the HTTP gateway, answers ``inferbus scale`` / ``ps`` on
+its control subject, and on Ctrl-C stops everything in the table's stop order:
+gateway first (no new work), workers drain, then the rest and NATS.
 """
 
 from __future__ import annotations
@@ -12,26 +14,37 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
 
+from inferbus import servicetable
+from inferbus.contracts.control import (
+    DEFAULT_SUPERVISOR,
+    ScaleService,
+    SupervisorCommand,
+    SupervisorState,
+    supervisor_subject,
+)
 from inferbus.services.gateway.auth import ApiKey, digest, new_key
 from inferbus.shared.bus import connect
+from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.natsserver import NatsServer, free_port, port_open
 from inferbus.shared.streams import ensure_streams
-
-STOP_ORDER = ("gateway", "sanitizer", "worker", "scheduler")
-
+from inferbus.supervisor.core import ProcessSpec, RestartPolicy, SupervisorCore
+from inferbus.supervisor.processes import Command, Processes
 
 TINY_MODEL = "tiny-llama"
+NATS = "nats"
+"""The embedded server's process name; it stops last."""
 
 
 @dataclass
@@ -53,102 +66,200 @@ class Options:
     """With API keys on, up's own key for its readiness probe and self-test."""
     trace_slow_s: float = 1.0
     trace_keep_ratio: float = 0.001
-
-
-@dataclass
-class Supervised:
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-    restarts: int = 0
-    next_start: float = 0.0
-    log: IO[bytes] | None = None
-
-    def start(self) -> None:
-        self.log = self.log or open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            self.argv,
-            env=self.env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def terminate(self) -> None:
-        if self.running():
-            assert self.proc
-            self.proc.send_signal(signal.SIGTERM)
+    supervisor: str = DEFAULT_SUPERVISOR
+    """Its name on the control subject ``ib.sup.<name>.control``."""
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
 
 
 def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def _specs(o: Options, nats_url: str, model: str) -> list[Supervised]:
-    logs = o.state_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    # every service: the same tail-sampling settings (tracing itself is switched by the
-    # standard OTEL_* variables, which pass through)
-    env = {
-        **os.environ,
-        "NATS_URL": nats_url,
-        "PYTHONUNBUFFERED": "1",
-        "INFERBUS_TRACE_SLOW_S": str(o.trace_slow_s),
-        "INFERBUS_TRACE_KEEP_RATIO": str(o.trace_keep_ratio),
-    }
-    py = [sys.executable, "-m"]
-    out = [
-        Supervised(
-            "sanitizer",
-            py + ["inferbus.services.sanitizer", "--http-port", str(o.metrics_port_base + 1)],
-            env,
-            logs / "sanitizer.log",
-        ),
-        Supervised(
-            "scheduler",
-            py + ["inferbus.services.scheduler", "--http-port", str(o.metrics_port_base + 2)],
-            env,
-            logs / "scheduler.log",
-        ),
-    ]
-    engine_args = ["--engine", o.engine, "--model", model, "--state-dir", str(o.state_dir)]
-    if o.engine == "vllm" and o.model is None:
-        # the tiny model: eager mode starts in seconds on a CPU, and 2k tokens is its context
-        engine_args += ["--enforce-eager", "true", "--max-model-len", "2048"]
-    for i in range(o.workers):
-        out.append(
-            Supervised(
-                f"worker-{i}",
-                py
-                + [
-                    "inferbus.services.worker",
-                    *engine_args,
-                    "--instance-id",
-                    f"worker-{i}",
-                    "--http-port",
-                    str(o.metrics_port_base + 10 + i),
-                    *o.worker_args,
-                ],
-                env,
-                logs / f"worker-{i}.log",
-            )
-        )
-    gateway = py + ["inferbus.services.gateway", "--http-host", o.host, "--http-port", str(o.port)]
-    gateway_env = env
-    if o.api_keys_file is not None:
-        gateway += ["--api-keys-file", str(o.api_keys_file)]
+class Platform:
+    """How each process of the platform is run (the adapter's half of supervising)."""
+
+    def __init__(
+        self, o: Options, nats_url: str, model_path: str, served: str, nats: NatsServer | None
+    ) -> None:
+        self.o = o
+        self.nats_url = nats_url
+        self.model_path = model_path
+        """What the workers load."""
+        self.model = served
+        """The name clients ask for."""
+        self.nats = nats
+        self.logs = o.state_dir / "logs"
+        # every service: the same tail-sampling settings (tracing itself is switched by
+        # the standard OTEL_* variables, which pass through)
+        self.env = {
+            **os.environ,
+            "NATS_URL": nats_url,
+            "PYTHONUNBUFFERED": "1",
+            "INFERBUS_TRACE_SLOW_S": str(o.trace_slow_s),
+            "INFERBUS_TRACE_KEEP_RATIO": str(o.trace_keep_ratio),
+        }
+
+    def spec(self, entry: servicetable.ServiceEntry, index: int) -> ProcessSpec:
+        return ProcessSpec(
+            name=entry.instance_name(index), service=entry.name, index=index,
+            stop_order=entry.stop_order,
+        )  # fmt: skip
+
+    def nats_spec(self) -> ProcessSpec:
+        last = max(e.stop_order for e in servicetable.SERVICES) + 1
+        return ProcessSpec(name=NATS, service=NATS, index=0, stop_order=last)
+
+    def command(self, spec: ProcessSpec) -> Command:
+        if spec.service == NATS:
+            assert self.nats is not None
+            return Command(self.nats.command(), dict(os.environ), self.o.state_dir / "nats.log")
+        entry = servicetable.get(spec.service)
+        port = entry.metrics_port(self.o.metrics_port_base, spec.index) or self.o.port
+        argv = [sys.executable, "-m", f"inferbus.services.{entry.name}", "--http-port", str(port)]
+        env = self.env
+        if entry.scalable:
+            argv += ["--instance-id", spec.name]
+        if entry.name == "worker":
+            argv += self._engine_args()
+        if entry.name == "gateway":
+            argv += ["--http-host", self.o.host]
+            env = self._gateway_env(argv)
+        return Command(argv, env, self.logs / f"{spec.name}.log", http_port=port)
+
+    def _engine_args(self) -> list[str]:
+        o = self.o
+        args = ["--engine", o.engine, "--model", self.model_path, "--state-dir", str(o.state_dir)]
+        if o.engine == "vllm" and o.model is None:
+            # the tiny model: eager mode starts in seconds on a CPU, and 2k tokens is its context
+            args += ["--enforce-eager", "true", "--max-model-len", "2048"]
+        return args + o.worker_args
+
+    def _gateway_env(self, argv: list[str]) -> dict[str, str]:
+        if self.o.api_keys_file is None:
+            return self.env
+        argv += ["--api-keys-file", str(self.o.api_keys_file)]
         # up's own key: small and slow, only enough for its probe and self-test
         probe = ApiKey(
-            name="inferbus-up", sha256=digest(o.probe_key), max_tokens=16, requests_per_s=5
+            name="inferbus-up", sha256=digest(self.o.probe_key), max_tokens=16, requests_per_s=5
         )
-        gateway_env = {**env, "INFERBUS_API_KEYS": msgspec.json.encode([probe]).decode()}
-    out.append(Supervised("gateway", gateway, gateway_env, logs / "gateway.log"))
-    return out
+        return {**self.env, "INFERBUS_API_KEYS": msgspec.json.encode([probe]).decode()}
+
+
+class Up:
+    """The running platform: the core's decisions carried out, commands answered."""
+
+    def __init__(self, o: Options, platform: Platform) -> None:
+        self.o = o
+        self.platform = platform
+        self.core = SupervisorCore(o.restart)
+        self.procs = Processes(self.core, platform.command, _say)
+        self.stopping = asyncio.Event()
+        self._control: Client | None = None
+
+    async def start_nats(self) -> None:
+        nats = self.platform.nats
+        assert nats is not None
+        await self.procs.apply(self.core.add(self.platform.nats_spec(), time.monotonic()))
+        deadline = time.monotonic() + 10
+        while not port_open(nats.host, nats.port):
+            if self.procs.exits:
+                raise RuntimeError(f"nats-server exited:\n{self.procs.log_tail(NATS)}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nats-server did not listen on {nats.url}")
+            await asyncio.sleep(0.05)
+
+    async def start_services(self) -> None:
+        for entry in servicetable.by_start_order():
+            if not entry.in_up:
+                continue
+            count = self.o.workers if entry.name == "worker" else entry.instances
+            for i in range(count):
+                spec = self.platform.spec(entry, i)
+                await self.procs.apply(self.core.add(spec, time.monotonic()))
+
+    async def listen(self) -> None:
+        """Answer scale and status commands on the control subject."""
+        self._control = await connect(self.platform.nats_url, f"inferbus-up:{self.o.supervisor}")
+        await self._control.subscribe(supervisor_subject(self.o.supervisor), cb=self._on_command)
+
+    async def _on_command(self, msg: Msg) -> None:
+        error = ""
+        try:
+            cmd: SupervisorCommand = decode(msg.data, SupervisorCommand)  # type: ignore[arg-type]
+        except DecodeError as exc:
+            cmd, error = None, f"undecodable command: {exc}"  # type: ignore[assignment]
+        if isinstance(cmd, ScaleService):
+            error = await self.scale(cmd)
+        state = SupervisorState(
+            supervisor=self.o.supervisor, processes=self.procs.states(), error=error
+        )
+        if msg.reply:
+            await msg.respond(encode(state))
+
+    async def scale(self, cmd: ScaleService) -> str:
+        """Start or stop instances of a scalable service; why not, when refused."""
+        try:
+            entry = servicetable.get(cmd.service)
+        except KeyError as exc:
+            return str(exc.args[0])
+        if not entry.scalable:
+            return f"{entry.name} is not scalable"
+        if not 0 <= cmd.instances <= servicetable.MAX_INSTANCES:
+            return f"instances must be within 0..{servicetable.MAX_INSTANCES}"
+        if self.stopping.is_set():
+            return "shutting down"
+        running = {p.spec.index for p in self.core.of(entry.name)}
+        taken = {p.spec.index for p in self.core.processes.values() if p.spec.service == entry.name}
+        make: list[ProcessSpec] = []
+        free = (i for i in range(servicetable.MAX_INSTANCES) if i not in taken)
+        for _ in range(cmd.instances - len(running)):
+            make.append(self.platform.spec(entry, next(free)))
+        effects = self.core.scale(
+            entry.name, make, cmd.instances, list(cmd.stop_first), time.monotonic()
+        )
+        if effects:
+            _say(f"scaling {entry.name} from {len(running)} to {cmd.instances}")
+        await self.procs.apply(effects)
+        return ""
+
+    async def wait_ready(self, base: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.procs.exits:  # while starting, a crash is a fault to show, not retry
+                name, code = self.procs.exits[0]
+                raise RuntimeError(f"{name} exited with {code}:\n{self.procs.log_tail(name)}")
+            try:
+                models = await asyncio.to_thread(
+                    _http_json, f"{base}/v1/models", key=self.o.probe_key
+                )
+                if any(m["id"] == self.platform.model for m in models["data"]):
+                    return
+            except (urllib.error.URLError, ConnectionError, OSError, ValueError):
+                pass
+            await asyncio.sleep(0.2)
+        raise TimeoutError(f"the platform was not ready within {timeout:g}s; see the logs")
+
+    async def supervise(self) -> None:
+        while not self.stopping.is_set():
+            await self.procs.tick()
+            try:
+                await asyncio.wait_for(self.stopping.wait(), 0.2)
+            except TimeoutError:
+                pass
+
+    async def stop(self) -> None:
+        _say("stopping")
+        if self._control is not None:
+            try:
+                await asyncio.wait_for(self._control.close(), 2)
+            except Exception:  # NATS may be gone already
+                pass
+        await self.procs.apply(self.core.begin_shutdown(time.monotonic()))
+        while not self.core.done:
+            await self.procs.tick()
+            await asyncio.sleep(0.1)
+        await self.procs.wait_all()
+        _say("stopped")
 
 
 def _http_json(
@@ -161,25 +272,6 @@ def _http_json(
     req = urllib.request.Request(url, data=data, headers=headers)
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read())
-
-
-def _wait_ready(
-    base: str, model: str, procs: list[Supervised], timeout: float, key: str = ""
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for p in procs:
-            if p.proc is not None and p.proc.poll() is not None:
-                tail = p.log_path.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"{p.name} exited with {p.proc.returncode}:\n{tail}")
-        try:
-            models = _http_json(f"{base}/v1/models", key=key)
-            if any(m["id"] == model for m in models["data"]):
-                return
-        except (urllib.error.URLError, ConnectionError, OSError, ValueError):
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"the platform was not ready within {timeout:g}s; see the logs")
 
 
 async def _provision(nats_url: str) -> None:
@@ -201,7 +293,7 @@ def _selftest(base: str, model: str, key: str = "") -> str:
         timeout=120,
         key=key,
     )
-    return reply["choices"][0]["message"]["content"]
+    return str(reply["choices"][0]["message"]["content"])
 
 
 def _model(o: Options) -> tuple[str, str]:
@@ -219,10 +311,29 @@ def _model(o: Options) -> tuple[str, str]:
     return str(path), TINY_MODEL
 
 
-def run(o: Options) -> int:
-    o.state_dir.mkdir(parents=True, exist_ok=True)
-    o.port = o.port or free_port(o.host)
-    o.nats_port = o.nats_port or free_port()
+def _banner(o: Options, base: str, up: Up) -> None:
+    nats = up.platform.nats
+    _say(f"inferbus is up ({o.engine} engine, model {up.platform.model!r})")
+    _say(f"  gateway   {base}/v1   (OpenAI API; metrics at {base}/metrics)")
+    _say(
+        f"  nats      {up.platform.nats_url}   (JetStream; store {o.state_dir / 'nats'})"
+        if nats
+        else f"  nats      {up.platform.nats_url}"
+    )
+    ports = "  ".join(
+        f"{s.name} :{s.http_port}" for s in up.procs.states() if s.service not in (NATS, "gateway")
+    )
+    _say(f"  metrics   {ports}")
+    _say(f"  logs      {o.state_dir / 'logs'}")
+    _say(f"  control   {supervisor_subject(o.supervisor)}   (inferbus ps, inferbus scale)")
+    _say(
+        f"  auth      API keys from {o.api_keys_file}"
+        if o.api_keys_file
+        else "  auth      open: no API keys (pass --api-keys-file to require them)"
+    )
+
+
+async def _run(o: Options) -> int:
     model, served = _model(o)
     if o.api_keys_file is not None:
         o.api_keys_file = o.api_keys_file.resolve()
@@ -235,79 +346,39 @@ def run(o: Options) -> int:
                 f"port {o.nats_port} is in use: pass --nats-port, or --nats-url "
                 "to use a running NATS server"
             )
-        nats = NatsServer(
-            o.state_dir / "nats", port=o.nats_port, log_file=o.state_dir / "nats.log"
-        ).start()
+        nats = NatsServer(o.state_dir / "nats", port=o.nats_port)
         nats_url = nats.url
-    asyncio.run(_provision(nats_url))
-
-    procs = _specs(o, nats_url, model)
-    model = served
-    stopping = False
-
-    def on_signal(*_: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    up = Up(o, Platform(o, nats_url, model, served, nats))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, up.stopping.set)
     base = f"http://{o.host}:{o.port}"
     code = 0
     try:
-        for p in procs:
-            p.start()
-        _wait_ready(base, model, procs, timeout=600, key=o.probe_key)
-        _say(f"inferbus is up ({o.engine} engine, model {model!r})")
-        _say(f"  gateway   {base}/v1   (OpenAI API; metrics at {base}/metrics)")
-        _say(
-            f"  nats      {nats_url}   (JetStream; store {o.state_dir / 'nats'})"
-            if nats
-            else f"  nats      {nats_url}"
-        )
-        _say(
-            f"  metrics   sanitizer :{o.metrics_port_base + 1}  scheduler "
-            f":{o.metrics_port_base + 2}  workers :{o.metrics_port_base + 10}.."
-        )
-        _say(f"  logs      {o.state_dir / 'logs'}")
-        _say(
-            f"  auth      API keys from {o.api_keys_file}"
-            if o.api_keys_file
-            else "  auth      open: no API keys (pass --api-keys-file to require them)"
-        )
+        if nats is not None:
+            await up.start_nats()
+        await _provision(nats_url)
+        await up.listen()
+        await up.start_services()
+        await up.wait_ready(base, timeout=600)
+        _banner(o, base, up)
         if o.selftest or o.check:
-            _say(f"  self-test {_selftest(base, model, o.probe_key)!r}")
+            text = await asyncio.to_thread(_selftest, base, served, o.probe_key)
+            _say(f"  self-test {text!r}")
         if o.check:
             return 0
-        _say("try:  inferbus generate --model " + model + ' "Hello"   (Ctrl-C stops everything)')
-        while not stopping:
-            now = time.monotonic()
-            for p in procs:
-                if p.running():
-                    continue
-                if p.proc is not None:  # it just exited: restart after a growing pause
-                    p.restarts += 1
-                    delay = min(30.0, 0.5 * 2 ** min(p.restarts, 6))
-                    _say(f"{p.name} exited with {p.proc.returncode}; restarting in {delay:g}s")
-                    p.proc, p.next_start = None, now + delay
-                elif now >= p.next_start:
-                    p.start()
-            time.sleep(0.2)
-    except (RuntimeError, TimeoutError) as exc:
+        _say(f'try:  inferbus generate --model {served} "Hello"   (Ctrl-C stops everything)')
+        await up.supervise()
+    except (RuntimeError, TimeoutError, OSError, urllib.error.URLError) as exc:
         _say(f"inferbus up failed: {exc}")
         code = 1
     finally:
-        _say("stopping")
-        for name in STOP_ORDER:
-            group = [p for p in procs if p.name.startswith(name)]
-            for p in group:
-                p.terminate()
-            for p in group:
-                if p.proc is not None:
-                    try:
-                        p.proc.wait(timeout=35)
-                    except subprocess.TimeoutExpired:
-                        p.proc.kill()
-        if nats:
-            nats.stop()
-        _say("stopped")
+        await up.stop()
     return code
+
+
+def run(o: Options) -> int:
+    o.state_dir.mkdir(parents=True, exist_ok=True)
+    o.port = o.port or free_port(o.host)
+    o.nats_port = o.nats_port or free_port()
+    return asyncio.run(_run(o))

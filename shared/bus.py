@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+import typing
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import nats
 from nats.aio.client import Client
@@ -16,13 +18,13 @@ from nats.js.api import PubAck
 from inferbus.contracts import (
     HEADER_MSG_ID,
     HEADER_REQUEST_ID,
-    ConsumerSpec,
     DeadLetter,
     Event,
     dead_letter_subject,
 )
 from inferbus.shared import logs, metrics
-from inferbus.shared.codec import encode
+from inferbus.shared.codec import DecodeError, decode, encode
+from inferbus.shared.streams import ConsumerSpec
 
 log = logs.get("inferbus.bus")
 
@@ -111,12 +113,31 @@ class DeadLetterer:
         log.warning("dead letter", subject=msg.subject, reason=reason)
         await self._js.publish(self._subject, encode(letter))
 
+    async def decode(self, msg: Msg, cls: Any, *, ack: bool = False) -> Any | None:
+        """``msg`` decoded as ``cls`` (an event type or a union of them), or None once it
+        went to the dead letters with the reason; ``ack`` settles a JetStream message so
+        it is not redelivered. The service goes on with the next message either way."""
+        try:
+            return decode(msg.data, cls)
+        except DecodeError as exc:
+            await self.send(msg, f"undecodable {_event_name(cls)}: {exc}")
+            if ack:
+                await msg.ack()
+            return None
+
+
+def _event_name(cls: Any) -> str:
+    """``RequestAccepted``, or ``RequestFinished | RequestFailed`` for a union."""
+    members = typing.get_args(cls) or (cls,)
+    return " | ".join(getattr(m, "__name__", str(m)) for m in members)
+
 
 Handler = Callable[[Msg], Awaitable[None]]
 
 
 async def consume(nc: Client, spec: ConsumerSpec, handler: Handler) -> Subscription:
-    """Join the queue group of a durable push consumer provisioned by ``ensure_streams``.
+    """Join the queue group of a durable push consumer (provisioned from the service's
+    ``consumers()`` by the runtime).
 
     The handler acks (or not) itself; an exception in it is logged and the message is
     left for redelivery after ``ack_wait``, so a bug never silently drops a request.

@@ -27,3 +27,12 @@ def decode(data: bytes, target: Any) -> Any:
 
 def to_builtins(event: Event) -> Any:
     return msgspec.to_builtins(event)
+
+
+def decode_or_none(data: bytes, cls: Any) -> Any | None:
+    """For events another service answers for (it dead-letters them): None when ``data``
+    is not a ``cls``."""
+    try:
+        return decode(data, cls)
+    except DecodeError:
+        return None

@@ -1,8 +1,15 @@
 """Service configuration in one place: a msgspec Struct per service, read from flags and env.
 
-Every field ``foo_bar`` of a settings Struct is set by ``--foo-bar`` or by the
+Every setting ``foo_bar`` of a settings Struct is set by ``--foo-bar`` or by the
 environment variable ``INFERBUS_FOO_BAR`` (flags win). ``nats_url`` also honours the
 conventional ``NATS_URL``.
+
+A field whose type is itself a Struct is a *group*: the core's own policy or an
+engine's options, written once where they are used and nested in the settings. Its
+fields are settings of the service like any other (flattened, so the scheduler's
+``--routing`` sets ``policy.routing``), optionally under a prefix declared with
+``Annotated[Options, group("sim_")]``. A flag that two groups would both claim is an
+error at start-up, not a silent copy.
 """
 
 from __future__ import annotations
@@ -11,8 +18,9 @@ import argparse
 import os
 import socket
 import typing
-from collections.abc import Sequence
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
@@ -50,51 +58,134 @@ class ServiceSettings(msgspec.Struct, kw_only=True):
 
 S = TypeVar("S", bound=ServiceSettings)
 
-
-def _env_name(field: str) -> str:
-    return ENV_PREFIX + field.upper()
+_GROUP_PREFIX = "inferbus_flag_prefix"
 
 
-def _flag_name(field: str) -> str:
-    return "--" + field.replace("_", "-")
+def group(prefix: str = "") -> msgspec.Meta:
+    """Mark a nested Struct field's settings as flags under ``prefix`` (``"sim_"`` makes
+    ``decode_s_per_step`` the flag ``--sim-decode-s-per-step``)."""
+    return msgspec.Meta(extra={_GROUP_PREFIX: prefix})
 
 
-def _raw_from_env(cls: type[ServiceSettings], environ: typing.Mapping[str, str]) -> dict[str, Any]:
-    raw: dict[str, Any] = {}
-    for field in msgspec.structs.fields(cls):
-        if field.name == "nats_url" and "NATS_URL" in environ:
-            raw[field.name] = environ["NATS_URL"]
-        if _env_name(field.name) in environ:
-            raw[field.name] = environ[_env_name(field.name)]
-    return raw
+@dataclass(frozen=True)
+class Setting:
+    """One flag: its flat name (``sim_decode_s_per_step``), where it lives in the nested
+    settings (``("sim", "decode_s_per_step")``), its type and default."""
+
+    name: str
+    path: tuple[str, ...]
+    type: Any
+    default: Any
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+def _group_of(hint: Any) -> tuple[type[msgspec.Struct], str] | None:
+    """(Struct, prefix) when ``hint`` is a nested group, else None."""
+    prefix = ""
+    if typing.get_origin(hint) is Annotated:
+        base, *meta = typing.get_args(hint)
+        for m in meta:
+            if isinstance(m, msgspec.Meta) and m.extra and _GROUP_PREFIX in m.extra:
+                prefix = m.extra[_GROUP_PREFIX]
+        hint = base
+    if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
+        return hint, prefix
+    return None
+
+
+def settings_of(cls: type[msgspec.Struct]) -> list[Setting]:
+    """Every setting of ``cls``, groups flattened; two settings with one flag are refused."""
+    out: list[Setting] = []
+
+    def walk(struct: type[msgspec.Struct], prefix: str, path: tuple[str, ...]) -> None:
+        hints = typing.get_type_hints(struct, include_extras=True)
+        for f in msgspec.structs.fields(struct):
+            nested = _group_of(hints[f.name])
+            if nested is not None:
+                walk(nested[0], prefix + nested[1], (*path, f.name))
+                continue
+            default = f.default
+            if default is msgspec.NODEFAULT and f.default_factory is not msgspec.NODEFAULT:
+                default = f.default_factory()
+            out.append(Setting(prefix + f.name, (*path, f.name), hints[f.name], default))
+
+    walk(cls, "", ())
+    seen: dict[str, Setting] = {}
+    for s in out:
+        if s.name in seen:
+            raise TypeError(
+                f"{cls.__name__}: the setting {s.name!r} is declared twice "
+                f"({'.'.join(seen[s.name].path)} and {'.'.join(s.path)}); rename one"
+            )
+        seen[s.name] = s
+    return out
+
+
+def _parse_pairs(name: str, text: str) -> dict[str, str]:
+    """``a=/x,b=/y`` (or a JSON object) for a ``dict[str, str]`` setting."""
+    if text.lstrip().startswith("{"):
+        return msgspec.json.decode(text, type=dict[str, str])
+    out: dict[str, str] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise SystemExit(f"--{name.replace('_', '-')} wants name=value pairs, got {item!r}")
+        out[key] = value
+    return out
+
+
+def _place(raw: dict[str, Any], setting: Setting, value: Any) -> None:
+    if isinstance(value, str) and typing.get_origin(setting.type) is dict:
+        value = _parse_pairs(setting.name, value)
+    node = raw
+    for key in setting.path[:-1]:
+        node = node.setdefault(key, {})
+    node[setting.path[-1]] = value
 
 
 def parser_for(cls: type[ServiceSettings], prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=(cls.__doc__ or "").strip())
-    for field in msgspec.structs.fields(cls):
-        default = field.default if field.default is not msgspec.NODEFAULT else None
-        parser.add_argument(
-            _flag_name(field.name),
-            dest=field.name,
-            default=argparse.SUPPRESS,
-            help=f"env {_env_name(field.name)} (default: {default!r})",
-        )
+    for s in settings_of(cls):
+        default = s.default if s.default is not msgspec.NODEFAULT else None
+        help = f"env {s.env} (default: {default!r})"
+        parser.add_argument(s.flag, dest=s.name, default=argparse.SUPPRESS, help=help)
     return parser
 
 
 def load_settings(
     cls: type[S],
     argv: Sequence[str] | None = None,
-    environ: typing.Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
     **overrides: Any,
 ) -> S:
-    """Build ``cls`` from env, then flags, then keyword overrides; clear error on bad values."""
-    raw = _raw_from_env(cls, os.environ if environ is None else environ)
+    """Build ``cls`` from env, then flags, then keyword overrides (by flat setting name);
+    a clear error on bad values."""
+    environ = os.environ if environ is None else environ
+    settings = {s.name: s for s in settings_of(cls)}
+    flat: dict[str, Any] = {}
+    for s in settings.values():
+        if s.name == "nats_url" and "NATS_URL" in environ:
+            flat[s.name] = environ["NATS_URL"]
+        if s.env in environ:
+            flat[s.name] = environ[s.env]
     if argv is not None:
-        raw.update(vars(parser_for(cls).parse_args(list(argv))))
-    raw.update(overrides)
+        flat.update(vars(parser_for(cls).parse_args(list(argv))))
+    for name in overrides:
+        if name not in settings:
+            raise TypeError(f"{cls.__name__} has no setting {name!r}")
+    flat.update(overrides)
+    raw: dict[str, Any] = {}
+    for name, value in flat.items():
+        _place(raw, settings[name], value)
     try:
         # strict=False lets "0.5" from env or flags become a float, "true" a bool, and so on.
         return msgspec.convert(raw, cls, strict=False)
-    except msgspec.ValidationError as exc:
+    except (msgspec.ValidationError, ValueError) as exc:
         raise SystemExit(f"invalid {cls.__name__}: {exc}") from None

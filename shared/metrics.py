@@ -69,7 +69,7 @@ class BatchedHistogram(Collector):
         with self._lock:
             for labels, series in self._series.items():
                 cumulative, buckets = 0.0, []
-                for bound, n in zip(self.bounds, series, strict=True):
+                for bound, n in zip(self.bounds, series, strict=False):
                     cumulative += n
                     buckets.append((floatToGoString(bound), cumulative))
                 family.add_metric(list(labels), buckets, series[-1])

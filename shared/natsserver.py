@@ -58,20 +58,17 @@ class NatsServer:
     def url(self) -> str:
         return f"nats://{self.host}:{self.port}"
 
-    def start(self, timeout: float = 10.0) -> NatsServer:
+    def command(self) -> list[str]:
+        """The server's command line (JetStream on, this store, this port)."""
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [
-            find_binary(),
-            "-js",
-            "-sd",
-            str(self.store_dir),
-            "-a",
-            self.host,
-            "-p",
-            str(self.port),
-        ]
+        cmd = [find_binary(), "-js", "-sd", str(self.store_dir), "-a", self.host]
+        cmd += ["-p", str(self.port)]
         if self.monitor_port:
             cmd += ["-m", str(self.monitor_port)]
+        return cmd
+
+    def start(self, timeout: float = 10.0) -> NatsServer:
+        cmd = self.command()
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         self._proc = subprocess.Popen(cmd, stdout=out, stderr=out)
         deadline = time.monotonic() + timeout

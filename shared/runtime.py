@@ -29,7 +29,7 @@ from inferbus.contracts import status_subject
 from inferbus.shared import logs, tracing
 from inferbus.shared.bus import DeadLetterer, connect
 from inferbus.shared.config import ServiceSettings, load_settings
-from inferbus.shared.streams import ensure_streams
+from inferbus.shared.streams import ConsumerSpec, ensure_consumers, ensure_streams
 
 S = TypeVar("S", bound=ServiceSettings)
 
@@ -52,6 +52,10 @@ class Service(abc.ABC, Generic[S]):
 
     def routes(self) -> Sequence[web.RouteDef]:
         """Extra HTTP routes on the service's port (the gateway serves its API here)."""
+        return ()
+
+    def consumers(self) -> Sequence[ConsumerSpec]:
+        """The durable JetStream consumers it reads through, provisioned before ``start``."""
         return ()
 
     @abc.abstractmethod
@@ -115,6 +119,7 @@ class Runtime:
         nc = self._nc = await connect(s.nats_url, name=f"{self.service.name}:{s.instance_id}")
         js = nc.jetstream()
         await ensure_streams(js)
+        await ensure_consumers(js, self.service.consumers())
 
         app = web.Application(client_max_size=8 * 1024 * 1024)
         app.add_routes(

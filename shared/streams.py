@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import msgspec
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -12,7 +15,24 @@ from nats.js.api import (
 )
 from nats.js.errors import NotFoundError
 
-from inferbus.contracts import CONSUMERS, STREAMS, ConsumerSpec, StreamSpec
+from inferbus.contracts import STREAMS, StreamSpec
+
+
+class ConsumerSpec(msgspec.Struct, kw_only=True, frozen=True):
+    """A durable push consumer delivered to ``deliver_subject`` in queue group ``durable``,
+    declared by the service that reads it (``Service.consumers()``).
+
+    Push rather than pull: each hop of a request adds no fetch round trip, and
+    replicas of a service share the work through the queue group.
+    """
+
+    durable: str
+    stream: str
+    filter_subject: str
+    deliver_subject: str
+    ack_wait_s: float = 30.0
+    max_ack_pending: int = 20_000
+    max_deliver: int = 5
 
 
 def stream_config(spec: StreamSpec) -> StreamConfig:
@@ -42,7 +62,7 @@ def consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
 
 
 async def ensure_streams(js: JetStreamContext) -> None:
-    """Create or update every stream and durable consumer. Safe to run from every service."""
+    """Create or update every stream. Safe to run from every service and client."""
     for spec in STREAMS:
         config = stream_config(spec)
         try:
@@ -54,5 +74,10 @@ async def ensure_streams(js: JetStreamContext) -> None:
             except Exception:  # another service created it between the two calls
                 pass
         await js.update_stream(config)
-    for consumer in CONSUMERS:
+
+
+async def ensure_consumers(js: JetStreamContext, consumers: Sequence[ConsumerSpec]) -> None:
+    """Create or update a service's durable consumers (a new one starts from the start
+    of its stream, so nothing submitted before the service first ran is lost)."""
+    for consumer in consumers:
         await js.add_consumer(consumer.stream, consumer_config(consumer))

@@ -7,10 +7,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from inferbus import servicetable
+
 from .rows import QueueRow, ServiceRow, WorkerRow
 from .snapshot import Instance, Snapshot
 
-SERVICES = ("gateway", "sanitizer", "scheduler", "worker")
+SERVICES = servicetable.names()
+"""In the order a request meets them (the gateway first)."""
 
 
 def as_int(value: Any) -> int | None:
@@ -166,4 +169,4 @@ def service_rows(now: Snapshot) -> list[ServiceRow]:
 
 def missing_services(now: Snapshot) -> list[str]:
     present = {i.service for i in now.instances}
-    return [s for s in SERVICES if s not in present]
+    return [s for s in servicetable.default_names() if s not in present]

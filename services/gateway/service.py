@@ -31,7 +31,7 @@ from inferbus.contracts import (
 )
 from inferbus.shared import logs, metrics
 from inferbus.shared.bus import publish_durable
-from inferbus.shared.codec import DecodeError, decode, encode
+from inferbus.shared.codec import decode_or_none, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
 
@@ -150,22 +150,21 @@ class GatewayService(Service[GatewaySettings]):
         queue = self._pending.get(rid)
         if queue is None:
             return  # the client already went away
-        try:
-            queue.put_nowait(decode(msg.data, ReplyEvent))
-        except DecodeError as exc:
-            log.error("undecodable reply", request_id=rid, error=str(exc))
+        assert self._ctx
+        event = await self._ctx.dead_letters.decode(msg, ReplyEvent)
+        if event is not None:
+            queue.put_nowait(event)
 
     async def _on_load(self, msg: Msg) -> None:
-        try:
-            self.load.on_load(decode(msg.data, SchedulerLoad), time.monotonic())
-        except DecodeError:
-            pass
+        load = decode_or_none(msg.data, SchedulerLoad)
+        if load is not None:
+            self.load.on_load(load, time.monotonic())
 
     async def _on_heartbeat(self, msg: Msg) -> None:
-        try:
-            self.registry.on_heartbeat(decode(msg.data, WorkerHeartbeat), time.monotonic())
-        except DecodeError:
-            pass
+        # the scheduler dead-letters bad heartbeats; the gateway just ignores them
+        hb = decode_or_none(msg.data, WorkerHeartbeat)
+        if hb is not None:
+            self.registry.on_heartbeat(hb, time.monotonic())
 
     # -- HTTP ---------------------------------------------------------------------------
 

@@ -94,7 +94,7 @@ def _cn_id_shaped(digits: str) -> bool:
     return cn_id_ok(
         digits[:17]
         + _GB11643_CHECK[
-            sum(int(c) * w for c, w in zip(digits[:17], _GB11643_WEIGHTS, strict=True)) % 11
+            sum(int(c) * w for c, w in zip(digits[:17], _GB11643_WEIGHTS, strict=False)) % 11
         ]
     )
 

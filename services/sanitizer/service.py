@@ -13,7 +13,8 @@ from inferbus.contracts import (
     ACCEPTED,
     ENDED,
     FILTER_PREFIX,
-    SANITIZER_SUBMITTED,
+    SUBMIT,
+    FailureCode,
     InputFinding,
     ReplyEvent,
     RequestAccepted,
@@ -32,11 +33,20 @@ from inferbus.shared.bus import (
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
+from inferbus.shared.streams import ConsumerSpec
 from inferbus.shared.tracing import valid_context
 
 from .core import FilteredStream, InputLimits, blocked, check, inspect, parse_policies
 
 log = logs.get("inferbus.sanitizer")
+
+
+SUBMITTED_CONSUMER = ConsumerSpec(
+    durable="sanitizer",
+    stream="IB_REQUESTS",
+    filter_subject=SUBMIT,
+    deliver_subject="ib.deliver.sanitizer",
+)
 
 
 class SanitizerSettings(ServiceSettings, kw_only=True):
@@ -94,13 +104,16 @@ class SanitizerService(Service[SanitizerSettings]):
         self._filter_sub: Any = None
         self._sweeper: asyncio.Task[None] | None = None
 
+    def consumers(self) -> list[ConsumerSpec]:
+        return [SUBMITTED_CONSUMER]
+
     async def start(self, ctx: Context[SanitizerSettings]) -> None:
         self._ctx = ctx
         # the filter first: an accepted request's tokens may come back at once
         self._filter_sub = await ctx.nc.subscribe(
             self._filter_prefix + ">", cb=self._on_output, pending_msgs_limit=1_000_000
         )
-        self._sub = await consume(ctx.nc, SANITIZER_SUBMITTED, self._on_submitted)
+        self._sub = await consume(ctx.nc, SUBMITTED_CONSUMER, self._on_submitted)
         self._sweeper = asyncio.create_task(self._sweep(), name="filter-sweep")
 
     async def drain(self) -> None:
@@ -128,10 +141,8 @@ class SanitizerService(Service[SanitizerSettings]):
     async def _on_output(self, msg: Msg) -> None:
         assert self._ctx
         client = msg.subject[len(self._filter_prefix) :]
-        try:
-            event = decode(msg.data, ReplyEvent)
-        except DecodeError as exc:
-            log.error("undecodable output event", subject=msg.subject, error=str(exc))
+        event = await self._ctx.dead_letters.decode(msg, ReplyEvent)
+        if event is None:
             return
         rid = event.request_id
         stream = self._streams.get(client)
@@ -308,7 +319,7 @@ class SanitizerService(Service[SanitizerSettings]):
         if addr is not None and addr.reply_to:
             failed = RequestFailed(
                 request_id=addr.request_id,
-                code="invalid_request",
+                code=FailureCode.INVALID_REQUEST,
                 reason=f"invalid request: {error}",
             )
             await self._ctx.nc.publish(addr.reply_to, encode(failed))

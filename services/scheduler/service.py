@@ -6,18 +6,16 @@ import asyncio
 import time
 from typing import Any
 
-import msgspec
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
 from inferbus.contracts import (
+    ACCEPTED,
     CANARIES,
     CANCEL,
     ENDED,
     HEARTBEATS,
     KV_EVENTS,
-    SCHEDULER_ACCEPTED,
-    SCHEDULER_ENDED,
     SCHEDULER_LOAD,
     STARTED,
     CanaryWeights,
@@ -46,6 +44,7 @@ from inferbus.shared.bus import (
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
+from inferbus.shared.streams import ConsumerSpec
 from inferbus.shared.tracing import valid_context
 
 from .core import Assign, Cancel, Effect, Fail, Refuse, SchedulerCore, SchedulerPolicy
@@ -55,29 +54,33 @@ log = logs.get("inferbus.scheduler")
 _PUBLISH_ATTEMPTS = 5
 
 
+ACCEPTED_CONSUMER = ConsumerSpec(
+    durable="scheduler-accepted",
+    stream="IB_REQUESTS",
+    filter_subject=ACCEPTED,
+    deliver_subject="ib.deliver.scheduler-accepted",
+    # queued requests are held unacked (kept alive by in-progress signals every third
+    # of this): a scheduler that dies hands them to the next one this soon
+    ack_wait_s=10.0,
+)
+ENDED_CONSUMER = ConsumerSpec(
+    durable="scheduler-ended",
+    stream="IB_REQUESTS",
+    filter_subject=ENDED,
+    deliver_subject="ib.deliver.scheduler-ended",
+    max_deliver=-1,
+)
+
+
 class SchedulerSettings(ServiceSettings, kw_only=True):
     """inferbus scheduler: assigns accepted requests to live workers."""
 
-    worker_timeout_s: float = 3.0
-    queue_timeout_s: float = 30.0
-    max_attempts: int = 3
+    policy: SchedulerPolicy = SchedulerPolicy()
+    """The core's decisions (routing, lanes, timeouts, queue limits): each of its fields
+    is a flag of the same name (``--routing``, ``--max-queue-per-model``...)."""
     tick_interval_s: float = 0.1
-    max_queue_per_model: int = 1000
-    """Queued requests per model past which new ones are refused (HTTP 429)."""
     load_interval_s: float = 0.25
     """How often the queue state goes to the gateways (``ib.sched.load``)."""
-    routing: str = "kv"
-    """kv: prefer the worker already holding the request's prefix, within a load bound;
-    round_robin: ignore caches."""
-    overlap_weight: float = 1.0
-    load_weight: float = 1.0
-    max_load_skew: float = 0.2
-    lanes: bool = True
-    """Short prompts before long ones, and tenants by fair share."""
-    short_prompt_tokens: int = 2048
-    long_wait_bound_s: float = 10.0
-    short_reserve: float = 0.25
-    long_per_worker: int = 1
     restore_window_s: float = 900.0
     """On start, assignments this recent that never ended are taken back (their slots
     count, and a lost worker fails them): a restart strands no request."""
@@ -88,16 +91,7 @@ class SchedulerService(Service[SchedulerSettings]):
 
     def __init__(self, settings: SchedulerSettings) -> None:
         super().__init__(settings)
-        # the policy's fields are the settings of the same names
-        fields = {
-            f: getattr(settings, f)
-            for f in SchedulerPolicy.__struct_fields__
-            if hasattr(settings, f)
-        }
-        try:
-            self.core = SchedulerCore(msgspec.convert(fields, SchedulerPolicy))
-        except msgspec.ValidationError as exc:
-            raise SystemExit(f"invalid scheduler settings: {exc}") from None
+        self.core = SchedulerCore(settings.policy)
         # accepted messages are acked only when their request leaves the queue, so a
         # scheduler crash leaves queued requests in JetStream for redelivery
         self._unacked: dict[str, Msg] = {}
@@ -112,6 +106,9 @@ class SchedulerService(Service[SchedulerSettings]):
         self._aged: set[str] = set()
         self._live_seen: set[str] = set()
 
+    def consumers(self) -> list[ConsumerSpec]:
+        return [ACCEPTED_CONSUMER, ENDED_CONSUMER]
+
     async def start(self, ctx: Context[SchedulerSettings]) -> None:
         self._ctx = ctx
         nc = ctx.nc
@@ -120,8 +117,8 @@ class SchedulerService(Service[SchedulerSettings]):
             await nc.subscribe(HEARTBEATS, cb=self._on_heartbeat),
             await nc.subscribe(STARTED, cb=self._on_started),
             await nc.subscribe(CANCEL, cb=self._on_cancel),
-            await consume(nc, SCHEDULER_ENDED, self._on_ended),
-            await consume(nc, SCHEDULER_ACCEPTED, self._on_accepted),
+            await consume(nc, ENDED_CONSUMER, self._on_ended),
+            await consume(nc, ACCEPTED_CONSUMER, self._on_accepted),
             # the workers' KV events, replayed from the stream's start: the index of
             # which worker holds which prefix is rebuilt after a restart
             await ctx.js.subscribe(
@@ -193,11 +190,8 @@ class SchedulerService(Service[SchedulerSettings]):
 
     async def _on_accepted(self, msg: Msg) -> None:
         assert self._ctx
-        try:
-            event = decode(msg.data, RequestAccepted)
-        except DecodeError as exc:
-            await self._ctx.dead_letters.send(msg, f"undecodable RequestAccepted: {exc}")
-            await msg.ack()
+        event = await self._ctx.dead_letters.decode(msg, RequestAccepted, ack=True)
+        if event is None:
             return
         metrics.EVENTS_HANDLED.labels(self.name, "request.accepted").inc()
         rid = event.request.request_id
@@ -222,55 +216,51 @@ class SchedulerService(Service[SchedulerSettings]):
         )
 
     async def _on_heartbeat(self, msg: Msg) -> None:
-        try:
-            hb = decode(msg.data, WorkerHeartbeat)
-        except DecodeError as exc:
-            assert self._ctx
-            await self._ctx.dead_letters.send(msg, f"undecodable WorkerHeartbeat: {exc}")
+        assert self._ctx
+        hb = await self._ctx.dead_letters.decode(msg, WorkerHeartbeat)
+        if hb is None:
             return
         await self._apply(self.core.on_heartbeat(hb, time.monotonic()))
 
     async def _on_kv(self, msg: Msg) -> None:
-        try:
-            self.core.on_kv_event(decode(msg.data, KvEvent))
-        except DecodeError as exc:
-            log.warning("undecodable KV event", subject=msg.subject, error=str(exc))
+        assert self._ctx
+        event = await self._ctx.dead_letters.decode(msg, KvEvent)
+        if event is not None:
+            self.core.on_kv_event(event)
 
     async def _on_canary(self, msg: Msg) -> None:
+        assert self._ctx
+        ev = await self._ctx.dead_letters.decode(msg, CanaryWeights)
+        if ev is None:
+            return
         try:
-            ev = decode(msg.data, CanaryWeights)
             self.core.set_canary(ev.model, ev.weights)
-        except (DecodeError, ValueError) as exc:
-            log.error("canary weights refused", subject=msg.subject, error=str(exc))
+        except ValueError as exc:
+            await self._ctx.dead_letters.send(msg, f"canary weights refused: {exc}")
             return
         log.info("canary weights", model=ev.model, weights=ev.weights)
         await self._apply(self.core.tick(time.monotonic()))
 
     async def _on_started(self, msg: Msg) -> None:
-        try:
-            ev = decode(msg.data, RequestStarted)
-        except DecodeError:
+        assert self._ctx
+        ev = await self._ctx.dead_letters.decode(msg, RequestStarted)
+        if ev is None:
             return
         self.core.on_started(ev.request_id, ev.attempt, ev.worker_id)
 
     async def _on_ended(self, msg: Msg) -> None:
-        try:
-            ev = decode(msg.data, Terminal)
-        except DecodeError as exc:
-            assert self._ctx
-            await self._ctx.dead_letters.send(msg, f"undecodable terminal event: {exc}")
-            await msg.ack()
+        assert self._ctx
+        ev = await self._ctx.dead_letters.decode(msg, Terminal, ack=True)
+        if ev is None:
             return
         await self._apply(self.core.on_ended(ev.request_id, time.monotonic()))
         self._traces.pop(ev.request_id, None)
         await msg.ack()
 
     async def _on_cancel(self, msg: Msg) -> None:
-        try:
-            ev = decode(msg.data, CancelRequest)
-        except DecodeError as exc:
-            assert self._ctx
-            await self._ctx.dead_letters.send(msg, f"undecodable CancelRequest: {exc}")
+        assert self._ctx
+        ev = await self._ctx.dead_letters.decode(msg, CancelRequest)
+        if ev is None:
             return
         await self._apply(self.core.on_cancel(ev.request_id, ev.reason))
 
@@ -322,7 +312,7 @@ class SchedulerService(Service[SchedulerSettings]):
     async def _keep_unacked(self) -> None:
         """Tell JetStream that queued requests are still being handled (no redelivery)."""
         while True:
-            await asyncio.sleep(SCHEDULER_ACCEPTED.ack_wait_s / 3)
+            await asyncio.sleep(ACCEPTED_CONSUMER.ack_wait_s / 3)
             for msg in list(self._unacked.values()):
                 try:
                     await msg.in_progress()
@@ -453,7 +443,7 @@ class SchedulerService(Service[SchedulerSettings]):
             {
                 **attrs,
                 t.WORKER: e.worker_id,
-                "inferbus.routing": self.settings.routing,
+                "inferbus.routing": self.settings.policy.routing,
                 "inferbus.prefix_blocks": e.prefix_blocks,
                 "inferbus.cached_prefix_blocks": e.cached_blocks,
                 t.GEN_AI_RESPONSE_MODEL: e.served_model or e.request.model,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Protocol
 
 import msgspec
@@ -68,3 +69,37 @@ class Engine(Protocol):
         ...
 
     def stats(self) -> EngineStats: ...
+
+
+class EngineOptions(msgspec.Struct, kw_only=True, frozen=True):
+    """What the worker's engine serves and how: every field is a worker setting of the
+    same name (``--model``, ``--max-num-seqs``...). The sim engine reads the model, its
+    served name, ``max_num_seqs`` and ``max_model_len``; vLLM all of them."""
+
+    model: str = "sim-model"
+    """sim: any name. vllm: the model's folder (or a name vLLM resolves offline)."""
+    served_model_name: str = ""
+    """Name clients ask for; defaults to the model folder's name."""
+    dtype: str = "auto"
+    max_model_len: int = 0
+    """0: the model's own limit (sim: 8192)."""
+    max_num_seqs: int = 256
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: str = ""
+    """vLLM's executor: "uni" runs the model in the engine-core process (one device),
+    "mp" in worker processes; empty lets vLLM choose."""
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    lora_modules: dict[str, str] = {}
+    """Adapter name → path, each served as a model of that name (as a flag:
+    ``name=path,name=path``)."""
+    kv_events: bool = True
+    """Republish vLLM's KV cache events onto ib.kv.<worker_id> (JetStream)."""
+
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or Path(self.model.rstrip("/")).name

@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from typing import Any
+from typing import Annotated, Any, Literal
 
-import msgspec
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
@@ -16,23 +15,24 @@ from inferbus.contracts import (
     ENDED,
     STARTED,
     CancelRequest,
+    FailureCode,
     RequestCancelled,
-    RequestFailed,
     WorkAssigned,
     WorkerState,
     heartbeat_subject,
     kv_subject,
+    request_failed,
     subject_token,
     work_subject,
 )
 from inferbus.shared import logs, metrics
 from inferbus.shared.bus import publish_durable, request_headers
-from inferbus.shared.codec import DecodeError, decode, encode
-from inferbus.shared.config import ServiceSettings
+from inferbus.shared.codec import decode_or_none, encode
+from inferbus.shared.config import ServiceSettings, group
 from inferbus.shared.runtime import Context, Service
 
 from .core import RequestStream, engine_request, heartbeat
-from .engine import Engine, EngineError
+from .engine import Engine, EngineError, EngineOptions
 from .report import report_end, report_stats
 from .sim import SimEngine, SimTiming
 
@@ -42,71 +42,27 @@ log = logs.get("inferbus.worker")
 class WorkerSettings(ServiceSettings, kw_only=True):
     """inferbus worker: serves assignments with an LLM engine (sim or vllm)."""
 
-    engine: str = "sim"
-    model: str = "sim-model"
-    """sim: any name. vllm: the model's folder (or a name vLLM resolves offline)."""
-    max_num_seqs: int = 256
-    heartbeat_interval_s: float = 1.0
-    # sim engine
-    sim_prefill_s_per_token: float = 0.0
-    sim_decode_s_per_step: float = 0.0
-    sim_decode_s_per_seq: float = 0.0
-    sim_max_model_len: int = 8192
+    engine: Literal["sim", "vllm"] = "sim"
+    engine_options: EngineOptions = EngineOptions()
+    """What the engine serves (``--model``, ``--max-num-seqs``, ``--dtype``...)."""
+    sim: Annotated[SimTiming, group("sim_")] = SimTiming()
+    """The sim engine's timing model (``--sim-decode-s-per-step``...)."""
     sim_kv_capacity_tokens: int = 0
-    # vllm engine
-    served_model_name: str = ""
-    """Name clients ask for; defaults to the model folder's name."""
-    dtype: str = "auto"
-    max_model_len: int = 0
-    enforce_eager: bool = False
-    enable_prefix_caching: bool = True
-    gpu_memory_utilization: float = 0.9
-    tensor_parallel_size: int = 1
-    distributed_executor_backend: str = ""
-    """vLLM's executor: "uni" runs the model in the engine-core process (one device),
-    "mp" in worker processes; empty lets vLLM choose."""
-    enable_lora: bool = False
-    max_loras: int = 1
-    max_lora_rank: int = 16
-    lora_modules: str = ""
-    """Comma-separated name=path pairs; each adapter is served as a model of that name."""
-    kv_events: bool = True
-    """Republish vLLM's KV cache events onto ib.kv.<worker_id> (JetStream)."""
+    heartbeat_interval_s: float = 1.0
     state_dir: str = ""
     """Where engine caches go (VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR)."""
 
 
-def parse_lora_modules(spec: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in filter(None, (x.strip() for x in spec.split(","))):
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise SystemExit(f"--lora-modules wants name=path pairs, got {item!r}")
-        out[name] = path
-    return out
-
-
 def build_engine(s: WorkerSettings, worker_id: str = "", on_kv_events: Any = None) -> Engine:
+    o = s.engine_options
     if s.engine == "sim":
-        timing = SimTiming(
-            prefill_s_per_token=s.sim_prefill_s_per_token,
-            decode_s_per_step=s.sim_decode_s_per_step,
-            decode_s_per_seq=s.sim_decode_s_per_seq,
-        )
         return SimEngine(
-            s.model, timing, s.max_num_seqs, s.sim_max_model_len, s.sim_kv_capacity_tokens
+            o.model, s.sim, o.max_num_seqs, o.max_model_len or 8192, s.sim_kv_capacity_tokens
         )
-    if s.engine == "vllm":
-        from .vllm_engine import VllmEngine, VllmOptions, prepare_environment
+    from .vllm_engine import VllmEngine, prepare_environment
 
-        prepare_environment(s.state_dir or None, s.instance_id, s.log_level)
-        # the engine's options are the settings of the same names
-        fields = {f: getattr(s, f) for f in VllmOptions.__struct_fields__ if hasattr(s, f)}
-        fields["lora_modules"] = parse_lora_modules(s.lora_modules)
-        return VllmEngine(
-            msgspec.convert(fields, VllmOptions), worker_id=worker_id, on_kv_events=on_kv_events
-        )
-    raise SystemExit(f"unknown engine {s.engine!r}: choose sim or vllm")
+    prepare_environment(s.state_dir or None, s.instance_id, s.log_level)
+    return VllmEngine(o, worker_id=worker_id, on_kv_events=on_kv_events)
 
 
 class WorkerService(Service[WorkerSettings]):
@@ -187,11 +143,8 @@ class WorkerService(Service[WorkerSettings]):
 
     async def _on_work(self, msg: Msg) -> None:
         assert self._ctx
-        try:
-            assignment = decode(msg.data, WorkAssigned)
-        except DecodeError as exc:
-            await self._ctx.dead_letters.send(msg, f"undecodable WorkAssigned: {exc}")
-            await msg.ack()
+        assignment = await self._ctx.dead_letters.decode(msg, WorkAssigned, ack=True)
+        if assignment is None:
             return
         await msg.ack()
         rid = assignment.request.request_id
@@ -240,27 +193,24 @@ class WorkerService(Service[WorkerSettings]):
         except asyncio.CancelledError:
             reason = self._cancel_reasons.pop(rid, None)
             if rid in self._expired:
-                terminal = RequestFailed(
-                    request_id=rid,
-                    code="deadline_exceeded",
-                    reason=f"the request's deadline passed after {stream.seq} chunks",
+                terminal = request_failed(
+                    rid,
+                    FailureCode.DEADLINE_EXCEEDED,
+                    f"the request's deadline passed after {stream.seq} chunks",
                 )
             elif reason is None:
-                terminal = RequestFailed(
-                    request_id=rid,
-                    code="worker_shutdown",
-                    reason="the worker shut down before the request finished; retry it",
-                    retryable=True,
+                terminal = request_failed(
+                    rid,
+                    FailureCode.WORKER_SHUTDOWN,
+                    "the worker shut down before the request finished; retry it",
                 )
             else:
                 terminal = RequestCancelled(request_id=rid, reason=reason)
         except EngineError as exc:
-            terminal = RequestFailed(request_id=rid, code=exc.code, reason=str(exc))
+            terminal = request_failed(rid, exc.code, str(exc))
         except Exception as exc:
             log.exception("engine failed", request_id=rid)
-            terminal = RequestFailed(
-                request_id=rid, code="engine_error", reason=f"engine error: {exc}"
-            )
+            terminal = request_failed(rid, FailureCode.ENGINE_ERROR, f"engine error: {exc}")
         finally:
             if expiry is not None:
                 expiry.cancel()
@@ -269,8 +219,8 @@ class WorkerService(Service[WorkerSettings]):
             self._tasks.pop(rid, None)
             metrics.INFLIGHT.labels(self.name).set(len(self._tasks))
         if terminal is None:
-            terminal = RequestFailed(
-                request_id=rid, code="engine_error", reason="engine ended without a finish reason"
+            terminal = request_failed(
+                rid, FailureCode.ENGINE_ERROR, "engine ended without a finish reason"
             )
         metrics.ITL.add((self.name, model), itl)
         ended = time.monotonic()
@@ -287,9 +237,8 @@ class WorkerService(Service[WorkerSettings]):
             task.cancel()
 
     async def _on_cancel(self, msg: Msg) -> None:
-        try:
-            cancel = decode(msg.data, CancelRequest)
-        except DecodeError:
+        cancel = decode_or_none(msg.data, CancelRequest)
+        if cancel is None:
             return  # the scheduler dead-letters bad cancels; the worker just ignores them
         task = self._tasks.get(cancel.request_id)
         # one cancel only: a second would land in the cleanup and lose the terminal event

@@ -27,34 +27,9 @@ from inferbus.contracts import (
 )
 from inferbus.shared import logs
 
-from .engine import EngineError, EngineOutput, EngineRequest, EngineStats
+from .engine import EngineError, EngineOptions, EngineOutput, EngineRequest, EngineStats
 
 log = logs.get("inferbus.worker.vllm")
-
-
-class VllmOptions(msgspec.Struct, kw_only=True, frozen=True):
-    model: str
-    served_model_name: str = ""
-    dtype: str = "auto"
-    max_model_len: int = 0
-    """0: the model's own limit."""
-    max_num_seqs: int = 256
-    enforce_eager: bool = False
-    enable_prefix_caching: bool = True
-    gpu_memory_utilization: float = 0.9
-    tensor_parallel_size: int = 1
-    distributed_executor_backend: str = ""
-    enable_lora: bool = False
-    max_loras: int = 1
-    max_lora_rank: int = 16
-    lora_modules: dict[str, str] = {}
-    """Adapter name → path; each is served as a model of that name."""
-    kv_events: bool = True
-    """Relay vLLM's KV cache events (to ``on_kv_events``)."""
-
-    @property
-    def served_name(self) -> str:
-        return self.served_model_name or Path(self.model.rstrip("/")).name
 
 
 def prepare_environment(
@@ -218,7 +193,7 @@ class VllmEngine:
 
     def __init__(
         self,
-        options: VllmOptions,
+        options: EngineOptions,
         worker_id: str = "",
         on_kv_events: Callable[[list[KvEvent]], Any] | None = None,
     ) -> None:

@@ -8,7 +8,8 @@ import pytest
 
 from inferbus.contracts import KvAllCleared, KvBlocksRemoved, KvBlocksStored, SamplingParams
 from inferbus.services.worker.engine import EngineError
-from inferbus.services.worker.service import parse_lora_modules
+from inferbus.services.worker.service import WorkerSettings
+from inferbus.shared.config import load_settings
 from inferbus.services.worker.vllm_engine import kv_events_of, timings_of
 
 
@@ -53,11 +54,17 @@ def test_stage_timings_from_vllm_request_stats():
     assert timings_of(SimpleNamespace(first_token_ts=0.0), 0.0) is None
 
 
+def lora_modules(flag: str) -> dict[str, str]:
+    s = load_settings(WorkerSettings, ["--lora-modules", flag], environ={})
+    return s.engine_options.lora_modules
+
+
 def test_lora_modules_parse_and_refuse_bad_pairs():
-    assert parse_lora_modules("a=/x, b=/y") == {"a": "/x", "b": "/y"}
-    assert parse_lora_modules("") == {}
-    with pytest.raises(SystemExit, match="name=path"):
-        parse_lora_modules("just-a-path")
+    assert lora_modules("a=/x, b=/y") == {"a": "/x", "b": "/y"}
+    assert lora_modules("") == {}
+    assert lora_modules('{"a": "/x"}') == {"a": "/x"}
+    with pytest.raises(SystemExit, match="name=value"):
+        lora_modules("just-a-path")
 
 
 def test_sampling_maps_onto_vllm_and_bad_values_are_request_errors():

@@ -1,0 +1,105 @@
+"""The platform's services, declared once.
+
+``inferbus up``, ``inferbus serve``, ``inferbus top`` and the tests read this table;
+a test checks that every ``services/*/`` package is in it, in the built wheel, in
+compose.yaml, in deploy/k8s and in the Prometheus scrape jobs. Adding a service is
+its folder plus one entry here (docs/architecture.md lists what else it writes).
+
+Classes are named as ``module:Class`` strings and imported only when asked for, so
+the CLI starts without importing every service.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inferbus.shared.config import ServiceSettings
+    from inferbus.shared.runtime import Service
+
+
+@dataclass(frozen=True)
+class ServiceEntry:
+    name: str
+    """Its folder under services/, ``inferbus serve NAME``, and its processes' names."""
+    service: str
+    """``module:Class`` of its runtime Service."""
+    settings: str
+    """``module:Class`` of its settings Struct (flags and INFERBUS_* variables)."""
+    start_order: int
+    """``inferbus up`` starts lower first (the gateway last: it is the readiness probe)."""
+    stop_order: int
+    """``inferbus up`` stops lower first: the gateway takes no new work, then what
+    feeds workers stops before the workers drain; the scheduler sees them end."""
+    port_offset: int | None
+    """``inferbus up``: its /metrics port is ``--metrics-port-base`` plus this (plus
+    the instance's index); None for a service that serves on up's ``--port``."""
+    container_port: int = 9100
+    """Its HTTP port in a container (compose, k8s): /healthz, /readyz, /metrics."""
+    in_up: bool = True
+    """Started by ``inferbus up`` by default."""
+    instances: int = 1
+    """Processes ``inferbus up`` starts by default."""
+    scalable: bool = False
+    """``inferbus scale`` (up's control subject) may change how many run."""
+
+    def service_class(self) -> type[Service[Any]]:
+        return _load(self.service)
+
+    def settings_class(self) -> type[ServiceSettings]:
+        return _load(self.settings)
+
+    def instance_name(self, index: int) -> str:
+        return f"{self.name}-{index}" if self.scalable else self.name
+
+    def metrics_port(self, base: int, index: int = 0) -> int | None:
+        return None if self.port_offset is None else base + self.port_offset + index
+
+
+def _load(ref: str) -> Any:
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _entry(name: str, cls: str, **kw: Any) -> ServiceEntry:
+    base = f"inferbus.services.{name}.service"
+    return ServiceEntry(
+        name=name, service=f"{base}:{cls}Service", settings=f"{base}:{cls}Settings", **kw
+    )
+
+
+SERVICES: tuple[ServiceEntry, ...] = (
+    # in the order a request meets them
+    _entry("gateway", "Gateway", start_order=9, stop_order=1, port_offset=None,
+           container_port=8000),
+    _entry("sanitizer", "Sanitizer", start_order=1, stop_order=2, port_offset=1),
+    _entry("scheduler", "Scheduler", start_order=2, stop_order=4, port_offset=2),
+    # workers at base+10, base+11, ... (one port each)
+    _entry("worker", "Worker", start_order=3, stop_order=3, port_offset=10, scalable=True),
+)  # fmt: skip
+
+MAX_INSTANCES = 90
+"""Instances of one scalable service under ``inferbus up`` (their ports must not meet
+the next service's)."""
+
+
+def names() -> tuple[str, ...]:
+    return tuple(e.name for e in SERVICES)
+
+
+def default_names() -> tuple[str, ...]:
+    """The services ``inferbus up`` runs unless told otherwise."""
+    return tuple(e.name for e in SERVICES if e.in_up)
+
+
+def get(name: str) -> ServiceEntry:
+    for e in SERVICES:
+        if e.name == name:
+            return e
+    raise KeyError(f"no service {name!r}; the services are {', '.join(names())}")
+
+
+def by_start_order() -> list[ServiceEntry]:
+    return sorted(SERVICES, key=lambda e: e.start_order)

@@ -1,0 +1,1 @@
+"""inferbus up's supervisor: a pure core and the process adapter."""

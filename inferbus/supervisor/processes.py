@@ -1,0 +1,137 @@
+"""The supervisor's adapter: real processes under the pure core's decisions.
+
+Each process runs in its own session (so a Ctrl-C in the terminal reaches only
+``inferbus up``, which stops them in order) with its output appended to its log file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from inferbus.contracts.control import ProcessState
+
+from .core import Effect, Kill, Note, ProcessSpec, Start, SupervisorCore, Terminate
+
+
+@dataclass(frozen=True)
+class Command:
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    http_port: int = 0
+
+
+class Processes:
+    """Starts, signals and reaps the processes the core asks for."""
+
+    def __init__(
+        self,
+        core: SupervisorCore,
+        command_for: Callable[[ProcessSpec], Command],
+        say: Callable[[str], None],
+    ) -> None:
+        self.core = core
+        self._command_for = command_for
+        self._say = say
+        self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self._commands: dict[str, Command] = {}
+        self._logs: dict[str, IO[bytes]] = {}
+        self._waiters: set[asyncio.Task[None]] = set()
+        self.exits: list[tuple[str, int | None]] = []
+        """Every exit seen (name, code), for the start-up check."""
+
+    async def apply(self, effects: list[Effect]) -> None:
+        for e in effects:
+            if isinstance(e, Start):
+                await self._start(e.spec)
+            elif isinstance(e, Terminate):
+                self._signal(e.name, signal.SIGTERM)
+            elif isinstance(e, Kill):
+                self._signal(e.name, signal.SIGKILL)
+            elif isinstance(e, Note):
+                self._say(e.text)
+
+    async def tick(self) -> None:
+        await self.apply(self.core.tick(time.monotonic()))
+
+    def log_tail(self, name: str, chars: int = 2000) -> str:
+        cmd = self._commands.get(name)
+        if cmd is None or not cmd.log_path.exists():
+            return ""
+        return cmd.log_path.read_text(errors="replace")[-chars:]
+
+    def states(self) -> list[ProcessState]:
+        out = []
+        wall = time.time() - time.monotonic()
+        for name, p in sorted(self.core.processes.items()):
+            proc = self._procs.get(name)
+            out.append(
+                ProcessState(
+                    name=name,
+                    service=p.spec.service,
+                    state=p.state,
+                    pid=proc.pid if proc is not None and proc.returncode is None else 0,
+                    restarts=p.restarts,
+                    started_at=round(wall + p.started_at, 3),
+                    http_port=self._commands[name].http_port if name in self._commands else 0,
+                )
+            )
+        return out
+
+    async def _start(self, spec: ProcessSpec) -> None:
+        cmd = self._commands.get(spec.name) or self._command_for(spec)
+        self._commands[spec.name] = cmd
+        log = self._logs.get(spec.name)
+        if log is None:
+            cmd.log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = self._logs[spec.name] = open(cmd.log_path, "ab")  # noqa: SIM115
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd.argv, env=cmd.env, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        except OSError as exc:  # the binary is gone: treated as a crash, retried with backoff
+            self._say(f"{spec.name} could not start: {exc}")
+            await self.apply(self.core.on_exit(spec.name, None, time.monotonic()))
+            return
+        self._procs[spec.name] = proc
+        self.core.on_started(spec.name, time.monotonic())
+        task = asyncio.create_task(self._reap(spec.name, proc), name=f"reap-{spec.name}")
+        self._waiters.add(task)
+        task.add_done_callback(self._waiters.discard)
+
+    async def _reap(self, name: str, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        if self._procs.get(name) is proc:
+            del self._procs[name]
+        self.exits.append((name, code))
+        effects = self.core.on_exit(name, code, time.monotonic())
+        if name not in self.core.processes:  # gone for good: its log is closed
+            log = self._logs.pop(name, None)
+            if log is not None:
+                log.close()
+            self._commands.pop(name, None)
+        await self.apply(effects)
+
+    def _signal(self, name: str, sig: signal.Signals) -> None:
+        proc = self._procs.get(name)
+        if proc is None or proc.returncode is not None:
+            return
+        try:
+            os.kill(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    async def wait_all(self) -> None:
+        if self._waiters:
+            await asyncio.wait(list(self._waiters), timeout=5)
+        for log in self._logs.values():
+            log.close()
+        self._logs.clear()
