@@ -1,11 +1,14 @@
-"""The data every inferbus service and client agrees on: events, subjects, streams.
+"""The data every inferbus service and client agrees on: events, failure codes,
+subjects, streams.
 
 Imports msgspec and the standard library alone, so a client can vendor it.
 """
 
 from .events import *  # noqa: F401,F403
 from .events import __all__ as _events_all
+from .failures import *  # noqa: F401,F403
+from .failures import __all__ as _failures_all
 from .subjects import *  # noqa: F401,F403
 from .subjects import __all__ as _subjects_all
 
-__all__ = [*_events_all, *_subjects_all]
+__all__ = [*_events_all, *_failures_all, *_subjects_all]

@@ -192,7 +192,10 @@ class RequestFinished(Event, tag="request.finished"):
 class RequestFailed(Event, tag="request.failed"):
     request_id: str
     code: str
-    """Machine-readable reason, e.g. ``worker_lost``, ``no_worker``, ``invalid_request``."""
+    """Machine-readable reason, e.g. ``worker_lost``, ``no_worker``, ``invalid_request``:
+    producers write a ``FailureCode`` (``contracts/failures.py``, which gives each its
+    HTTP status, retryability and meaning). Typed ``str`` on purpose: a reader must take
+    a code it does not know yet (status 500; ``retryable`` says whether to retry)."""
     reason: str
     retryable: bool = False
 

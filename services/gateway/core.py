@@ -10,6 +10,7 @@ import msgspec
 
 from inferbus.contracts import (
     ChatMessage,
+    FailureCode,
     ModelLoad,
     RequestCancelled,
     RequestFailed,
@@ -19,6 +20,7 @@ from inferbus.contracts import (
     SamplingParams,
     SchedulerLoad,
     WorkerHeartbeat,
+    http_status,
 )
 
 # -- OpenAI request bodies ---------------------------------------------------------------
@@ -295,40 +297,42 @@ def prompt_chars(prompt: str | None, messages: list[ChatMessage] | None) -> int:
 
 # -- terminal events → HTTP ------------------------------------------------------------
 
-_FAIL_STATUS = {
-    "no_worker": 503,
-    "worker_lost": 503,
-    "worker_shutdown": 503,
-    "queue_timeout": 503,
-    "invalid_request": 400,
-    "timeout": 504,
-    "deadline_exceeded": 504,
-    "queue_full": 429,
-    "duplicate_request": 409,
-    "context_length_exceeded": 400,
-    "model_not_found": 404,
+_ERROR_TYPE = {
+    400: "invalid_request_error",
+    404: "invalid_request_error",
+    409: "invalid_request_error",
+    429: "rate_limit_error",
 }
 
 
-def error_for(event: RequestFailed | RequestRejected | RequestCancelled) -> ApiError:
-    if isinstance(event, RequestRejected):
-        return ApiError(400, event.reason, param=event.param, code=event.code)
-    if isinstance(event, RequestCancelled):
-        return ApiError(499, event.reason, type="cancelled", code="cancelled")
-    status = _FAIL_STATUS.get(event.code, 500)
-    kind = {
-        400: "invalid_request_error",
-        404: "invalid_request_error",
-        409: "invalid_request_error",
-        429: "rate_limit_error",
-    }.get(status, "server_error")
+def failure_error(
+    code: str,
+    message: str,
+    *,
+    param: str | None = None,
+    retry_after: float | None = None,
+    default_status: int = 500,
+) -> ApiError:
+    """The HTTP error for a failure code of the contract: status from its table
+    (``default_status`` for a code the table lacks), OpenAI error type by status."""
+    status = http_status(code, default_status)
     return ApiError(
         status,
-        event.reason,
-        type=kind,
-        code=event.code,
-        retry_after=1.0 if event.retryable else None,
+        message,
+        type=_ERROR_TYPE.get(status, "server_error"),
+        param=param,
+        code=code,
+        retry_after=retry_after,
     )
+
+
+def error_for(event: RequestFailed | RequestRejected | RequestCancelled) -> ApiError:
+    if isinstance(event, RequestRejected):  # the request's own fault: 400 unless known
+        return failure_error(event.code, event.reason, param=event.param, default_status=400)
+    if isinstance(event, RequestCancelled):
+        code = FailureCode.CANCELLED
+        return ApiError(http_status(code), event.reason, type="cancelled", code=code)
+    return failure_error(event.code, event.reason, retry_after=1.0 if event.retryable else None)
 
 
 # -- OpenAI response shapes --------------------------------------------------------------
@@ -442,28 +446,22 @@ class ModelRegistry:
         """Raise the HTTP error for a model no live worker can serve right now."""
         ready = self.models(now).get(model)
         if ready is None:
-            raise ApiError(
-                404,
+            raise failure_error(
+                FailureCode.MODEL_NOT_FOUND,
                 f"the model {model!r} does not exist or no worker serves it",
                 param="model",
-                code="model_not_found",
             )
         if ready == 0:
-            raise ApiError(
-                503,
-                f"no worker for {model!r} is ready",
-                type="server_error",
-                code="no_worker",
-                retry_after=1.0,
+            raise failure_error(
+                FailureCode.NO_WORKER, f"no worker for {model!r} is ready", retry_after=1.0
             )
         limit = self.max_model_len(model)
         if limit and max_tokens >= limit:
-            raise ApiError(
-                400,
+            raise failure_error(
+                FailureCode.CONTEXT_LENGTH_EXCEEDED,
                 f"max_tokens ({max_tokens}) leaves no room for the prompt in "
                 f"{model!r}'s {limit}-token context",
                 param="max_tokens",
-                code="context_length_exceeded",
             )
 
     def max_model_len(self, model: str) -> int:
@@ -528,20 +526,16 @@ class LoadView:
         if m is None or not m.queue_limit or m.queued < m.queue_limit:
             return
         if not m.ready_workers:
-            raise ApiError(
-                503,
+            raise failure_error(
+                FailureCode.NO_WORKER,
                 f"{m.queued} requests for {model!r} are waiting and no worker "
                 "serves it now; retry later",
-                type="server_error",
-                code="no_worker",
                 retry_after=5.0,
             )
-        raise ApiError(
-            429,
+        raise failure_error(
+            FailureCode.QUEUE_FULL,
             f"{m.queued} requests for {model!r} are waiting, the most this "
             "platform queues; retry later",
-            type="rate_limit_error",
-            code="queue_full",
             retry_after=retry_after(m),
         )
 

@@ -13,6 +13,7 @@ import re
 import msgspec
 
 from inferbus.contracts import (
+    FailureCode,
     InputFinding,
     ReplyEvent,
     RequestFinished,
@@ -43,45 +44,51 @@ def prompt_chars(request: RequestSubmitted) -> int:
 def check(request: RequestSubmitted, limits: InputLimits) -> RequestRejected | None:
     """``None`` when the request may go on, else the rejection to send back."""
 
-    def reject(code: str, reason: str, param: str | None = None) -> RequestRejected:
+    def reject(code: FailureCode, reason: str, param: str | None = None) -> RequestRejected:
         return RequestRejected(request_id=request.request_id, code=code, reason=reason, param=param)
 
     if not request.request_id or not request.model:
-        return reject("invalid_request", "request_id and model must not be empty", "model")
+        return reject(
+            FailureCode.INVALID_REQUEST, "request_id and model must not be empty", "model"
+        )
     if not _PUBLISH_SUBJECT.fullmatch(request.reply_to) or (
         request.reply_to.startswith("ib.") and not request.reply_to.startswith("ib.reply.")
     ):
         return reject(
-            "invalid_request",
+            FailureCode.INVALID_REQUEST,
             f"reply_to {request.reply_to!r} is not a subject one can publish to",
             "reply_to",
         )
     if (request.prompt is None) == (request.messages is None):
-        return reject("invalid_request", "give exactly one of prompt or messages", "messages")
+        return reject(
+            FailureCode.INVALID_REQUEST, "give exactly one of prompt or messages", "messages"
+        )
     if request.messages is not None:
         if not request.messages:
-            return reject("invalid_request", "messages must not be empty", "messages")
+            return reject(FailureCode.INVALID_REQUEST, "messages must not be empty", "messages")
         if len(request.messages) > limits.max_messages:
             return reject(
-                "invalid_request",
+                FailureCode.INVALID_REQUEST,
                 f"{len(request.messages)} messages; at most {limits.max_messages}",
                 "messages",
             )
     s = request.sampling
     if not 1 <= s.max_tokens <= limits.max_tokens:
         return reject(
-            "invalid_request",
+            FailureCode.INVALID_REQUEST,
             f"max_tokens must be between 1 and {limits.max_tokens}, got {s.max_tokens}",
             "max_tokens",
         )
     if not 0.0 <= s.temperature <= 2.0:
-        return reject("invalid_request", "temperature must be between 0 and 2", "temperature")
+        return reject(
+            FailureCode.INVALID_REQUEST, "temperature must be between 0 and 2", "temperature"
+        )
     if not 0.0 < s.top_p <= 1.0:
-        return reject("invalid_request", "top_p must be in (0, 1]", "top_p")
+        return reject(FailureCode.INVALID_REQUEST, "top_p must be in (0, 1]", "top_p")
     size = prompt_chars(request)
     if size > limits.max_prompt_chars:
         return reject(
-            "prompt_too_long",
+            FailureCode.PROMPT_TOO_LONG,
             f"the prompt has {size} characters; this deployment accepts at most "
             f"{limits.max_prompt_chars}",
             "messages" if request.messages is not None else "prompt",
@@ -149,7 +156,7 @@ def blocked(request: RequestSubmitted, found: list[InputFinding]) -> RequestReje
     rules = ", ".join(sorted({f.rule for f in found}))
     return RequestRejected(
         request_id=request.request_id,
-        code="input_blocked",
+        code=FailureCode.INPUT_BLOCKED,
         param=first.field,
         reason=f"the input looks like a {first.type.replace('_', ' ')} payload "
         f"(rule {first.rule}); blocked by policy ({rules})",

@@ -1,8 +1,9 @@
 """The scheduler's decisions as a state machine with no I/O.
 
 Fed events with the time as a parameter; returns effects for the adapter to carry
-out. Policy for now: per-model FIFO queue, round-robin among live workers that serve
-the model and have a free slot (``max_num_seqs``), reassignment of work a lost
+out: per-model queues in lanes (``lanes.py``), placement on live workers that serve
+the model and have room (slots and KV tokens), routed by the strategy
+``SchedulerPolicy.routing`` names (``routing.py``), reassignment of work a lost
 worker had not started, a clear failure for work it had.
 """
 
@@ -15,10 +16,18 @@ from typing import Literal
 
 import msgspec
 
-from inferbus.contracts import KvEvent, ModelLoad, RequestSubmitted, WorkerHeartbeat
+from inferbus.contracts import (
+    FailureCode,
+    KvEvent,
+    ModelLoad,
+    RequestSubmitted,
+    WorkerHeartbeat,
+    is_retryable,
+)
 
-from .kvindex import KvIndex, text_blocks
+from .kvindex import KvIndex, prefix_blocks
 from .lanes import ModelQueue, cost_tokens
+from .routing import Router, make_router
 
 
 class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
@@ -82,8 +91,14 @@ class Assign(msgspec.Struct, kw_only=True, frozen=True):
 class Fail(msgspec.Struct, kw_only=True, frozen=True):
     request: RequestSubmitted
     code: str
+    """A ``FailureCode``."""
     reason: str
     retryable: bool = False
+
+    @classmethod
+    def of(cls, request: RequestSubmitted, code: FailureCode, reason: str) -> Fail:
+        """Retryable as the contract's table says for ``code``."""
+        return cls(request=request, code=code, reason=reason, retryable=is_retryable(code))
 
 
 class Cancel(msgspec.Struct, kw_only=True, frozen=True):
@@ -174,12 +189,13 @@ class SchedulerCore:
         self._queued_ids: set[str] = set()
         self._ended: OrderedDict[str, tuple[str, float] | None] = OrderedDict()
         """Recently ended ids → the identity of their request, when known."""
-        self._rr: dict[str, int] = {}
         self._arrivals = 0
         self._cancelled_unseen: OrderedDict[str, str] = OrderedDict()
         """Cancels that came before their request (id → reason): a client that went
         away while its request was still in the sanitizer."""
         self.kv = KvIndex(self.policy.approx_cache_blocks)
+        self.router: Router = make_router(self.policy, self.kv)
+        """The routing strategy ``policy.routing`` names (ValueError for an unknown one)."""
         self._kv_orphans: dict[str, float] = {}
         self.canaries: dict[str, dict[str, float]] = {}
         """model → {other model name: share of its requests}."""
@@ -210,7 +226,7 @@ class SchedulerCore:
             return [
                 Refuse(
                     request=request,
-                    code="duplicate_request",
+                    code=FailureCode.DUPLICATE_REQUEST,
                     reason=f"request id {request.request_id!r} was already used; "
                     "submit with a new id",
                 )
@@ -229,12 +245,10 @@ class SchedulerCore:
         if queued >= self.policy.max_queue_per_model:
             self._remember_ended(request.request_id, request)
             return [
-                Fail(
-                    request=request,
-                    code="queue_full",
-                    retryable=True,
-                    reason=f"{queued} requests for {request.model!r} are already "
-                    "waiting; retry later",
+                Fail.of(
+                    request,
+                    FailureCode.QUEUE_FULL,
+                    f"{queued} requests for {request.model!r} are already waiting; retry later",
                 )
             ]
         self._arrivals += 1
@@ -531,26 +545,22 @@ class SchedulerCore:
 
     @staticmethod
     def _deadline_fail(request: RequestSubmitted, where: str) -> Fail:
-        return Fail(
-            request=request,
-            code="deadline_exceeded",
-            reason=f"the request's deadline passed {where}",
+        return Fail.of(
+            request, FailureCode.DEADLINE_EXCEEDED, f"the request's deadline passed {where}"
         )
 
     def _timed_out(self, request: RequestSubmitted) -> Fail:
         wait = f"{self.policy.queue_timeout_s:g}s"
         if self.live_models().get(request.model):
-            return Fail(
-                request=request,
-                code="queue_timeout",
-                retryable=True,
-                reason=f"every worker serving {request.model!r} stayed busy for {wait}",
+            return Fail.of(
+                request,
+                FailureCode.QUEUE_TIMEOUT,
+                f"every worker serving {request.model!r} stayed busy for {wait}",
             )
-        return Fail(
-            request=request,
-            code="no_worker",
-            retryable=True,
-            reason=f"no worker serving model {request.model!r} appeared within {wait}",
+        return Fail.of(
+            request,
+            FailureCode.NO_WORKER,
+            f"no worker serving model {request.model!r} appeared within {wait}",
         )
 
     def _lose_worker(self, worker_id: str, now: float) -> list[Effect]:
@@ -564,21 +574,19 @@ class SchedulerCore:
             f = self.inflight.pop(rid)
             if f.started:
                 effects.append(
-                    Fail(
-                        request=f.request,
-                        code="worker_lost",
-                        reason=f"worker {worker_id} was lost after streaming began; "
+                    Fail.of(
+                        f.request,
+                        FailureCode.WORKER_LOST,
+                        f"worker {worker_id} was lost after streaming began; "
                         "submit the request again (with a new request id)",
-                        retryable=True,
                     )
                 )
             elif f.attempt >= self.policy.max_attempts:
                 effects.append(
-                    Fail(
-                        request=f.request,
-                        code="worker_lost",
-                        reason=f"lost {f.attempt} workers in a row while serving this request",
-                        retryable=True,
+                    Fail.of(
+                        f.request,
+                        FailureCode.WORKER_LOST,
+                        f"lost {f.attempt} workers in a row while serving this request",
                     )
                 )
             else:
@@ -598,86 +606,95 @@ class SchedulerCore:
     def _dispatch(self, now: float) -> list[Effect]:
         effects: list[Effect] = []
         ready = self.live_models() if self.canaries else {}
+        candidates = _Candidates(self.workers)
         for model, q in self.queues.items():
-            if not q:
-                continue
-            by_target: dict[str, list[Worker]] = {}
-
-            def candidates_for(target: str) -> list[Worker]:
-                if target not in by_target:
-                    by_target[target] = sorted(
-                        (
-                            w
-                            for w in self.workers.values()
-                            if target in w.models and w.state == "ready"
-                        ),
-                        key=lambda w: w.worker_id,
-                    )
-                return by_target[target]
-
-            blocked: set[str] = set()  # lanes no worker can take more of in this pass
-            while q:
-                item = q.next(now, allow=lambda lane: lane not in blocked)
-                if item is None:
-                    break
-                lane = q.lane_of(item)
-                target = self._target(model, item, ready)
-                overdue = lane == "long" and now - item.since >= self.policy.long_wait_bound_s
-                tokens = cost_tokens(item.request)
-
-                def place(target: str) -> Worker | None:
-                    pool = candidates_for(target)
-                    return (
-                        self._route(target, item, self._eligible(pool, lane, overdue, tokens))
-                        if pool
-                        else None
-                    )
-
-                w = place(target)
-                if w is None and target != model:
-                    # the new version has no room now: this one runs on the current one
-                    item.target = target = model
-                    w = place(model)
-                candidates = candidates_for(target)
-                if w is None:
-                    blocked.add(lane)
-                    if lane == "short" and any(x.can_take() for x in candidates):
-                        # slots are free but not the tokens it needs: keep the long lane
-                        # from taking them, so running work drains until it fits
-                        blocked.add("long")
-                    continue
-                q.take(item)
-                rid = item.request.request_id
-                self._queued_ids.discard(rid)
-                w.foreign.discard(rid)  # listed by its heartbeat, now placed here
-                w.assigned.add(rid)
-                w.assigned_tokens += tokens
-                if lane == "long" and self.policy.lanes:
-                    w.prefilling_long.add(rid)
-                self.inflight[rid] = Inflight(
-                    request=item.request,
-                    worker_id=w.worker_id,
-                    attempt=item.attempt,
-                    assigned_at=now,
-                    order=item.order,
-                    deadline=item.deadline,
-                    tokens=tokens,
-                    long=lane == "long",
-                )
-                self._dispatched[model] = self._dispatched.get(model, 0) + 1
-                effects.append(
-                    Assign(
-                        worker_id=w.worker_id,
-                        request=item.request,
-                        attempt=item.attempt,
-                        served_model="" if target == model else target,
-                        lane=lane,
-                        queued_s=max(0.0, now - item.since),
-                        prefix_blocks=len(item.blocks or ()),
-                        cached_blocks=item.cached_blocks,
-                    )
-                )
+            if q:
+                effects += self._dispatch_model(model, q, now, ready, candidates)
         return effects
+
+    def _dispatch_model(
+        self,
+        model: str,
+        q: ModelQueue,
+        now: float,
+        ready: dict[str, int],
+        candidates: _Candidates,
+    ) -> list[Effect]:
+        """Place what ``model``'s queue can place now, lane by lane until no worker
+        can take more of a lane."""
+        effects: list[Effect] = []
+        blocked: set[str] = set()  # lanes no worker can take more of in this pass
+        while q:
+            item = q.next(now, allow=lambda lane: lane not in blocked)
+            if item is None:
+                break
+            lane = q.lane_of(item)
+            overdue = lane == "long" and now - item.since >= self.policy.long_wait_bound_s
+            tokens = cost_tokens(item.request)
+            target = self._target(model, item, ready)
+            w = self._place(target, item, candidates, lane, overdue, tokens)
+            if w is None and target != model:
+                # the new version has no room now: this one runs on the current one
+                item.target = target = model
+                w = self._place(model, item, candidates, lane, overdue, tokens)
+            if w is None:
+                blocked.add(lane)
+                if lane == "short" and any(x.can_take() for x in candidates.of(target)):
+                    # slots are free but not the tokens it needs: keep the long lane
+                    # from taking them, so running work drains until it fits
+                    blocked.add("long")
+                continue
+            q.take(item)
+            effects.append(self._assign(model, target, item, w, lane, tokens, now))
+        return effects
+
+    def _place(
+        self,
+        target: str,
+        item: Queued,
+        candidates: _Candidates,
+        lane: str,
+        overdue: bool,
+        tokens: int,
+    ) -> Worker | None:
+        """The worker serving ``target`` that takes ``item`` now, if any."""
+        pool = candidates.of(target)
+        if not pool:
+            return None
+        return self._route(target, item, self._eligible(pool, lane, overdue, tokens))
+
+    def _assign(
+        self, model: str, target: str, item: Queued, w: Worker, lane: str, tokens: int, now: float
+    ) -> Assign:
+        """Book ``item`` (taken off its queue) on worker ``w``."""
+        rid = item.request.request_id
+        self._queued_ids.discard(rid)
+        w.foreign.discard(rid)  # listed by its heartbeat, now placed here
+        w.assigned.add(rid)
+        w.assigned_tokens += tokens
+        if lane == "long" and self.policy.lanes:
+            w.prefilling_long.add(rid)
+        self.inflight[rid] = Inflight(
+            request=item.request,
+            worker_id=w.worker_id,
+            attempt=item.attempt,
+            assigned_at=now,
+            order=item.order,
+            deadline=item.deadline,
+            tokens=tokens,
+            long=lane == "long",
+        )
+        self._dispatched[model] = self._dispatched.get(model, 0) + 1
+        return Assign(
+            worker_id=w.worker_id,
+            request=item.request,
+            attempt=item.attempt,
+            served_model="" if target == model else target,
+            lane=lane,
+            queued_s=max(0.0, now - item.since),
+            prefix_blocks=len(item.blocks or ()),
+            cached_blocks=item.cached_blocks,
+        )
 
     def _eligible(
         self, candidates: list[Worker], lane: str, overdue: bool, tokens: int = 0
@@ -702,51 +719,20 @@ class SchedulerCore:
         return [w for w in pool if len(w.prefilling_long) < p.long_per_worker]
 
     def _route(self, model: str, item: Queued, candidates: list[Worker]) -> Worker | None:
+        """The worker of ``candidates`` the routing strategy picks for ``item``, among
+        those with room for it; None when none has."""
         tokens = cost_tokens(item.request)
         free = [w for w in candidates if w.can_take(tokens)]
         if not free:
             return None
-        p = self.policy
-        if p.routing == "round_robin":
-            start = self._rr.get(model, 0)
-            order = candidates[start % len(candidates) :] + candidates[: start % len(candidates)]
-            w = next(w for w in order if w.can_take(tokens))
-            self._rr[model] = (candidates.index(w) + 1) % len(candidates)
+        if not self.router.uses_prefix:
+            w, _ = self.router.choose(model, [], candidates, free)
             return w
         if item.blocks is None:
-            r = item.request
-            item.blocks = list(r.prefix_hashes) or text_blocks(
-                r.prompt
-                if r.prompt is not None
-                else "".join(f"{m.role}\n{m.content}\n" for m in r.messages or ()),
-                p.kv_block_chars,
-            )
-        if p.routing == "dynamo":
-            hit = self.kv.overlaps(item.blocks, [w.worker_id for w in free])
-
-            def dynamo_cost(w: Worker) -> tuple[float, str]:
-                new = len(item.blocks) - hit[w.worker_id]  # type: ignore[arg-type]
-                return p.overlap_weight * new + w.assigned_tokens / p.block_tokens, w.worker_id
-
-            best = min(free, key=dynamo_cost)
-            self._note_route(best, item, hit[best.worker_id])
-            return best
-        load = {w.worker_id: len(w.assigned) / max(1, w.max_num_seqs) for w in candidates}
-        mean = sum(load.values()) / len(load)
-        ceiling = (1 + p.max_load_skew) * mean + 1 / max(1, min(w.max_num_seqs for w in candidates))
-        allowed = [w for w in free if load[w.worker_id] <= ceiling] or free
-        overlap = self.kv.overlaps(item.blocks, [w.worker_id for w in allowed])
-        n = max(1, len(item.blocks))
-
-        def cost(w: Worker) -> tuple[float, str]:
-            return (
-                p.load_weight * load[w.worker_id] - p.overlap_weight * overlap[w.worker_id] / n,
-                w.worker_id,
-            )
-
-        best = min(allowed, key=cost)
-        self._note_route(best, item, overlap[best.worker_id])
-        return best
+            item.blocks = prefix_blocks(item.request, self.policy.kv_block_chars)
+        w, hits = self.router.choose(model, item.blocks, candidates, free)
+        self._note_route(w, item, hits)
+        return w
 
     def _note_route(self, w: Worker, item: Queued, hits: int) -> None:
         blocks = item.blocks or []
@@ -756,6 +742,24 @@ class SchedulerCore:
         if not item.request.prefix_hashes:
             # text blocks: no engine event will ever name them, so remember them here
             self.kv.on_routed(w.worker_id, blocks)
+
+
+class _Candidates:
+    """The ready workers serving each model, by worker id: looked up once per dispatch
+    pass (placing work changes their load, not who they are)."""
+
+    def __init__(self, workers: dict[str, Worker]) -> None:
+        self._workers = workers
+        self._by_model: dict[str, list[Worker]] = {}
+
+    def of(self, model: str) -> list[Worker]:
+        found = self._by_model.get(model)
+        if found is None:
+            found = self._by_model[model] = sorted(
+                (w for w in self._workers.values() if model in w.models and w.state == "ready"),
+                key=lambda w: w.worker_id,
+            )
+        return found
 
 
 def _identity(request: RequestSubmitted) -> tuple[str, float]:

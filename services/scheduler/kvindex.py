@@ -15,7 +15,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from inferbus.contracts import KvAllCleared, KvBlocksRemoved, KvBlocksStored, KvEvent
+from inferbus.contracts import (
+    KvAllCleared,
+    KvBlocksRemoved,
+    KvBlocksStored,
+    KvEvent,
+    RequestSubmitted,
+)
 
 
 class _Holders:
@@ -131,3 +137,17 @@ def text_blocks(text: str, block_chars: int = 256) -> list[int]:
         parent = hash((parent, text[i : i + block_chars]))
         out.append(parent)
     return out
+
+
+def prefix_blocks(request: RequestSubmitted, block_chars: int = 256) -> list[int]:
+    """A request's prefix blocks: the client's ``prefix_hashes`` (the engine's block
+    hashes, matched exactly by KV events), else ``text_blocks`` of its prompt, or of
+    its messages as role and content lines."""
+    if request.prefix_hashes:
+        return list(request.prefix_hashes)
+    text = (
+        request.prompt
+        if request.prompt is not None
+        else "".join(f"{m.role}\n{m.content}\n" for m in request.messages or ())
+    )
+    return text_blocks(text, block_chars)

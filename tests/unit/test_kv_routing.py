@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from typing import get_args, get_type_hints
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from inferbus.contracts import (
     KvAllCleared,
     KvBlocksRemoved,
@@ -9,8 +15,15 @@ from inferbus.contracts import (
     RequestSubmitted,
     WorkerHeartbeat,
 )
-from inferbus.services.scheduler.core import Assign, SchedulerCore, SchedulerPolicy
+from inferbus.services.scheduler.core import Assign, SchedulerCore, SchedulerPolicy, Worker
 from inferbus.services.scheduler.kvindex import KvIndex, text_blocks
+from inferbus.services.scheduler.routing import (
+    ROUTERS,
+    DynamoRouter,
+    KvRouter,
+    RoundRobinRouter,
+    make_router,
+)
 
 
 def test_overlap_counts_leading_blocks_only():
@@ -93,8 +106,6 @@ def test_round_robin_ignores_caches():
 
 # -- canary weights ------------------------------------------------------------------------
 
-import pytest  # noqa: E402
-
 
 def test_a_canary_takes_its_share_stably_and_falls_back_when_absent():
     core = SchedulerCore(SchedulerPolicy())
@@ -132,3 +143,92 @@ def test_canary_requests_fall_back_when_the_new_version_is_full_or_gone():
     assert placed == ["B", "A", "A"]  # B full: the rest run on the current version
     core.set_canary("m", {})
     assert [e.worker_id for e in core.on_accepted(req("after", []), 0.1)] == ["A"]
+
+
+# -- routing strategies ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, cls", [("kv", KvRouter), ("round_robin", RoundRobinRouter), ("dynamo", DynamoRouter)]
+)
+def test_each_routing_name_builds_its_strategy(name, cls):
+    assert isinstance(make_router(SchedulerPolicy(routing=name), KvIndex()), cls)
+    assert isinstance(SchedulerCore(SchedulerPolicy(routing=name)).router, cls)
+
+
+def test_the_policy_names_exactly_the_registered_strategies():
+    assert set(get_args(get_type_hints(SchedulerPolicy)["routing"])) == set(ROUTERS)
+
+
+def test_an_unknown_routing_name_fails_clearly():
+    policy = SchedulerPolicy(routing="fastest")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown routing policy 'fastest'.*dynamo, kv"):
+        make_router(policy, KvIndex())
+    with pytest.raises(ValueError, match="fastest"):
+        SchedulerCore(policy)
+
+
+_worker = st.tuples(
+    st.integers(1, 4),  # max_num_seqs
+    st.integers(0, 4),  # assigned
+    st.integers(0, 4),  # foreign
+    st.sampled_from(["ready", "draining"]),
+    st.sampled_from([0, 300, 3000]),  # kv_capacity_tokens
+    st.integers(0, 400),  # assigned tokens per request
+    st.lists(st.integers(1, 4), max_size=4),  # KV blocks it reported
+)
+
+
+@pytest.mark.parametrize("name", sorted(ROUTERS))
+@settings(max_examples=150, deadline=None, database=None)
+@given(
+    workers=st.lists(_worker, min_size=1, max_size=6),
+    blocks=st.lists(st.integers(1, 4), max_size=5),
+    tokens=st.lists(st.integers(1, 800), min_size=1, max_size=6),
+)
+def test_every_strategy_chooses_a_worker_that_can_take_the_request(name, workers, blocks, tokens):
+    """The same contract for all: one of the free workers (never one without room),
+    and the number of leading blocks it holds by the index."""
+    kv = KvIndex()
+    policy = SchedulerPolicy(routing=name)
+    router = make_router(policy, kv)
+    candidates = []
+    for i, (seqs, n, foreign, state, cap, per, held) in enumerate(workers):
+        wid = f"w{i}"
+        candidates.append(
+            Worker(
+                worker_id=wid,
+                models=["m"],
+                max_num_seqs=seqs,
+                state=state,
+                last_seen=0.0,
+                kv_capacity_tokens=cap,
+                assigned={f"{wid}.{j}" for j in range(n)},
+                assigned_tokens=n * per,
+                foreign={f"{wid}.f{j}" for j in range(foreign)},
+            )
+        )
+        if held:
+            kv.on_event(KvBlocksStored(worker_id=wid, block_hashes=held))
+    for t in tokens:  # several decisions: round robin's rotation moves between them
+        free = [w for w in candidates if w.can_take(t)]
+        if not free:
+            continue
+        chosen, hits = router.choose("m", blocks, candidates, free)
+        assert any(chosen is w for w in free)
+        assert chosen.can_take(t)
+        if router.uses_prefix:
+            assert hits == kv.overlaps(blocks, [chosen.worker_id])[chosen.worker_id]
+        else:
+            assert hits == 0
+
+
+@pytest.mark.parametrize("name", sorted(ROUTERS))
+def test_every_strategy_leaves_full_workers_alone_in_the_core(name):
+    core = SchedulerCore(SchedulerPolicy(routing=name, max_load_skew=10.0))
+    for w, seqs in (("a", 1), ("b", 2), ("c", 3)):
+        core.on_heartbeat(hb(w, seqs=seqs), 0.0)
+    core.on_kv_event(KvBlocksStored(worker_id="a", block_hashes=[1, 2]))  # a is small
+    placed = [e.worker_id for i in range(8) for e in core.on_accepted(req(f"r{i}", [1, 2]), 0.0)]
+    assert sorted(placed) == ["a", "b", "b", "c", "c", "c"]  # six slots, two left queued
+    assert all(core.is_queued(f"r{i}") for i in (6, 7))
