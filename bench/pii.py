@@ -1,7 +1,7 @@
 """PII detection: inferbus against Microsoft Presidio's pattern recognizers, one run.
 
 A labelled set is generated (seeded): English and Chinese sentences holding every
-entity type in the formats people write them (inferbus/piidata.py makes numbers that
+entity type in the formats people write them (tests/testkit/piidata.py makes numbers that
 pass the real checks), and hard negatives that look like them (order numbers and
 16-digit ids failing Luhn, timestamps, version strings, 18-digit numbers with a wrong
 check digit, invalid IBANs, out-of-range addresses). Both detectors see the same
@@ -37,8 +37,10 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import testkit_path  # noqa: F401  (before testkit)
+from testkit.piidata import GENERATORS, us_phone
+
 from inferbus.contracts import TokenChunk
-from inferbus.piidata import GENERATORS, us_phone
 from inferbus.services.sanitizer.core import FilteredStream
 from inferbus.services.sanitizer.pii import StreamMasker, mask
 

@@ -31,11 +31,12 @@ import tempfile
 from pathlib import Path
 
 import aiohttp
+import testkit_path  # noqa: F401  (before testkit)
 from platform_up import start_up
 from stream_overhead import Result, http_one, nats_one, run_load
+from testkit.otlp_sink import OtlpSink
 
 from inferbus.client import Client
-from inferbus.otlp_sink import OtlpSink
 
 
 class Run:

@@ -14,9 +14,9 @@ import nats
 import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from testkit.otlp_sink import OtlpSink
 
 from inferbus.contracts import TRACE_DECIDED
-from inferbus.otlp_sink import OtlpSink
 from inferbus.shared.natsserver import NatsServer
 from inferbus.shared.tracing import REQUEST_ID, TracePolicy, Tracing
 

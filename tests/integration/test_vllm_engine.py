@@ -17,6 +17,8 @@ import pytest
 
 pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip install -e '.[cpu]')")
 
+from testkit.otlp_sink import OtlpSink  # noqa: E402
+
 from inferbus.client import RequestError  # noqa: E402
 from inferbus.contracts import (  # noqa: E402
     CANCEL,
@@ -27,7 +29,6 @@ from inferbus.contracts import (  # noqa: E402
     RequestCancelled,
     WorkerHeartbeat,
 )
-from inferbus.otlp_sink import OtlpSink  # noqa: E402
 from inferbus.shared.codec import decode, encode  # noqa: E402
 from inferbus.tinymodel import make_tiny, make_tiny_lora  # noqa: E402
 

@@ -8,8 +8,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from inferbus.piidata import (
+from testkit.piidata import (
     card_number,
     cn_id,
     cn_mobile,
@@ -19,6 +18,7 @@ from inferbus.piidata import (
     ssn,
     us_phone,
 )
+
 from inferbus.services.sanitizer.pii import (
     StreamMasker,
     cn_id_ok,

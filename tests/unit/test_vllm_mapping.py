@@ -9,8 +9,8 @@ import pytest
 from inferbus.contracts import KvAllCleared, KvBlocksRemoved, KvBlocksStored, SamplingParams
 from inferbus.services.worker.engine import EngineError
 from inferbus.services.worker.service import WorkerSettings
-from inferbus.shared.config import load_settings
 from inferbus.services.worker.vllm_engine import kv_events_of, timings_of
+from inferbus.shared.config import load_settings
 
 
 def _named(name: str, **fields):
