@@ -138,3 +138,97 @@ def test_keys_new_then_up_with_keys_serves_its_self_test(tmp_path: Path):
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"API keys from {keys}" in run.stdout and "self-test" in run.stdout
+
+
+def _ps(nats_url: str) -> dict[str, dict[str, str]]:
+    out = subprocess.run(
+        [*INFERBUS, "ps", "--nats-url", nats_url], capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    rows = {}
+    for line in out.stdout.splitlines():
+        name, state, _, pid, _, restarts, *_ = line.split()
+        rows[name] = {"state": state, "pid": pid, "restarts": restarts}
+    return rows
+
+
+def _wait_for(predicate, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError("timed out")
+
+
+def _chat(port: int) -> bool:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=json.dumps(
+            {"model": "sim-model", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}
+        ).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())["usage"]["completion_tokens"] == 4
+    except OSError:
+        return False
+
+
+def test_up_scales_workers_and_restarts_what_dies_nats_included(tmp_path: Path):
+    """The supervisor: `inferbus scale` starts and stops workers while running; a killed
+    worker and a killed embedded nats-server come back, and requests are served again."""
+    import os
+
+    port, nats_port = free_port(), free_port()
+    nats_url = f"nats://127.0.0.1:{nats_port}"
+    up = subprocess.Popen(
+        [*INFERBUS, "up", "--engine", "sim", "--no-selftest", "--port", str(port),
+         "--nats-port", str(nats_port), "--metrics-port-base",
+         str(random.randrange(20000, 32000, 100)), "--state-dir", str(tmp_path / "state")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "NATS_URL": ""},
+    )  # fmt: skip
+    try:
+        _wait_for(lambda: _chat(port), 60)
+        scaled = subprocess.run(
+            [*INFERBUS, "scale", "worker", "3", "--nats-url", nats_url],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert scaled.returncode == 0, scaled.stderr
+        rows = _ps(nats_url)
+        assert {"worker-0", "worker-1", "worker-2", "nats", "gateway"} <= rows.keys()
+
+        # a worker killed: restarted, its restart counted
+        os.kill(int(rows["worker-1"]["pid"]), signal.SIGKILL)
+        _wait_for(lambda: _ps(nats_url)["worker-1"]["restarts"] == "1")
+
+        # the embedded NATS killed: restarted on its store, and the platform serves again
+        os.kill(int(rows["nats"]["pid"]), signal.SIGKILL)
+        began = time.monotonic()
+        _wait_for(lambda: _chat(port), 30)
+        print(f"served again {time.monotonic() - began:.1f}s after nats-server was killed")
+        assert _ps(nats_url)["nats"]["restarts"] == "1"
+
+        # down to one: the newest go, drained
+        scaled = subprocess.run(
+            [*INFERBUS, "scale", "worker", "1", "--nats-url", nats_url],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert scaled.returncode == 0, scaled.stderr
+        _wait_for(lambda: not {"worker-1", "worker-2"} & _ps(nats_url).keys())
+        assert _chat(port)
+
+        refused = subprocess.run(
+            [*INFERBUS, "scale", "gateway", "2", "--nats-url", nats_url],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert refused.returncode != 0 and "not scalable" in refused.stderr
+    finally:
+        up.send_signal(signal.SIGINT)
+        rest, _ = up.communicate(timeout=90)
+    assert up.returncode == 0, rest
+    assert "nats exited with -9; restarting" in rest and "worker-1 exited with -9" in rest
+    assert rest.rstrip().endswith("stopped")

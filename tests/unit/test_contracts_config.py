@@ -6,6 +6,7 @@ import ast
 import json
 import sys
 from pathlib import Path
+from typing import Annotated, Literal
 
 import msgspec
 import pytest
@@ -46,7 +47,13 @@ from inferbus.contracts import (
 )
 from inferbus.contracts.schema import document
 from inferbus.shared import codec
-from inferbus.shared.config import DEFAULT_NATS_URL, ServiceSettings, load_settings
+from inferbus.shared.config import (
+    DEFAULT_NATS_URL,
+    ServiceSettings,
+    group,
+    load_settings,
+    settings_of,
+)
 
 CONTRACTS_DIR = Path(__file__).resolve().parents[2] / "contracts"
 
@@ -359,3 +366,78 @@ def test_unknown_flag_is_refused():
 def test_settings_are_plain_msgspec_structs():
     s = load_settings(DemoSettings, argv=[], environ={"INFERBUS_INSTANCE_ID": "x"})
     assert msgspec.to_builtins(s)["instance_id"] == "x"
+
+
+# -- settings groups: a core's policy or an engine's options nested once ------------------
+
+
+class DemoPolicy(msgspec.Struct, kw_only=True, frozen=True):
+    routing: Literal["kv", "round_robin"] = "kv"
+    weight: float = 1.0
+
+
+class DemoTiming(msgspec.Struct, kw_only=True, frozen=True):
+    step_s: float = 0.0
+
+
+class GroupedSettings(ServiceSettings, kw_only=True):
+    policy: DemoPolicy = DemoPolicy()
+    timing: Annotated[DemoTiming, group("sim_")] = DemoTiming()
+    modules: dict[str, str] = {}
+
+
+def test_a_group_is_set_by_flat_flags_and_env():
+    s = load_settings(
+        GroupedSettings,
+        argv=["--routing", "round_robin", "--sim-step-s", "0.5"],
+        environ={"INFERBUS_WEIGHT": "2.5"},
+    )
+    assert s.policy == DemoPolicy(routing="round_robin", weight=2.5)
+    assert s.timing == DemoTiming(step_s=0.5)
+    assert load_settings(GroupedSettings, argv=[], environ={}).policy == DemoPolicy()
+
+
+def test_a_bad_value_in_a_group_names_where_it_is():
+    with pytest.raises(SystemExit) as info:
+        load_settings(GroupedSettings, argv=["--routing", "fastest"], environ={})
+    assert "policy.routing" in str(info.value.code)
+
+
+def test_overrides_use_the_flat_names_and_unknown_ones_are_refused():
+    assert load_settings(GroupedSettings, argv=[], environ={}, weight=3.0).policy.weight == 3.0
+    with pytest.raises(TypeError, match="no setting"):
+        load_settings(GroupedSettings, argv=[], environ={}, wieght=3.0)
+
+
+def test_dict_settings_take_pairs_or_json():
+    def modules(text: str) -> dict[str, str]:
+        return load_settings(GroupedSettings, argv=["--modules", text], environ={}).modules
+
+    assert modules("a=/x, b=/y") == {"a": "/x", "b": "/y"}
+    assert modules('{"a": "/x"}') == {"a": "/x"}
+    with pytest.raises(SystemExit, match="name=value"):
+        modules("just-a-path")
+
+
+def test_a_setting_two_groups_claim_is_refused_at_start():
+    class Twice(ServiceSettings, kw_only=True):
+        policy: DemoPolicy = DemoPolicy()
+        weight: float = 0.0
+
+    with pytest.raises(TypeError, match="'weight' is declared twice"):
+        settings_of(Twice)
+
+
+def test_the_real_services_settings_each_declare_every_flag_once():
+    from inferbus import servicetable
+
+    for entry in servicetable.SERVICES:
+        names = [s.name for s in settings_of(entry.settings_class())]
+        assert len(names) == len(set(names)), entry.name
+    worker = {s.name: s.path for s in settings_of(servicetable.get("worker").settings_class())}
+    assert worker["model"] == ("engine_options", "model")
+    assert worker["sim_decode_s_per_step"] == ("sim", "decode_s_per_step")
+    scheduler = {
+        s.name: s.path for s in settings_of(servicetable.get("scheduler").settings_class())
+    }
+    assert scheduler["routing"] == ("policy", "routing")
