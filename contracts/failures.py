@@ -143,6 +143,7 @@ FAILURES: dict[FailureCode, Failure] = {
 
 def failure(code: str) -> Failure | None:
     """The table's row for ``code`` (a ``FailureCode`` or its string), None when unknown."""
+    # a FailureCode hashes and compares as its string: the table answers either
     return FAILURES.get(code)  # type: ignore[call-overload]
 
 

@@ -6,7 +6,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 
@@ -169,17 +169,15 @@ def generate(
     async def go() -> int:
         client = await Client.connect(nats_url, name="inferbus-generate")
         try:
-            kwargs = dict(
+            stream = client.stream(
+                model,
+                None if chat else prompt,
+                messages=[{"role": "user", "content": prompt}] if chat else None,
                 max_tokens=max_tokens,
                 temperature=temperature,
                 stop=list(stop),
                 seed=seed,
                 timeout=timeout,
-            )
-            stream = (
-                client.stream(model, messages=[{"role": "user", "content": prompt}], **kwargs)
-                if chat
-                else client.stream(model, prompt, **kwargs)
             )
             try:
                 async for chunk in stream:
@@ -413,7 +411,7 @@ def sanitize() -> None:
     show_default=True,
     help="What a finding means (the platform's default: block).",
 )
-def sanitize_check(policy: str) -> None:
+def sanitize_check(policy: Literal["block", "flag"]) -> None:  # click.Choice checked it
     """Read {"text": ...} JSON lines on stdin; write {"decision": block|flag|pass,
     "findings": [{"rule", "type", "start", "end"}]} for each."""
     from inferbus.services.sanitizer.injection import decide, findings
@@ -423,7 +421,7 @@ def sanitize_check(policy: str) -> None:
         _write_json(
             {
                 "decision": decide(found, policy),
-                "findings": [  # type: ignore[arg-type]
+                "findings": [
                     {"rule": f.rule, "type": f.type, "start": f.start, "end": f.end} for f in found
                 ],
             }

@@ -54,9 +54,12 @@ class RequestError(Exception):
     ) -> None:
         super().__init__(message)
         self.event = event
-        self.code: str = code or getattr(
-            event, "code", FailureCode.CANCELLED if event else FailureCode.TIMEOUT
-        )
+        if not code:
+            if isinstance(event, RequestFailed | RequestRejected):
+                code = event.code
+            else:
+                code = FailureCode.CANCELLED if event else FailureCode.TIMEOUT
+        self.code: str = code
 
     @property
     def retryable(self) -> bool:

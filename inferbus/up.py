@@ -184,10 +184,11 @@ class Up:
 
     async def _on_command(self, msg: Msg) -> None:
         error = ""
+        cmd: SupervisorCommand | None = None
         try:
-            cmd: SupervisorCommand = decode(msg.data, SupervisorCommand)  # type: ignore[arg-type]
+            cmd = decode(msg.data, SupervisorCommand)
         except DecodeError as exc:
-            cmd, error = None, f"undecodable command: {exc}"  # type: ignore[assignment]
+            error = f"undecodable command: {exc}"
         if isinstance(cmd, ScaleService):
             error = await self.scale(cmd)
         state = SupervisorState(

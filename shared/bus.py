@@ -48,7 +48,8 @@ async def connect(url: str, name: str) -> Client:
         url,
         name=name,
         max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
+        # nats-py annotates this int, but it is seconds for asyncio.sleep: a float works
+        reconnect_time_wait=0.5,  # type: ignore[arg-type]
         connect_timeout=5,
         error_cb=on_error,
         disconnected_cb=on_disconnect,

@@ -9,8 +9,9 @@ import logging
 import sys
 
 import structlog
+from structlog.typing import EventDict, Processor, WrappedLogger
 
-_SHARED = [
+_SHARED: list[Processor] = [
     structlog.contextvars.merge_contextvars,
     structlog.stdlib.add_log_level,
     structlog.stdlib.add_logger_name,
@@ -45,7 +46,7 @@ def stdlib_formatter(**fields: str) -> logging.Formatter:
     """The JSON formatter for standard-library records (nats-py, aiohttp, vLLM); ``fields``
     are added to each line (a process with no bound context: vLLM's engine core)."""
 
-    def add_fields(_: object, __: str, event: dict) -> dict:
+    def add_fields(_: WrappedLogger, __: str, event: EventDict) -> EventDict:
         for k, v in fields.items():
             event.setdefault(k, v)
         return event

@@ -93,6 +93,7 @@ if not _ON:
 
         inc = dec = set = observe = remove = _noop
 
+    # the stand-in replaces prometheus_client's classes (mypy sees two definitions)
     Counter = Gauge = Histogram = _Off  # type: ignore[misc,assignment]  # noqa: F811
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

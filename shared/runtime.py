@@ -247,10 +247,10 @@ def run_loop(main_coro: Any) -> Any:
     every message and token crosses this loop."""
     import os
 
+    if os.environ.get("INFERBUS_EVENT_LOOP") == "asyncio":
+        return asyncio.run(main_coro)
     try:
         import uvloop
     except ImportError:
-        uvloop = None
-    if uvloop is None or os.environ.get("INFERBUS_EVENT_LOOP") == "asyncio":
         return asyncio.run(main_coro)
     return uvloop.run(main_coro)

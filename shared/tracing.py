@@ -554,7 +554,7 @@ class Tracing:
             d = decode(msg.data, TraceDecided)
             decided = [((int(r.trace_id, 16), r.request_id), True) for r in d.kept]
             decided += [((int(r.trace_id, 16), r.request_id), False) for r in d.dropped]
-        except (DecodeError, ValueError) as exc:
+        except (*DecodeError, ValueError) as exc:
             log.warning("undecodable trace decision", error=str(exc))
             return
         assert self.sampler is not None

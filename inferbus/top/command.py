@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from rich.console import Console
 from rich.live import Live
@@ -17,7 +17,7 @@ from .rows import View
 from .view import build_view, view_json
 
 
-async def views(collector: Collector, interval_s: float) -> AsyncIterator[View]:
+async def views(collector: Collector, interval_s: float) -> AsyncGenerator[View, None]:
     """The first view has no rates; each next one has them over the last interval."""
     before = await collector.snapshot()
     yield build_view(None, before)

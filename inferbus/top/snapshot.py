@@ -70,7 +70,8 @@ def instance_from_stats(reply: Mapping[str, Any]) -> Instance | None:
     name = reply.get("name")
     if not isinstance(name, str) or not name.startswith(SERVICE_PREFIX):
         return None
-    metadata = reply.get("metadata") if isinstance(reply.get("metadata"), Mapping) else {}
+    raw_metadata = reply.get("metadata")
+    metadata: Mapping[str, Any] = raw_metadata if isinstance(raw_metadata, Mapping) else {}
     status: Mapping[str, Any] = {}
     for endpoint in reply.get("endpoints") or ():
         if isinstance(endpoint, Mapping) and isinstance(endpoint.get("data"), Mapping):

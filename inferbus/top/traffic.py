@@ -50,7 +50,7 @@ class _Traffic:
     def first_tokens(self) -> tuple[str | None, dict[float, float]]:
         """The TTFT source to show and its buckets."""
         for source in TTFT_SOURCES:
-            buckets = self.ttft.get(source, {})
+            buckets: dict[float, float] = self.ttft.get(source, {})
             if max(buckets.values(), default=0.0) > 0:
                 return source, dict(buckets)
         return None, {}

@@ -20,6 +20,8 @@ from inferbus.contracts import (
     SCHEDULER_LOAD,
     SUBMIT,
     CancelRequest,
+    ChatMessage,
+    FailureCode,
     ReplyEvent,
     RequestFinished,
     RequestSubmitted,
@@ -38,10 +40,13 @@ from inferbus.shared.runtime import Context, Service
 from .auth import AccessControl, ApiKey, estimate_prompt_tokens, load_keys
 from .core import (
     ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
     LoadView,
     ModelRegistry,
     Shapes,
     error_for,
+    failure_error,
     parse_chat,
     parse_completion,
     prompt_chars,
@@ -256,19 +261,21 @@ class GatewayService(Service[GatewaySettings]):
         # a request that names no max_tokens gets the default, within the key's cap
         default_max = min(self.settings.default_max_tokens, key.max_tokens or 2**31)
         prompt: str | None = None
-        messages = None
+        messages: list[ChatMessage] | None = None
+        req: ChatCompletionRequest | CompletionRequest
         if chat:
             req, sampling, messages = parse_chat(body, default_max)
         else:
-            creq, sampling, prompt = parse_completion(body, default_max)
-            req = creq
+            req, sampling, prompt = parse_completion(body, default_max)
         timeout_s = request_timeout(http.headers.get("X-Request-Timeout"))
         now = time.monotonic()
         trace.describe(req.model, sampling, key.tenant_id, bool(req.stream))
         self.access.authorize_model(key, req.model)  # first: no probing for other models
         self.registry.admit(req.model, now, sampling.max_tokens)
         if rid in self._pending:
-            raise ApiError(409, f"request {rid} is already in flight", code="duplicate_request")
+            raise failure_error(
+                FailureCode.DUPLICATE_REQUEST, f"request {rid} is already in flight"
+            )
         self.load.admit(req.model, now)  # before charging the key: a full queue costs nothing
         chars = prompt_chars(prompt, messages)
         admission = self.access.admit(
@@ -328,19 +335,18 @@ class GatewayService(Service[GatewaySettings]):
         )
         if ack.duplicate:  # refused: the request under that id is another one
             raise _Ended(
-                ApiError(
-                    409,
+                failure_error(
+                    FailureCode.DUPLICATE_REQUEST,
                     f"request id {rid} was already submitted; use a new one",
                     param="x-request-id",
-                    code="duplicate_request",
                 )
             )
         trace.on_submitted()
         # the platform ends a request at its deadline; the grace covers the last hop
         limit = self.settings.request_timeout_s
-        own = timeout_s is not None and timeout_s + _DEADLINE_GRACE_S < limit
-        if own:
-            limit = timeout_s + _DEADLINE_GRACE_S  # type: ignore[operator]
+        own = False
+        if timeout_s is not None and timeout_s + _DEADLINE_GRACE_S < limit:
+            limit, own = timeout_s + _DEADLINE_GRACE_S, True
         deadline = time.monotonic() + limit
         attempt = None
         while True:
@@ -352,18 +358,14 @@ class GatewayService(Service[GatewaySettings]):
             if ev is None:
                 if own:
                     raise _Ended(
-                        ApiError(
-                            504,
+                        failure_error(
+                            FailureCode.DEADLINE_EXCEEDED,
                             f"the request's {timeout_s:g}s timeout passed",
-                            type="server_error",
-                            code="deadline_exceeded",
                         ),
                         settled=False,
                     )
                 raise _Ended(
-                    ApiError(
-                        504, f"no answer within {limit:g}s", type="server_error", code="timeout"
-                    ),
+                    failure_error(FailureCode.TIMEOUT, f"no answer within {limit:g}s"),
                     settled=False,
                 )
             if isinstance(ev, TokenChunk):

@@ -19,7 +19,7 @@ smuggled into user text, jailbreak personas, requests for the system prompt.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -429,7 +429,8 @@ def findings(text: str) -> list[Finding]:
     return sorted(first.values(), key=lambda f: (f.start, f.rule))
 
 
-def decide(found: list[Finding], policy: Policy) -> Decision:
+def decide(found: Sequence[object], policy: Policy) -> Decision:
+    """What ``policy`` makes of the findings (of a text, or of a request's fields)."""
     if not found or policy == "off":
         return "pass"
     return "block" if policy == "block" else "flag"

@@ -291,7 +291,7 @@ class SanitizerService(Service[SanitizerSettings]):
             e2e = time.time() - request.created_at if request.created_at else 0.0
             # a refusal is the client's doing, not a failure: kept as any request is
             # (a flood of payloads must not flood the traces; the metrics count them)
-            decision = tracing.end_request(parent, request_id=rid, failed=False, e2e_s=e2e)
+            trace_decision = tracing.end_request(parent, request_id=rid, failed=False, e2e_s=e2e)
             log.info(
                 "request ended",
                 request_id=rid,
@@ -302,7 +302,7 @@ class SanitizerService(Service[SanitizerSettings]):
                 reason=rejection.reason,
                 e2e_s=round(e2e, 6),
                 rules=sorted({f.rule for f in found}),
-                **tracing.log_fields(parent, decision),
+                **tracing.log_fields(parent, trace_decision),
             )
         metrics.EVENTS_HANDLED.labels(self.name, "request.submitted").inc()
         await msg.ack()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Protocol
 
@@ -50,22 +50,40 @@ class EngineStats(msgspec.Struct, kw_only=True):
 
 
 class Engine(Protocol):
-    name: str
-    models: list[str]
-    """Served names: the base model first, then any LoRA adapters."""
-    adapters: list[str]
-    max_num_seqs: int
-    max_model_len: int
-    """Longest prompt + output in tokens (known once the engine has started)."""
-    kv_capacity_tokens: int
-    """Tokens the KV cache holds (0: unknown)."""
+    """The worker only reads an engine's attributes: an implementation may make them
+    plain attributes or read-only properties (vLLM's limits are known once it runs)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def models(self) -> list[str]:
+        """Served names: the base model first, then any LoRA adapters."""
+        ...
+
+    @property
+    def adapters(self) -> list[str]: ...
+
+    @property
+    def max_num_seqs(self) -> int: ...
+
+    @property
+    def max_model_len(self) -> int:
+        """Longest prompt + output in tokens (known once the engine has started)."""
+        ...
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the KV cache holds (0: unknown)."""
+        ...
 
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
 
-    def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        """Stream outputs; closing the iterator early aborts the request in the engine."""
+    def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
+        """Stream outputs; closing the generator early (``aclose``) aborts the request
+        in the engine."""
         ...
 
     def stats(self) -> EngineStats: ...

@@ -16,9 +16,11 @@ import asyncio
 import re
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import msgspec
+
+from inferbus.contracts import FailureCode
 
 from .engine import EngineError, EngineOutput, EngineRequest, EngineStats
 
@@ -174,13 +176,13 @@ class SimEngine:
     def stats(self) -> EngineStats:
         return EngineStats(running=len(self._running), waiting=len(self._waiting))
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         if self._loop_task is None or self._loop_task.done():
             raise RuntimeError("sim engine is not running")
         seq = _Sequence(request)
         if seq.prompt_tokens + request.sampling.max_tokens > self.max_model_len:
             raise EngineError(
-                "context_length_exceeded",
+                FailureCode.CONTEXT_LENGTH_EXCEEDED,
                 f"the prompt ({seq.prompt_tokens} tokens) plus max_tokens "
                 f"({request.sampling.max_tokens}) exceeds the model's "
                 f"{self.max_model_len}-token context",
@@ -205,7 +207,7 @@ class SimEngine:
             if not self._running and not self._waiting:
                 self._wake.clear()
                 await self._wake.wait()
-            admitted = []
+            admitted: list[_Sequence] = []
             while self._waiting and len(self._running) + len(admitted) < self.max_num_seqs:
                 seq = self._waiting.popleft()
                 if not seq.aborted:

@@ -11,13 +11,14 @@ import asyncio
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
 from inferbus.contracts import (
+    FailureCode,
     KvAllCleared,
     KvBlocksRemoved,
     KvBlocksStored,
@@ -28,6 +29,10 @@ from inferbus.contracts import (
 from inferbus.shared import logs
 
 from .engine import EngineError, EngineOptions, EngineOutput, EngineRequest, EngineStats
+
+if TYPE_CHECKING:
+    from vllm.config.lora import MaxLoRARanks
+    from vllm.config.model import ModelDType
 
 log = logs.get("inferbus.worker.vllm")
 
@@ -104,7 +109,9 @@ def sampling_params(s: SamplingParams) -> Any:
             output_kind=RequestOutputKind.DELTA,
         )
     except request_errors() as exc:
-        raise EngineError("invalid_request", f"invalid sampling parameters: {exc}") from None
+        raise EngineError(
+            FailureCode.INVALID_REQUEST, f"invalid sampling parameters: {exc}"
+        ) from None
 
 
 def timings_of(metrics: Any, received_wall: float) -> StageTimings | None:
@@ -124,8 +131,8 @@ def timings_of(metrics: Any, received_wall: float) -> StageTimings | None:
 def kv_events_of(batch: Any, worker_id: str) -> list[KvEvent]:
     """vLLM's KVEventBatch as our contract events (hashes as unsigned 64-bit ints)."""
 
-    def h(x: bytes | int | None) -> int | None:
-        if x is None or isinstance(x, int):
+    def h(x: bytes | int) -> int:
+        if isinstance(x, int):
             return x
         return int.from_bytes(x, "big") & ((1 << 64) - 1)
 
@@ -137,7 +144,9 @@ def kv_events_of(batch: Any, worker_id: str) -> list[KvEvent]:
                 KvBlocksStored(
                     worker_id=worker_id,
                     block_hashes=[h(b) for b in ev.block_hashes],
-                    parent_block_hash=h(ev.parent_block_hash),
+                    parent_block_hash=(
+                        None if ev.parent_block_hash is None else h(ev.parent_block_hash)
+                    ),
                     token_ids=list(ev.token_ids),
                     block_size=ev.block_size,
                     lora_name=ev.lora_name,
@@ -223,8 +232,11 @@ class VllmEngine:
         return AsyncEngineArgs(
             model=o.model,
             served_model_name=[o.served_name],
-            dtype=o.dtype,
-            max_model_len=o.max_model_len or None,
+            # settings are plain strings and ints; vLLM's configs (pydantic) validate
+            # these and refuse a dtype or a LoRA rank outside their Literal
+            dtype=cast("ModelDType", o.dtype),
+            # None: the model's own limit (vLLM's default, though it annotates int)
+            max_model_len=o.max_model_len or None,  # type: ignore[arg-type]
             max_num_seqs=o.max_num_seqs,
             enforce_eager=o.enforce_eager,
             enable_prefix_caching=o.enable_prefix_caching,
@@ -233,7 +245,7 @@ class VllmEngine:
             distributed_executor_backend=o.distributed_executor_backend or None,
             enable_lora=o.enable_lora or bool(o.lora_modules),
             max_loras=o.max_loras,
-            max_lora_rank=o.max_lora_rank,
+            max_lora_rank=cast("MaxLoRARanks", o.max_lora_rank),
             kv_events_config=kv,
             disable_log_stats=False,
         )
@@ -244,7 +256,7 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         if not Path(self.options.model).exists():
-            raise EngineError("model_not_found", f"no model at {self.options.model!r}")
+            raise EngineError(FailureCode.MODEL_NOT_FOUND, f"no model at {self.options.model!r}")
         endpoint = ""
         if self.options.kv_events and self._on_kv_events is not None:
             sock, endpoint = self._kv_socket()
@@ -289,24 +301,28 @@ class VllmEngine:
             try:
                 ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
             except Exception as exc:  # a template that rejects these roles, say
-                raise EngineError("invalid_request", f"chat template failed: {exc}") from None
+                raise EngineError(
+                    FailureCode.INVALID_REQUEST, f"chat template failed: {exc}"
+                ) from None
             if isinstance(ids, dict) or hasattr(ids, "keys"):
                 ids = ids["input_ids"]
             return {"prompt_token_ids": list(ids)}
         return {"prompt_token_ids": tok.encode(request.prompt or "")}
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         if self._engine is None:
             raise RuntimeError("the vllm engine is not running")
         lora = self._loras.get(request.model)
         if request.model and request.model not in self.models:
-            raise EngineError("model_not_found", f"this worker does not serve {request.model!r}")
+            raise EngineError(
+                FailureCode.MODEL_NOT_FOUND, f"this worker does not serve {request.model!r}"
+            )
         prompt = self._prompt(request)
         max_len = self._engine.model_config.max_model_len
         n_prompt = len(prompt["prompt_token_ids"])
         if n_prompt + request.sampling.max_tokens > max_len:
             raise EngineError(
-                "context_length_exceeded",
+                FailureCode.CONTEXT_LENGTH_EXCEEDED,
                 f"the prompt ({n_prompt} tokens) plus max_tokens "
                 f"({request.sampling.max_tokens}) exceeds the model's {max_len}-token context",
             )
@@ -330,7 +346,7 @@ class VllmEngine:
                     timings=timings_of(out.metrics, received) if out.finished else None,
                 )
         except request_errors() as exc:  # vLLM refusing a request it cannot take
-            raise EngineError("invalid_request", str(exc)) from None
+            raise EngineError(FailureCode.INVALID_REQUEST, str(exc)) from None
         finally:
             if not finished and self._engine is not None:
                 await self._engine.abort(rid)  # frees the sequence and its KV blocks

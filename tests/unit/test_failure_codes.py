@@ -132,15 +132,6 @@ def test_the_sanitizer_rejects_with_contract_codes():
     assert check(r, limits).code == FailureCode.INVALID_REQUEST
 
 
-# Still writing codes as string literals (files outside this change): convert them to
-# FailureCode and take them off this list.
-_NOT_YET = {
-    "services/gateway/service.py",
-    "services/worker/sim.py",
-    "services/worker/vllm_engine.py",
-}
-
-
 def test_services_write_failure_codes_through_the_enum():
     """No ``code="worker_lost"`` (nor ``EngineError("...")``, ``reject("...")``) where
     a ``FailureCode`` member belongs."""
@@ -149,8 +140,6 @@ def test_services_write_failure_codes_through_the_enum():
     for folder in ("services", "inferbus", "contracts", "shared"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
-            if rel in _NOT_YET:
-                continue
             for node in ast.walk(ast.parse(path.read_text(), filename=rel)):
                 if not isinstance(node, ast.Call):
                     continue
