@@ -42,6 +42,7 @@ __all__ = [
     "ModelLoad",
     "InputFinding",
     "CanaryWeights",
+    "TenantPolicy",
     "SchedulerLoad",
     "TraceDecided",
     "DecidedRequest",
@@ -283,6 +284,27 @@ class CanaryWeights(Event, tag="canary.weights"):
     set_at: float = 0.0
 
 
+class TenantPolicy(Event, tag="tenant.policy"):
+    """What a tenant's requests over NATS may do, keyed by its credentials: the
+    sanitizer applies it to everything on the tenant's submit subject, whatever the
+    payload says (as an API key does over HTTP)."""
+
+    tenant: str
+    priority: str = "standard"
+    """``interactive``, ``standard`` or ``batch``."""
+    models: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    """Models it may use (``*``: all)."""
+    max_tokens: int = 0
+    """Per request; 0: no cap."""
+    input_policy: str = ""
+    """``block``, ``flag`` or ``off``; empty: the deployment's policy for the model."""
+    mask_pii: bool | None = None
+    """None: the deployment's default (on)."""
+    revoked: bool = False
+    """Its requests are refused (its credentials should also be removed)."""
+    set_at: float = 0.0
+
+
 class SchedulerLoad(Event, tag="scheduler.load"):
     """The scheduler's queues, published a few times a second for the gateways'
     backpressure (core NATS, ``ib.sched.load``)."""
@@ -368,5 +390,6 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     KvAllCleared,
     SchedulerLoad,
     CanaryWeights,
+    TenantPolicy,
     TraceDecided,
 )

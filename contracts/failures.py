@@ -49,6 +49,8 @@ class FailureCode(StrEnum):
     MODEL_NOT_FOUND = "model_not_found"
     ENGINE_ERROR = "engine_error"
     DUPLICATE_REQUEST = "duplicate_request"
+    PERMISSION_DENIED = "permission_denied"
+    BUS_UNAVAILABLE = "bus_unavailable"
     CANCELLED = "cancelled"
     TIMEOUT = "timeout"
 
@@ -127,6 +129,18 @@ FAILURES: dict[FailureCode, Failure] = {
         http_status=409,
         retryable=False,
         meaning="the request id was already used for another request",
+    ),
+    FailureCode.PERMISSION_DENIED: Failure(
+        http_status=403,
+        retryable=False,
+        meaning="the tenant's record does not allow it: no record, revoked, or a model or "
+        "max_tokens outside its scope",
+    ),
+    FailureCode.BUS_UNAVAILABLE: Failure(
+        http_status=503,
+        retryable=True,
+        meaning="the connection to NATS dropped while the request was in flight: what "
+        "was streamed meanwhile is lost",
     ),
     FailureCode.CANCELLED: Failure(
         http_status=499,

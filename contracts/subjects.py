@@ -13,6 +13,14 @@ import msgspec
 
 __all__ = [
     "SUBMIT",
+    "TENANT_SUBMITS",
+    "tenant_submit_subject",
+    "tenant_cancel_subject",
+    "TENANT_CANCELS",
+    "tenant_reply_prefix",
+    "tenant_of_subject",
+    "tenant_policy_subject",
+    "TENANT_POLICIES",
     "ACCEPTED",
     "ENDED",
     "CANCEL",
@@ -21,6 +29,7 @@ __all__ = [
     "SCHEDULER_LOAD",
     "TRACE_DECIDED",
     "REPLY_PREFIX",
+    "GATEWAY_REPLY_OWNER",
     "FILTER_PREFIX",
     "heartbeat_subject",
     "work_subject",
@@ -41,19 +50,32 @@ __all__ = [
 
 # JetStream subjects
 SUBMIT = "ib.req.submitted"
-"""Clients publish RequestSubmitted here (JetStream; set Nats-Msg-Id to the request id)."""
+"""RequestSubmitted from the platform's own submitters (the gateway, an operator), whose
+tenant, priority and policies fields are trusted (JetStream; set Nats-Msg-Id to the
+request id). With the bus closed, a tenant's client may not publish here."""
+_TENANT_SUBMIT = "ib.req.submitted.{tenant}"
+TENANT_SUBMITS = "ib.req.submitted.*"
+"""A tenant's own submit subject: NATS permissions let only that tenant's credentials
+publish on it, and the sanitizer takes the tenant, priority and policies of what
+arrives here from the tenant's record, never from the payload."""
 ACCEPTED = "ib.req.accepted"
 ENDED = "ib.req.ended"
 """Every terminal event is recorded here as well as sent to the reply subject."""
 _WORK = "ib.work.{worker_id}"
 _DEAD_LETTER = "ib.dlq.{service}"
 _KV = "ib.kv.{worker_id}"
-KV_EVENTS = "ib.kv.*"
+KV_EVENTS = "ib.kv.>"
 
 # core NATS subjects
 CANCEL = "ib.ctl.cancel"
+"""CancelRequest from the platform (the gateway when its client hangs up)."""
+_TENANT_CANCEL = "ib.ctl.cancel.{tenant}"
+TENANT_CANCELS = "ib.ctl.cancel.*"
+"""A tenant's cancels: honoured only for that tenant's own requests."""
 STARTED = "ib.ctl.started"
-HEARTBEATS = "ib.hb.*"
+HEARTBEATS = "ib.hb.>"
+"""Worker ids are ``<instance>.<nonce>``: a worker's credentials allow it the subjects
+of its own instance only (``ib.hb.<instance>.*``, ``ib.kv.<instance>.*``)."""
 SCHEDULER_LOAD = "ib.sched.load"
 """SchedulerLoad, a few times a second: queue depth and limits per model."""
 TRACE_DECIDED = "ib.trace.decided"
@@ -61,6 +83,9 @@ TRACE_DECIDED = "ib.trace.decided"
 spans of its trace exports or drops them (tail sampling across processes)."""
 _HEARTBEAT = "ib.hb.{worker_id}"
 REPLY_PREFIX = "ib.reply"
+GATEWAY_REPLY_OWNER = "gw"
+"""Gateways' replies are ``ib.reply.gw.<gateway>.<request id>``; tenants' are under
+``ib.reply.tenant.<tenant>.``."""
 FILTER_PREFIX = "ib.filter"
 """Output streams pass through a sanitizer instance at
 ``ib.filter.<instance>.<client reply subject>``."""
@@ -68,6 +93,9 @@ _STATUS = "ib.svc.{service}.status"
 
 _CANARY = "ib.cfg.canary.{model}"
 CANARIES = "ib.cfg.canary.*"
+_TENANT_POLICY = "ib.cfg.tenant.{tenant}"
+TENANT_POLICIES = "ib.cfg.tenant.*"
+_TENANT_REPLY = "ib.reply.tenant.{tenant}."
 
 HEADER_REQUEST_ID = "Ib-Request-Id"
 HEADER_TRACEPARENT = "traceparent"
@@ -77,6 +105,34 @@ HEADER_MSG_ID = "Nats-Msg-Id"
 def subject_token(text: str) -> str:
     """Make ``text`` safe as one subject token (host names may hold dots)."""
     return re.sub(r"[^A-Za-z0-9_-]", "-", text) or "-"
+
+
+def tenant_submit_subject(tenant: str) -> str:
+    return _TENANT_SUBMIT.format(tenant=tenant)
+
+
+def tenant_cancel_subject(tenant: str) -> str:
+    return _TENANT_CANCEL.format(tenant=tenant)
+
+
+def tenant_reply_prefix(tenant: str) -> str:
+    """Where a tenant's replies go (``ib.reply.tenant.<tenant>.<request id>``): the only
+    reply subjects its credentials may subscribe to."""
+    return _TENANT_REPLY.format(tenant=tenant)
+
+
+def tenant_of_subject(subject: str, base: str) -> str | None:
+    """The tenant token of ``<base>.<tenant>``; None for ``base`` itself (the platform's
+    own subject) or anything else."""
+    if subject.startswith(base + ".") and "." not in subject[len(base) + 1 :]:
+        return subject[len(base) + 1 :]
+    return None
+
+
+def tenant_policy_subject(tenant: str) -> str:
+    """A tenant's record (JetStream IB_CONFIG, the latest kept): set by an operator
+    (``inferbus creds new --tenant``), read by the sanitizer."""
+    return _TENANT_POLICY.format(tenant=tenant)
 
 
 def heartbeat_subject(worker_id: str) -> str:

@@ -12,13 +12,30 @@ import click
 
 from inferbus import servicetable
 from inferbus.contracts.control import DEFAULT_SUPERVISOR
+from inferbus.shared.buscreds import CREDS_ENV
 from inferbus.shared.config import DEFAULT_NATS_URL
+
+DEFAULT_OPERATOR_CREDS = Path(".inferbus") / "auth" / "creds" / "operator.json"
+"""Where `inferbus up` (default state folder) leaves the operator's credentials."""
 
 
 @click.group()
 @click.version_option(package_name="inferbus")
-def main() -> None:
+@click.option(
+    "--creds",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help=f"NATS credentials for the commands that use the bus (env {CREDS_ENV}; default: "
+    f"{DEFAULT_OPERATOR_CREDS} when `inferbus up` left it here).",
+)
+def main(creds: str | None) -> None:
     """inferbus: LLM inference as event-driven services over NATS JetStream."""
+    import os
+
+    if creds:
+        os.environ[CREDS_ENV] = creds
+    elif not os.environ.get(CREDS_ENV) and DEFAULT_OPERATOR_CREDS.exists():
+        os.environ[CREDS_ENV] = str(DEFAULT_OPERATOR_CREDS)
 
 
 @main.command()
@@ -87,6 +104,13 @@ def main() -> None:
     help="Tail sampling: the share of other requests' traces kept.",
 )
 @click.option(
+    "--open-bus",
+    is_flag=True,
+    help="Run the embedded NATS without users and permissions (anyone who reaches it "
+    "may do anything). By default the bus is closed: every service, the operator and "
+    "each tenant connect with their own credentials.",
+)
+@click.option(
     "--supervisor",
     default=DEFAULT_SUPERVISOR,
     show_default=True,
@@ -108,6 +132,7 @@ def up(
     api_keys_file: Path | None,
     trace_slow_s: float,
     trace_keep_ratio: float,
+    open_bus: bool,
     supervisor: str,
 ) -> None:
     """Start the whole platform on this machine."""
@@ -132,6 +157,7 @@ def up(
                 trace_slow_s=trace_slow_s,
                 trace_keep_ratio=trace_keep_ratio,
                 supervisor=supervisor,
+                open_bus=open_bus,
             )
         )
     )
@@ -220,10 +246,11 @@ def _supervisor_call(nats_url: str, supervisor: str, command: Any) -> Any:
     """Send a command to ``inferbus up``'s supervisor; its state back."""
     from inferbus.contracts.control import SupervisorState, supervisor_subject
     from inferbus.shared.bus import connect
+    from inferbus.shared.buscreds import credentials_from_env
     from inferbus.shared.codec import decode, encode
 
     async def call() -> SupervisorState:
-        nc = await connect(nats_url, "inferbus-ctl")
+        nc = await connect(nats_url, "inferbus-ctl", credentials_from_env())
         try:
             reply = await nc.request(supervisor_subject(supervisor), encode(command), timeout=5)
         finally:
@@ -445,6 +472,7 @@ def canary_set(model: str, weights: tuple[str, ...], nats_url: str) -> None:
 
     from inferbus.contracts import CanaryWeights, canary_subject
     from inferbus.shared.bus import connect, publish_durable
+    from inferbus.shared.buscreds import credentials_from_env
     from inferbus.shared.streams import ensure_streams
 
     parsed: dict[str, float] = {}
@@ -460,7 +488,7 @@ def canary_set(model: str, weights: tuple[str, ...], nats_url: str) -> None:
         raise click.BadParameter("the shares sum to more than 1")
 
     async def publish() -> None:
-        nc = await connect(nats_url, "inferbus-canary")
+        nc = await connect(nats_url, "inferbus-canary", credentials_from_env())
         try:
             js = nc.jetstream()
             await ensure_streams(js)
@@ -538,6 +566,126 @@ def schema() -> None:
     from inferbus.contracts.schema import document
 
     click.echo(json.dumps(document(), indent=2))
+
+
+@main.group()
+def creds() -> None:
+    """Credentials on the closed bus of `inferbus up` (its state folder's registry)."""
+
+
+_state_dir_option = click.option(
+    "--state-dir", type=click.Path(path_type=Path), default=Path(".inferbus"), show_default=True
+)
+
+
+def _reload_bus(state_dir: Path) -> None:
+    """Tell the embedded nats-server to reread its users (SIGHUP), when it runs."""
+    import os
+    import signal
+
+    from inferbus.busauth import Registry
+
+    Registry.open(state_dir / "auth").write_server_config(servicetable.permissions())
+    pid_file = state_dir / "nats.pid"
+    try:
+        os.kill(int(pid_file.read_text().strip()), signal.SIGHUP)
+    except (OSError, ValueError):
+        click.echo("the embedded nats-server is not running: it reads them when it starts",
+                   err=True)  # fmt: skip
+
+
+def _publish_tenant(nats_url: str, policy: Any) -> None:
+    from inferbus.contracts import tenant_policy_subject
+    from inferbus.shared.bus import connect, publish_durable
+    from inferbus.shared.buscreds import credentials_from_env
+    from inferbus.shared.streams import ensure_streams
+
+    async def publish() -> None:
+        nc = await connect(nats_url, "inferbus-creds", credentials_from_env())
+        try:
+            js = nc.jetstream()
+            await ensure_streams(js)
+            await publish_durable(
+                js,
+                tenant_policy_subject(policy.tenant),
+                policy,
+                request_id=f"tenant-{policy.tenant}",
+            )
+        finally:
+            await nc.close()
+
+    asyncio.run(publish())
+
+
+@creds.command("new")
+@click.option("--tenant", required=True, help="Letters, digits, '-' and '_'.")
+@click.option("--priority", type=click.Choice(["interactive", "standard", "batch"]),
+              default="standard", show_default=True)  # fmt: skip
+@click.option("--model", "models", multiple=True, help="A model it may use (default: all).")
+@click.option("--max-tokens", default=0, show_default=True, help="Per request; 0: no cap.")
+@click.option("--input-policy", type=click.Choice(["", "block", "flag", "off"]), default="",
+              help="Input checks for its requests (default: the deployment's).")  # fmt: skip
+@click.option("--mask-pii/--no-mask-pii", default=None,
+              help="Mask PII in its output (default: the deployment's, on).")  # fmt: skip
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also copy the credentials file here.")  # fmt: skip
+@_state_dir_option
+@click.option("--nats-url", envvar="NATS_URL", default=DEFAULT_NATS_URL, show_default=True)
+def creds_new(tenant: str, priority: str, models: tuple[str, ...], max_tokens: int,
+              input_policy: str, mask_pii: bool | None, out: Path | None, state_dir: Path,
+              nats_url: str) -> None:  # fmt: skip
+    """Issue a tenant's NATS credentials: it may submit on its own subject and read its
+    own replies, and its requests run with this record's priority and policies, whatever
+    they say. Prints the credentials file's path (mode 0600); pass it to a client as
+    `Client.connect(creds=PATH)` or INFERBUS_NATS_CREDS."""
+    import shutil
+    import time
+
+    from inferbus.busauth import Registry
+    from inferbus.contracts import TenantPolicy
+
+    try:
+        path = Registry.open(state_dir / "auth").tenant(tenant)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--tenant") from None
+    _reload_bus(state_dir)
+    _publish_tenant(nats_url, TenantPolicy(
+        tenant=tenant, priority=priority, models=list(models) or ["*"], max_tokens=max_tokens,
+        input_policy=input_policy, mask_pii=mask_pii, set_at=time.time()))  # fmt: skip
+    if out is not None:
+        shutil.copyfile(path, out)
+        out.chmod(0o600)
+        path = out
+    click.echo(str(path))
+
+
+@creds.command("revoke")
+@click.option("--tenant", required=True)
+@_state_dir_option
+@click.option("--nats-url", envvar="NATS_URL", default=DEFAULT_NATS_URL, show_default=True)
+def creds_revoke(tenant: str, state_dir: Path, nats_url: str) -> None:
+    """Remove a tenant's credentials (new connections are refused, and the server drops
+    its current ones on reload) and refuse its requests still in flight to the sanitizer."""
+    import time
+
+    from inferbus.busauth import Registry
+    from inferbus.contracts import TenantPolicy
+
+    if not Registry.open(state_dir / "auth").remove(f"tenant-{tenant}"):
+        raise click.ClickException(f"no tenant {tenant!r} in {state_dir / 'auth'}")
+    _reload_bus(state_dir)
+    _publish_tenant(nats_url, TenantPolicy(tenant=tenant, revoked=True, set_at=time.time()))
+    click.echo(f"revoked {tenant}")
+
+
+@creds.command("list")
+@_state_dir_option
+def creds_list(state_dir: Path) -> None:
+    """The users of the closed bus: who, which role, for what."""
+    from inferbus.busauth import Registry
+
+    for u in Registry.open(state_dir / "auth").users.values():
+        click.echo(f"{u.user:<28} {u.role:<10} {u.name}")
 
 
 if __name__ == "__main__":

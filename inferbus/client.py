@@ -9,6 +9,11 @@
 Any NATS client can do the same: subscribe to a reply subject, publish a
 ``RequestSubmitted`` (JSON) to ``ib.req.submitted`` on JetStream with the header
 ``Nats-Msg-Id: <request_id>``, then read TokenChunks until a terminal event.
+
+On a closed bus a tenant's credentials (``creds=`` or ``INFERBUS_NATS_CREDS``) send it
+to its own subjects: it submits on ``ib.req.submitted.<tenant>``, reads replies under
+``ib.reply.tenant.<tenant>.``, cancels on ``ib.ctl.cancel.<tenant>``; its tenant,
+priority and policies come from its record, whatever the request says.
 """
 
 from __future__ import annotations
@@ -35,8 +40,12 @@ from inferbus.contracts import (
     RequestSubmitted,
     SamplingParams,
     TokenChunk,
+    tenant_cancel_subject,
+    tenant_reply_prefix,
+    tenant_submit_subject,
 )
 from inferbus.shared.bus import connect, publish_durable
+from inferbus.shared.buscreds import BusCredentials, credentials_from_env, load_credentials
 from inferbus.shared.codec import decode, encode
 from inferbus.shared.config import DEFAULT_NATS_URL
 
@@ -104,7 +113,7 @@ class Stream:
         )
         ack = await publish_durable(
             self._client.js,
-            SUBMIT,
+            self._client.submit_subject,
             self.request,
             request_id=self.request_id,
             msg_id=self.request_id,
@@ -153,7 +162,8 @@ class Stream:
 
     async def cancel(self, reason: str = "cancelled by client") -> None:
         await self._client.nc.publish(
-            CANCEL, encode(CancelRequest(request_id=self.request_id, reason=reason))
+            self._client.cancel_subject,
+            encode(CancelRequest(request_id=self.request_id, reason=reason)),
         )
         await self._close()
 
@@ -168,13 +178,33 @@ class Stream:
 
 
 class Client:
-    def __init__(self, nc: NatsClient) -> None:
+    def __init__(self, nc: NatsClient, creds: BusCredentials | None = None) -> None:
         self.nc = nc
         self.js = nc.jetstream()
+        self.tenant = creds.tenant if creds is not None else ""
+        """Set when connected with a tenant's credentials."""
+        self.submit_subject = tenant_submit_subject(self.tenant) if self.tenant else SUBMIT
+        self.cancel_subject = tenant_cancel_subject(self.tenant) if self.tenant else CANCEL
 
     @classmethod
-    async def connect(cls, url: str | None = None, name: str = "inferbus-client") -> Client:
-        return cls(await connect(url or os.environ.get("NATS_URL", DEFAULT_NATS_URL), name))
+    async def connect(
+        cls,
+        url: str | None = None,
+        name: str = "inferbus-client",
+        creds: str | BusCredentials | None = None,
+        tls_ca: str = "",
+    ) -> Client:
+        """``creds``: a credentials file or its contents (default: the file named by
+        ``INFERBUS_NATS_CREDS``, if any)."""
+        found = load_credentials(creds) if isinstance(creds, str) else creds
+        found = found or credentials_from_env()
+        url = url or os.environ.get("NATS_URL", DEFAULT_NATS_URL)
+        return cls(await connect(url, name, found, tls_ca), found)
+
+    def reply_subject(self, request_id: str) -> str:
+        if self.tenant:  # the only replies a tenant's credentials may read
+            return tenant_reply_prefix(self.tenant) + request_id
+        return self.nc.new_inbox()
 
     async def close(self) -> None:
         await self.nc.drain()
@@ -216,10 +246,11 @@ class Client:
         msgs = None
         if messages is not None:
             msgs = [m if isinstance(m, ChatMessage) else ChatMessage(**m) for m in messages]
+        request_id = request_id or uuid.uuid4().hex
         request = RequestSubmitted(
-            request_id=request_id or uuid.uuid4().hex,
+            request_id=request_id,
             model=model,
-            reply_to=self.nc.new_inbox(),
+            reply_to=self.reply_subject(request_id),
             prompt=prompt,
             messages=msgs,
             sampling=SamplingParams(

@@ -15,6 +15,18 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from inferbus.busauth import JS_CONSUME, REPLIES, Permissions, gateway_replies
+from inferbus.contracts import (
+    ACCEPTED,
+    CANCEL,
+    ENDED,
+    HEARTBEATS,
+    SCHEDULER_LOAD,
+    STARTED,
+    SUBMIT,
+    TENANT_CANCELS,
+)
+
 if TYPE_CHECKING:
     from inferbus.shared.config import ServiceSettings
     from inferbus.shared.runtime import Service
@@ -44,6 +56,9 @@ class ServiceEntry:
     """Processes ``inferbus up`` starts by default."""
     scalable: bool = False
     """``inferbus scale`` (up's control subject) may change how many run."""
+    permissions: Permissions = Permissions()
+    """What its NATS user may publish and subscribe on a closed bus, beyond what every
+    service does (busauth.SERVICE_BASE); ``{instance}`` is its instance id."""
 
     def service_class(self) -> type[Service[Any]]:
         return _load(self.service)
@@ -73,11 +88,28 @@ def _entry(name: str, cls: str, **kw: Any) -> ServiceEntry:
 SERVICES: tuple[ServiceEntry, ...] = (
     # in the order a request meets them
     _entry("gateway", "Gateway", start_order=9, stop_order=1, port_offset=None,
-           container_port=8000),
-    _entry("sanitizer", "Sanitizer", start_order=1, stop_order=2, port_offset=1),
-    _entry("scheduler", "Scheduler", start_order=2, stop_order=4, port_offset=2),
-    # workers at base+10, base+11, ... (one port each)
-    _entry("worker", "Worker", start_order=3, stop_order=3, port_offset=10, scalable=True),
+           container_port=8000, permissions=Permissions(
+               publish=(SUBMIT, CANCEL),
+               subscribe=(gateway_replies(), HEARTBEATS, SCHEDULER_LOAD))),
+    _entry("sanitizer", "Sanitizer", start_order=1, stop_order=2, port_offset=1,
+           permissions=JS_CONSUME + REPLIES + Permissions(
+               publish=(ACCEPTED, ENDED),
+               subscribe=("ib.deliver.sanitizer", "ib.deliver.sanitizer-tenants",
+                          "ib.filter.{instance}.>"))),
+    _entry("scheduler", "Scheduler", start_order=2, stop_order=4, port_offset=2,
+           permissions=JS_CONSUME + REPLIES + Permissions(
+               publish=("ib.work.>", ENDED, SCHEDULER_LOAD),
+               subscribe=("ib.deliver.scheduler-accepted", "ib.deliver.scheduler-ended",
+                          HEARTBEATS, STARTED, CANCEL, TENANT_CANCELS))),
+    # workers at base+10, base+11, ... (one port each); a worker's user may publish its
+    # own instance's heartbeats and KV events, and read its own work only
+    _entry("worker", "Worker", start_order=3, stop_order=3, port_offset=10, scalable=True,
+           permissions=REPLIES + Permissions(
+               publish=("ib.hb.{instance}.*", "ib.kv.{instance}.*", STARTED, ENDED,
+                        "$JS.API.CONSUMER.CREATE.IB_WORK.*.ib.work.{instance}.*",
+                        "$JS.API.CONSUMER.INFO.IB_WORK.*", "$JS.API.CONSUMER.DELETE.IB_WORK.*",
+                        "$JS.ACK.IB_WORK.>"),
+               subscribe=(CANCEL, TENANT_CANCELS))),
 )  # fmt: skip
 
 MAX_INSTANCES = 90
@@ -99,6 +131,11 @@ def get(name: str) -> ServiceEntry:
         if e.name == name:
             return e
     raise KeyError(f"no service {name!r}; the services are {', '.join(names())}")
+
+
+def permissions() -> dict[str, Permissions]:
+    """Each service's own permissions, for the bus's server config."""
+    return {e.name: e.permissions for e in SERVICES}
 
 
 def by_start_order() -> list[ServiceEntry]:

@@ -27,6 +27,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from inferbus import servicetable
+from inferbus.busauth import OPERATOR, Registry
 from inferbus.contracts.control import (
     DEFAULT_SUPERVISOR,
     ScaleService,
@@ -35,7 +36,8 @@ from inferbus.contracts.control import (
     supervisor_subject,
 )
 from inferbus.services.gateway.auth import ApiKey, digest, new_key
-from inferbus.shared.bus import connect
+from inferbus.shared.bus import BusAuthError, connect
+from inferbus.shared.buscreds import CREDS_ENV, load_credentials
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.natsserver import NatsServer, free_port, port_open
 from inferbus.shared.streams import ensure_streams
@@ -68,6 +70,8 @@ class Options:
     trace_keep_ratio: float = 0.001
     supervisor: str = DEFAULT_SUPERVISOR
     """Its name on the control subject ``ib.sup.<name>.control``."""
+    open_bus: bool = False
+    """Run the embedded NATS without users (anyone on the machine may do anything)."""
     restart: RestartPolicy = field(default_factory=RestartPolicy)
 
 
@@ -89,6 +93,8 @@ class Platform:
         """The name clients ask for."""
         self.nats = nats
         self.logs = o.state_dir / "logs"
+        self.auth: Registry | None = None
+        """The closed bus's users (the embedded NATS, unless --open-bus)."""
         # every service: the same tail-sampling settings (tracing itself is switched by
         # the standard OTEL_* variables, which pass through)
         self.env = {
@@ -116,15 +122,31 @@ class Platform:
         entry = servicetable.get(spec.service)
         port = entry.metrics_port(self.o.metrics_port_base, spec.index) or self.o.port
         argv = [sys.executable, "-m", f"inferbus.services.{entry.name}", "--http-port", str(port)]
+        # a stable identity: a restarted sanitizer keeps its filter subject, and a
+        # process's NATS user is its instance's
+        argv += ["--instance-id", spec.name]
         env = self.env
-        if entry.scalable:
-            argv += ["--instance-id", spec.name]
+        if self.auth is not None:  # made beforehand (add_users): this only finds them
+            env = {**env, CREDS_ENV: str(self.auth.service(entry.name, spec.name))}
         if entry.name == "worker":
             argv += self._engine_args()
         if entry.name == "gateway":
             argv += ["--http-host", self.o.host]
-            env = self._gateway_env(argv)
+            env = self._gateway_env(argv, env)
         return Command(argv, env, self.logs / f"{spec.name}.log", http_port=port)
+
+    def add_users(self, specs: list[ProcessSpec]) -> bool:
+        """Make the NATS users of these processes; whether any is new (then the server's
+        config is rewritten, and a running server must reload it)."""
+        if self.auth is None:
+            return False
+        before = len(self.auth.users)
+        for spec in specs:
+            self.auth.service(spec.service, spec.name)
+        if len(self.auth.users) == before:
+            return False
+        self.auth.write_server_config(servicetable.permissions())
+        return True
 
     def _engine_args(self) -> list[str]:
         o = self.o
@@ -134,15 +156,15 @@ class Platform:
             args += ["--enforce-eager", "true", "--max-model-len", "2048"]
         return args + o.worker_args
 
-    def _gateway_env(self, argv: list[str]) -> dict[str, str]:
+    def _gateway_env(self, argv: list[str], env: dict[str, str]) -> dict[str, str]:
         if self.o.api_keys_file is None:
-            return self.env
+            return env
         argv += ["--api-keys-file", str(self.o.api_keys_file)]
         # up's own key: small and slow, only enough for its probe and self-test
         probe = ApiKey(
             name="inferbus-up", sha256=digest(self.o.probe_key), max_tokens=16, requests_per_s=5
         )
-        return {**self.env, "INFERBUS_API_KEYS": msgspec.json.encode([probe]).decode()}
+        return {**env, "INFERBUS_API_KEYS": msgspec.json.encode([probe]).decode()}
 
 
 class Up:
@@ -168,19 +190,48 @@ class Up:
                 raise TimeoutError(f"nats-server did not listen on {nats.url}")
             await asyncio.sleep(0.05)
 
-    async def start_services(self) -> None:
+    def initial_specs(self) -> list[ProcessSpec]:
+        specs = []
         for entry in servicetable.by_start_order():
-            if not entry.in_up:
-                continue
-            count = self.o.workers if entry.name == "worker" else entry.instances
-            for i in range(count):
-                spec = self.platform.spec(entry, i)
-                await self.procs.apply(self.core.add(spec, time.monotonic()))
+            if entry.in_up:
+                count = self.o.workers if entry.name == "worker" else entry.instances
+                specs += [self.platform.spec(entry, i) for i in range(count)]
+        return specs
+
+    async def start_services(self) -> None:
+        for spec in self.initial_specs():
+            await self.procs.apply(self.core.add(spec, time.monotonic()))
+
+    async def add_users(self, specs: list[ProcessSpec]) -> None:
+        """New NATS users for new processes, known to the running server before they
+        connect."""
+        if not self.platform.add_users(specs):
+            return
+        self.procs.send_signal(NATS, signal.SIGHUP)
+        auth = self.platform.auth
+        assert auth is not None
+        creds = load_credentials(auth.creds_path(f"svc-{specs[-1].name}"))
+        deadline = time.monotonic() + 5
+        while True:  # the reload is quick, but not instant
+            try:
+                nc = await connect(self.platform.nats_url, "inferbus-up-check", creds)
+                await nc.close()
+                return
+            except BusAuthError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
 
     async def listen(self) -> None:
-        """Answer scale and status commands on the control subject."""
-        self._control = await connect(self.platform.nats_url, f"inferbus-up:{self.o.supervisor}")
-        await self._control.subscribe(supervisor_subject(self.o.supervisor), cb=self._on_command)
+        """Provision the streams, then answer scale and status commands on the control
+        subject."""
+        auth = self.platform.auth
+        creds = load_credentials(auth.supervisor(self.o.supervisor)) if auth else None
+        nc = self._control = await connect(
+            self.platform.nats_url, f"inferbus-up:{self.o.supervisor}", creds
+        )
+        await ensure_streams(nc.jetstream())
+        await nc.subscribe(supervisor_subject(self.o.supervisor), cb=self._on_command)
 
     async def _on_command(self, msg: Msg) -> None:
         error = ""
@@ -215,6 +266,10 @@ class Up:
         free = (i for i in range(servicetable.MAX_INSTANCES) if i not in taken)
         for _ in range(cmd.instances - len(running)):
             make.append(self.platform.spec(entry, next(free)))
+        try:
+            await self.add_users(make)
+        except BusAuthError as exc:
+            return f"the bus did not take the new instances' users: {exc}"
         effects = self.core.scale(
             entry.name, make, cmd.instances, list(cmd.stop_first), time.monotonic()
         )
@@ -275,14 +330,6 @@ def _http_json(
         return json.loads(resp.read())
 
 
-async def _provision(nats_url: str) -> None:
-    nc = await connect(nats_url, "inferbus-up")
-    try:
-        await ensure_streams(nc.jetstream())
-    finally:
-        await nc.close()
-
-
 def _selftest(base: str, model: str, key: str = "") -> str:
     reply = _http_json(
         f"{base}/v1/chat/completions",
@@ -327,6 +374,13 @@ def _banner(o: Options, base: str, up: Up) -> None:
     _say(f"  metrics   {ports}")
     _say(f"  logs      {o.state_dir / 'logs'}")
     _say(f"  control   {supervisor_subject(o.supervisor)}   (inferbus ps, inferbus scale)")
+    auth = up.platform.auth
+    _say(
+        f"  bus       closed: each service its own NATS user; operator credentials in "
+        f"{auth.creds_path(OPERATOR)} (the CLI finds them); tenants: inferbus creds new"
+        if auth is not None
+        else "  bus       open: no NATS credentials (anyone reaching it may do anything)"
+    )
     _say(
         f"  auth      API keys from {o.api_keys_file}"
         if o.api_keys_file
@@ -340,6 +394,7 @@ async def _run(o: Options) -> int:
         o.api_keys_file = o.api_keys_file.resolve()
         o.probe_key = new_key()
     nats: NatsServer | None = None
+    auth: Registry | None = None
     nats_url = o.nats_url or os.environ.get("NATS_URL")
     if not nats_url:
         if port_open("127.0.0.1", o.nats_port):
@@ -347,9 +402,19 @@ async def _run(o: Options) -> int:
                 f"port {o.nats_port} is in use: pass --nats-port, or --nats-url "
                 "to use a running NATS server"
             )
-        nats = NatsServer(o.state_dir / "nats", port=o.nats_port)
+        config = None
+        if not o.open_bus:
+            auth = Registry.open(o.state_dir / "auth")
+            auth.operator()
+            auth.supervisor(o.supervisor)
+            config = auth.write_server_config(servicetable.permissions())
+        nats = NatsServer(o.state_dir / "nats", port=o.nats_port, config_file=config,
+                          pid_file=o.state_dir / "nats.pid")  # fmt: skip
         nats_url = nats.url
-    up = Up(o, Platform(o, nats_url, model, served, nats))
+    platform = Platform(o, nats_url, model, served, nats)
+    platform.auth = auth
+    up = Up(o, platform)
+    platform.add_users(up.initial_specs())  # known to the server from its start
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, up.stopping.set)
@@ -358,7 +423,6 @@ async def _run(o: Options) -> int:
     try:
         if nats is not None:
             await up.start_nats()
-        await _provision(nats_url)
         await up.listen()
         await up.start_services()
         await up.wait_ready(base, timeout=600)

@@ -16,7 +16,7 @@ rm -rf .typecheck
 python -m pip install -q --no-deps --no-build-isolation --target .typecheck . 2>&1 \
   | { grep -v '^WARNING: Location' || true; }
 cd .typecheck
-echo "== import-linter"; lint-imports --config ../pyproject.toml --no-cache | sed -n '/^Contracts$/,$p'
+echo "== import-linter"; lint-imports ../pyproject.toml --no-cache | sed -n '/^Contracts$/,$p'
 echo "== mypy"
 set +e
 mypy -p inferbus --config-file ../pyproject.toml --python-executable "$py" \

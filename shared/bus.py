@@ -23,27 +23,72 @@ from inferbus.contracts import (
     dead_letter_subject,
 )
 from inferbus.shared import logs, metrics
+from inferbus.shared.buscreds import BusCredentials, tls_context
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.streams import ConsumerSpec
 
 log = logs.get("inferbus.bus")
 
 
-async def connect(url: str, name: str) -> Client:
-    """Connect with unlimited reconnects; the runtime drains on shutdown."""
+class BusAuthError(ConnectionRefusedError):
+    """The server refused the connection's credentials (or their absence)."""
+
+
+class ConnectionWatch:
+    """Callbacks for a connection's outages: a service that holds streams across the
+    bus (the gateway) ends them when the connection drops, since what was published
+    meanwhile is lost."""
+
+    def __init__(self) -> None:
+        self.disconnected: list[Callable[[], Awaitable[None]]] = []
+        self.reconnected: list[Callable[[], Awaitable[None]]] = []
+
+    async def _fire(self, callbacks: list[Callable[[], Awaitable[None]]]) -> None:
+        for cb in callbacks:
+            try:
+                await cb()
+            except Exception:
+                log.exception("connection callback failed")
+
+
+async def connect(
+    url: str,
+    name: str,
+    creds: BusCredentials | None = None,
+    tls_ca: str = "",
+    watch: ConnectionWatch | None = None,
+) -> Client:
+    """Connect with unlimited reconnects; the runtime drains on shutdown. With
+    ``creds``, as that NATS user, its inboxes under ``_INBOX.<user>``."""
 
     nc = nats.NATS()
 
+    connected = False
+
     async def on_error(exc: Exception) -> None:
+        if not connected and "authorization violation" in str(exc).lower():
+            # wrong or missing credentials: fail now, not retry for ever
+            raise BusAuthError(f"NATS at {url} refused {name!r}: {exc}") from None
         log.warning("nats error", error=repr(exc))
 
     async def on_disconnect() -> None:
         if not (nc.is_closed or nc.is_draining):
             log.warning("nats disconnected")
+            if watch is not None:
+                await watch._fire(watch.disconnected)
 
     async def on_reconnect() -> None:
         log.info("nats reconnected")
+        if watch is not None:
+            await watch._fire(watch.reconnected)
 
+    auth: dict[str, Any] = {}
+    if creds is not None:
+        auth = {"user": creds.user, "password": creds.password,
+                "inbox_prefix": creds.inbox_prefix}  # fmt: skip
+    tls = tls_context(tls_ca)
+    if tls is not None:
+        auth["tls"] = tls
     await nc.connect(
         url,
         name=name,
@@ -55,7 +100,9 @@ async def connect(url: str, name: str) -> Client:
         disconnected_cb=on_disconnect,
         reconnected_cb=on_reconnect,
         pending_size=64 * 1024 * 1024,
+        **auth,
     )
+    connected = True
     return nc
 
 

@@ -32,6 +32,10 @@ ENV_PREFIX = "INFERBUS_"
 
 class ServiceSettings(msgspec.Struct, kw_only=True):
     nats_url: str = DEFAULT_NATS_URL
+    nats_creds: str = ""
+    """Its credentials file on a closed bus (``inferbus creds``); empty: none."""
+    nats_tls_ca: str = ""
+    """A CA file to verify the NATS server's TLS certificate (with a tls:// URL)."""
     http_host: str = "127.0.0.1"
     http_port: int = 0
     """Port of /healthz, /readyz and /metrics; 0 picks a free one."""

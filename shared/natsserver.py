@@ -46,12 +46,17 @@ class NatsServer:
         host: str = "127.0.0.1",
         monitor_port: int | None = None,
         log_file: str | os.PathLike | None = None,
+        config_file: str | os.PathLike | None = None,
+        pid_file: str | os.PathLike | None = None,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.monitor_port = monitor_port
         self.store_dir = Path(store_dir)
         self.log_file = Path(log_file) if log_file else None
+        self.config_file = Path(config_file) if config_file else None
+        """Extra configuration (a closed bus's users and permissions), reloadable."""
+        self.pid_file = Path(pid_file) if pid_file else None
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -65,6 +70,10 @@ class NatsServer:
         cmd += ["-p", str(self.port)]
         if self.monitor_port:
             cmd += ["-m", str(self.monitor_port)]
+        if self.config_file:
+            cmd += ["-c", str(self.config_file)]
+        if self.pid_file:
+            cmd += ["-P", str(self.pid_file)]
         return cmd
 
     def start(self, timeout: float = 10.0) -> NatsServer:

@@ -27,7 +27,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 import inferbus
 from inferbus.contracts import status_subject
 from inferbus.shared import logs, tracing
-from inferbus.shared.bus import DeadLetterer, connect
+from inferbus.shared.bus import ConnectionWatch, DeadLetterer, connect
+from inferbus.shared.buscreds import load_credentials
 from inferbus.shared.config import ServiceSettings, load_settings
 from inferbus.shared.streams import ConsumerSpec, ensure_consumers, ensure_streams
 
@@ -42,6 +43,8 @@ class Context(Generic[S]):
     dead_letters: DeadLetterer
     http_port: int
     tracing: tracing.Tracing
+    connection: ConnectionWatch
+    """Register here to hear of the connection's outages."""
 
 
 class Service(abc.ABC, Generic[S]):
@@ -116,7 +119,11 @@ class Runtime:
 
     async def run(self) -> None:
         s = self.settings
-        nc = self._nc = await connect(s.nats_url, name=f"{self.service.name}:{s.instance_id}")
+        creds = load_credentials(s.nats_creds) if s.nats_creds else None
+        watch = ConnectionWatch()
+        nc = self._nc = await connect(
+            s.nats_url, f"{self.service.name}:{s.instance_id}", creds, s.nats_tls_ca, watch
+        )
         js = nc.jetstream()
         await ensure_streams(js)
         await ensure_consumers(js, self.service.consumers())
@@ -148,6 +155,7 @@ class Runtime:
             dead_letters=DeadLetterer(js, self.service.name),
             http_port=self.http_port,
             tracing=traces,
+            connection=watch,
         )
         try:
             await self.service.start(ctx)

@@ -120,6 +120,9 @@ class Processes:
             self._commands.pop(name, None)
         await self.apply(effects)
 
+    def send_signal(self, name: str, sig: signal.Signals) -> None:
+        self._signal(name, sig)
+
     def _signal(self, name: str, sig: signal.Signals) -> None:
         proc = self._procs.get(name)
         if proc is None or proc.returncode is not None:

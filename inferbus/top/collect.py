@@ -15,6 +15,8 @@ import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
+from inferbus.shared.buscreds import credentials_from_env
+
 from .snapshot import Instance, Snapshot, instance_from_stats, parse_metrics
 
 STATS_SUBJECT = "$SRV.STATS"
@@ -25,7 +27,7 @@ class NatsUnreachable(Exception):
     pass
 
 
-async def connect(url: str) -> NatsClient:
+async def connect(url: str, **auth: Any) -> NatsClient:
     """Connect, failing in about a second rather than retrying for minutes."""
 
     async def quiet(_: Exception) -> None:  # reported by the caller, not as tracebacks
@@ -39,6 +41,7 @@ async def connect(url: str) -> NatsClient:
             max_reconnect_attempts=1,
             reconnect_time_wait=0.5,
             error_cb=quiet,
+            **auth,
         )
     except Exception as exc:
         raise NatsUnreachable(f"cannot reach NATS at {url}: {_describe(exc)}") from None
@@ -88,6 +91,16 @@ async def read_metrics(http: aiohttp.ClientSession, inst: Instance, timeout_s: f
         return replace(inst, metrics_error=f"unreadable metrics: {_describe(exc)}")
 
 
+async def _connect(url: str) -> NatsClient:
+    """As the credentials INFERBUS_NATS_CREDS names (the operator's, on a closed bus)."""
+    creds = credentials_from_env()
+    if creds is None:
+        return await connect(url)
+    return await connect(
+        url, user=creds.user, password=creds.password, inbox_prefix=creds.inbox_prefix
+    )
+
+
 class Collector:
     """Takes snapshots; keeps one NATS connection and one HTTP session, and reconnects
     to NATS when the connection was lost."""
@@ -100,7 +113,7 @@ class Collector:
         self._http: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Collector:
-        self._nc = await connect(self.nats_url)  # a wrong URL fails here, clearly
+        self._nc = await _connect(self.nats_url)  # a wrong URL fails here, clearly
         self._http = aiohttp.ClientSession()
         return self
 
@@ -112,7 +125,7 @@ class Collector:
 
     async def _connection(self) -> NatsClient:
         if self._nc is None or self._nc.is_closed:
-            self._nc = await connect(self.nats_url)
+            self._nc = await _connect(self.nats_url)
         return self._nc
 
     async def snapshot(self) -> Snapshot:

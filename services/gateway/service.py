@@ -15,6 +15,7 @@ from nats.aio.msg import Msg
 
 from inferbus.contracts import (
     CANCEL,
+    GATEWAY_REPLY_OWNER,
     HEARTBEATS,
     REPLY_PREFIX,
     SCHEDULER_LOAD,
@@ -28,6 +29,7 @@ from inferbus.contracts import (
     SchedulerLoad,
     TokenChunk,
     WorkerHeartbeat,
+    heartbeat_subject,
     reply_subject,
     subject_token,
 )
@@ -96,6 +98,8 @@ class GatewayService(Service[GatewaySettings]):
     def __init__(self, settings: GatewaySettings) -> None:
         super().__init__(settings)
         self.gateway_id = subject_token(f"gw-{settings.instance_id}-{secrets.token_hex(3)}")
+        # its replies under ib.reply.gw.<id>: the gateway's credentials read only those
+        self.reply_owner = f"{GATEWAY_REPLY_OWNER}.{self.gateway_id}"
         self.registry = ModelRegistry(stale_after_s=settings.worker_stale_s)
         self.load = LoadView()
         self.access = AccessControl(load_keys(settings.api_keys_file, settings.api_keys))
@@ -116,7 +120,7 @@ class GatewayService(Service[GatewaySettings]):
         self._ctx = ctx
         self._subs = [
             await ctx.nc.subscribe(
-                f"{REPLY_PREFIX}.{self.gateway_id}.>",
+                f"{REPLY_PREFIX}.{self.reply_owner}.>",
                 cb=self._on_reply,
                 pending_msgs_limit=1_000_000,
             ),
@@ -168,7 +172,7 @@ class GatewayService(Service[GatewaySettings]):
     async def _on_heartbeat(self, msg: Msg) -> None:
         # the scheduler dead-letters bad heartbeats; the gateway just ignores them
         hb = decode_or_none(msg.data, WorkerHeartbeat)
-        if hb is not None:
+        if hb is not None and msg.subject == heartbeat_subject(hb.worker_id):
             self.registry.on_heartbeat(hb, time.monotonic())
 
     # -- HTTP ---------------------------------------------------------------------------
@@ -287,7 +291,7 @@ class GatewayService(Service[GatewaySettings]):
                 request_id=rid,
                 model=req.model,
                 sampling=sampling,
-                reply_to=reply_subject(self.gateway_id, rid),
+                reply_to=reply_subject(self.reply_owner, rid),
                 now=time.time(),
                 tenant=key.tenant_id,
                 priority=key.priority,

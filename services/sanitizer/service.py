@@ -8,19 +8,25 @@ from typing import Any
 
 import msgspec
 from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy
 
 from inferbus.contracts import (
     ACCEPTED,
     ENDED,
     FILTER_PREFIX,
     SUBMIT,
+    TENANT_POLICIES,
+    TENANT_SUBMITS,
     FailureCode,
     InputFinding,
     ReplyEvent,
     RequestAccepted,
     RequestFailed,
+    RequestRejected,
     RequestSubmitted,
+    TenantPolicy,
     subject_token,
+    tenant_of_subject,
 )
 from inferbus.shared import logs, metrics
 from inferbus.shared import tracing as t
@@ -28,15 +34,17 @@ from inferbus.shared.bus import (
     Background,
     consume,
     publish_durable,
+    replay,
     request_headers,
 )
-from inferbus.shared.codec import DecodeError, decode, encode
+from inferbus.shared.codec import DecodeError, decode, decode_or_none, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
 from inferbus.shared.streams import ConsumerSpec
 from inferbus.shared.tracing import valid_context
 
 from .core import FilteredStream, InputLimits, blocked, check, inspect, parse_policies
+from .tenants import admit_tenant
 
 log = logs.get("inferbus.sanitizer")
 
@@ -46,6 +54,12 @@ SUBMITTED_CONSUMER = ConsumerSpec(
     stream="IB_REQUESTS",
     filter_subject=SUBMIT,
     deliver_subject="ib.deliver.sanitizer",
+)
+TENANT_SUBMITTED_CONSUMER = ConsumerSpec(
+    durable="sanitizer-tenants",
+    stream="IB_REQUESTS",
+    filter_subject=TENANT_SUBMITS,
+    deliver_subject="ib.deliver.sanitizer-tenants",
 )
 
 
@@ -93,6 +107,10 @@ class SanitizerService(Service[SanitizerSettings]):
         )
         self._ctx: Context[SanitizerSettings] | None = None
         self._sub: Any = None
+        self._tenant_sub: Any = None
+        self._tenants_sub: Any = None
+        self._tenants: dict[str, TenantPolicy] = {}
+        """Tenants' records (IB_CONFIG ``ib.cfg.tenant.*``), for requests on their subjects."""
         self._work = Background()
         self._counts = {"accepted": 0, "rejected": 0, "invalid": 0, "blocked": 0, "flagged": 0}
         self.policies = parse_policies(settings.input_policy, settings.model_input_policies)
@@ -105,7 +123,7 @@ class SanitizerService(Service[SanitizerSettings]):
         self._sweeper: asyncio.Task[None] | None = None
 
     def consumers(self) -> list[ConsumerSpec]:
-        return [SUBMITTED_CONSUMER]
+        return [SUBMITTED_CONSUMER, TENANT_SUBMITTED_CONSUMER]
 
     async def start(self, ctx: Context[SanitizerSettings]) -> None:
         self._ctx = ctx
@@ -113,12 +131,24 @@ class SanitizerService(Service[SanitizerSettings]):
         self._filter_sub = await ctx.nc.subscribe(
             self._filter_prefix + ">", cb=self._on_output, pending_msgs_limit=1_000_000
         )
+        # tenants' records before their requests: the latest of each, then every change
+        for data, _ in await replay(ctx.js, "IB_CONFIG", TENANT_POLICIES, since_s=10 * 365 * 86400):
+            self._on_tenant_policy_data(data)
+        self._tenants_sub = await ctx.js.subscribe(
+            TENANT_POLICIES,
+            stream="IB_CONFIG",
+            cb=self._on_tenant_policy,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        )
         self._sub = await consume(ctx.nc, SUBMITTED_CONSUMER, self._on_submitted)
+        self._tenant_sub = await consume(ctx.nc, TENANT_SUBMITTED_CONSUMER, self._on_submitted)
         self._sweeper = asyncio.create_task(self._sweep(), name="filter-sweep")
 
     async def drain(self) -> None:
-        if self._sub:
-            await self._sub.drain()
+        for sub in (self._sub, self._tenant_sub, self._tenants_sub):
+            if sub is not None:
+                await sub.drain()
         await self._work.wait()
         # streams in flight still pass through here: let them end
         deadline = time.monotonic() + max(0.0, self.settings.drain_timeout_s - 2.0)
@@ -207,6 +237,17 @@ class SanitizerService(Service[SanitizerSettings]):
             error=f"lost: {stream.lost} chunks" if stream.lost else "",
         )
 
+    def _on_tenant_policy_data(self, data: bytes) -> None:
+        policy = decode_or_none(data, TenantPolicy)
+        if policy is None:
+            log.error("undecodable tenant record")
+            return
+        self._tenants[policy.tenant] = policy
+        log.info("tenant record", tenant=policy.tenant, revoked=policy.revoked)
+
+    async def _on_tenant_policy(self, msg: Msg) -> None:
+        self._on_tenant_policy_data(msg.data)
+
     async def _check(self, msg: Msg) -> None:
         assert self._ctx
         js, nc = self._ctx.js, self._ctx.nc
@@ -216,6 +257,10 @@ class SanitizerService(Service[SanitizerSettings]):
             await self._invalid(msg, str(exc))
             return
         rid = request.request_id
+        tenant = tenant_of_subject(msg.subject, SUBMIT)
+        admitted = admit_tenant(request, tenant, self._tenants.get(tenant)) if tenant else request
+        if isinstance(admitted, RequestSubmitted):
+            request = admitted
         tracing = self._ctx.tracing
         trace = valid_context(msg.headers or {})
         span = None
@@ -233,7 +278,8 @@ class SanitizerService(Service[SanitizerSettings]):
             if not trace:
                 trace = tracing.headers(span)
         parent = tracing.parent(trace)
-        rejection = check(request, self.limits)
+        rejection = admitted if isinstance(admitted, RequestRejected) else None
+        rejection = rejection or check(request, self.limits)
         found: list[InputFinding] = []
         if rejection is None:
             decision, found = inspect(request, self.policies.for_request(request))

@@ -190,7 +190,7 @@ class SchedulerCore:
         self._ended: OrderedDict[str, tuple[str, float] | None] = OrderedDict()
         """Recently ended ids → the identity of their request, when known."""
         self._arrivals = 0
-        self._cancelled_unseen: OrderedDict[str, str] = OrderedDict()
+        self._cancelled_unseen: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
         """Cancels that came before their request (id → reason): a client that went
         away while its request was still in the sanitizer."""
         self.kv = KvIndex(self.policy.approx_cache_blocks)
@@ -231,10 +231,10 @@ class SchedulerCore:
                     "submit with a new id",
                 )
             ]
-        reason = self._cancelled_unseen.pop(request.request_id, None)
-        if reason is not None:
+        unseen = self._cancelled_unseen.pop(request.request_id, None)
+        if unseen is not None and unseen[1] in (None, request.tenant):
             self._remember_ended(request.request_id, request)
-            return [Cancel(request=request, reason=reason)]
+            return [Cancel(request=request, reason=unseen[0])]
         deadline = float("inf")
         if request.deadline:
             deadline = now + (request.deadline - (now if wall is None else wall))
@@ -374,17 +374,20 @@ class SchedulerCore:
             return self._dispatch(now)
         return []
 
-    def on_cancel(self, request_id: str, reason: str) -> list[Effect]:
+    def on_cancel(self, request_id: str, reason: str, tenant: str | None = None) -> list[Effect]:
         """Queued requests are cancelled here; running ones by their worker; ones not
-        seen yet when they arrive."""
+        seen yet when they arrive. A tenant's cancel (``tenant`` set) touches only that
+        tenant's requests."""
         for q in self.queues.values():
             for item in q:
                 if item.request.request_id == request_id:
+                    if tenant is not None and item.request.tenant != tenant:
+                        return []
                     self._drop_queued(request_id)
                     self._remember_ended(request_id, item.request)
                     return [Cancel(request=item.request, reason=reason)]
         if not self.knows(request_id):
-            self._cancelled_unseen[request_id] = reason
+            self._cancelled_unseen[request_id] = (reason, tenant)
             if len(self._cancelled_unseen) > self.policy.remember_ended:
                 self._cancelled_unseen.popitem(last=False)
         return []

@@ -18,6 +18,7 @@ from inferbus.contracts import (
     KV_EVENTS,
     SCHEDULER_LOAD,
     STARTED,
+    TENANT_CANCELS,
     CanaryWeights,
     CancelRequest,
     KvEvent,
@@ -29,6 +30,9 @@ from inferbus.contracts import (
     Terminal,
     WorkAssigned,
     WorkerHeartbeat,
+    heartbeat_subject,
+    kv_subject,
+    tenant_of_subject,
     work_subject,
 )
 from inferbus.shared import logs, metrics
@@ -117,6 +121,7 @@ class SchedulerService(Service[SchedulerSettings]):
             await nc.subscribe(HEARTBEATS, cb=self._on_heartbeat),
             await nc.subscribe(STARTED, cb=self._on_started),
             await nc.subscribe(CANCEL, cb=self._on_cancel),
+            await nc.subscribe(TENANT_CANCELS, cb=self._on_cancel),
             await consume(nc, ENDED_CONSUMER, self._on_ended),
             await consume(nc, ACCEPTED_CONSUMER, self._on_accepted),
             # the workers' KV events, replayed from the stream's start: the index of
@@ -220,13 +225,25 @@ class SchedulerService(Service[SchedulerSettings]):
         hb = await self._ctx.dead_letters.decode(msg, WorkerHeartbeat)
         if hb is None:
             return
+        if msg.subject != heartbeat_subject(hb.worker_id):
+            # a worker's credentials allow its own subject only: the id must match it
+            await self._ctx.dead_letters.send(
+                msg, f"heartbeat of {hb.worker_id!r} on another worker's subject"
+            )
+            return
         await self._apply(self.core.on_heartbeat(hb, time.monotonic()))
 
     async def _on_kv(self, msg: Msg) -> None:
         assert self._ctx
         event = await self._ctx.dead_letters.decode(msg, KvEvent)
-        if event is not None:
-            self.core.on_kv_event(event)
+        if event is None:
+            return
+        if msg.subject != kv_subject(event.worker_id):
+            await self._ctx.dead_letters.send(
+                msg, f"KV event of {event.worker_id!r} on another worker's subject"
+            )
+            return
+        self.core.on_kv_event(event)
 
     async def _on_canary(self, msg: Msg) -> None:
         assert self._ctx
@@ -262,7 +279,8 @@ class SchedulerService(Service[SchedulerSettings]):
         ev = await self._ctx.dead_letters.decode(msg, CancelRequest)
         if ev is None:
             return
-        await self._apply(self.core.on_cancel(ev.request_id, ev.reason))
+        tenant = tenant_of_subject(msg.subject, CANCEL)
+        await self._apply(self.core.on_cancel(ev.request_id, ev.reason, tenant))
 
     async def _ticks(self) -> None:
         assert self._ctx

@@ -14,6 +14,7 @@ from inferbus.contracts import (
     CANCEL,
     ENDED,
     STARTED,
+    TENANT_CANCELS,
     CancelRequest,
     FailureCode,
     RequestCancelled,
@@ -23,6 +24,7 @@ from inferbus.contracts import (
     kv_subject,
     request_failed,
     subject_token,
+    tenant_of_subject,
     work_subject,
 )
 from inferbus.shared import logs, metrics
@@ -71,12 +73,15 @@ class WorkerService(Service[WorkerSettings]):
     def __init__(self, settings: WorkerSettings, engine: Engine | None = None) -> None:
         super().__init__(settings)
         # a fresh id per process: a restarted worker never inherits a dead one's assignments
-        self.worker_id = subject_token(f"{settings.instance_id}-{secrets.token_hex(3)}")
+        # ``<instance>.<nonce>``: its credentials allow the subjects of its instance only
+        self.worker_id = f"{subject_token(settings.instance_id)}.{secrets.token_hex(3)}"
         self.engine = engine or build_engine(settings, self.worker_id, self._publish_kv_events)
         self.failure = ""
         self.state: WorkerState = "starting"
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel_reasons: dict[str, str] = {}
+        self._tenants: dict[str, str] = {}
+        """Each running request's tenant, for tenants' cancels."""
         self._expired: set[str] = set()
         """Requests cancelled because their deadline passed."""
         self._hb_task: asyncio.Task[None] | None = None
@@ -100,13 +105,20 @@ class WorkerService(Service[WorkerSettings]):
             await ctx.nc.flush()
             raise
         self._subs.append(await ctx.nc.subscribe(CANCEL, cb=self._on_cancel))
+        self._subs.append(await ctx.nc.subscribe(TENANT_CANCELS, cb=self._on_cancel))
         self._subs.append(
             await ctx.js.subscribe(
                 work_subject(self.worker_id),
                 stream="IB_WORK",
                 cb=self._on_work,
                 manual_ack=True,
-                config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW, inactive_threshold=60.0),
+                # named, so the create request carries its filter: the worker's
+                # credentials allow consumers on its own work subject only
+                config=ConsumerConfig(
+                    name="work-" + self.worker_id.replace(".", "-"),
+                    deliver_policy=DeliverPolicy.NEW,
+                    inactive_threshold=60.0,
+                ),
             )
         )
         self.state = "ready"
@@ -152,6 +164,7 @@ class WorkerService(Service[WorkerSettings]):
         if rid in self._tasks:
             return  # a redelivery of what we already serve
         parent = self._ctx.tracing.parent(msg.headers)
+        self._tenants[rid] = assignment.request.tenant
         self._tasks[rid] = asyncio.create_task(self._serve(assignment, parent), name=f"req-{rid}")
         metrics.INFLIGHT.labels(self.name).set(len(self._tasks))
 
@@ -217,6 +230,7 @@ class WorkerService(Service[WorkerSettings]):
             self._expired.discard(rid)
             await outputs.aclose()
             self._tasks.pop(rid, None)
+            self._tenants.pop(rid, None)
             metrics.INFLIGHT.labels(self.name).set(len(self._tasks))
         if terminal is None:
             terminal = request_failed(
@@ -241,6 +255,9 @@ class WorkerService(Service[WorkerSettings]):
         if cancel is None:
             return  # the scheduler dead-letters bad cancels; the worker just ignores them
         task = self._tasks.get(cancel.request_id)
+        tenant = tenant_of_subject(msg.subject, CANCEL)
+        if tenant is not None and self._tenants.get(cancel.request_id) != tenant:
+            return  # a tenant cancels its own requests only
         # one cancel only: a second would land in the cleanup and lose the terminal event
         if task is not None and not task.cancelling():
             self._cancel_reasons[cancel.request_id] = cancel.reason

@@ -12,6 +12,7 @@ from inferbus.client import RequestError
 from inferbus.contracts import (
     CANCEL,
     ENDED,
+    GATEWAY_REPLY_OWNER,
     REPLY_PREFIX,
     CancelRequest,
     ReplyEvent,
@@ -176,7 +177,7 @@ async def test_http_client_disconnect_cancels_the_request(platform, client):
         if isinstance(ev, TokenChunk):
             chunks.append(ev.seq)
 
-    await client.nc.subscribe(f"{REPLY_PREFIX}.*.{rid}", cb=seen)
+    await client.nc.subscribe(f"{REPLY_PREFIX}.{GATEWAY_REPLY_OWNER}.*.{rid}", cb=seen)
     await client.nc.flush()
     async with aiohttp.ClientSession(gateway_url(platform)) as http:
         async with http.post(

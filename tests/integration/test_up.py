@@ -70,6 +70,7 @@ def test_up_generate_and_stream_then_ctrl_c(tmp_path: Path):
             capture_output=True,
             text=True,
             timeout=30,
+            env=_operator_env(tmp_path / "state"),
         )
         assert gen.returncode == 0, gen.stderr
         assert len(gen.stdout.split()) == 8 and "8 completion tokens" in gen.stderr
@@ -140,9 +141,20 @@ def test_keys_new_then_up_with_keys_serves_its_self_test(tmp_path: Path):
     assert f"API keys from {keys}" in run.stdout and "self-test" in run.stdout
 
 
-def _ps(nats_url: str) -> dict[str, dict[str, str]]:
+def _operator_env(state: Path) -> dict[str, str]:
+    """The CLI as the operator of a closed bus (`inferbus up` wrote its credentials)."""
+    import os
+
+    return {**os.environ, "INFERBUS_NATS_CREDS": str(state / "auth" / "creds" / "operator.json")}
+
+
+def _ps(nats_url: str, state: Path) -> dict[str, dict[str, str]]:
     out = subprocess.run(
-        [*INFERBUS, "ps", "--nats-url", nats_url], capture_output=True, text=True, timeout=30
+        [*INFERBUS, "ps", "--nats-url", nats_url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=_operator_env(state),
     )
     assert out.returncode == 0, out.stderr
     rows = {}
@@ -150,6 +162,12 @@ def _ps(nats_url: str) -> dict[str, dict[str, str]]:
         name, state, _, pid, _, restarts, *_ = line.split()
         rows[name] = {"state": state, "pid": pid, "restarts": restarts}
     return rows
+
+
+def _running(rows: dict[str, dict[str, str]], *names: str) -> dict[str, dict[str, str]] | None:
+    """The rows, once every name runs with a pid."""
+    ok = all(rows.get(n, {}).get("state") == "running" and rows[n]["pid"] != "0" for n in names)
+    return rows if ok else None
 
 
 def _wait_for(predicate, timeout: float = 30.0):
@@ -184,10 +202,11 @@ def test_up_scales_workers_and_restarts_what_dies_nats_included(tmp_path: Path):
 
     port, nats_port = free_port(), free_port()
     nats_url = f"nats://127.0.0.1:{nats_port}"
+    state = tmp_path / "state"
     up = subprocess.Popen(
         [*INFERBUS, "up", "--engine", "sim", "--no-selftest", "--port", str(port),
          "--nats-port", str(nats_port), "--metrics-port-base",
-         str(random.randrange(20000, 32000, 100)), "--state-dir", str(tmp_path / "state")],
+         str(random.randrange(20000, 32000, 100)), "--state-dir", str(state)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "NATS_URL": ""},
     )  # fmt: skip
@@ -195,35 +214,35 @@ def test_up_scales_workers_and_restarts_what_dies_nats_included(tmp_path: Path):
         _wait_for(lambda: _chat(port), 60)
         scaled = subprocess.run(
             [*INFERBUS, "scale", "worker", "3", "--nats-url", nats_url],
-            capture_output=True, text=True, timeout=30,
+            capture_output=True, text=True, timeout=30, env=_operator_env(state),
         )  # fmt: skip
         assert scaled.returncode == 0, scaled.stderr
-        rows = _ps(nats_url)
-        assert {"worker-0", "worker-1", "worker-2", "nats", "gateway"} <= rows.keys()
+        rows = _wait_for(lambda: _running(_ps(nats_url, state), "worker-0", "worker-1",
+                                          "worker-2", "nats", "gateway"))  # fmt: skip
 
         # a worker killed: restarted, its restart counted
         os.kill(int(rows["worker-1"]["pid"]), signal.SIGKILL)
-        _wait_for(lambda: _ps(nats_url)["worker-1"]["restarts"] == "1")
+        _wait_for(lambda: _ps(nats_url, state)["worker-1"]["restarts"] == "1")
 
         # the embedded NATS killed: restarted on its store, and the platform serves again
         os.kill(int(rows["nats"]["pid"]), signal.SIGKILL)
         began = time.monotonic()
         _wait_for(lambda: _chat(port), 30)
         print(f"served again {time.monotonic() - began:.1f}s after nats-server was killed")
-        assert _ps(nats_url)["nats"]["restarts"] == "1"
+        assert _ps(nats_url, state)["nats"]["restarts"] == "1"
 
         # down to one: the newest go, drained
         scaled = subprocess.run(
             [*INFERBUS, "scale", "worker", "1", "--nats-url", nats_url],
-            capture_output=True, text=True, timeout=30,
+            capture_output=True, text=True, timeout=30, env=_operator_env(state),
         )  # fmt: skip
         assert scaled.returncode == 0, scaled.stderr
-        _wait_for(lambda: not {"worker-1", "worker-2"} & _ps(nats_url).keys())
+        _wait_for(lambda: not {"worker-1", "worker-2"} & _ps(nats_url, state).keys())
         assert _chat(port)
 
         refused = subprocess.run(
             [*INFERBUS, "scale", "gateway", "2", "--nats-url", nats_url],
-            capture_output=True, text=True, timeout=30,
+            capture_output=True, text=True, timeout=30, env=_operator_env(state),
         )  # fmt: skip
         assert refused.returncode != 0 and "not scalable" in refused.stderr
     finally:

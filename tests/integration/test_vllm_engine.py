@@ -265,7 +265,7 @@ async def test_kv_events_heartbeat_stats_and_metrics(vllm_worker, client):
     for _ in range(2):  # the second pass hits the prefix cache
         await client.generate(MODEL, long_prompt, max_tokens=2, temperature=0.0)
     stored = decode((await kv.next_msg(timeout=10)).data, KvBlocksStored)
-    assert stored.block_hashes and stored.worker_id.startswith("vllm-worker-")
+    assert stored.block_hashes and stored.worker_id.startswith("vllm-worker")
     for _ in range(50):
         hb = decode((await hbs.next_msg(timeout=5)).data, WorkerHeartbeat)
         if hb.engine == "vllm" and hb.prefix_cache_hits > 0:
@@ -304,7 +304,7 @@ async def test_unloadable_model_reports_failed_and_exits(nats_url, log_dir, clie
         failed = None
         for _ in range(200):
             hb = decode((await hbs.next_msg(timeout=60)).data, WorkerHeartbeat)
-            if hb.worker_id.startswith("broken-worker-") and hb.state == "failed":
+            if hb.worker_id.startswith("broken-worker") and hb.state == "failed":
                 failed = hb
                 break
         assert failed is not None and "no-model-here" in failed.reason

@@ -36,7 +36,7 @@ def _workers(nats_url, log_dir, model, *args):
 
 
 def _owner(workers, worker_id: str) -> ServiceProcess:
-    return next(w for w in workers if worker_id.startswith(w.name + "-"))
+    return next(w for w in workers if worker_id.startswith(w.name + "."))
 
 
 async def test_killed_mid_stream_ends_with_a_clear_error(nats_url, log_dir, client):

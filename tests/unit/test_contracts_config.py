@@ -34,6 +34,7 @@ from inferbus.contracts import (
     RequestSubmitted,
     SamplingParams,
     SchedulerLoad,
+    TenantPolicy,
     Terminal,
     TokenChunk,
     TraceDecided,
@@ -122,6 +123,7 @@ SAMPLES = {
     KvBlocksRemoved: KvBlocksRemoved(worker_id="w1", block_hashes=[7], medium="CPU"),
     KvAllCleared: KvAllCleared(worker_id="w1"),
     CanaryWeights: CanaryWeights(model="m", weights={"m-v2": 0.1}),
+    TenantPolicy: TenantPolicy(tenant="acme", priority="batch", models=["m"], mask_pii=True),
     TraceDecided: TraceDecided(
         kept=[DecidedRequest(trace_id="0af7651916cd43dd8448eb211c80319c", request_id="r1")],
         service="worker",

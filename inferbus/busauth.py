@@ -1,0 +1,247 @@
+"""A closed bus: NATS users, what each may publish and subscribe, the server's config.
+
+Every service process, every tenant's client and the operator connect as their own
+NATS user (a password checked against its bcrypt hash). Permissions name subjects:
+a service may publish and read only what its part of the request path needs (the
+service table declares it, ``ServiceEntry.permissions``); a tenant only its own submit
+and cancel subjects and its own replies; JetStream's API only as far as each needs
+(no one but the operator deletes or purges). The registry of users lives in a folder
+(``<state>/auth`` under ``inferbus up``): ``users.json`` (hashes, never passwords),
+``creds/<user>.json`` (each user's credentials, mode 0600) and ``nats.conf``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import msgspec
+
+from inferbus.contracts import (
+    GATEWAY_REPLY_OWNER,
+    REPLY_PREFIX,
+    TRACE_DECIDED,
+    dead_letter_subject,
+    status_subject,
+    tenant_cancel_subject,
+    tenant_reply_prefix,
+    tenant_submit_subject,
+)
+from inferbus.contracts.control import supervisor_subject
+from inferbus.shared.buscreds import BusCredentials, inbox_prefix, write_credentials
+
+OPERATOR = "operator"
+"""The administrator's user: everything (the CLI's top, canary, scale, creds)."""
+
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+RESERVED_TENANTS = {GATEWAY_REPLY_OWNER}
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """Subjects a user may publish to and subscribe to; ``{instance}``, ``{service}``
+    and ``{user}`` are filled in per user."""
+
+    publish: tuple[str, ...] = ()
+    subscribe: tuple[str, ...] = ()
+    responses: bool = False
+    """It answers requests it receives ($SRV discovery, control subjects)."""
+
+    def __add__(self, other: Permissions) -> Permissions:
+        return Permissions(
+            publish=self.publish + other.publish,
+            subscribe=self.subscribe + other.subscribe,
+            responses=self.responses or other.responses,
+        )
+
+    def filled(self, **values: str) -> Permissions:
+        def fill(subjects: tuple[str, ...]) -> tuple[str, ...]:
+            return tuple(dict.fromkeys(s.format(**values) for s in subjects))
+
+        return replace(self, publish=fill(self.publish), subscribe=fill(self.subscribe))
+
+
+# JetStream's API, as far as each needs it (deleting and purging is the operator's)
+JS_PROVISION = Permissions(
+    publish=("$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.INFO.*",
+             "$JS.API.STREAM.CREATE.*", "$JS.API.STREAM.UPDATE.*"),
+)  # fmt: skip
+JS_CONSUME = Permissions(
+    publish=("$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.DURABLE.CREATE.>",
+             "$JS.API.CONSUMER.INFO.>", "$JS.API.CONSUMER.DELETE.>", "$JS.ACK.>", "$JS.FC.>"),
+)  # fmt: skip
+
+SERVICE_BASE = JS_PROVISION + Permissions(
+    publish=("{dead_letters}", TRACE_DECIDED),
+    subscribe=("_INBOX.{user}.>", "$SRV.>", TRACE_DECIDED, "{status}"),
+    responses=True,
+)
+"""What the runtime does for every service: provisioning, dead letters, trace
+decisions, $SRV discovery and its status endpoint. Acks are granted with the
+consumers a service reads (a worker acks its own work only)."""
+
+REPLIES = Permissions(publish=(f"{REPLY_PREFIX}.>", "ib.filter.>", "_INBOX.>"))
+"""Answering requesters, wherever their reply subject (gateway, tenant, inbox)."""
+
+
+def service_permissions(own: Permissions, service: str, instance: str, user: str) -> Permissions:
+    return (SERVICE_BASE + own).filled(
+        service=service, instance=instance, user=user,
+        dead_letters=dead_letter_subject(service), status=status_subject(service),
+    )  # fmt: skip
+
+
+def supervisor_permissions(supervisor: str, user: str) -> Permissions:
+    # answers by explicit grant: a scale command adds users, and the reload it triggers
+    # forgets the pending responses allow_responses would have let through
+    return (JS_PROVISION + Permissions(
+        publish=("_INBOX.>",),
+        subscribe=("_INBOX.{user}.>", supervisor_subject(supervisor)), responses=True,
+    )).filled(user=user)  # fmt: skip
+
+
+def tenant_permissions(tenant: str, user: str) -> Permissions:
+    return Permissions(
+        publish=(tenant_submit_subject(tenant), tenant_cancel_subject(tenant)),
+        subscribe=(tenant_reply_prefix(tenant) + ">", f"{inbox_prefix(user)}.>"),
+    )
+
+
+OPERATOR_PERMISSIONS = Permissions(publish=(">",), subscribe=(">",))
+
+
+def gateway_replies() -> str:
+    return f"{REPLY_PREFIX}.{GATEWAY_REPLY_OWNER}.>"
+
+
+def check_name(kind: str, name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"{kind} name {name!r}: letters, digits, '-' and '_' only (1..64)")
+    return name
+
+
+# -- the registry ----------------------------------------------------------------------
+
+
+class User(msgspec.Struct, kw_only=True):
+    user: str
+    role: str
+    """``service``, ``supervisor``, ``tenant`` or ``operator``."""
+    name: str = ""
+    """The service instance, supervisor or tenant it stands for."""
+    service: str = ""
+    password_hash: str
+
+
+def _hash(password: str) -> str:
+    import bcrypt
+
+    # cost 10: ~50 ms a connect on the server, paid once per connection
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=10)).decode()
+
+
+@dataclass
+class Registry:
+    """The users of one closed bus, kept in ``folder``."""
+
+    folder: Path
+    users: dict[str, User] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, folder: Path) -> Registry:
+        reg = cls(folder)
+        path = folder / "users.json"
+        if path.exists():
+            for u in msgspec.json.decode(path.read_bytes(), type=list[User]):
+                reg.users[u.user] = u
+        return reg
+
+    def creds_path(self, user: str) -> Path:
+        return self.folder / "creds" / f"{user}.json"
+
+    def ensure(
+        self, user: str, role: str, name: str = "", service: str = "", tenant: str = ""
+    ) -> Path:
+        """The user's credentials file, made (with a new password) when missing."""
+        path = self.creds_path(user)
+        if user in self.users and path.exists():
+            return path
+        password = secrets.token_urlsafe(24)
+        self.users[user] = User(
+            user=user, role=role, name=name, service=service, password_hash=_hash(password)
+        )
+        write_credentials(path, BusCredentials(user=user, password=password, tenant=tenant))
+        self.save()
+        return path
+
+    def remove(self, user: str) -> bool:
+        found = self.users.pop(user, None) is not None
+        self.creds_path(user).unlink(missing_ok=True)
+        self.save()
+        return found
+
+    def save(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / "users.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(msgspec.json.format(msgspec.json.encode(list(self.users.values()))))
+        tmp.chmod(0o600)
+        tmp.replace(path)
+
+    # -- roles -------------------------------------------------------------------------
+
+    def service(self, service: str, instance: str) -> Path:
+        return self.ensure(f"svc-{check_name('instance', instance)}", "service", instance, service)
+
+    def supervisor(self, name: str) -> Path:
+        return self.ensure(f"supervisor-{check_name('supervisor', name)}", "supervisor", name)
+
+    def operator(self) -> Path:
+        return self.ensure(OPERATOR, "operator")
+
+    def tenant(self, tenant: str) -> Path:
+        check_name("tenant", tenant)
+        if tenant in RESERVED_TENANTS:
+            raise ValueError(f"tenant name {tenant!r} is reserved")
+        return self.ensure(f"tenant-{tenant}", "tenant", tenant, tenant=tenant)
+
+    # -- the server's view -------------------------------------------------------------
+
+    def permissions(self, u: User, service_perms: dict[str, Permissions]) -> Permissions:
+        if u.role == "service":
+            return service_permissions(service_perms[u.service], u.service, u.name, u.user)
+        if u.role == "supervisor":
+            return supervisor_permissions(u.name, u.user)
+        if u.role == "tenant":
+            return tenant_permissions(u.name, u.user)
+        return OPERATOR_PERMISSIONS
+
+    def server_config(self, service_perms: dict[str, Permissions]) -> str:
+        """The ``authorization`` block of nats-server's config (JSON is valid in its
+        config syntax)."""
+        users = []
+        for u in self.users.values():
+            p = self.permissions(u, service_perms)
+            entry: dict[str, object] = {
+                "user": u.user,
+                "password": u.password_hash,
+                "permissions": {
+                    "publish": {"allow": list(p.publish)},
+                    "subscribe": {"allow": list(p.subscribe)},
+                },
+            }
+            if p.responses:
+                entry["permissions"]["allow_responses"] = True  # type: ignore[index]
+            users.append(entry)
+        return "authorization " + json.dumps({"users": users}, indent=2) + "\n"
+
+    def write_server_config(self, service_perms: dict[str, Permissions]) -> Path:
+        path = self.folder / "nats.conf"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(self.server_config(service_perms))
+        tmp.chmod(0o600)
+        tmp.replace(path)
+        return path

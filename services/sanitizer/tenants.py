@@ -1,0 +1,58 @@
+"""A tenant's request on the closed bus: who it is comes from the subject its
+credentials allow it, what it may do from its record. No I/O."""
+
+from __future__ import annotations
+
+import msgspec
+
+from inferbus.contracts import (
+    FailureCode,
+    RequestRejected,
+    RequestSubmitted,
+    TenantPolicy,
+    tenant_reply_prefix,
+)
+
+
+def admit_tenant(
+    request: RequestSubmitted, tenant: str, policy: TenantPolicy | None
+) -> RequestSubmitted | RequestRejected:
+    """The request as the tenant's record makes it (tenant, priority and policies from
+    the record, whatever the payload said), or why it is refused. A reply subject
+    outside the tenant's own is refused with ``param="reply_to"``: no answer is sent
+    there (it may be another's)."""
+
+    def reject(code: FailureCode, reason: str, param: str | None = None) -> RequestRejected:
+        return RequestRejected(request_id=request.request_id, code=code, reason=reason, param=param)
+
+    if policy is None or policy.revoked:
+        why = "has been revoked" if policy is not None else "has no record"
+        return reject(FailureCode.PERMISSION_DENIED, f"tenant {tenant!r} {why}")
+    prefix = tenant_reply_prefix(tenant)
+    if not request.reply_to.startswith(prefix) or len(request.reply_to) == len(prefix):
+        return reject(
+            FailureCode.INVALID_REQUEST,
+            f"reply_to must be under {prefix}<id> for tenant {tenant!r}",
+            "reply_to",
+        )
+    if "*" not in policy.models and request.model not in policy.models:
+        return reject(
+            FailureCode.PERMISSION_DENIED,
+            f"tenant {tenant!r} may not use model {request.model!r}",
+            "model",
+        )
+    if policy.max_tokens and request.sampling.max_tokens > policy.max_tokens:
+        return reject(
+            FailureCode.PERMISSION_DENIED,
+            f"max_tokens {request.sampling.max_tokens} is over tenant {tenant!r}'s cap "
+            f"of {policy.max_tokens}",
+            "max_tokens",
+        )
+    return msgspec.structs.replace(
+        request,
+        tenant=tenant,
+        priority=policy.priority,
+        input_policy=policy.input_policy,
+        mask_pii=policy.mask_pii,
+        client_reply_to="",
+    )

@@ -1,0 +1,293 @@
+"""The closed bus, attacked as a hostile tenant and a rogue worker would, on the real
+platform (`inferbus up --engine sim`, closed by default): each attack is refused (an
+auth error or a permissions violation), and the legitimate paths still work."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import nats
+import pytest
+
+from inferbus.client import Client, RequestError
+from inferbus.contracts import (
+    CancelRequest,
+    RequestAccepted,
+    RequestCancelled,
+    RequestSubmitted,
+    Terminal,
+    WorkerHeartbeat,
+    dead_letter_subject,
+    tenant_reply_prefix,
+)
+from inferbus.shared.bus import BusAuthError, connect
+from inferbus.shared.buscreds import load_credentials
+from inferbus.shared.codec import decode, encode
+from inferbus.shared.natsserver import free_port
+
+pytestmark = pytest.mark.integration
+
+INFERBUS = [sys.executable, "-m", "inferbus.cli"]
+CARD = "4111 1111 1111 1111"
+
+
+class Platform:
+    def __init__(self, state: Path, nats_url: str) -> None:
+        self.state = state
+        self.nats_url = nats_url
+
+    def creds(self, user: str) -> Path:
+        return self.state / "auth" / "creds" / f"{user}.json"
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "INFERBUS_NATS_CREDS": str(self.creds("operator"))}
+        return subprocess.run(
+            [*INFERBUS, *args], capture_output=True, text=True, timeout=60, env=env
+        )
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory):
+    state = tmp_path_factory.mktemp("secure") / "state"
+    nats_port, port = free_port(), free_port()
+    up = subprocess.Popen(
+        [*INFERBUS, "up", "--engine", "sim", "--no-selftest", "--port", str(port),
+         "--nats-port", str(nats_port), "--state-dir", str(state),
+         "--metrics-port-base", str(random.randrange(20000, 32000, 100)),
+         "--worker-arg=--sim-decode-s-per-step=0.02"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "NATS_URL": ""},
+    )  # fmt: skip
+    lines = []
+    deadline = time.monotonic() + 60
+    assert up.stdout is not None
+    while time.monotonic() < deadline:
+        line = up.stdout.readline()
+        assert line, "inferbus up exited:\n" + "".join(lines)
+        lines.append(line)
+        if line.startswith("try:"):
+            break
+    p = Platform(state, f"nats://127.0.0.1:{nats_port}")
+    for args in (
+        ["--tenant", "acme"],
+        ["--tenant", "beta", "--priority", "batch", "--model", "other-model"],
+    ):
+        made = p.cli("creds", "new", *args, "--state-dir", str(state), "--nats-url", p.nats_url)
+        assert made.returncode == 0, made.stderr
+    yield p
+    up.terminate()
+    up.communicate(timeout=60)
+
+
+async def violation(nc: nats.NATS) -> str:
+    """The permissions violation the server reported on this connection, if any."""
+    await nc.flush()
+    await asyncio.sleep(0.2)
+    return str(nc.last_error or "")
+
+
+async def tenant(p: Platform, name: str) -> Client:
+    return await Client.connect(p.nats_url, creds=str(p.creds(f"tenant-{name}")))
+
+
+async def test_no_credentials_no_bus(platform: Platform):
+    with pytest.raises(BusAuthError):
+        await connect(platform.nats_url, "anonymous")
+    with pytest.raises(BusAuthError):
+        await connect(platform.nats_url, "forged", load_credentials(platform.creds("tenant-acme"))
+                      .__class__(user="tenant-acme", password="guess"))  # fmt: skip
+
+
+async def test_a_tenant_is_served_as_its_record_says_whatever_its_payload_claims(
+    platform: Platform,
+):
+    operator = await connect(platform.nats_url, "op", load_credentials(platform.creds("operator")))
+    accepted = await operator.subscribe("ib.req.accepted")
+    client = await tenant(platform, "acme")
+    try:
+        stream = client.stream(
+            "sim-model", f"/echo pay with {CARD} now", max_tokens=40,
+            tenant="evil", mask_pii=False, input_policy="off",
+        )  # fmt: skip
+        text = "".join([c.text async for c in stream])
+        assert CARD not in text and "****" in text, text  # masked all the same
+        seen = decode((await accepted.next_msg(timeout=5)).data, RequestAccepted).request
+        assert (seen.tenant, seen.priority, seen.mask_pii) == ("acme", "standard", None)
+        assert seen.input_policy == ""  # the deployment's (block), not the payload's "off"
+        blocked = client.stream("sim-model", "x' OR '1'='1' --", input_policy="off")
+        with pytest.raises(RequestError) as info:
+            async for _ in blocked:
+                pass
+        assert info.value.code == "input_blocked"
+    finally:
+        await client.close()
+        await operator.close()
+
+
+async def test_a_tenant_outside_its_scope_is_refused(platform: Platform):
+    client = await tenant(platform, "beta")  # may use other-model only
+    try:
+        with pytest.raises(RequestError) as info:
+            async for _ in client.stream("sim-model", "hello"):
+                pass
+        assert info.value.code == "permission_denied"
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    "subject",
+    ["ib.req.submitted", "ib.req.submitted.beta", "ib.req.accepted", "ib.ctl.cancel",
+     "ib.ctl.cancel.beta", "ib.hb.worker-0.forged", "ib.cfg.canary.sim-model",
+     "ib.reply.tenant.beta.r1", "ib.reply.gw.x.r1", "$SRV.INFO",
+     "$JS.API.STREAM.DELETE.IB_REQUESTS", "$JS.API.STREAM.PURGE.IB_REQUESTS",
+     "ib.work.worker-0.abc"],
+)  # fmt: skip
+async def test_a_tenant_may_not_publish_beyond_its_own_subjects(platform: Platform, subject: str):
+    nc = await connect(platform.nats_url, "acme", load_credentials(platform.creds("tenant-acme")))
+    try:
+        await nc.publish(subject, b"{}")
+        assert "permissions violation for publish" in await violation(nc)
+    finally:
+        await nc.close()
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [">", "ib.>", "ib.req.>", "ib.work.>", "ib.filter.>", "ib.reply.>",
+     "ib.reply.tenant.beta.>", "ib.reply.gw.>", "_INBOX.>", "_INBOX.operator.>", "$SRV.>"],
+)  # fmt: skip
+async def test_a_tenant_may_not_read_another_s_traffic(platform: Platform, subject: str):
+    nc = await connect(platform.nats_url, "acme", load_credentials(platform.creds("tenant-acme")))
+    try:
+        await nc.subscribe(subject)
+        assert "permissions violation for subscription" in await violation(nc)
+    finally:
+        await nc.close()
+
+
+async def test_a_tenant_cancels_its_own_requests_only(platform: Platform):
+    acme = await tenant(platform, "acme")
+    rogue = await connect(
+        platform.nats_url, "rogue", load_credentials(platform.creds("tenant-beta"))
+    )
+    operator = await connect(platform.nats_url, "op", load_credentials(platform.creds("operator")))
+    try:
+        victim = acme.stream("sim-model", "tell a long story", max_tokens=60)
+        first = await victim.__anext__()  # streaming, 20 ms a token: about a second left
+        assert first.text
+        # beta, on its own cancel subject, names acme's request: nothing happens
+        await rogue.publish(
+            "ib.ctl.cancel.beta",
+            encode(CancelRequest(request_id=victim.request_id, reason="hostile")),
+        )
+        rest = [c async for c in victim]
+        assert victim.outcome is not None and victim.outcome.usage.completion_tokens == 60
+        assert rest
+        # and acme cancelling its own request does cancel it
+        ended = await operator.subscribe("ib.req.ended")
+        own = acme.stream("sim-model", "another long story", max_tokens=200)
+        await own.__anext__()
+        await own.cancel("changed my mind")
+        while True:
+            event = decode((await ended.next_msg(timeout=5)).data, Terminal)
+            if event.request_id == own.request_id:
+                break
+        assert isinstance(event, RequestCancelled)
+    finally:
+        await acme.close()
+        await rogue.close()
+        await operator.close()
+
+
+async def test_a_tenant_s_reply_subject_must_be_its_own(platform: Platform):
+    """A request that names another tenant's replies is never answered there."""
+    acme = await connect(platform.nats_url, "acme", load_credentials(platform.creds("tenant-acme")))
+    operator = await connect(platform.nats_url, "op", load_credentials(platform.creds("operator")))
+    try:
+        dlq = await operator.subscribe(dead_letter_subject("sanitizer"))
+        beta_replies = await operator.subscribe(tenant_reply_prefix("beta") + ">")
+        rid = uuid.uuid4().hex
+        req = RequestSubmitted(
+            request_id=rid, model="sim-model", prompt="hi",
+            reply_to=tenant_reply_prefix("beta") + rid, created_at=time.time(),
+        )  # fmt: skip
+        await acme.jetstream().publish("ib.req.submitted.acme", encode(req))
+        letter = json.loads((await dlq.next_msg(timeout=5)).data)
+        assert "reply_to" in letter["reason"]
+        with pytest.raises(nats.errors.TimeoutError):
+            await beta_replies.next_msg(timeout=0.5)
+    finally:
+        await acme.close()
+        await operator.close()
+
+
+async def test_a_worker_speaks_only_for_itself(platform: Platform):
+    worker = await connect(
+        platform.nats_url, "rogue-worker", load_credentials(platform.creds("svc-worker-0"))
+    )
+    operator = await connect(platform.nats_url, "op", load_credentials(platform.creds("operator")))
+    try:
+        forged = WorkerHeartbeat(worker_id="worker-9.fake", models=["sim-model"], engine="sim",
+                                 max_num_seqs=100_000)  # fmt: skip
+        # another instance's subject: refused by the server
+        await worker.publish("ib.hb.worker-9.fake", encode(forged))
+        assert "permissions violation for publish" in await violation(worker)
+        # its own subject, another's id: the scheduler refuses it
+        dlq = await operator.subscribe(dead_letter_subject("scheduler"))
+        await worker.publish("ib.hb.worker-0.fake", encode(forged))
+        letter = json.loads((await dlq.next_msg(timeout=5)).data)
+        assert "another worker's subject" in letter["reason"]
+        # nor may it read another worker's assignments
+        js = worker.jetstream()
+        with pytest.raises(Exception):  # noqa: B017 (a timeout or a permission error)
+            await js.subscribe("ib.work.worker-1.x", stream="IB_WORK")
+    finally:
+        await worker.close()
+        await operator.close()
+
+
+async def test_the_operator_still_does_its_work(platform: Platform):
+    canary = platform.cli("canary", "set", "sim-model", "--nats-url", platform.nats_url)
+    assert canary.returncode == 0, canary.stderr
+    ps = platform.cli("ps", "--nats-url", platform.nats_url)
+    assert ps.returncode == 0 and "worker-0" in ps.stdout, ps.stderr
+    gen = platform.cli("generate", "--model", "sim-model", "--max-tokens", "4",
+                       "--nats-url", platform.nats_url, "hello")  # fmt: skip
+    assert gen.returncode == 0, gen.stderr
+    # and without credentials the same command is refused, clearly
+    bare = subprocess.run(
+        [*INFERBUS, "canary", "set", "sim-model", "--nats-url", platform.nats_url],
+        capture_output=True, text=True, timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "INFERBUS_NATS_CREDS"}, cwd="/",
+    )  # fmt: skip
+    assert bare.returncode != 0 and "refused" in bare.stderr + bare.stdout
+
+
+async def test_a_revoked_tenant_is_shut_out(platform: Platform):
+    made = platform.cli("creds", "new", "--tenant", "gone", "--state-dir", str(platform.state),
+                        "--nats-url", platform.nats_url)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    creds = load_credentials(made.stdout.strip())
+    nc = await connect(platform.nats_url, "gone", creds)
+    await nc.close()
+    revoked = platform.cli("creds", "revoke", "--tenant", "gone", "--state-dir",
+                           str(platform.state), "--nats-url", platform.nats_url)  # fmt: skip
+    assert revoked.returncode == 0, revoked.stderr
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            nc = await connect(platform.nats_url, "gone", creds)
+            await nc.close()
+        except BusAuthError:
+            break
+        assert time.monotonic() < deadline, "revoked credentials still connect"
+        await asyncio.sleep(0.1)
