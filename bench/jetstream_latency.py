@@ -15,12 +15,13 @@ import asyncio
 import time
 
 import nats
+from platform_up import nats_auth
 
 SUBJECT = "ib.dlq.latency-probe"  # a stream subject every platform has (IB_DLQ)
 
 
 async def probe(url: str, seconds: float) -> None:
-    nc = await nats.connect(url)
+    nc = await nats.connect(url, **nats_auth())  # the operator's, on a closed bus
     js = nc.jetstream()
     lat: list[float] = []
     end = time.monotonic() + seconds

@@ -7,7 +7,27 @@ import subprocess
 import sys
 from pathlib import Path
 
+from inferbus.shared.buscreds import CREDS_ENV, credentials_from_env
 from inferbus.shared.natsserver import free_port
+
+
+def nats_auth(creds_file: str = "") -> dict[str, str]:
+    """nats.connect's keywords for the credentials in ``creds_file`` (default: those of
+    INFERBUS_NATS_CREDS); none on an open bus."""
+    creds = credentials_from_env(creds_file)
+    if creds is None:
+        return {}
+    return {"user": creds.user, "password": creds.password, "inbox_prefix": creds.inbox_prefix}
+
+
+def new_tenant(state: Path, nats_url: str, tenant: str = "bench") -> str:
+    """A tenant's credentials on a closed bus (``inferbus creds new``); its path."""
+    made = subprocess.run(
+        [sys.executable, "-m", "inferbus.cli", "creds", "new", "--tenant", tenant,
+         "--state-dir", str(state), "--nats-url", nats_url],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return made.stdout.strip()
 
 
 def start_up(
@@ -41,6 +61,9 @@ def start_up(
     assert proc.stdout
     for line in proc.stdout:
         if line.startswith("try:"):
+            operator = state / "auth" / "creds" / "operator.json"
+            if operator.exists():  # a closed bus: this process and its children are the operator
+                os.environ[CREDS_ENV] = str(operator)
             return proc, f"nats://127.0.0.1:{nats_port}", f"http://127.0.0.1:{port}"
         if line.startswith("inferbus up failed"):
             break

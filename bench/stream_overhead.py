@@ -27,7 +27,7 @@ from pathlib import Path
 import aiohttp
 import msgspec
 import nats
-from platform_up import start_up
+from platform_up import nats_auth, start_up
 
 from inferbus.client import Client
 from inferbus.contracts import ReplyEvent, RequestFinished, TokenChunk, Usage
@@ -46,7 +46,7 @@ class Trigger(msgspec.Struct):
 
 
 async def bare_publisher(url: str) -> None:
-    nc = await nats.connect(url, pending_size=64 * 1024 * 1024)
+    nc = await nats.connect(url, pending_size=64 * 1024 * 1024, **nats_auth())
     stop = asyncio.Event()
 
     async def on_trigger(msg) -> None:
@@ -181,7 +181,7 @@ def start_platform(state: Path) -> tuple[subprocess.Popen[str], str, str]:
 async def measure(args: argparse.Namespace, nats_url: str, gateway: str) -> dict[str, Result]:
     c, t, r = args.concurrency, args.tokens, args.requests
     out: dict[str, Result] = {}
-    nc = await nats.connect(nats_url, pending_size=64 * 1024 * 1024)
+    nc = await nats.connect(nats_url, pending_size=64 * 1024 * 1024, **nats_auth())
     client = await Client.connect(nats_url)
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(gateway, connector=conn) as http:

@@ -432,19 +432,39 @@ def sse(obj: dict[str, Any]) -> bytes:
 class ModelRegistry:
     """Which models live workers serve, from their heartbeats."""
 
-    def __init__(self, stale_after_s: float = 3.0) -> None:
+    def __init__(
+        self, stale_after_s: float = 3.0, started_at: float = 0.0, remember_s: float = 600.0
+    ) -> None:
         self.stale_after_s = stale_after_s
+        self.started_at = started_at
+        """Until ``stale_after_s`` past this, no model can be said not to exist: the
+        heartbeats have not all come yet."""
+        self.remember_s = remember_s
+        """A model served this recently is known: without a live worker (all lost, or
+        their heartbeats held up by a NATS outage) it is 503, retryable, not 404."""
         self._workers: dict[str, tuple[WorkerHeartbeat, float]] = {}
+        self._known: dict[str, float] = {}
 
     def on_heartbeat(self, hb: WorkerHeartbeat, now: float) -> None:
+        for m in hb.models:
+            self._known[m] = now
         if hb.state in ("stopped", "failed"):
             self._workers.pop(hb.worker_id, None)
         else:
             self._workers[hb.worker_id] = (hb, now)
 
+    def known(self, model: str, now: float) -> bool:
+        """Whether ``model`` may exist: served lately, or too early to tell."""
+        seen = self._known.get(model)
+        if seen is not None and now - seen <= self.remember_s:
+            return True
+        return now - self.started_at < self.stale_after_s
+
     def admit(self, model: str, now: float, max_tokens: int = 0) -> None:
         """Raise the HTTP error for a model no live worker can serve right now."""
         ready = self.models(now).get(model)
+        if ready is None and self.known(model, now):
+            ready = 0
         if ready is None:
             raise failure_error(
                 FailureCode.MODEL_NOT_FOUND,

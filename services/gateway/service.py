@@ -24,6 +24,7 @@ from inferbus.contracts import (
     ChatMessage,
     FailureCode,
     ReplyEvent,
+    RequestFailed,
     RequestFinished,
     RequestSubmitted,
     SchedulerLoad,
@@ -87,9 +88,13 @@ class GatewaySettings(ServiceSettings, kw_only=True):
 class _Ended(Exception):
     """The request is over for the client; ``settled`` when the platform says so too."""
 
-    def __init__(self, error: ApiError, settled: bool = True) -> None:
+    def __init__(
+        self, error: ApiError, settled: bool = True, answered: web.StreamResponse | None = None
+    ) -> None:
         self.error = error
         self.settled = settled
+        self.answered = answered
+        """The stream it ended, already told so (an SSE error event and [DONE])."""
 
 
 class GatewayService(Service[GatewaySettings]):
@@ -100,13 +105,19 @@ class GatewayService(Service[GatewaySettings]):
         self.gateway_id = subject_token(f"gw-{settings.instance_id}-{secrets.token_hex(3)}")
         # its replies under ib.reply.gw.<id>: the gateway's credentials read only those
         self.reply_owner = f"{GATEWAY_REPLY_OWNER}.{self.gateway_id}"
-        self.registry = ModelRegistry(stale_after_s=settings.worker_stale_s)
+        self.registry = ModelRegistry(
+            stale_after_s=settings.worker_stale_s, started_at=time.monotonic()
+        )
         self.load = LoadView()
         self.access = AccessControl(load_keys(settings.api_keys_file, settings.api_keys))
         self._pending: dict[str, asyncio.Queue[Any]] = {}
         self._ctx: Context[GatewaySettings] | None = None
         self._subs: list[Any] = []
         self._draining = False
+        self._lost: set[str] = set()
+        self._streaming: dict[str, web.StreamResponse] = {}
+        """SSE responses whose headers went out, by request."""
+        """Requests whose replies a NATS outage cut: cancelled once the bus is back."""
 
     def routes(self) -> Sequence[web.RouteDef]:
         return [
@@ -127,6 +138,8 @@ class GatewayService(Service[GatewaySettings]):
             await ctx.nc.subscribe(HEARTBEATS, cb=self._on_heartbeat),
             await ctx.nc.subscribe(SCHEDULER_LOAD, cb=self._on_load),
         ]
+        ctx.connection.disconnected.append(self._on_bus_lost)
+        ctx.connection.reconnected.append(self._on_bus_back)
         if self.access.open:
             log.warning(
                 "open mode: no API keys are configured, so every request is served "
@@ -153,6 +166,22 @@ class GatewayService(Service[GatewaySettings]):
             await sub.unsubscribe()
 
     # -- NATS inputs --------------------------------------------------------------------
+
+    async def _on_bus_lost(self) -> None:
+        """Replies published while the connection is down are lost: every stream in
+        flight ends now with a retryable error, instead of waiting for its timeout."""
+        for rid, queue in self._pending.items():
+            self._lost.add(rid)
+            queue.put_nowait(RequestFailed(
+                request_id=rid, code=FailureCode.BUS_UNAVAILABLE, retryable=True,
+                reason="the gateway lost its connection to NATS mid-request; submit it again",
+            ))  # fmt: skip
+
+    async def _on_bus_back(self) -> None:
+        """Stop the work nobody reads any more."""
+        lost, self._lost = self._lost, set()
+        for rid in lost:
+            await self._cancel(rid, "its gateway lost the bus while it ran")
 
     async def _on_reply(self, msg: Msg) -> None:
         rid = msg.subject.rsplit(".", 1)[-1]
@@ -314,6 +343,8 @@ class GatewayService(Service[GatewaySettings]):
                 return resp
             except _Ended as e:
                 ended = e.settled
+                if e.answered is not None:  # mid-stream: the SSE stream says it
+                    return e.answered
                 raise e.error from None
             finally:
                 self._pending.pop(rid, None)
@@ -430,12 +461,39 @@ class GatewayService(Service[GatewaySettings]):
         started: float,
     ) -> web.StreamResponse:
         resp: web.StreamResponse | None = None
+        try:
+            return await self._stream_events(http, rid, events, shapes, include_usage, started)
+        except _Ended as e:
+            resp = e.answered or self._streaming.pop(rid, None)
+            if resp is None:
+                raise  # nothing went out yet: the error is the HTTP status
+            # the headers went out with the first token: a second HTTP response would
+            # break the chunked body, so the stream itself ends with the error
+            self._observe(shapes.model, started, "request.failed")
+            await resp.write(sse(e.error.body()))
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            raise _Ended(e.error, settled=e.settled, answered=resp) from None
+        finally:
+            self._streaming.pop(rid, None)
+
+    async def _stream_events(
+        self,
+        http: web.Request,
+        rid: str,
+        events: AsyncIterator[Any],
+        shapes: Shapes,
+        include_usage: bool,
+        started: float,
+    ) -> web.StreamResponse:
+        resp: web.StreamResponse | None = None
         async for ev in events:
             if isinstance(ev, TokenChunk):
                 if resp is None:
                     # headers go out with the first token, so early failures keep their status
                     resp = web.StreamResponse(headers={**_SSE_HEADERS, "x-request-id": rid})
                     await resp.prepare(http)
+                    self._streaming[rid] = resp
                     metrics.TTFT.labels(self.name, shapes.model).observe(time.monotonic() - started)
                 await resp.write(shapes.chunk_event(ev.text))
                 continue

@@ -471,13 +471,43 @@ def test_registry_admit_maps_unknown_and_unready_models():
         WorkerHeartbeat(worker_id="w1", models=["m"], engine="sim", state="draining"), now=0.0
     )
     with pytest.raises(ApiError) as unknown:
-        reg.admit("other", now=1.0)
+        reg.admit("other", now=3.5)  # past the start-up grace: it can be told
     assert unknown.value.status == 404 and unknown.value.code == "model_not_found"
+    reg.on_heartbeat(
+        WorkerHeartbeat(worker_id="w1", models=["m"], engine="sim", state="draining"), now=3.5
+    )
     with pytest.raises(ApiError) as unready:
-        reg.admit("m", now=1.0)
+        reg.admit("m", now=4.0)
     assert unready.value.status == 503 and unready.value.retry_after
-    reg.on_heartbeat(WorkerHeartbeat(worker_id="w1", models=["m"], engine="sim"), now=2.0)
-    reg.admit("m", now=2.5)
+    reg.on_heartbeat(WorkerHeartbeat(worker_id="w1", models=["m"], engine="sim"), now=4.5)
+    reg.admit("m", now=5.0)
+
+
+def test_a_model_whose_heartbeats_went_stale_is_unavailable_not_unknown():
+    """A NATS outage holds every heartbeat up: its models got 404 model_not_found, a
+    permanent error, for a transient fault (measured: ~3 s of 404s after a restart)."""
+    reg = ModelRegistry(stale_after_s=3.0)
+    reg.on_heartbeat(beat("w1", ["m"]), 10.0)
+    with pytest.raises(ApiError) as err:
+        reg.admit("m", now=20.0)  # every heartbeat stale
+    assert (err.value.status, err.value.code) == (503, "no_worker") and err.value.retry_after
+    reg.on_heartbeat(beat("w1", ["m"], state="stopped"), 21.0)  # its last worker stopped
+    with pytest.raises(ApiError) as err:
+        reg.admit("m", now=22.0)
+    assert err.value.status == 503
+    with pytest.raises(ApiError) as err:
+        reg.admit("m", now=21.0 + reg.remember_s + 1)  # long gone: it does not exist
+    assert err.value.status == 404
+
+
+def test_a_fresh_gateway_does_not_call_a_model_unknown_before_the_heartbeats_come():
+    reg = ModelRegistry(stale_after_s=3.0, started_at=100.0)
+    with pytest.raises(ApiError) as err:
+        reg.admit("m", now=100.5)
+    assert err.value.status == 503 and err.value.code == "no_worker"
+    with pytest.raises(ApiError) as err:
+        reg.admit("m", now=103.5)
+    assert err.value.status == 404
 
 
 def test_vllm_sampling_extensions_reach_the_request():
