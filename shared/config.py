@@ -42,6 +42,11 @@ class ServiceSettings(msgspec.Struct, kw_only=True):
     instance_id: str = ""
     """Unique per process; defaults to <hostname>-<pid>."""
     log_level: str = "info"
+    http_idle_timeout_s: float = 30.0
+    """An HTTP connection that sends no request (or only part of its headers) for this
+    long is closed, from its first byte on: idle and slow-header connections go."""
+    http_max_connections: int = 4096
+    """Open HTTP connections past this are closed as they arrive."""
     drain_timeout_s: float = 30.0
     # tail sampling of traces (tracing is on when an OTLP endpoint is configured)
     trace_slow_s: float = 1.0

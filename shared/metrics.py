@@ -104,6 +104,11 @@ EVENTS_HANDLED = Counter(
 DEAD_LETTERS = Counter(
     "inferbus_dead_letters_total", "Events sent to the dead-letter subject", ["service", "subject"]
 )
+HTTP_CONNECTIONS_REFUSED = Counter(
+    "inferbus_http_connections_refused_total",
+    "HTTP connections closed on arrival: the service held --http-max-connections already",
+    ["service"],
+)
 REQUESTS = Counter(
     "inferbus_requests_total", "Requests by the way they ended", ["service", "model", "outcome"]
 )

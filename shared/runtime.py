@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import inferbus
 from inferbus.contracts import status_subject
-from inferbus.shared import logs, tracing
+from inferbus.shared import logs, metrics, tracing
 from inferbus.shared.bus import ConnectionWatch, DeadLetterer, connect
 from inferbus.shared.buscreds import load_credentials
 from inferbus.shared.config import ServiceSettings, load_settings
@@ -139,9 +139,15 @@ class Runtime:
         )
         # handler_cancellation: a client that hangs up cancels its handler, and so its request
         runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, handler_cancellation=True
+            app,
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,
+            keepalive_timeout=s.http_idle_timeout_s,
         )
         await runner.setup()
+        assert runner.server is not None
+        cap_connections(runner.server, s.http_max_connections, self.service.name)
         site = web.TCPSite(runner, s.http_host, s.http_port)
         await site.start()
         self.http_port = runner.addresses[0][1]
@@ -204,6 +210,20 @@ class Runtime:
         except Exception:
             await nc.close()
         self.log.info("stopped", drain_s=round(time.monotonic() - began, 3))
+
+
+def cap_connections(server: web.Server, limit: int, service: str) -> None:
+    """Close HTTP connections past ``limit`` as they arrive (each held connection costs
+    memory, and aiohttp has no cap of its own)."""
+    made = server.connection_made
+
+    def connection_made(handler: Any, transport: asyncio.Transport) -> None:
+        made(handler, transport)
+        if len(server.connections) > limit:
+            metrics.HTTP_CONNECTIONS_REFUSED.labels(service).inc()
+            transport.close()
+
+    server.connection_made = connection_made  # type: ignore[method-assign]
 
 
 def trace_policy(s: ServiceSettings) -> tracing.TracePolicy:

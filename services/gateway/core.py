@@ -171,6 +171,8 @@ def _decode(body: bytes, cls: type[Any]) -> Any:
         error = exc
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"malformed JSON: {exc}", code="invalid_json") from None
+    except RecursionError:  # even unknown fields are walked: a deep one is refused here
+        raise _too_deep() from None
     if "got `float`" in str(error):
         # JSON has one number type: 16.0 is an integer to JSON Schema and to OpenAI's
         # servers, so take it as one (off the hot path: only after a failed decode)
@@ -178,9 +180,15 @@ def _decode(body: bytes, cls: type[Any]) -> Any:
             return msgspec.convert(_integral(msgspec.json.decode(body)), cls)
         except msgspec.ValidationError as exc:
             error = exc
+        except RecursionError:
+            raise _too_deep() from None
     raise ApiError(
         400, f"invalid request: {error}", param=_param(str(error)), code="invalid_value"
     ) from None
+
+
+def _too_deep() -> ApiError:
+    return ApiError(400, "the JSON body is nested too deeply", code="invalid_json")
 
 
 def _integral(value: Any) -> Any:

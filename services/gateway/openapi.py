@@ -116,12 +116,16 @@ class ErrorResponse(msgspec.Struct, kw_only=True):
 _REF = "#/components/schemas/{name}"
 
 _ERRORS = {
-    "400": "Invalid request: malformed JSON, a wrong type or value, an unsupported parameter, "
-    "or a prompt over the model's context",
+    "400": "Invalid request: malformed JSON (or JSON nested too deeply), a wrong type or "
+    "value, an unsupported parameter, or a prompt over the model's context",
     "401": "Missing or invalid API key",
     "403": "The API key may not use this model",
     "404": "No live worker serves this model",
+    "408": "The request body did not arrive within the gateway's body timeout (30 s)",
     "409": "The x-request-id is already in use",
+    "413": "The request body is larger than the platform carries: the NATS server's "
+    "max_payload (1 MiB by default) less 16 KiB for the event around it, or the gateway's "
+    "--max-body-bytes",
     "429": "Rate limit of the API key, or the model's queue is full (see Retry-After)",
     "503": "No worker for the model is ready, or the gateway is draining (see Retry-After)",
     "504": "The request's timeout passed",

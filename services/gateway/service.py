@@ -83,6 +83,12 @@ class GatewaySettings(ServiceSettings, kw_only=True):
     ``inferbus keys new``. With no keys at all the gateway runs open."""
     api_keys: str = ""
     """The same key objects as a JSON list, for the environment (INFERBUS_API_KEYS)."""
+    max_body_bytes: int = 0
+    """The largest request body taken (413 past it); 0: as much as the bus carries (the
+    NATS server's max_payload, less room for the event around it)."""
+    body_timeout_s: float = 30.0
+    """A request body not received in this long is refused (408): slow uploads do not
+    hold a connection and a handler."""
 
 
 class _Ended(Exception):
@@ -290,7 +296,7 @@ class GatewayService(Service[GatewaySettings]):
                 code="invalid_value",
             )
         key = self._authenticate(http)
-        body = await http.read()
+        body = await self._read_body(http)
         # a request that names no max_tokens gets the default, within the key's cap
         default_max = min(self.settings.default_max_tokens, key.max_tokens or 2**31)
         prompt: str | None = None
@@ -352,6 +358,37 @@ class GatewayService(Service[GatewaySettings]):
                     await self._cancel(rid, "client disconnected or timed out")
         finally:
             self.access.settle(admission, flow.used_tokens(chars), time.monotonic())
+
+    def body_limit(self) -> int:
+        """What a request body may weigh: the bus carries at most max_payload bytes a
+        message, and the event wraps the body with its own fields."""
+        assert self._ctx
+        bus = self._ctx.nc.max_payload - _EVENT_ROOM
+        return min(self.settings.max_body_bytes or bus, bus)
+
+    async def _read_body(self, http: web.Request) -> bytes:
+        limit = self.body_limit()
+        if http.content_length is not None and http.content_length > limit:
+            raise _too_large(limit)
+        parts: list[bytes] = []
+        size = 0
+
+        async def read() -> None:
+            nonlocal size
+            while chunk := await http.content.readany():
+                size += len(chunk)
+                if size > limit:  # chunked, or a Content-Length that lied
+                    raise _too_large(limit)
+                parts.append(chunk)
+
+        try:
+            await asyncio.wait_for(read(), self.settings.body_timeout_s)
+        except TimeoutError:
+            raise ApiError(
+                408, f"the request body did not arrive within {self.settings.body_timeout_s:g}s",
+                code="request_timeout",
+            ) from None  # fmt: skip
+        return b"".join(parts)
 
     async def _submit(
         self,
@@ -565,6 +602,17 @@ class _Flow:
 
 
 _DEADLINE_GRACE_S = 2.0
+_EVENT_ROOM = 16 * 1024
+"""Bytes of a submitted event besides the body's (ids, reply subject, sampling, headers)."""
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(
+        413, f"the request body is over {limit} bytes, the most the platform carries",
+        code="request_too_large",
+    )  # fmt: skip
+
+
 _REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -55,6 +56,17 @@ def platform(nats_url: str, log_dir):
             ids = {m["id"] for m in json.loads(r.read())["data"]}
         if {MODEL, SLOW_MODEL} <= ids:
             break
+        time.sleep(0.1)
+    # past its first heartbeat period, a model it has not heard of is 404, not 503
+    probe = json.dumps({"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]})
+    while time.monotonic() < deadline + 5:
+        req = urllib.request.Request(f"{gateway.base}/v1/chat/completions", data=probe.encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        try:
+            urllib.request.urlopen(req, timeout=5)
+        except urllib.error.HTTPError as err:
+            if err.code == 404:
+                break
         time.sleep(0.1)
     yield {p.name: p for p in procs}
     for p in reversed(procs):
