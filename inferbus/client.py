@@ -18,6 +18,7 @@ priority and policies come from its record, whatever the request says.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
@@ -44,7 +45,7 @@ from inferbus.contracts import (
     tenant_reply_prefix,
     tenant_submit_subject,
 )
-from inferbus.shared.bus import connect, publish_durable
+from inferbus.shared.bus import ConnectionWatch, connect, publish_durable
 from inferbus.shared.buscreds import BusCredentials, credentials_from_env, load_credentials
 from inferbus.shared.codec import decode, encode
 from inferbus.shared.config import DEFAULT_NATS_URL
@@ -94,6 +95,9 @@ class Stream:
         self._client = client
         self._timeout = timeout
         self._sub: Any = None
+        self._replies: asyncio.Queue[Any] = asyncio.Queue()
+        """The reply subject's messages, or a failure the client itself puts here (the
+        bus was lost: what came meanwhile is gone)."""
         self._attempt: int | None = None
         self._done = False
         self.submitted_at = 0.0
@@ -105,7 +109,10 @@ class Stream:
 
     async def _open(self) -> None:
         nc = self._client.nc
-        self._sub = await nc.subscribe(self.request.reply_to, pending_msgs_limit=1_000_000)
+        self._client.streams.add(self)
+        self._sub = await nc.subscribe(
+            self.request.reply_to, cb=self._on_reply, pending_msgs_limit=1_000_000
+        )
         self.submitted_at = time.monotonic()
         now = time.time()  # the clock starts at submission, not when the stream was made
         self.request = msgspec.structs.replace(
@@ -127,6 +134,16 @@ class Stream:
                 code=FailureCode.DUPLICATE_REQUEST,
             )
 
+    async def _on_reply(self, msg: Any) -> None:
+        self._replies.put_nowait(msg.data)
+
+    def lost(self) -> None:
+        """The connection dropped while this stream was open."""
+        self._replies.put_nowait(RequestFailed(
+            request_id=self.request_id, code=FailureCode.BUS_UNAVAILABLE, retryable=True,
+            reason="the connection to NATS dropped while the request ran; submit it again",
+        ))  # fmt: skip
+
     def __aiter__(self) -> Stream:
         return self
 
@@ -138,14 +155,16 @@ class Stream:
         deadline = self.submitted_at + self._timeout
         while True:
             try:
-                msg = await self._sub.next_msg(timeout=max(0.001, deadline - time.monotonic()))
+                got = await asyncio.wait_for(
+                    self._replies.get(), max(0.001, deadline - time.monotonic())
+                )
             except TimeoutError:
                 await self.cancel("client timed out")
                 raise RequestError(None, f"no answer within {self._timeout:g}s") from None
-            except Exception:
+            except BaseException:
                 await self._close()
                 raise
-            ev = decode(msg.data, ReplyEvent)
+            ev = got if isinstance(got, RequestFailed) else decode(got, ReplyEvent)
             if isinstance(ev, TokenChunk):
                 self._attempt = self._attempt or ev.attempt
                 if ev.attempt != self._attempt:
@@ -169,6 +188,7 @@ class Stream:
 
     async def _close(self) -> None:
         self._done = True
+        self._client.streams.discard(self)
         if self._sub is not None:
             sub, self._sub = self._sub, None
             try:
@@ -184,6 +204,9 @@ class Client:
         self.tenant = creds.tenant if creds is not None else ""
         """Set when connected with a tenant's credentials."""
         self.submit_subject = tenant_submit_subject(self.tenant) if self.tenant else SUBMIT
+        self.streams: set[Stream] = set()
+        """Streams waiting for replies: a lost connection ends each with a retryable
+        error instead of leaving it to its timeout."""
         self.cancel_subject = tenant_cancel_subject(self.tenant) if self.tenant else CANCEL
 
     @classmethod
@@ -199,7 +222,14 @@ class Client:
         found = load_credentials(creds) if isinstance(creds, str) else creds
         found = found or credentials_from_env()
         url = url or os.environ.get("NATS_URL", DEFAULT_NATS_URL)
-        return cls(await connect(url, name, found, tls_ca), found)
+        watch = ConnectionWatch()
+        client = cls(await connect(url, name, found, tls_ca, watch), found)
+        watch.disconnected.append(client._on_lost)
+        return client
+
+    async def _on_lost(self) -> None:
+        for stream in list(self.streams):
+            stream.lost()
 
     def reply_subject(self, request_id: str) -> str:
         if self.tenant:  # the only replies a tenant's credentials may read

@@ -145,3 +145,22 @@ async def test_a_lost_bus_ends_streams_in_flight_with_a_retryable_error(gateway,
         async with http.post("/v1/chat/completions", json=chat()) as r:
             assert r.status == 503, await r.text()
             assert r.headers.get("Retry-After")
+
+
+async def test_the_python_client_ends_its_streams_when_the_bus_is_lost(gateway):
+    from inferbus.client import Client, RequestError
+
+    _, server, _ = gateway
+    client = await Client.connect(server.url)
+    try:
+        stream = client.stream(MODEL, "hello", max_tokens=100, timeout=60)
+        assert (await stream.__anext__()).text == "tok0 "
+        server.stop()
+        began = time.monotonic()
+        with pytest.raises(RequestError) as info:
+            async for _ in stream:
+                pass
+        assert info.value.code == "bus_unavailable" and info.value.retryable
+        assert time.monotonic() - began < 5  # not the stream's 60 s timeout
+    finally:
+        await client.nc.close()
