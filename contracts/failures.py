@@ -51,6 +51,7 @@ class FailureCode(StrEnum):
     DUPLICATE_REQUEST = "duplicate_request"
     PERMISSION_DENIED = "permission_denied"
     BUS_UNAVAILABLE = "bus_unavailable"
+    STREAM_INTERRUPTED = "stream_interrupted"
     CANCELLED = "cancelled"
     TIMEOUT = "timeout"
 
@@ -141,6 +142,12 @@ FAILURES: dict[FailureCode, Failure] = {
         retryable=True,
         meaning="the connection to NATS dropped while the request was in flight: what "
         "was streamed meanwhile is lost",
+    ),
+    FailureCode.STREAM_INTERRUPTED: Failure(
+        http_status=503,
+        retryable=True,
+        meaning="part of the output was lost on its way (the output filter restarted): the "
+        "text is incomplete",
     ),
     FailureCode.CANCELLED: Failure(
         http_status=499,

@@ -41,6 +41,7 @@ from inferbus.contracts import (
     RequestSubmitted,
     SamplingParams,
     TokenChunk,
+    request_failed,
     tenant_cancel_subject,
     tenant_reply_prefix,
     tenant_submit_subject,
@@ -174,6 +175,12 @@ class Stream:
                 self.chunks.append(ev)
                 return ev
             await self._close()
+            if isinstance(ev, RequestFinished) and ev.chunks > len(self.chunks):
+                ev = request_failed(
+                    self.request_id, FailureCode.STREAM_INTERRUPTED,
+                    f"{ev.chunks - len(self.chunks)} of the stream's {ev.chunks} chunks were "
+                    "lost on the way (a service on the reply path restarted)",
+                )  # fmt: skip
             if isinstance(ev, RequestFinished):
                 self.outcome = ev
                 raise StopAsyncIteration

@@ -32,6 +32,7 @@ from inferbus.contracts import (
     WorkerHeartbeat,
     heartbeat_subject,
     reply_subject,
+    request_failed,
     subject_token,
 )
 from inferbus.shared import logs, metrics
@@ -421,6 +422,8 @@ class GatewayService(Service[GatewaySettings]):
             limit, own = timeout_s + _DEADLINE_GRACE_S, True
         deadline = time.monotonic() + limit
         attempt = None
+        received = 0
+        """Chunks of the attempt that arrived: fewer than its end counts is a gap."""
         while True:
             remaining = deadline - time.monotonic()
             try:
@@ -446,18 +449,26 @@ class GatewayService(Service[GatewaySettings]):
                     continue
                 # under load, send what piled up as one chunk: fewer events, same text
                 terminal = None
+                received += 1
                 while not queue.empty() and terminal is None:
                     nxt = queue.get_nowait()
                     if not isinstance(nxt, TokenChunk):
                         terminal = nxt
                     elif nxt.attempt == attempt:
                         ev = merge_chunks(ev, nxt)
+                        received += 1
                 flow.completion_tokens += ev.tokens
                 trace.on_first_token()
                 yield ev
                 if terminal is None:
                     continue
                 ev = terminal
+            if isinstance(ev, RequestFinished) and ev.chunks > received:
+                ev = request_failed(
+                    rid, FailureCode.STREAM_INTERRUPTED,
+                    f"{ev.chunks - received} of the stream's {ev.chunks} chunks were lost on "
+                    "the way (a service on the reply path restarted); submit it again",
+                )  # fmt: skip
             if isinstance(ev, RequestFinished):
                 flow.usage = ev.usage.total_tokens
                 trace.on_finished(ev)

@@ -51,6 +51,10 @@ class WorkerSettings(ServiceSettings, kw_only=True):
     """The sim engine's timing model (``--sim-decode-s-per-step``...)."""
     sim_kv_capacity_tokens: int = 0
     heartbeat_interval_s: float = 1.0
+    filter_backup_s: float = 5.0
+    """A filtered stream's client is told ``stream_interrupted`` directly this long after
+    its end went to the sanitizer, in case the sanitizer lost it (those that got their
+    end no longer listen)."""
     state_dir: str = ""
     """Where engine caches go (VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR)."""
 
@@ -240,9 +244,30 @@ class WorkerService(Service[WorkerSettings]):
         ended = time.monotonic()
         try:
             await nc.publish(reply, encode(terminal), headers=request_headers(rid))
+            if req.client_reply_to and req.client_reply_to != reply:
+                self._backup_end(req.client_reply_to, rid)
             await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=f"{rid}:end")
         finally:  # counted and logged even when the record of its end could not be made
             report_end(self._ctx.tracing, self.name, stream, terminal, parent, received, ended)
+
+    def _backup_end(self, client: str, rid: str) -> None:
+        """The stream's end went through the output filter. Should that sanitizer have
+        restarted meanwhile, the client would wait for its timeout: once it has had time
+        to pass the end on, tell the client directly. A client that got its end has
+        stopped listening, so this reaches only the ones still waiting."""
+        assert self._ctx
+        nc = self._ctx.nc
+        note = encode(request_failed(
+            rid, FailureCode.STREAM_INTERRUPTED,
+            "the output filter did not pass this stream's end on (it may have restarted): "
+            "the text may be incomplete; submit the request again",
+        ))  # fmt: skip
+
+        def send() -> None:
+            if not nc.is_closed:
+                asyncio.ensure_future(nc.publish(client, note, headers=request_headers(rid)))
+
+        asyncio.get_running_loop().call_later(self.settings.filter_backup_s, send)
 
     def _expire(self, rid: str) -> None:
         task = self._tasks.get(rid)
