@@ -1,0 +1,54 @@
+"""The fault suite with bigger counts: `inferbus up --engine sim` under a steady load of
+NATS-client and HTTP requests, each process killed with SIGKILL in turn, then NATS.
+
+    python bench/faults.py [--faults sanitizer,scheduler,worker-0,gateway,nats]
+        [--nats-clients 12] [--http-clients 4] [--load-s 15] [--tokens 20] [--workers 2]
+
+For each fault: requests sent, served in full, ended with a retryable error, another
+error, hung (no end within 20 s), duplicates (ran on two workers or ended twice), and
+seconds from the kill to the first request sent after it that was served. The last
+line is the same as one JSON object. Goal: 0 hung and 0 duplicates for every fault.
+The harness is tests/testkit/faults.py, which tests/integration/test_faults.py runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+from pathlib import Path
+
+import testkit_path  # noqa: F401  (before testkit)
+from testkit.faults import FAULTS, Platform, run_fault, table
+
+
+async def main(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Platform(Path(tmp) / "state", workers=args.workers)
+        results = []
+        try:
+            for fault in args.faults.split(","):
+                r = await run_fault(
+                    p, fault, nats_clients=args.nats_clients, http_clients=args.http_clients,
+                    tokens=args.tokens, load_s=args.load_s,
+                )  # fmt: skip
+                results.append(r)
+                print(table([r]).splitlines()[-1], flush=True)
+        finally:
+            p.stop()
+    print("\n" + table(results))
+    print(json.dumps({"bench": "faults", "results": [r.row() for r in results]}))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--faults", default=",".join(FAULTS))
+    ap.add_argument("--nats-clients", type=int, default=12)
+    ap.add_argument("--http-clients", type=int, default=4)
+    ap.add_argument("--load-s", type=float, default=15.0)
+    ap.add_argument("--tokens", type=int, default=20)
+    ap.add_argument("--workers", type=int, default=2)
+    asyncio.run(main(ap.parse_args()))

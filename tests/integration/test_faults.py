@@ -1,0 +1,29 @@
+"""The fault suite on the real platform under load (tests/testkit/faults.py): kill -9
+each service in turn, then the NATS server. Every request sent ends once, served or
+with a retryable error; none hangs, none is served twice, and the platform serves
+again after each kill. `python bench/faults.py` runs the same with bigger counts."""
+
+from __future__ import annotations
+
+import pytest
+from testkit.faults import FAULTS, Platform, run_fault, table
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory):
+    p = Platform(tmp_path_factory.mktemp("faults") / "state")
+    yield p
+    p.stop()
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+async def test_a_killed_process_strands_no_request(platform: Platform, fault: str):
+    result = await run_fault(platform, fault, load_s=7.0)
+    print("\n" + table([result]))
+    assert result.count("hung") == 0, [o for o in result.outcomes if o.kind == "hung"]
+    assert result.duplicates == 0
+    assert result.count("error") == 0, [o for o in result.outcomes if o.kind == "error"]
+    assert result.recover_s is not None, "nothing was served after the kill"
+    assert result.count("ok") > len(result.outcomes) / 2

@@ -1,0 +1,278 @@
+"""The fault suite: the real platform under load, one process killed (-9) at a time.
+
+``inferbus up --engine sim`` (closed bus, two sim workers at 10 ms a token) serves a
+steady load: clients on the NATS client (as a tenant) and on the HTTP gateway, each
+sending requests one after another. Once the load runs, a process is killed with
+SIGKILL; the supervisor restarts it. Every request sent is counted by how it ended:
+served in full, a retryable error, another error, or hung (no end within its
+timeout). Duplicates are requests that ran on two workers (two ``request.started``
+from different workers) or ended twice (two terminal events on ``ib.req.ended``).
+Recovery is the time from the kill to the first request sent after it that was
+served in full. Shared by tests/integration/test_faults.py and bench/faults.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from inferbus.client import Client, RequestError
+from inferbus.contracts import ENDED, STARTED, RequestStarted, Terminal
+from inferbus.contracts.control import SupervisorQuery, SupervisorState, supervisor_subject
+from inferbus.shared.bus import connect
+from inferbus.shared.buscreds import load_credentials
+from inferbus.shared.codec import decode, decode_or_none, encode
+from inferbus.shared.natsserver import free_port
+
+MODEL = "sim-model"
+FAULTS = ("sanitizer", "scheduler", "worker-0", "gateway", "nats")
+
+
+@dataclass
+class Outcome:
+    request_id: str
+    sent_at: float
+    ended_at: float
+    kind: str
+    """ok, retryable, error or hung."""
+    detail: str = ""
+
+
+@dataclass
+class FaultResult:
+    fault: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    duplicates: int = 0
+    recover_s: float | None = None
+
+    def count(self, kind: str) -> int:
+        return sum(o.kind == kind for o in self.outcomes)
+
+    def row(self) -> dict[str, object]:
+        return {
+            "fault": self.fault, "sent": len(self.outcomes), "ok": self.count("ok"),
+            "retryable": self.count("retryable"), "errors": self.count("error"),
+            "hung": self.count("hung"), "duplicates": self.duplicates,
+            "recover_s": None if self.recover_s is None else round(self.recover_s, 2),
+        }  # fmt: skip
+
+
+class Platform:
+    """``inferbus up`` for the suite, with a tenant for the load and the operator's
+    credentials for watching and killing."""
+
+    def __init__(self, state: Path, workers: int = 2, decode_s: float = 0.01) -> None:
+        self.state = state
+        self.port, nats_port = free_port(), free_port()
+        self.nats_url = f"nats://127.0.0.1:{nats_port}"
+        self.http = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "inferbus.cli", "up", "--engine", "sim", "--no-selftest",
+             "--port", str(self.port), "--nats-port", str(nats_port), "--state-dir", str(state),
+             "--workers", str(workers), "--metrics-port-base",
+             str(random.randrange(20000, 32000, 100)),
+             f"--worker-arg=--sim-decode-s-per-step={decode_s}"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "NATS_URL": ""},
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        lines = []
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError("inferbus up exited:\n" + "".join(lines))
+            lines.append(line)
+            if line.startswith("try:"):
+                break
+        self.operator = state / "auth" / "creds" / "operator.json"
+        made = subprocess.run(
+            [sys.executable, "-m", "inferbus.cli", "creds", "new", "--tenant", "faults",
+             "--state-dir", str(state), "--nats-url", self.nats_url],
+            capture_output=True, text=True, env={**os.environ, "INFERBUS_NATS_CREDS":
+                                                 str(self.operator)},
+        )  # fmt: skip
+        if made.returncode:
+            raise RuntimeError(made.stderr)
+        self.tenant = made.stdout.strip()
+
+    def stop(self) -> str:
+        self.proc.send_signal(signal.SIGINT)
+        out, _ = self.proc.communicate(timeout=120)
+        return out
+
+    async def pids(self) -> dict[str, int]:
+        nc = await connect(self.nats_url, "faults-ps", load_credentials(self.operator))
+        try:
+            reply = await nc.request(supervisor_subject(), encode(SupervisorQuery()), timeout=5)
+        finally:
+            await nc.close()
+        state = decode(reply.data, SupervisorState)
+        return {p.name: p.pid for p in state.processes if p.pid}
+
+    async def wait_running(self, names: tuple[str, ...], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if set(names) <= (await self.pids()).keys():
+                    return
+            except Exception:
+                pass  # NATS itself may be coming back
+            await asyncio.sleep(0.2)
+        raise TimeoutError(f"{names} not all running")
+
+
+class Watch:
+    """Duplicates, seen from the operator's seat: starts by worker and terminal events
+    per request on the bus."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, set[str]] = defaultdict(set)
+        self.ended: dict[str, int] = defaultdict(int)
+
+    async def open(self, p: Platform) -> None:
+        self.nc = await connect(p.nats_url, "faults-watch", load_credentials(p.operator))
+        await self.nc.subscribe(STARTED, cb=self._on_started)
+        await self.nc.subscribe(ENDED, cb=self._on_ended)
+
+    async def _on_started(self, msg) -> None:
+        ev = decode_or_none(msg.data, RequestStarted)
+        if ev is not None:
+            self.started[ev.request_id].add(ev.worker_id)
+
+    async def _on_ended(self, msg) -> None:
+        ev = decode_or_none(msg.data, Terminal)
+        if ev is not None:
+            self.ended[ev.request_id] += 1
+
+    def duplicates(self, ids: list[str]) -> int:
+        return sum(len(self.started[r]) > 1 or self.ended[r] > 1 for r in ids)
+
+    async def close(self) -> None:
+        await self.nc.close()
+
+
+async def _nats_one(client: Client, tokens: int, timeout: float) -> Outcome:
+    rid = uuid.uuid4().hex
+    sent = time.monotonic()
+    try:
+        stream = client.stream(MODEL, f"fault load {rid}", max_tokens=tokens, request_id=rid,
+                               timeout=timeout)  # fmt: skip
+        async for _ in stream:
+            pass
+        assert stream.outcome is not None
+        ok = stream.outcome.usage.completion_tokens == tokens
+        return Outcome(rid, sent, time.monotonic(), "ok" if ok else "error", "short")
+    except RequestError as exc:
+        kind = "hung" if exc.event is None and exc.code == "timeout" else (
+            "retryable" if exc.retryable else "error")  # fmt: skip
+        return Outcome(rid, sent, time.monotonic(), kind, exc.code or str(exc))
+    except Exception as exc:  # the client's own connection to NATS failed: retry later
+        return Outcome(rid, sent, time.monotonic(), "retryable", repr(exc))
+
+
+async def _http_one(http: aiohttp.ClientSession, tokens: int, timeout: float) -> Outcome:
+    rid = uuid.uuid4().hex
+    sent = time.monotonic()
+    body = {"model": MODEL, "stream": True, "max_tokens": tokens,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": f"fault load {rid}"}]}  # fmt: skip
+    try:
+        async with asyncio.timeout(timeout):
+            async with http.post("/v1/chat/completions", json=body,
+                                 headers={"x-request-id": rid}) as r:  # fmt: skip
+                if r.status != 200:
+                    kind = "retryable" if r.status in (429, 503) else "error"
+                    return Outcome(rid, sent, time.monotonic(), kind, f"HTTP {r.status}")
+                usage, error = None, None
+                async for line in r.content:
+                    if not line.startswith(b"data: {"):
+                        continue
+                    obj = json.loads(line[6:])
+                    if "error" in obj:
+                        error = obj["error"]
+                    elif obj.get("usage"):
+                        usage = obj["usage"]
+                if error is not None:
+                    kind = "retryable" if error.get("code") in _RETRYABLE else "error"
+                    return Outcome(rid, sent, time.monotonic(), kind, error.get("code", ""))
+                ok = usage is not None and usage["completion_tokens"] == tokens
+                return Outcome(rid, sent, time.monotonic(), "ok" if ok else "error", "short")
+    except TimeoutError:
+        return Outcome(rid, sent, time.monotonic(), "hung")
+    except (aiohttp.ClientError, ConnectionError) as exc:  # the gateway went away: seen at once
+        return Outcome(rid, sent, time.monotonic(), "retryable", type(exc).__name__)
+
+
+_RETRYABLE = {"bus_unavailable", "stream_interrupted", "worker_lost", "worker_shutdown",
+              "no_worker", "queue_timeout", "queue_full"}  # fmt: skip
+
+
+async def run_fault(
+    p: Platform,
+    fault: str,
+    *,
+    nats_clients: int = 6,
+    http_clients: int = 2,
+    tokens: int = 20,
+    kill_after_s: float = 1.5,
+    load_s: float = 8.0,
+    timeout_s: float = 20.0,
+) -> FaultResult:
+    """Load, kill ``fault`` (a process name under ``inferbus up``), load on; counted."""
+    result = FaultResult(fault)
+    watch = Watch()
+    await watch.open(p)
+    client = await Client.connect(p.nats_url, "faults-load", creds=p.tenant)
+    http = aiohttp.ClientSession(p.http, connector=aiohttp.TCPConnector(limit=0))
+    stop_at = time.monotonic() + load_s
+
+    async def loop(one) -> None:
+        while time.monotonic() < stop_at:
+            out = await one()
+            result.outcomes.append(out)
+            if out.kind != "ok":
+                await asyncio.sleep(0.2)  # as a client backs off
+
+    loops = [asyncio.create_task(loop(lambda: _nats_one(client, tokens, timeout_s)))
+             for _ in range(nats_clients)]  # fmt: skip
+    loops += [asyncio.create_task(loop(lambda: _http_one(http, tokens, timeout_s)))
+              for _ in range(http_clients)]  # fmt: skip
+    await asyncio.sleep(kill_after_s)
+    pid = (await p.pids())[fault]
+    killed_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    await asyncio.gather(*loops)
+    await asyncio.sleep(1.0)  # the last terminal events on their way to the watch
+    result.duplicates = watch.duplicates([o.request_id for o in result.outcomes])
+    after = [o.ended_at for o in result.outcomes if o.kind == "ok" and o.sent_at > killed_at]
+    result.recover_s = min(after) - killed_at if after else None
+    await http.close()
+    try:
+        await asyncio.wait_for(client.nc.close(), 5)
+    except Exception:
+        pass
+    await watch.close()
+    await p.wait_running(FAULTS)  # whole again before the next fault
+    return result
+
+
+def table(results: list[FaultResult]) -> str:
+    cols = ["fault", "sent", "ok", "retryable", "errors", "hung", "duplicates", "recover_s"]
+    lines = ["  ".join(f"{c:>10}" for c in cols)]
+    for r in results:
+        row = r.row()
+        lines.append("  ".join(f"{'-' if row[c] is None else row[c]!s:>10}" for c in cols))
+    return "\n".join(lines)
