@@ -54,6 +54,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="send the prompt as one user message instead of a raw prompt",
     )
     p.add_argument("--request-id", default=None, help="default: a fresh random id")
+    p.add_argument(
+        "--creds",
+        default=os.environ.get("INFERBUS_NATS_CREDS", ""),
+        help="credentials file on a closed bus (`inferbus creds new --tenant T`): JSON "
+        "with user, password and tenant",
+    )
     p.add_argument("--tenant", default="default")
     return p.parse_args(argv)
 
@@ -95,14 +101,30 @@ async def run(args: argparse.Namespace) -> int:
     async def quiet(exc: Exception) -> None:  # connection trouble ends in one error line
         pass
 
+    # on a closed bus: a NATS user and password, inboxes under _INBOX.<user>, and for a
+    # tenant its own subjects (its tenant, priority and policies come from its record)
+    auth: dict = {}
+    tenant = ""
+    if args.creds:
+        with open(args.creds) as f:
+            creds = json.load(f)
+        auth = {"user": creds["user"], "password": creds["password"],
+                "inbox_prefix": f"_INBOX.{creds['user']}"}  # fmt: skip
+        tenant = creds.get("tenant", "")
     nc = await nats.connect(
-        args.nats_url, name="inferbus-nats-example", max_reconnect_attempts=3, error_cb=quiet
-    )
+        args.nats_url, name="inferbus-nats-example", max_reconnect_attempts=3, error_cb=quiet,
+        **auth,
+    )  # fmt: skip
     js = nc.jetstream()
     loop = asyncio.get_running_loop()
     request_id = args.request_id or uuid.uuid4().hex
-    owner = subject_token(f"{socket.gethostname()}-{os.getpid()}")
-    reply_to = f"ib.reply.{owner}.{subject_token(request_id)}"
+    if tenant:
+        reply_to = f"ib.reply.tenant.{tenant}.{subject_token(request_id)}"
+        submit, cancel_subject = f"{SUBMIT}.{tenant}", f"{CANCEL}.{tenant}"
+    else:
+        owner = subject_token(f"{socket.gethostname()}-{os.getpid()}")
+        reply_to = f"ib.reply.{owner}.{subject_token(request_id)}"
+        submit, cancel_subject = SUBMIT, CANCEL
 
     # 1. subscribe to the reply subject before submitting, so no event is missed
     inbox: asyncio.Queue = asyncio.Queue()
@@ -127,7 +149,7 @@ async def run(args: argparse.Namespace) -> int:
             "Nats-Msg-Id": request_id,
             "traceparent": f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01",
         }
-        ack = await js.publish(SUBMIT, json.dumps(request).encode(), headers=headers)
+        ack = await js.publish(submit, json.dumps(request).encode(), headers=headers)
         if ack.duplicate:
             return fail(
                 "duplicate_request", f"request id {request_id} was already submitted; use a new id"
@@ -151,7 +173,7 @@ async def run(args: argparse.Namespace) -> int:
                 "request_id": request_id,
                 "reason": "cancelled by client",
             }
-            loop.create_task(nc.publish(CANCEL, json.dumps(cancel).encode()))
+            loop.create_task(nc.publish(cancel_subject, json.dumps(cancel).encode()))
             give_up_at = loop.time() + CANCEL_GRACE_S
             inbox.put_nowait(None)  # wake the reader so it sees the new limit
 

@@ -291,3 +291,15 @@ async def test_a_revoked_tenant_is_shut_out(platform: Platform):
             break
         assert time.monotonic() < deadline, "revoked credentials still connect"
         await asyncio.sleep(0.1)
+
+
+async def test_the_plain_nats_example_works_as_a_tenant(platform: Platform):
+    """docs/examples/nats_client.py (nats-py only) with a tenant's credentials file."""
+    example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "nats_client.py"
+    run = subprocess.run(
+        [sys.executable, str(example), "--nats-url", platform.nats_url, "--model", "sim-model",
+         "--max-tokens", "5", "--creds", str(platform.creds("tenant-acme")), "hello"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert len(run.stdout.split()) == 5
