@@ -523,6 +523,8 @@ def keys() -> None:
     default="standard",
     show_default=True,
 )
+@click.option("--metrics", is_flag=True,
+              help="It may read the gateway's /metrics (a Prometheus scrape key).")  # fmt: skip
 def keys_new(
     name: str,
     tenant: str,
@@ -531,6 +533,7 @@ def keys_new(
     rps: float,
     tpm: int,
     priority: str,
+    metrics: bool,
 ) -> None:
     """Make a key: the secret goes to stderr (shown once), the TOML entry holding only its
     SHA-256 to stdout, ready to append to the keys file:
@@ -550,6 +553,7 @@ def keys_new(
         f"requests_per_s = {rps}",
         f"tokens_per_min = {tpm}",
         f'priority = "{priority}"',
+        *(["metrics = true"] if metrics else []),
         "",
     ]
     click.echo("\n".join(lines))

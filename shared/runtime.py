@@ -76,6 +76,11 @@ class Service(abc.ABC, Generic[S]):
     def ready(self) -> tuple[bool, str]:
         return True, "ok"
 
+    def authorize_metrics(self, request: web.Request) -> web.Response | None:
+        """None when ``request`` may read /metrics, else the refusal (the gateway, whose
+        port is public, asks for a key)."""
+        return None
+
     def render_metrics(self, body: bytes) -> bytes:
         """A hook on the /metrics text (the worker labels vLLM's metrics with its id)."""
         return body
@@ -104,7 +109,10 @@ class Runtime:
             ok, why = False, "draining"
         return web.json_response({"ready": ok, "reason": why}, status=200 if ok else 503)
 
-    async def _metrics(self, _: web.Request) -> web.Response:
+    async def _metrics(self, request: web.Request) -> web.Response:
+        refused = self.service.authorize_metrics(request)
+        if refused is not None:
+            return refused
         body = self.service.render_metrics(generate_latest())
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

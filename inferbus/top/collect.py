@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from dataclasses import replace
 from typing import Any
@@ -114,7 +115,10 @@ class Collector:
 
     async def __aenter__(self) -> Collector:
         self._nc = await _connect(self.nats_url)  # a wrong URL fails here, clearly
-        self._http = aiohttp.ClientSession()
+        # with API keys on, the gateway's /metrics takes a key marked metrics
+        key = os.environ.get("INFERBUS_METRICS_KEY", "")
+        headers = {"Authorization": f"Bearer {key}"} if key else None
+        self._http = aiohttp.ClientSession(headers=headers)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -43,6 +43,9 @@ class ApiKey(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     """Injection findings on this key's input: block, flag or off ("": the deployment's)."""
     mask_pii: bool | None = None
     """Mask PII in this key's output (None: the deployment's default, on)."""
+    metrics: bool = False
+    """It may read the gateway's /metrics (a Prometheus scrape key): with keys on,
+    /metrics on the public port answers no one else."""
 
     def allows(self, model: str) -> bool:
         return "*" in self.models or model in self.models

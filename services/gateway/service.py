@@ -244,6 +244,20 @@ class GatewayService(Service[GatewaySettings]):
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, chat=False)
 
+    def authorize_metrics(self, request: web.Request) -> web.Response | None:
+        """The API port is public: with keys on, /metrics takes a key marked metrics."""
+        if self.access.open:
+            return None
+        try:
+            key = self._authenticate(request)
+        except ApiError as err:
+            return _error_response(err, "")
+        if not key.metrics:
+            refusal = ApiError(403, "this API key may not read /metrics (keys new --metrics)",
+                               type="permission_error", code="metrics_not_allowed")  # fmt: skip
+            return _error_response(refusal, "")
+        return None
+
     def _authenticate(self, http: web.Request) -> ApiKey:
         return self.access.authenticate(
             http.headers.get("Authorization"), http.headers.get("x-api-key")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 
 import openai
@@ -25,6 +26,7 @@ KEYS = {
     "limited": "ib-limited-secret",
     "tpm": "ib-tpm-secret",
     "tpm-cut": "ib-tpm-cut-secret",
+    "scrape": "ib-scrape-secret",
 }
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -55,6 +57,12 @@ tokens_per_min = 600
 name = "tpm-cut"
 sha256 = "{digest(KEYS["tpm-cut"])}"
 tokens_per_min = 600
+
+[[keys]]
+name = "scrape"
+sha256 = "{digest(KEYS["scrape"])}"
+models = []
+metrics = true
 """)
     gw = ServiceProcess(
         "gateway",
@@ -157,3 +165,24 @@ def test_tokens_delivered_before_a_cut_are_charged(keyed_gateway):
     with pytest.raises(openai.RateLimitError):
         c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=598)
     c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=300)
+
+
+def test_metrics_on_the_public_port_take_a_scrape_key(keyed_gateway):
+    """/metrics answered anyone on the gateway's API port."""
+
+    def get(key: str | None) -> int:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        req = urllib.request.Request(f"{keyed_gateway.base}/metrics", headers=headers)
+        try:
+            with urllib.request.urlopen(req) as r:
+                assert b"inferbus_requests_total" in r.read()
+                return r.status
+        except urllib.error.HTTPError as err:
+            assert json.loads(err.read())["error"]["code"]
+            return err.code
+
+    assert get(None) == 401
+    assert get(KEYS["full"]) == 403  # a key for the API is not a key for its metrics
+    assert get(KEYS["scrape"]) == 200
+    with urllib.request.urlopen(f"{keyed_gateway.base}/healthz") as r:  # probes stay open
+        assert r.status == 200
