@@ -104,6 +104,14 @@ def main(creds: str | None) -> None:
     help="Tail sampling: the share of other requests' traces kept.",
 )
 @click.option(
+    "--nats-cluster",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Embedded nats-servers: 3 runs a cluster (loopback routes) whose streams keep "
+    "3 copies, so the platform serves on when one node is lost.",
+)
+@click.option(
     "--open-bus",
     is_flag=True,
     help="Run the embedded NATS without users and permissions (anyone who reaches it "
@@ -132,6 +140,7 @@ def up(
     api_keys_file: Path | None,
     trace_slow_s: float,
     trace_keep_ratio: float,
+    nats_cluster: int,
     open_bus: bool,
     supervisor: str,
 ) -> None:
@@ -158,6 +167,7 @@ def up(
                 trace_keep_ratio=trace_keep_ratio,
                 supervisor=supervisor,
                 open_bus=open_bus,
+                nats_cluster=nats_cluster,
             )
         )
     )
@@ -582,7 +592,7 @@ _state_dir_option = click.option(
 )
 
 
-def _reload_bus(state_dir: Path) -> None:
+def _reload_bus(state_dir: Path, nats_url: str = "", new_creds: Path | None = None) -> None:
     """Tell the embedded nats-server to reread its users (SIGHUP), when it runs."""
     import os
     import signal
@@ -590,12 +600,46 @@ def _reload_bus(state_dir: Path) -> None:
     from inferbus.busauth import Registry
 
     Registry.open(state_dir / "auth").write_server_config(servicetable.permissions())
-    pid_file = state_dir / "nats.pid"
-    try:
-        os.kill(int(pid_file.read_text().strip()), signal.SIGHUP)
-    except (OSError, ValueError):
+    reloaded = 0
+    for pid_file in sorted(state_dir.glob("nats*.pid")):  # one, or each node of a cluster
+        try:
+            os.kill(int(pid_file.read_text().strip()), signal.SIGHUP)
+            reloaded += 1
+        except (OSError, ValueError):
+            pass
+    if not reloaded:
         click.echo("the embedded nats-server is not running: it reads them when it starts",
                    err=True)  # fmt: skip
+    elif new_creds is not None:
+        _wait_accepted(nats_url, new_creds)
+
+
+def _wait_accepted(nats_url: str, creds_path: Path, timeout: float = 10.0) -> None:
+    """Until every node takes the new credentials (a reload is quick, not instant)."""
+    import time
+
+    from inferbus.shared.bus import BusAuthError, connect
+    from inferbus.shared.buscreds import load_credentials
+
+    creds = load_credentials(creds_path)
+
+    async def check(url: str) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                nc = await connect(url, "inferbus-creds-check", creds)
+                await nc.close()
+                return
+            except BusAuthError:
+                if time.monotonic() > deadline:
+                    raise click.ClickException(f"{url} did not take the new credentials") from None
+                await asyncio.sleep(0.05)
+
+    async def all_nodes() -> None:
+        for url in nats_url.split(","):
+            await check(url)
+
+    asyncio.run(all_nodes())
 
 
 def _publish_tenant(nats_url: str, policy: Any) -> None:
@@ -652,7 +696,7 @@ def creds_new(tenant: str, priority: str, models: tuple[str, ...], max_tokens: i
         path = Registry.open(state_dir / "auth").tenant(tenant)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--tenant") from None
-    _reload_bus(state_dir)
+    _reload_bus(state_dir, nats_url, path)
     _publish_tenant(nats_url, TenantPolicy(
         tenant=tenant, priority=priority, models=list(models) or ["*"], max_tokens=max_tokens,
         input_policy=input_policy, mask_pii=mask_pii, set_at=time.time()))  # fmt: skip

@@ -25,6 +25,7 @@ import uuid
 from typing import Any
 
 import msgspec
+import nats.errors
 from nats.aio.client import Client as NatsClient
 
 from inferbus.contracts import (
@@ -119,14 +120,22 @@ class Stream:
         self.request = msgspec.structs.replace(
             self.request, created_at=now, deadline=now + self._timeout
         )
-        ack = await publish_durable(
-            self._client.js,
-            self._client.submit_subject,
-            self.request,
-            request_id=self.request_id,
-            msg_id=self.request_id,
-            trace=self._trace,
-        )
+        try:
+            ack = await publish_durable(
+                self._client.js,
+                self._client.submit_subject,
+                self.request,
+                request_id=self.request_id,
+                msg_id=self.request_id,
+                trace=self._trace,
+            )
+        except (nats.errors.Error, TimeoutError) as exc:  # no JetStream answer
+            await self._close()
+            failed = request_failed(
+                self.request_id, FailureCode.BUS_UNAVAILABLE,
+                f"the request could not be recorded ({type(exc).__name__}); submit it again",
+            )  # fmt: skip
+            raise RequestError(failed, failed.reason) from None
         if ack.duplicate:
             await self._close()
             raise RequestError(

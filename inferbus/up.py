@@ -39,7 +39,7 @@ from inferbus.services.gateway.auth import ApiKey, digest, new_key
 from inferbus.shared.bus import BusAuthError, connect
 from inferbus.shared.buscreds import CREDS_ENV, load_credentials
 from inferbus.shared.codec import DecodeError, decode, encode
-from inferbus.shared.natsserver import NatsServer, free_port, port_open
+from inferbus.shared.natsserver import NatsServer, cluster_of, free_port, port_open
 from inferbus.shared.streams import ensure_streams
 from inferbus.supervisor.core import ProcessSpec, RestartPolicy, SupervisorCore
 from inferbus.supervisor.processes import Command, Processes
@@ -72,6 +72,9 @@ class Options:
     """Its name on the control subject ``ib.sup.<name>.control``."""
     open_bus: bool = False
     """Run the embedded NATS without users (anyone on the machine may do anything)."""
+    nats_cluster: int = 1
+    """Embedded nats-servers: 3 makes a cluster whose streams keep 3 copies, so the
+    platform serves on when one node is lost."""
     restart: RestartPolicy = field(default_factory=RestartPolicy)
 
 
@@ -83,7 +86,7 @@ class Platform:
     """How each process of the platform is run (the adapter's half of supervising)."""
 
     def __init__(
-        self, o: Options, nats_url: str, model_path: str, served: str, nats: NatsServer | None
+        self, o: Options, nats_url: str, model_path: str, served: str, nats: list[NatsServer]
     ) -> None:
         self.o = o
         self.nats_url = nats_url
@@ -92,6 +95,7 @@ class Platform:
         self.model = served
         """The name clients ask for."""
         self.nats = nats
+        """The embedded servers (none with an external NATS)."""
         self.logs = o.state_dir / "logs"
         self.auth: Registry | None = None
         """The closed bus's users (the embedded NATS, unless --open-bus)."""
@@ -111,14 +115,17 @@ class Platform:
             stop_order=entry.stop_order,
         )  # fmt: skip
 
-    def nats_spec(self) -> ProcessSpec:
+    def nats_specs(self) -> list[ProcessSpec]:
         last = max(e.stop_order for e in servicetable.SERVICES) + 1
-        return ProcessSpec(name=NATS, service=NATS, index=0, stop_order=last)
+        one = len(self.nats) == 1
+        return [ProcessSpec(name=NATS if one else f"{NATS}-{i}", service=NATS, index=i,
+                            stop_order=last) for i in range(len(self.nats))]  # fmt: skip
 
     def command(self, spec: ProcessSpec) -> Command:
         if spec.service == NATS:
-            assert self.nats is not None
-            return Command(self.nats.command(), dict(os.environ), self.o.state_dir / "nats.log")
+            server = self.nats[spec.index]
+            log = self.o.state_dir / f"{spec.name}.log"
+            return Command(server.command(), dict(os.environ), log)
         entry = servicetable.get(spec.service)
         port = entry.metrics_port(self.o.metrics_port_base, spec.index) or self.o.port
         argv = [sys.executable, "-m", f"inferbus.services.{entry.name}", "--http-port", str(port)]
@@ -179,16 +186,22 @@ class Up:
         self._control: Client | None = None
 
     async def start_nats(self) -> None:
-        nats = self.platform.nats
-        assert nats is not None
-        await self.procs.apply(self.core.add(self.platform.nats_spec(), time.monotonic()))
+        for spec in self.platform.nats_specs():
+            await self.procs.apply(self.core.add(spec, time.monotonic()))
         deadline = time.monotonic() + 10
-        while not port_open(nats.host, nats.port):
-            if self.procs.exits:
-                raise RuntimeError(f"nats-server exited:\n{self.procs.log_tail(NATS)}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nats-server did not listen on {nats.url}")
-            await asyncio.sleep(0.05)
+        for server in self.platform.nats:
+            while not port_open(server.host, server.port):
+                if self.procs.exits:
+                    name, _ = self.procs.exits[0]
+                    raise RuntimeError(f"nats-server exited:\n{self.procs.log_tail(name)}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"nats-server did not listen on {server.url}")
+                await asyncio.sleep(0.05)
+
+    def reload_nats(self) -> None:
+        """Every embedded server rereads its users (SIGHUP)."""
+        for spec in self.platform.nats_specs():
+            self.procs.send_signal(spec.name, signal.SIGHUP)
 
     def initial_specs(self) -> list[ProcessSpec]:
         specs = []
@@ -207,7 +220,7 @@ class Up:
         connect."""
         if not self.platform.add_users(specs):
             return
-        self.procs.send_signal(NATS, signal.SIGHUP)
+        self.reload_nats()
         auth = self.platform.auth
         assert auth is not None
         creds = load_credentials(auth.creds_path(f"svc-{specs[-1].name}"))
@@ -230,7 +243,16 @@ class Up:
         nc = self._control = await connect(
             self.platform.nats_url, f"inferbus-up:{self.o.supervisor}", creds
         )
-        await ensure_streams(nc.jetstream())
+        replicas = min(3, len(self.platform.nats)) or None
+        deadline = time.monotonic() + 60
+        while True:  # a new cluster elects its JetStream leader first
+            try:
+                await ensure_streams(nc.jetstream(), replicas)
+                break
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"JetStream did not take the streams: {exc!r}") from None
+                await asyncio.sleep(0.5)
         await nc.subscribe(supervisor_subject(self.o.supervisor), cb=self._on_command)
 
     async def _on_command(self, msg: Msg) -> None:
@@ -393,7 +415,7 @@ async def _run(o: Options) -> int:
     if o.api_keys_file is not None:
         o.api_keys_file = o.api_keys_file.resolve()
         o.probe_key = new_key()
-    nats: NatsServer | None = None
+    nats: list[NatsServer] = []
     auth: Registry | None = None
     nats_url = o.nats_url or os.environ.get("NATS_URL")
     if not nats_url:
@@ -408,9 +430,18 @@ async def _run(o: Options) -> int:
             auth.operator()
             auth.supervisor(o.supervisor)
             config = auth.write_server_config(servicetable.permissions())
-        nats = NatsServer(o.state_dir / "nats", port=o.nats_port, config_file=config,
-                          pid_file=o.state_dir / "nats.pid")  # fmt: skip
-        nats_url = nats.url
+        if o.nats_cluster > 1:
+            ports = [o.nats_port] + [free_port() for _ in range(o.nats_cluster - 1)]
+            nats = cluster_of(
+                o.state_dir / "nats", ports, [free_port() for _ in ports], _route_secret(o),
+                config_file=config,
+            )  # fmt: skip
+            for i, server in enumerate(nats):
+                server.pid_file = o.state_dir / f"nats-{i}.pid"
+        else:
+            nats = [NatsServer(o.state_dir / "nats", port=o.nats_port, config_file=config,
+                               pid_file=o.state_dir / "nats.pid")]  # fmt: skip
+        nats_url = ",".join(server.url for server in nats)
     platform = Platform(o, nats_url, model, served, nats)
     platform.auth = auth
     up = Up(o, platform)
@@ -421,7 +452,7 @@ async def _run(o: Options) -> int:
     base = f"http://{o.host}:{o.port}"
     code = 0
     try:
-        if nats is not None:
+        if nats:
             await up.start_nats()
         await up.listen()
         await up.start_services()
@@ -440,6 +471,18 @@ async def _run(o: Options) -> int:
     finally:
         await up.stop()
     return code
+
+
+def _route_secret(o: Options) -> str:
+    """The password the cluster's nodes route with, kept in the state folder."""
+    import secrets
+
+    path = o.state_dir / "auth" / "route-secret"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(24))
+        path.chmod(0o600)
+    return path.read_text().strip()
 
 
 def run(o: Options) -> int:

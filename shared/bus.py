@@ -90,7 +90,7 @@ async def connect(
     if tls is not None:
         auth["tls"] = tls
     await nc.connect(
-        url,
+        url.split(","),  # a cluster: every node's URL, for failover
         name=name,
         max_reconnect_attempts=-1,
         # nats-py annotates this int, but it is seconds for asyncio.sleep: a float works

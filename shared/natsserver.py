@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -36,6 +38,39 @@ def port_open(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """One node's place in a cluster of nats-servers (routes on loopback ports)."""
+
+    name: str
+    node: str
+    """This server's name (JetStream's clustering needs one per node)."""
+    port: int
+    """Where this node takes routes."""
+    routes: tuple[str, ...]
+    """Every node's route URL, credentials included."""
+    user: str = "route"
+    password: str = ""
+
+
+def cluster_of(
+    store_root: Path,
+    ports: list[int],
+    route_ports: list[int],
+    password: str,
+    host: str = "127.0.0.1",
+    **kw: object,
+) -> list[NatsServer]:
+    """A cluster of ``len(ports)`` nodes, each with its own store, all routed to all."""
+    routes = tuple(f"nats://route:{password}@{host}:{p}" for p in route_ports)
+    return [
+        NatsServer(store_root / f"node-{i}", port=port, host=host,
+                   cluster=Cluster(name="inferbus", node=f"node-{i}", port=route_ports[i],
+                                   routes=routes, password=password), **kw)  # type: ignore[arg-type]
+        for i, port in enumerate(ports)
+    ]  # fmt: skip
+
+
 class NatsServer:
     """A nats-server with JetStream on a local port and a local store folder."""
 
@@ -48,6 +83,7 @@ class NatsServer:
         log_file: str | os.PathLike | None = None,
         config_file: str | os.PathLike | None = None,
         pid_file: str | os.PathLike | None = None,
+        cluster: Cluster | None = None,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
@@ -57,6 +93,7 @@ class NatsServer:
         self.config_file = Path(config_file) if config_file else None
         """Extra configuration (a closed bus's users and permissions), reloadable."""
         self.pid_file = Path(pid_file) if pid_file else None
+        self.cluster = cluster
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -65,6 +102,9 @@ class NatsServer:
 
     def command(self) -> list[str]:
         """The server's command line (JetStream on, this store, this port)."""
+        if self.cluster is not None:
+            cmd = [find_binary(), "-c", str(self.write_node_config())]
+            return cmd + (["-P", str(self.pid_file)] if self.pid_file else [])
         self.store_dir.mkdir(parents=True, exist_ok=True)
         cmd = [find_binary(), "-js", "-sd", str(self.store_dir), "-a", self.host]
         cmd += ["-p", str(self.port)]
@@ -75,6 +115,33 @@ class NatsServer:
         if self.pid_file:
             cmd += ["-P", str(self.pid_file)]
         return cmd
+
+    def write_node_config(self) -> Path:
+        """A cluster node's whole configuration in a file (a reload rereads only the
+        file: settings given as flags would be lost, and JetStream refuses a clustered
+        node without its name), the users' file included."""
+        c = self.cluster
+        assert c is not None
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        path = self.store_dir.parent / f"{c.node}.conf"
+        lines = [
+            f"server_name: {json.dumps(c.node)}",
+            f"listen: {json.dumps(f'{self.host}:{self.port}')}",
+            f"jetstream {{ store_dir: {json.dumps(str(self.store_dir))} }}",
+            "cluster {",
+            f"  name: {json.dumps(c.name)}",
+            f"  listen: {json.dumps(f'{self.host}:{c.port}')}",
+            f"  authorization {{ user: {json.dumps(c.user)}, password: {json.dumps(c.password)} }}",
+            f"  routes: {json.dumps(list(c.routes))}",
+            "}",
+        ]
+        if self.monitor_port:
+            lines.append(f"http_port: {self.monitor_port}")
+        if self.config_file:
+            lines.append(f"include {json.dumps(os.path.relpath(self.config_file, path.parent))}")
+        path.write_text("\n".join(lines) + "\n")
+        path.chmod(0o600)
+        return path
 
     def start(self, timeout: float = 10.0) -> NatsServer:
         cmd = self.command()

@@ -35,8 +35,9 @@ class ConsumerSpec(msgspec.Struct, kw_only=True, frozen=True):
     max_deliver: int = 5
 
 
-def stream_config(spec: StreamSpec) -> StreamConfig:
+def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
     return StreamConfig(
+        num_replicas=replicas,
         name=spec.name,
         description=spec.description or None,
         subjects=list(spec.subjects),
@@ -61,19 +62,21 @@ def consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
     )
 
 
-async def ensure_streams(js: JetStreamContext) -> None:
-    """Create or update every stream. Safe to run from every service and client."""
+async def ensure_streams(js: JetStreamContext, replicas: int | None = None) -> None:
+    """Create or update every stream. Safe to run from every service and client: only
+    the provisioner that names ``replicas`` (``inferbus up --nats-cluster 3``) sets how
+    many copies a stream keeps; everyone else keeps what is there (1 for a new one)."""
     for spec in STREAMS:
-        config = stream_config(spec)
         try:
-            await js.stream_info(spec.name)
+            info = await js.stream_info(spec.name)
         except NotFoundError:
             try:
-                await js.add_stream(config)
+                await js.add_stream(stream_config(spec, replicas or 1))
                 continue
             except Exception:  # another service created it between the two calls
-                pass
-        await js.update_stream(config)
+                info = await js.stream_info(spec.name)
+        kept = replicas or info.config.num_replicas or 1
+        await js.update_stream(stream_config(spec, kept))
 
 
 async def ensure_consumers(js: JetStreamContext, consumers: Sequence[ConsumerSpec]) -> None:

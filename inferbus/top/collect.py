@@ -36,7 +36,7 @@ async def connect(url: str, **auth: Any) -> NatsClient:
 
     try:
         return await nats.connect(
-            url,
+            url.split(","),
             name="inferbus-top",
             connect_timeout=2,
             max_reconnect_attempts=1,

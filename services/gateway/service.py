@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import nats.errors
 from aiohttp import web
 from nats.aio.msg import Msg
 
@@ -417,9 +418,16 @@ class GatewayService(Service[GatewaySettings]):
         rid = event.request_id
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._pending[rid] = queue
-        ack = await publish_durable(
-            self._ctx.js, SUBMIT, event, request_id=rid, msg_id=rid, trace=trace.headers
-        )
+        try:
+            ack = await publish_durable(
+                self._ctx.js, SUBMIT, event, request_id=rid, msg_id=rid, trace=trace.headers
+            )
+        except (nats.errors.Error, TimeoutError) as exc:  # no JetStream answer: a node
+            raise _Ended(failure_error(  # lost, a leader being elected, the bus away
+                FailureCode.BUS_UNAVAILABLE,
+                f"the request could not be recorded ({type(exc).__name__}); retry it",
+                retry_after=1.0,
+            )) from None  # fmt: skip
         if ack.duplicate:  # refused: the request under that id is another one
             raise _Ended(
                 failure_error(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections import OrderedDict
 from typing import Annotated, Any, Literal
 
 from nats.aio.msg import Msg
@@ -39,6 +40,9 @@ from .report import report_end, report_stats
 from .sim import SimEngine, SimTiming
 
 log = logs.get("inferbus.worker")
+
+
+_REMEMBER_SERVED = 100_000
 
 
 class WorkerSettings(ServiceSettings, kw_only=True):
@@ -84,6 +88,8 @@ class WorkerService(Service[WorkerSettings]):
         self.state: WorkerState = "starting"
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel_reasons: dict[str, str] = {}
+        self._served: OrderedDict[str, None] = OrderedDict()
+        """Assignments (request:attempt) taken lately: a redelivered one is not run again."""
         self._tenants: dict[str, str] = {}
         """Each running request's tenant, for tenants' cancels."""
         self._expired: set[str] = set()
@@ -167,6 +173,12 @@ class WorkerService(Service[WorkerSettings]):
         metrics.EVENTS_HANDLED.labels(self.name, "work.assigned").inc()
         if rid in self._tasks:
             return  # a redelivery of what we already serve
+        key = f"{rid}:{assignment.attempt}"
+        if key in self._served:  # served already: its ack was lost (a NATS node went away)
+            return
+        self._served[key] = None
+        if len(self._served) > _REMEMBER_SERVED:
+            self._served.popitem(last=False)
         parent = self._ctx.tracing.parent(msg.headers)
         self._tenants[rid] = assignment.request.tenant
         self._tasks[rid] = asyncio.create_task(self._serve(assignment, parent), name=f"req-{rid}")

@@ -27,3 +27,22 @@ async def test_a_killed_process_strands_no_request(platform: Platform, fault: st
     assert result.count("error") == 0, [o for o in result.outcomes if o.kind == "error"]
     assert result.recover_s is not None, "nothing was served after the kill"
     assert result.count("ok") > len(result.outcomes) / 2
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    p = Platform(tmp_path_factory.mktemp("cluster") / "state", nats_cluster=3)
+    yield p
+    p.stop()
+
+
+@pytest.mark.parametrize("node", ["nats-1", "nats-0"])
+async def test_a_lost_node_of_a_three_node_nats_loses_nothing(cluster: Platform, node: str):
+    """`inferbus up --nats-cluster 3`: streams keep three copies; a node killed under load
+    strands nothing, runs nothing twice, and the platform serves again."""
+    result = await run_fault(cluster, node, load_s=16.0)
+    print("\n" + table([result]))
+    assert result.count("hung") == 0, [o for o in result.outcomes if o.kind == "hung"]
+    assert result.duplicates == 0, result.duplicate_detail
+    assert result.count("error") == 0, [o for o in result.outcomes if o.kind == "error"]
+    assert result.recover_s is not None, "nothing was served after the kill"

@@ -55,6 +55,7 @@ class FaultResult:
     fault: str
     outcomes: list[Outcome] = field(default_factory=list)
     duplicates: int = 0
+    duplicate_detail: list[str] = field(default_factory=list)
     recover_s: float | None = None
 
     def count(self, kind: str) -> int:
@@ -73,17 +74,21 @@ class Platform:
     """``inferbus up`` for the suite, with a tenant for the load and the operator's
     credentials for watching and killing."""
 
-    def __init__(self, state: Path, workers: int = 2, decode_s: float = 0.01) -> None:
+    def __init__(
+        self, state: Path, workers: int = 2, decode_s: float = 0.01, nats_cluster: int = 1
+    ) -> None:
         self.state = state
         self.port, nats_port = free_port(), free_port()
         self.nats_url = f"nats://127.0.0.1:{nats_port}"
+        """Every node's URL, comma-separated (from up's banner)."""
         self.http = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "inferbus.cli", "up", "--engine", "sim", "--no-selftest",
              "--port", str(self.port), "--nats-port", str(nats_port), "--state-dir", str(state),
              "--workers", str(workers), "--metrics-port-base",
              str(random.randrange(20000, 32000, 100)),
-             f"--worker-arg=--sim-decode-s-per-step={decode_s}"],
+             f"--worker-arg=--sim-decode-s-per-step={decode_s}",
+             "--nats-cluster", str(nats_cluster)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "NATS_URL": ""},
         )  # fmt: skip
@@ -95,6 +100,8 @@ class Platform:
             if not line:
                 raise RuntimeError("inferbus up exited:\n" + "".join(lines))
             lines.append(line)
+            if line.startswith("  nats "):  # every node's URL, for failover
+                self.nats_url = line.split()[1]
             if line.startswith("try:"):
                 break
         self.operator = state / "auth" / "creds" / "operator.json"
@@ -140,7 +147,9 @@ class Watch:
 
     def __init__(self) -> None:
         self.started: dict[str, set[str]] = defaultdict(set)
-        self.ended: dict[str, int] = defaultdict(int)
+        self.ended: dict[str, set[bytes]] = defaultdict(set)
+        """Distinct terminal events per request: a publish retried after a lost ack is
+        the same event (JetStream keeps it once), two different ones are a duplicate."""
 
     async def open(self, p: Platform) -> None:
         self.nc = await connect(p.nats_url, "faults-watch", load_credentials(p.operator))
@@ -155,10 +164,17 @@ class Watch:
     async def _on_ended(self, msg) -> None:
         ev = decode_or_none(msg.data, Terminal)
         if ev is not None:
-            self.ended[ev.request_id] += 1
+            self.ended[ev.request_id].add(msg.data)
 
-    def duplicates(self, ids: list[str]) -> int:
-        return sum(len(self.started[r]) > 1 or self.ended[r] > 1 for r in ids)
+    def duplicates(self, ids: list[str]) -> list[str]:
+        """Each duplicate, said plainly."""
+        out = []
+        for r in ids:
+            if len(self.started[r]) > 1:
+                out.append(f"{r} ran on {sorted(self.started[r])}")
+            if len(self.ended[r]) > 1:
+                out.append(f"{r} ended {[e.decode()[:120] for e in self.ended[r]]}")
+        return out
 
     async def close(self) -> None:
         await self.nc.close()
@@ -251,12 +267,14 @@ async def run_fault(
     loops += [asyncio.create_task(loop(lambda: _http_one(http, tokens, timeout_s)))
               for _ in range(http_clients)]  # fmt: skip
     await asyncio.sleep(kill_after_s)
-    pid = (await p.pids())[fault]
+    running = await p.pids()
+    pid = running[fault]
     killed_at = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     await asyncio.gather(*loops)
     await asyncio.sleep(1.0)  # the last terminal events on their way to the watch
-    result.duplicates = watch.duplicates([o.request_id for o in result.outcomes])
+    result.duplicate_detail = watch.duplicates([o.request_id for o in result.outcomes])
+    result.duplicates = len(result.duplicate_detail)
     after = [o.ended_at for o in result.outcomes if o.kind == "ok" and o.sent_at > killed_at]
     result.recover_s = min(after) - killed_at if after else None
     await http.close()
@@ -265,7 +283,7 @@ async def run_fault(
     except Exception:
         pass
     await watch.close()
-    await p.wait_running(FAULTS)  # whole again before the next fault
+    await p.wait_running(tuple(running))  # whole again before the next fault
     return result
 
 
