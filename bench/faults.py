@@ -3,6 +3,7 @@ NATS-client and HTTP requests, each process killed with SIGKILL in turn, then NA
 
     python bench/faults.py [--faults sanitizer,scheduler,worker-0,gateway,nats]
         [--nats-clients 12] [--http-clients 4] [--load-s 15] [--tokens 20] [--workers 2]
+    python bench/faults.py --nats-cluster 3 --faults nats-0,nats-1,nats-2
 
 For each fault: requests sent, served in full, ended with a retryable error, another
 error, hung (no end within 20 s), duplicates (ran on two workers or ended twice), and
@@ -25,7 +26,7 @@ from testkit.faults import FAULTS, Platform, run_fault, table
 
 async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        p = Platform(Path(tmp) / "state", workers=args.workers)
+        p = Platform(Path(tmp) / "state", workers=args.workers, nats_cluster=args.nats_cluster)
         results = []
         try:
             for fault in args.faults.split(","):
@@ -51,4 +52,6 @@ if __name__ == "__main__":
     ap.add_argument("--load-s", type=float, default=15.0)
     ap.add_argument("--tokens", type=int, default=20)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--nats-cluster", type=int, default=1,
+                    help="3: a three-node NATS; its nodes are nats-0, nats-1, nats-2")  # fmt: skip
     asyncio.run(main(ap.parse_args()))

@@ -104,6 +104,13 @@ def main(creds: str | None) -> None:
     help="Tail sampling: the share of other requests' traces kept.",
 )
 @click.option(
+    "--nats-tls-dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Serve the embedded NATS over TLS with this folder's server-cert.pem and "
+    "server-key.pem; every client verifies it against its ca.pem (inferbus certs make).",
+)
+@click.option(
     "--nats-cluster",
     type=click.IntRange(min=1),
     default=1,
@@ -140,6 +147,7 @@ def up(
     api_keys_file: Path | None,
     trace_slow_s: float,
     trace_keep_ratio: float,
+    nats_tls_dir: Path | None,
     nats_cluster: int,
     open_bus: bool,
     supervisor: str,
@@ -168,6 +176,7 @@ def up(
                 supervisor=supervisor,
                 open_bus=open_bus,
                 nats_cluster=nats_cluster,
+                nats_tls_dir=nats_tls_dir,
             )
         )
     )
@@ -580,6 +589,26 @@ def schema() -> None:
     from inferbus.contracts.schema import document
 
     click.echo(json.dumps(document(), indent=2))
+
+
+@main.group()
+def certs() -> None:
+    """Certificates for NATS over TLS."""
+
+
+@certs.command("make")
+@click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--host", "hosts", multiple=True,
+              help="A name or address clients reach the server by (default: localhost, "
+                   "127.0.0.1).")  # fmt: skip
+@click.option("--days", default=365, show_default=True)
+def certs_make(folder: Path, hosts: tuple[str, ...], days: int) -> None:
+    """Write a private CA (ca.pem, ca-key.pem) and a server certificate it signs
+    (server-cert.pem, server-key.pem) into FOLDER, for `inferbus up --nats-tls-dir`.
+    Clients verify the server with ca.pem (INFERBUS_NATS_TLS_CA)."""
+    from inferbus.certs import make
+
+    click.echo(str(make(folder, list(hosts) or ["localhost", "127.0.0.1"], days)))
 
 
 @main.group()

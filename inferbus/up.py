@@ -37,7 +37,7 @@ from inferbus.contracts.control import (
 )
 from inferbus.services.gateway.auth import ApiKey, digest, new_key
 from inferbus.shared.bus import BusAuthError, connect
-from inferbus.shared.buscreds import CREDS_ENV, load_credentials
+from inferbus.shared.buscreds import CREDS_ENV, TLS_CA_ENV, load_credentials
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.natsserver import NatsServer, cluster_of, free_port, port_open
 from inferbus.shared.streams import ensure_streams
@@ -72,6 +72,9 @@ class Options:
     """Its name on the control subject ``ib.sup.<name>.control``."""
     open_bus: bool = False
     """Run the embedded NATS without users (anyone on the machine may do anything)."""
+    nats_tls_dir: Path | None = None
+    """Serve the embedded NATS over TLS with this folder's server-cert.pem and
+    server-key.pem; clients verify it against its ca.pem (``inferbus certs make``)."""
     nats_cluster: int = 1
     """Embedded nats-servers: 3 makes a cluster whose streams keep 3 copies, so the
     platform serves on when one node is lost."""
@@ -430,17 +433,24 @@ async def _run(o: Options) -> int:
             auth.operator()
             auth.supervisor(o.supervisor)
             config = auth.write_server_config(servicetable.permissions())
+        tls: dict[str, Path] = {}
+        if o.nats_tls_dir is not None:
+            from inferbus import certs
+
+            folder = o.nats_tls_dir.resolve()
+            tls = {"tls_cert": folder / certs.SERVER_CERT, "tls_key": folder / certs.SERVER_KEY}
+            os.environ[TLS_CA_ENV] = str(folder / certs.CA)  # up, and all it starts
         if o.nats_cluster > 1:
             ports = [o.nats_port] + [free_port() for _ in range(o.nats_cluster - 1)]
             nats = cluster_of(
                 o.state_dir / "nats", ports, [free_port() for _ in ports], _route_secret(o),
-                config_file=config,
+                config_file=config, **tls,
             )  # fmt: skip
             for i, server in enumerate(nats):
                 server.pid_file = o.state_dir / f"nats-{i}.pid"
         else:
             nats = [NatsServer(o.state_dir / "nats", port=o.nats_port, config_file=config,
-                               pid_file=o.state_dir / "nats.pid")]  # fmt: skip
+                               pid_file=o.state_dir / "nats.pid", **tls)]  # fmt: skip
         nats_url = ",".join(server.url for server in nats)
     platform = Platform(o, nats_url, model, served, nats)
     platform.auth = auth

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import typing
 from collections.abc import Awaitable, Callable
@@ -23,7 +24,7 @@ from inferbus.contracts import (
     dead_letter_subject,
 )
 from inferbus.shared import logs, metrics
-from inferbus.shared.buscreds import BusCredentials, tls_context
+from inferbus.shared.buscreds import TLS_CA_ENV, BusCredentials, tls_context
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.streams import ConsumerSpec
 
@@ -86,7 +87,8 @@ async def connect(
     if creds is not None:
         auth = {"user": creds.user, "password": creds.password,
                 "inbox_prefix": creds.inbox_prefix}  # fmt: skip
-    tls = tls_context(tls_ca)
+    # a TLS bus: the CA that signed the server's certificate (INFERBUS_NATS_TLS_CA)
+    tls = tls_context(tls_ca or os.environ.get(TLS_CA_ENV, ""))
     if tls is not None:
         auth["tls"] = tls
     await nc.connect(

@@ -17,6 +17,8 @@ import msgspec
 
 CREDS_ENV = "INFERBUS_NATS_CREDS"
 """Where clients and the CLI look for a credentials file when none is named."""
+TLS_CA_ENV = "INFERBUS_NATS_TLS_CA"
+"""The CA that signed the NATS server's certificate, on a TLS bus."""
 
 
 class BusCredentials(msgspec.Struct, kw_only=True, frozen=True):

@@ -66,7 +66,7 @@ def cluster_of(
     return [
         NatsServer(store_root / f"node-{i}", port=port, host=host,
                    cluster=Cluster(name="inferbus", node=f"node-{i}", port=route_ports[i],
-                                   routes=routes, password=password), **kw)  # type: ignore[arg-type]
+                                   routes=routes, password=password), **kw)
         for i, port in enumerate(ports)
     ]  # fmt: skip
 
@@ -84,6 +84,8 @@ class NatsServer:
         config_file: str | os.PathLike | None = None,
         pid_file: str | os.PathLike | None = None,
         cluster: Cluster | None = None,
+        tls_cert: str | os.PathLike | None = None,
+        tls_key: str | os.PathLike | None = None,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
@@ -94,15 +96,17 @@ class NatsServer:
         """Extra configuration (a closed bus's users and permissions), reloadable."""
         self.pid_file = Path(pid_file) if pid_file else None
         self.cluster = cluster
+        self.tls = (Path(tls_cert), Path(tls_key)) if tls_cert and tls_key else None
+        """Its certificate and key: clients connect with tls:// and verify it."""
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
         """The server's command line (JetStream on, this store, this port)."""
-        if self.cluster is not None:
+        if self.cluster is not None or self.tls is not None:
             cmd = [find_binary(), "-c", str(self.write_node_config())]
             return cmd + (["-P", str(self.pid_file)] if self.pid_file else [])
         self.store_dir.mkdir(parents=True, exist_ok=True)
@@ -117,24 +121,30 @@ class NatsServer:
         return cmd
 
     def write_node_config(self) -> Path:
-        """A cluster node's whole configuration in a file (a reload rereads only the
-        file: settings given as flags would be lost, and JetStream refuses a clustered
-        node without its name), the users' file included."""
+        """The server's whole configuration in a file, for a cluster node or TLS (a
+        reload rereads only the file: settings given as flags would be lost, and
+        JetStream refuses a clustered node without its name), the users' file included."""
         c = self.cluster
-        assert c is not None
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        path = self.store_dir.parent / f"{c.node}.conf"
+        path = self.store_dir.parent / f"{c.node if c else 'server'}.conf"
         lines = [
-            f"server_name: {json.dumps(c.node)}",
             f"listen: {json.dumps(f'{self.host}:{self.port}')}",
             f"jetstream {{ store_dir: {json.dumps(str(self.store_dir))} }}",
-            "cluster {",
-            f"  name: {json.dumps(c.name)}",
-            f"  listen: {json.dumps(f'{self.host}:{c.port}')}",
-            f"  authorization {{ user: {json.dumps(c.user)}, password: {json.dumps(c.password)} }}",
-            f"  routes: {json.dumps(list(c.routes))}",
-            "}",
         ]
+        if c is not None:
+            auth = f"user: {json.dumps(c.user)}, password: {json.dumps(c.password)}"
+            lines += [
+                f"server_name: {json.dumps(c.node)}",
+                "cluster {",
+                f"  name: {json.dumps(c.name)}",
+                f"  listen: {json.dumps(f'{self.host}:{c.port}')}",
+                f"  authorization {{ {auth} }}",
+                f"  routes: {json.dumps(list(c.routes))}",
+                "}",
+            ]
+        if self.tls is not None:
+            cert, key = (json.dumps(str(p.resolve())) for p in self.tls)
+            lines.append(f"tls {{ cert_file: {cert}, key_file: {key} }}")
         if self.monitor_port:
             lines.append(f"http_port: {self.monitor_port}")
         if self.config_file:
