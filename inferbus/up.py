@@ -433,24 +433,26 @@ async def _run(o: Options) -> int:
             auth.operator()
             auth.supervisor(o.supervisor)
             config = auth.write_server_config(servicetable.permissions())
-        tls: dict[str, Path] = {}
+        tls: tuple[Path, Path] | None = None
         if o.nats_tls_dir is not None:
             from inferbus import certs
 
             folder = o.nats_tls_dir.resolve()
-            tls = {"tls_cert": folder / certs.SERVER_CERT, "tls_key": folder / certs.SERVER_KEY}
+            tls = (folder / certs.SERVER_CERT, folder / certs.SERVER_KEY)
             os.environ[TLS_CA_ENV] = str(folder / certs.CA)  # up, and all it starts
         if o.nats_cluster > 1:
             ports = [o.nats_port] + [free_port() for _ in range(o.nats_cluster - 1)]
             nats = cluster_of(
                 o.state_dir / "nats", ports, [free_port() for _ in ports], _route_secret(o),
-                config_file=config, **tls,
+                config_file=config, tls=tls,
             )  # fmt: skip
             for i, server in enumerate(nats):
                 server.pid_file = o.state_dir / f"nats-{i}.pid"
         else:
             nats = [NatsServer(o.state_dir / "nats", port=o.nats_port, config_file=config,
-                               pid_file=o.state_dir / "nats.pid", **tls)]  # fmt: skip
+                               pid_file=o.state_dir / "nats.pid",
+                               tls_cert=tls[0] if tls else None,
+                               tls_key=tls[1] if tls else None)]  # fmt: skip
         nats_url = ",".join(server.url for server in nats)
     platform = Platform(o, nats_url, model, served, nats)
     platform.auth = auth

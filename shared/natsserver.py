@@ -59,14 +59,17 @@ def cluster_of(
     route_ports: list[int],
     password: str,
     host: str = "127.0.0.1",
-    **kw: object,
+    config_file: Path | None = None,
+    tls: tuple[Path, Path] | None = None,
 ) -> list[NatsServer]:
     """A cluster of ``len(ports)`` nodes, each with its own store, all routed to all."""
     routes = tuple(f"nats://route:{password}@{host}:{p}" for p in route_ports)
+    cert, key = tls or (None, None)
     return [
-        NatsServer(store_root / f"node-{i}", port=port, host=host,
+        NatsServer(store_root / f"node-{i}", port=port, host=host, config_file=config_file,
+                   tls_cert=cert, tls_key=key,
                    cluster=Cluster(name="inferbus", node=f"node-{i}", port=route_ports[i],
-                                   routes=routes, password=password), **kw)
+                                   routes=routes, password=password))
         for i, port in enumerate(ports)
     ]  # fmt: skip
 
