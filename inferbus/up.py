@@ -39,7 +39,13 @@ from inferbus.services.gateway.auth import ApiKey, digest, new_key
 from inferbus.shared.bus import BusAuthError, connect
 from inferbus.shared.buscreds import CREDS_ENV, TLS_CA_ENV, load_credentials
 from inferbus.shared.codec import DecodeError, decode, encode
-from inferbus.shared.natsserver import NatsServer, cluster_of, free_port, port_open
+from inferbus.shared.natsserver import (
+    NatsServer,
+    cluster_of,
+    free_port,
+    free_ports,
+    port_open,
+)
 from inferbus.shared.streams import ensure_streams
 from inferbus.supervisor.core import ProcessSpec, RestartPolicy, SupervisorCore
 from inferbus.supervisor.processes import Command, Processes
@@ -441,9 +447,11 @@ async def _run(o: Options) -> int:
             tls = (folder / certs.SERVER_CERT, folder / certs.SERVER_KEY)
             os.environ[TLS_CA_ENV] = str(folder / certs.CA)  # up, and all it starts
         if o.nats_cluster > 1:
-            ports = [o.nats_port] + [free_port() for _ in range(o.nats_cluster - 1)]
+            more = free_ports(2 * o.nats_cluster)  # the other nodes', and routes (+1 spare)
+            more = [p for p in more if p != o.nats_port][: 2 * o.nats_cluster - 1]
+            ports = [o.nats_port, *more[: o.nats_cluster - 1]]
             nats = cluster_of(
-                o.state_dir / "nats", ports, [free_port() for _ in ports], _route_secret(o),
+                o.state_dir / "nats", ports, more[o.nats_cluster - 1 :], _route_secret(o),
                 config_file=config, tls=tls,
             )  # fmt: skip
             for i, server in enumerate(nats):
