@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from inferbus.shared.buscreds import CREDS_ENV, credentials_from_env
-from inferbus.shared.natsserver import free_port
+from inferbus.shared.natsserver import free_port, free_ports
 
 
 def nats_auth(creds_file: str = "") -> dict[str, str]:
@@ -35,7 +35,7 @@ def start_up(
 ) -> tuple[subprocess.Popen[str], str, str]:
     """``inferbus up --no-selftest ARGS`` on free ports (``env`` added to this process's);
     returns (process, NATS URL, HTTP base)."""
-    port, nats_port = free_port(), free_port()
+    port, nats_port = free_ports(2)
     proc = subprocess.Popen(
         [
             sys.executable,

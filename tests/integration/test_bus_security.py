@@ -31,7 +31,7 @@ from inferbus.contracts import (
 from inferbus.shared.bus import BusAuthError, connect
 from inferbus.shared.buscreds import load_credentials
 from inferbus.shared.codec import decode, encode
-from inferbus.shared.natsserver import free_port
+from inferbus.shared.natsserver import free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +57,7 @@ class Platform:
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory: pytest.TempPathFactory):
     state = tmp_path_factory.mktemp("secure") / "state"
-    nats_port, port = free_port(), free_port()
+    nats_port, port = free_ports(2)
     up = subprocess.Popen(
         [*INFERBUS, "up", "--engine", "sim", "--no-selftest", "--port", str(port),
          "--nats-port", str(nats_port), "--state-dir", str(state),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from inferbus.shared.natsserver import free_port
+from inferbus.shared.natsserver import free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +21,7 @@ INFERBUS = [sys.executable, "-m", "inferbus.cli"]
 
 
 def test_up_generate_and_stream_then_ctrl_c(tmp_path: Path):
-    port, nats_port = free_port(), free_port()
+    port, nats_port = free_ports(2)
     metrics_base = random.randrange(20000, 32000, 100)  # below the ephemeral port range
     up = subprocess.Popen(
         [
@@ -200,7 +200,7 @@ def test_up_scales_workers_and_restarts_what_dies_nats_included(tmp_path: Path):
     worker and a killed embedded nats-server come back, and requests are served again."""
     import os
 
-    port, nats_port = free_port(), free_port()
+    port, nats_port = free_ports(2)
     nats_url = f"nats://127.0.0.1:{nats_port}"
     state = tmp_path / "state"
     up = subprocess.Popen(

@@ -34,7 +34,7 @@ from inferbus.contracts.control import SupervisorQuery, SupervisorState, supervi
 from inferbus.shared.bus import connect
 from inferbus.shared.buscreds import load_credentials
 from inferbus.shared.codec import decode, decode_or_none, encode
-from inferbus.shared.natsserver import free_port
+from inferbus.shared.natsserver import free_ports
 
 MODEL = "sim-model"
 FAULTS = ("sanitizer", "scheduler", "worker-0", "gateway", "nats")
@@ -78,7 +78,7 @@ class Platform:
         self, state: Path, workers: int = 2, decode_s: float = 0.01, nats_cluster: int = 1
     ) -> None:
         self.state = state
-        self.port, nats_port = free_port(), free_port()
+        self.port, nats_port = free_ports(2)
         self.nats_url = f"nats://127.0.0.1:{nats_port}"
         """Every node's URL, comma-separated (from up's banner)."""
         self.http = f"http://127.0.0.1:{self.port}"
