@@ -530,7 +530,6 @@ class GatewayService(Service[GatewaySettings]):
         include_usage: bool,
         started: float,
     ) -> web.StreamResponse:
-        resp: web.StreamResponse | None = None
         try:
             return await self._stream_events(http, rid, events, shapes, include_usage, started)
         except _Ended as e:
