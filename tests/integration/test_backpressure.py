@@ -4,7 +4,9 @@ requests per model, and one slow worker with a single slot."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.request
 
 import aiohttp
 import pytest
@@ -14,6 +16,7 @@ from inferbus.contracts import SCHEDULER_LOAD, SchedulerLoad
 from inferbus.shared.codec import decode
 from inferbus.shared.natsserver import NatsServer
 
+from .conftest import wait_for_status
 from .procs import ServiceProcess, start_all
 
 pytestmark = [pytest.mark.integration]
@@ -55,7 +58,14 @@ def narrow(tmp_path_factory):
         ServiceProcess("gateway", url, root, name="bp-gateway"),
     ]
     start_all(procs)
-    yield {"url": url, "gateway": procs[-1]}
+    gateway = procs[-1]
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:  # the gateway learns the model from heartbeats
+        with urllib.request.urlopen(f"{gateway.base}/v1/models") as r:
+            if MODEL in {m["id"] for m in json.loads(r.read())["data"]}:
+                break
+        time.sleep(0.05)
+    yield {"url": url, "gateway": gateway}
     for p in reversed(procs):
         p.stop()
     server.stop()
@@ -82,7 +92,8 @@ async def test_a_full_queue_gets_429_with_retry_after_and_nothing_is_lost(narrow
             if MODEL in load.models and load.models[MODEL].queued == 3:
                 break
         await loads.unsubscribe()
-        await asyncio.sleep(0.3)  # a report or two later the gateway has it too
+        # the gateway refuses from that report, or the scheduler from its full queue:
+        # a 429 either way, and nothing else is accepted
         body = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
         async with aiohttp.ClientSession(narrow["gateway"].base) as http:
             async with http.post("/v1/chat/completions", json=body) as r:
@@ -99,11 +110,16 @@ async def test_a_full_queue_gets_429_with_retry_after_and_nothing_is_lost(narrow
         await long.cancel()
         results = await asyncio.gather(*held)
         assert [r.outcome.finish_reason for r in results] == ["length"] * 3
-        # and once the queue drains, requests are admitted again
-        await asyncio.sleep(0.3)
+        # and once the queue drains (and the gateway hears so), requests are admitted again
+        await wait_for_status(c.nc, lambda st: not st["queued"].get(MODEL))
         async with aiohttp.ClientSession(narrow["gateway"].base) as http:
-            async with http.post("/v1/chat/completions", json=body) as r:
-                assert r.status == 200, await r.text()
+            deadline = time.monotonic() + 5
+            while True:
+                async with http.post("/v1/chat/completions", json=body) as r:
+                    if r.status == 200 or time.monotonic() > deadline:
+                        assert r.status == 200, await r.text()
+                        break
+                await asyncio.sleep(0.1)
     finally:
         await c.close()
 
@@ -113,10 +129,14 @@ async def test_a_short_prompt_overtakes_a_long_one_in_the_running_scheduler(narr
     try:
         holder = c.stream(MODEL, "hold the slot", max_tokens=5000, timeout=60)
         await holder.__anext__()
+
+        def queued(lane: str):
+            return lambda st: st["lanes"].get(MODEL, {}).get(lane) == 1
+
         long = asyncio.create_task(c.generate(MODEL, "x " * 5000, max_tokens=3, timeout=60))
-        await asyncio.sleep(0.3)  # the long prompt (about 2500 tokens) queues first
+        await wait_for_status(c.nc, queued("long"))  # the long prompt queues first
         short = asyncio.create_task(c.generate(MODEL, "hi", max_tokens=3, timeout=60))
-        await asyncio.sleep(0.3)
+        await wait_for_status(c.nc, queued("short"))  # both wait behind the holder
         await holder.cancel()
         done, _ = await asyncio.wait({long, short}, return_when=asyncio.FIRST_COMPLETED)
         assert short in done and long not in done  # lanes: the short one went first

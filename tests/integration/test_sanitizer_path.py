@@ -4,7 +4,6 @@ reaches the client masked (HTTP and NATS, streamed or not), a blocked prompt get
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import aiohttp
@@ -73,19 +72,18 @@ async def test_a_blocked_prompt_gets_400_and_never_reaches_a_worker(platform, cl
         )
     assert exc.value.code == "input_blocked"
     assert exc.value.event.findings[0].rule == "xss.event-handler"
-    await asyncio.sleep(0.5)
-    while True:
-        try:
-            msg = await work.next_msg(timeout=0.1)
-        except Exception:
-            break
-        assert decode(msg.data, WorkAssigned).request.request_id not in ("blocked-1", "blocked-2")
-    await work.unsubscribe()
-    # a question about code is not a payload
+    # a question about code is not a payload: it is served, and its assignment, sent
+    # after the two refusals, marks how far the assignments must be read
     ok = await client.generate(
         MODEL, "how do I write SELECT * FROM users WHERE id = ? safely", max_tokens=3
     )
     assert ok.outcome.finish_reason == "length"
+    while True:
+        rid = decode((await work.next_msg(timeout=10)).data, WorkAssigned).request.request_id
+        assert rid not in ("blocked-1", "blocked-2")
+        if rid == ok.request_id:
+            break
+    await work.unsubscribe()
 
 
 async def test_flag_policy_lets_the_request_through_with_its_findings(client):

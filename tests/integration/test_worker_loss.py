@@ -11,6 +11,7 @@ from inferbus.client import RequestError
 from inferbus.contracts import STARTED, RequestStarted, WorkAssigned
 from inferbus.shared.codec import decode
 
+from .conftest import ready_workers, wait_for_status
 from .procs import ServiceProcess, start_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
@@ -42,7 +43,7 @@ def _owner(workers, worker_id: str) -> ServiceProcess:
 async def test_killed_mid_stream_ends_with_a_clear_error(nats_url, log_dir, client):
     workers = _workers(nats_url, log_dir, "fragile", "--sim-decode-s-per-step", "0.05")
     try:
-        await asyncio.sleep(1.0)  # the scheduler sees both heartbeats
+        await wait_for_status(client.nc, lambda st: ready_workers(st, "fragile") == 2)
         started = await client.nc.subscribe(STARTED)
         stream = client.stream("fragile", "a long answer", max_tokens=1000)
         first = await stream.__anext__()
@@ -66,7 +67,7 @@ async def test_killed_before_streaming_is_reassigned(nats_url, log_dir, client):
     # prefill of 0.4 s per prompt token: the request sits in prefill long enough to kill
     workers = _workers(nats_url, log_dir, "fragile2", "--sim-prefill-s-per-token", "0.4")
     try:
-        await asyncio.sleep(1.0)
+        await wait_for_status(client.nc, lambda st: ready_workers(st, "fragile2") == 2)
         assigned = await client.nc.subscribe("ib.work.>")
         stream = client.stream("fragile2", "four token prompt", max_tokens=5)
         task = asyncio.create_task(client_collect(stream))
@@ -91,10 +92,11 @@ async def client_collect(stream):
 async def test_sigterm_drains_in_flight_requests(nats_url, log_dir, client):
     workers = _workers(nats_url, log_dir, "drainable", "--sim-decode-s-per-step", "0.02")
     try:
-        await asyncio.sleep(1.0)
+        await wait_for_status(client.nc, lambda st: ready_workers(st, "drainable") == 2)
         streams = [client.stream("drainable", f"drain {i}", max_tokens=60) for i in range(4)]
+        for s in streams:  # all four are streaming (60 tokens take ~1.2 s)
+            await s.__anext__()
         tasks = [asyncio.create_task(client_collect(s)) for s in streams]
-        await asyncio.sleep(0.4)  # all four are streaming (60 tokens take ~1.2 s)
         for w in workers:
             w.proc.terminate()
         outcomes = await asyncio.wait_for(asyncio.gather(*tasks), 20)

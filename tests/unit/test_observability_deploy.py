@@ -15,11 +15,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml  # noqa: E402  (PyYAML, a dev dependency, reads the deploy files)
 from prometheus_client.metrics import MetricWrapperBase
 
 from inferbus.shared import metrics
-
-yaml = pytest.importorskip("yaml", reason="PyYAML (a dev dependency) reads the deploy files")
 
 ROOT = Path(__file__).resolve().parents[2]
 OBS = ROOT / "deploy" / "observability"
