@@ -329,13 +329,12 @@ class VllmEngine:
         params = sampling_params(request.sampling)
         received = time.time()
         rid = request.request_id
-        finished = False
         completion = 0
+        outputs = self._engine.generate(prompt, params, rid, lora_request=lora)
         try:
-            async for out in self._engine.generate(prompt, params, rid, lora_request=lora):
+            async for out in outputs:
                 o = out.outputs[0]
                 completion += len(o.token_ids)
-                finished = out.finished
                 yield EngineOutput(
                     text=o.text,
                     token_ids=list(o.token_ids),
@@ -348,8 +347,10 @@ class VllmEngine:
         except request_errors() as exc:  # vLLM refusing a request it cannot take
             raise EngineError(FailureCode.INVALID_REQUEST, str(exc)) from None
         finally:
-            if not finished and self._engine is not None:
-                await self._engine.abort(rid)  # frees the sequence and its KV blocks
+            # closed before its end (a cancel, a deadline, the client gone), vLLM's
+            # generator aborts the request: the sequence and its KV blocks are freed now,
+            # not whenever the garbage collector gets to it
+            await outputs.aclose()
 
     def _kv_socket(self) -> tuple[Any, str]:
         import zmq
