@@ -112,6 +112,7 @@ class Platform:
                                                  str(self.operator)},
         )  # fmt: skip
         if made.returncode:
+            self.stop()  # a platform the caller never gets must not outlive this
             raise RuntimeError(made.stderr)
         self.tenant = made.stdout.strip()
 
