@@ -17,7 +17,7 @@ def nats_auth(creds_file: str = "") -> dict[str, str]:
     creds = credentials_from_env(creds_file)
     if creds is None:
         return {}
-    return {"user": creds.user, "password": creds.password, "inbox_prefix": creds.inbox_prefix}
+    return creds.connect_options()
 
 
 def new_tenant(state: Path, nats_url: str, tenant: str = "bench") -> str:

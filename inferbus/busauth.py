@@ -238,8 +238,13 @@ class Registry:
             users.append(entry)
         return "authorization " + json.dumps({"users": users}, indent=2) + "\n"
 
+    @property
+    def config_path(self) -> Path:
+        """The server's users and permissions (included by its configuration)."""
+        return self.folder / "nats.conf"
+
     def write_server_config(self, service_perms: dict[str, Permissions]) -> Path:
-        path = self.folder / "nats.conf"
+        path = self.config_path
         tmp = path.with_suffix(".tmp")
         tmp.write_text(self.server_config(service_perms))
         tmp.chmod(0o600)

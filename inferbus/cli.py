@@ -643,32 +643,15 @@ def _reload_bus(state_dir: Path, nats_url: str = "", new_creds: Path | None = No
         _wait_accepted(nats_url, new_creds)
 
 
-def _wait_accepted(nats_url: str, creds_path: Path, timeout: float = 10.0) -> None:
+def _wait_accepted(nats_url: str, creds_path: Path) -> None:
     """Until every node takes the new credentials (a reload is quick, not instant)."""
-    import time
-
-    from inferbus.shared.bus import BusAuthError, connect
+    from inferbus.shared.bus import BusAuthError, wait_accepted
     from inferbus.shared.buscreds import load_credentials
 
-    creds = load_credentials(creds_path)
-
-    async def check(url: str) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                nc = await connect(url, "inferbus-creds-check", creds)
-                await nc.close()
-                return
-            except BusAuthError:
-                if time.monotonic() > deadline:
-                    raise click.ClickException(f"{url} did not take the new credentials") from None
-                await asyncio.sleep(0.05)
-
-    async def all_nodes() -> None:
-        for url in nats_url.split(","):
-            await check(url)
-
-    asyncio.run(all_nodes())
+    try:
+        asyncio.run(wait_accepted(nats_url, load_credentials(creds_path)))
+    except BusAuthError as exc:
+        raise click.ClickException(f"the bus did not take the new credentials: {exc}") from None
 
 
 def _publish_tenant(nats_url: str, policy: Any) -> None:

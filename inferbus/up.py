@@ -36,7 +36,7 @@ from inferbus.contracts.control import (
     supervisor_subject,
 )
 from inferbus.services.gateway.auth import ApiKey, digest, new_key
-from inferbus.shared.bus import BusAuthError, connect
+from inferbus.shared.bus import BusAuthError, connect, wait_accepted
 from inferbus.shared.buscreds import CREDS_ENV, TLS_CA_ENV, load_credentials
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.natsserver import (
@@ -233,16 +233,7 @@ class Up:
         auth = self.platform.auth
         assert auth is not None
         creds = load_credentials(auth.creds_path(f"svc-{specs[-1].name}"))
-        deadline = time.monotonic() + 5
-        while True:  # the reload is quick, but not instant
-            try:
-                nc = await connect(self.platform.nats_url, "inferbus-up-check", creds)
-                await nc.close()
-                return
-            except BusAuthError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
+        await wait_accepted(self.platform.nats_url, creds, timeout=5)  # every node
 
     async def listen(self) -> None:
         """Provision the streams, then answer scale and status commands on the control
@@ -438,7 +429,7 @@ async def _run(o: Options) -> int:
             auth = Registry.open(o.state_dir / "auth")
             auth.operator()
             auth.supervisor(o.supervisor)
-            config = auth.write_server_config(servicetable.permissions())
+            config = auth.config_path
         tls: tuple[Path, Path] | None = None
         if o.nats_tls_dir is not None:
             from inferbus import certs
@@ -465,7 +456,10 @@ async def _run(o: Options) -> int:
     platform = Platform(o, nats_url, model, served, nats)
     platform.auth = auth
     up = Up(o, platform)
-    platform.add_users(up.initial_specs())  # known to the server from its start
+    # every user known to the server from its start (and the permissions of this code's
+    # service table, even when no user is new)
+    if not platform.add_users(up.initial_specs()) and auth is not None:
+        auth.write_server_config(servicetable.permissions())
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, up.stopping.set)

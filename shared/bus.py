@@ -83,10 +83,7 @@ async def connect(
         if watch is not None:
             await watch._fire(watch.reconnected)
 
-    auth: dict[str, Any] = {}
-    if creds is not None:
-        auth = {"user": creds.user, "password": creds.password,
-                "inbox_prefix": creds.inbox_prefix}  # fmt: skip
+    auth: dict[str, Any] = dict(creds.connect_options()) if creds is not None else {}
     # a TLS bus: the CA that signed the server's certificate (INFERBUS_NATS_TLS_CA)
     tls = tls_context(tls_ca or os.environ.get(TLS_CA_ENV, ""))
     if tls is not None:
@@ -106,6 +103,22 @@ async def connect(
     )
     connected = True
     return nc
+
+
+async def wait_accepted(nats_url: str, creds: BusCredentials, timeout: float = 10.0) -> None:
+    """Until every server of ``nats_url`` takes ``creds``: a server rereads its users on
+    reload quickly, not at once. BusAuthError past ``timeout``."""
+    for url in nats_url.split(","):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                nc = await connect(url, "inferbus-auth-check", creds)
+                await nc.close()
+                break
+            except BusAuthError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
 
 
 def request_headers(request_id: str, trace: dict[str, str] | None = None) -> dict[str, str]:

@@ -32,6 +32,10 @@ class BusCredentials(msgspec.Struct, kw_only=True, frozen=True):
     def inbox_prefix(self) -> str:
         return inbox_prefix(self.user)
 
+    def connect_options(self) -> dict[str, str]:
+        """nats-py ``connect`` keywords for this user."""
+        return {"user": self.user, "password": self.password, "inbox_prefix": self.inbox_prefix}
+
 
 def inbox_prefix(user: str) -> str:
     return f"_INBOX.{user}"

@@ -97,9 +97,7 @@ async def _connect(url: str) -> NatsClient:
     creds = credentials_from_env()
     if creds is None:
         return await connect(url)
-    return await connect(
-        url, user=creds.user, password=creds.password, inbox_prefix=creds.inbox_prefix
-    )
+    return await connect(url, **creds.connect_options())
 
 
 class Collector:

@@ -29,7 +29,7 @@ from inferbus.contracts import (
     tenant_reply_prefix,
 )
 from inferbus.shared.bus import BusAuthError, connect
-from inferbus.shared.buscreds import load_credentials
+from inferbus.shared.buscreds import BusCredentials, load_credentials
 from inferbus.shared.codec import decode, encode
 from inferbus.shared.natsserver import free_ports
 
@@ -102,8 +102,8 @@ async def test_no_credentials_no_bus(platform: Platform):
     with pytest.raises(BusAuthError):
         await connect(platform.nats_url, "anonymous")
     with pytest.raises(BusAuthError):
-        await connect(platform.nats_url, "forged", load_credentials(platform.creds("tenant-acme"))
-                      .__class__(user="tenant-acme", password="guess"))  # fmt: skip
+        forged = BusCredentials(user="tenant-acme", password="guess", tenant="acme")
+        await connect(platform.nats_url, "forged", forged)
 
 
 async def test_a_tenant_is_served_as_its_record_says_whatever_its_payload_claims(
