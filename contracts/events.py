@@ -46,6 +46,7 @@ __all__ = [
     "SchedulerLoad",
     "TraceDecided",
     "DecidedRequest",
+    "ScaleDecision",
 ]
 
 
@@ -393,3 +394,34 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     TenantPolicy,
     TraceDecided,
 )
+
+
+class ScaleDecision(Event, tag="scale.decision"):
+    """The autoscaler changed how many workers ``model`` should have, and why
+    (JetStream ``ib.scale.decided.<model>``, kept for audit). The gateway and the
+    scheduler also read it: a model being scaled from zero is one to wait for."""
+
+    model: str
+    desired: int
+    """Workers the model should have from now on."""
+    previous: int
+    """The target before this decision."""
+    ready: int = 0
+    """Ready workers when it was decided."""
+    reason: str = ""
+    """Why, in words: ``forecast``, ``panic``, ``scale from zero``, ``cooldown
+    passed``, ``idle``, with the figures behind it."""
+    forecast: float = 0.0
+    """Load expected ``lead_time_s`` ahead, in work tokens per second (prompt tokens
+    weighted by the model's prefill weight, plus output tokens)."""
+    observed: float = 0.0
+    """Load of the last stable window, same unit."""
+    capacity: float = 0.0
+    """Work tokens per second one worker is taken to sustain within the SLO."""
+    lead_time_s: float = 0.0
+    """How long a new worker for this model takes to be ready, as measured."""
+    panic: bool = False
+    stop_first: list[str] = []
+    """Scaling down: the workers to drain first (the least busy)."""
+    decided_at: float = 0.0
+    """Unix time."""

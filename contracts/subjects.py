@@ -41,6 +41,8 @@ __all__ = [
     "status_subject",
     "canary_subject",
     "CANARIES",
+    "scale_subject",
+    "SCALE_DECISIONS",
     "StreamSpec",
     "STREAMS",
     "HEADER_REQUEST_ID",
@@ -96,6 +98,10 @@ CANARIES = "ib.cfg.canary.*"
 _TENANT_POLICY = "ib.cfg.tenant.{tenant}"
 TENANT_POLICIES = "ib.cfg.tenant.*"
 _TENANT_REPLY = "ib.reply.tenant.{tenant}."
+
+_SCALE = "ib.scale.decided.{model}"
+SCALE_DECISIONS = "ib.scale.decided.*"
+"""ScaleDecision: the autoscaler's decisions, per model (JetStream IB_SCALE)."""
 
 HEADER_REQUEST_ID = "Ib-Request-Id"
 HEADER_TRACEPARENT = "traceparent"
@@ -163,6 +169,10 @@ def canary_subject(model: str) -> str:
     return _CANARY.format(model=subject_token(model))
 
 
+def scale_subject(model: str) -> str:
+    return _SCALE.format(model=subject_token(model))
+
+
 def status_subject(service: str) -> str:
     return _STATUS.format(service=service)
 
@@ -202,6 +212,12 @@ STREAMS: tuple[StreamSpec, ...] = (
         max_age_s=0,
         max_msgs_per_subject=1,
         description="settings services read at start and follow: the latest per subject",
+    ),
+    StreamSpec(
+        name="IB_SCALE",
+        subjects=("ib.scale.>",),
+        max_age_s=7 * 24 * 3600,
+        description="the autoscaler's decisions per model, with their reasons",
     ),
     StreamSpec(
         name="IB_DLQ",
