@@ -2,7 +2,7 @@
 
     python bench/autoscaler.py [--trace PATH ...] [--speedup-azure 1] [--speedup-mooncake 1]
         [--slo-s 2.0] [--cold-start-s 17,30] [--forecasters holt,trend,constant]
-        [--capacity-prior 0.5] [--peak-width-s 10] [--seed 0]
+        [--capacity-prior 0.5] [--seed 0]
 
 Each trace (../shared/traces: the Azure code trace and the Mooncake conversation trace,
 or any trace of either format) is time-compressed so the fleet must change size, and
@@ -399,18 +399,25 @@ def compare(path: Path, speedup: float, a: argparse.Namespace) -> dict[str, Any]
     results["static"] = {**static[1], "replicas": static[0]}
     results["reactive"] = run(reqs, Reactive(), a)
     results["dynamo"] = run(reqs, DynamoPlanner(capacity), a)
-    for forecaster in a.forecasters.split(","):
+    # given the worker's profile, as Dynamo's planner is (one row per forecaster), and
+    # learning it from a prior of --capacity-prior times it
+    runs = [(f, 1.0) for f in a.forecasters.split(",")] + [
+        (a.forecasters.split(",")[0], a.capacity_prior)
+    ]
+    for forecaster, prior in runs:
         scaling = ModelScaling(
             min_replicas=1,
             max_replicas=64,
             ttft_slo_s=a.slo_s,
-            worker_capacity=capacity * a.capacity_prior,
+            worker_capacity=capacity * prior,
             prefill_weight=PREFILL_WEIGHT,
             cold_start_s=30.0,
             forecaster=forecaster,
-            peak_width_s=a.peak_width_s,
+            burst_window_s=a.burst_window_s,
+            history_s=max(300.0, a.burst_window_s),
         )
-        results[f"inferbus/{forecaster}"] = run(reqs, Inferbus(scaling), a)
+        label = f"inferbus/{forecaster}" + ("" if prior == 1.0 else f" prior {prior:g}x")
+        results[label] = run(reqs, Inferbus(scaling), a)
     for r in results.values():
         r["cost_vs_static"] = round(r["replica_s"] / results["static"]["replica_s"], 3)
     return results
@@ -434,14 +441,17 @@ def main() -> None:
     )
     p.add_argument("--cold-start-s", default="17,30", help="range a cold start is drawn from")
     p.add_argument(
-        "--forecasters", default="holt,trend,constant", help="inferbus rows, one per forecaster"
+        "--forecasters",
+        default="trend,holt,constant,statsforecast",
+        help="inferbus rows, one per forecaster (statsforecast: pip install statsforecast)",
     )
-    p.add_argument("--peak-width-s", type=float, default=10.0, help="inferbus's peak_width_s")
+    p.add_argument("--burst-window-s", type=float, default=300.0, help="inferbus's")
     p.add_argument(
         "--capacity-prior",
         type=float,
         default=0.5,
-        help="inferbus starts from this share of the worker's profiled capacity and learns",
+        help="the last inferbus row starts from this share of the worker's profiled "
+        "capacity and learns it",
     )
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
@@ -460,12 +470,12 @@ def main() -> None:
         out[path.name] = {"speedup": speedup, "slo_s": slo, **res}
         print(f"\n{path.name} (time compressed {speedup:g}x), TTFT SLO {slo:g} s")
         print(
-            f"{'policy':<19}{'within SLO':>11}{'p95 ok min':>11}{'replica-s':>11}"
+            f"{'policy':<26}{'within SLO':>11}{'p95 ok min':>11}{'replica-s':>11}"
             f"{'vs static':>10}{'scale events':>13}"
         )
         for name, r in res.items():
             print(
-                f"{name:<19}{r['within_slo']:>11.2%}{r['minutes_p95_ok']:>11.2%}"
+                f"{name:<26}{r['within_slo']:>11.2%}{r['minutes_p95_ok']:>11.2%}"
                 f"{r['replica_s']:>11,}{r['cost_vs_static']:>10.2f}{r['scale_events']:>13}"
             )
         sys.stdout.flush()

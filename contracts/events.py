@@ -47,6 +47,7 @@ __all__ = [
     "TraceDecided",
     "DecidedRequest",
     "ScaleDecision",
+    "ScalingStatus",
 ]
 
 
@@ -425,3 +426,16 @@ class ScaleDecision(Event, tag="scale.decision"):
     """Scaling down: the workers to drain first (the least busy)."""
     decided_at: float = 0.0
     """Unix time."""
+
+
+class ScalingStatus(Event, tag="scale.status"):
+    """The autoscaler's models and their targets, a few times a minute (core NATS,
+    ``ib.scaling.status``). While it is heard, a model in it with no ready worker is
+    one being started: the gateway lets its requests in and the scheduler holds them
+    up to its ``cold_start_wait_s`` (and their deadline) instead of refusing them."""
+
+    autoscaler_id: str
+    targets: dict[str, int] = {}
+    sent_at: float = 0.0
+    interval_s: float = 5.0
+    """How often it is sent; a reader treats silence past three as the autoscaler gone."""

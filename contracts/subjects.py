@@ -43,6 +43,7 @@ __all__ = [
     "CANARIES",
     "scale_subject",
     "SCALE_DECISIONS",
+    "SCALING_STATUS",
     "StreamSpec",
     "STREAMS",
     "HEADER_REQUEST_ID",
@@ -102,6 +103,8 @@ _TENANT_REPLY = "ib.reply.tenant.{tenant}."
 _SCALE = "ib.scale.decided.{model}"
 SCALE_DECISIONS = "ib.scale.decided.*"
 """ScaleDecision: the autoscaler's decisions, per model (JetStream IB_SCALE)."""
+SCALING_STATUS = "ib.scaling.status"
+"""ScalingStatus: the models the autoscaler sizes and their targets (core NATS)."""
 
 HEADER_REQUEST_ID = "Ib-Request-Id"
 HEADER_TRACEPARENT = "traceparent"

@@ -12,9 +12,12 @@ and cancel subjects and its own replies; JetStream's API only as far as each nee
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import re
 import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -153,11 +156,31 @@ class Registry:
     @classmethod
     def open(cls, folder: Path) -> Registry:
         reg = cls(folder)
-        path = folder / "users.json"
+        reg.reload()
+        return reg
+
+    def reload(self) -> None:
+        """Read the users again: other processes (``inferbus creds``, ``inferbus up``)
+        change them too."""
+        path = self.folder / "users.json"
+        self.users = {}
         if path.exists():
             for u in msgspec.json.decode(path.read_bytes(), type=list[User]):
-                reg.users[u.user] = u
-        return reg
+                self.users[u.user] = u
+
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[None]:
+        """One writer at a time across processes, each starting from what is on disk:
+        a change made from a stale copy would drop another process's users (a tenant
+        made by ``inferbus creds new`` lost when ``inferbus up`` adds a worker)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / "users.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                self.reload()
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def creds_path(self, user: str) -> Path:
         return self.folder / "creds" / f"{user}.json"
@@ -167,20 +190,22 @@ class Registry:
     ) -> Path:
         """The user's credentials file, made (with a new password) when missing."""
         path = self.creds_path(user)
-        if user in self.users and path.exists():
-            return path
-        password = secrets.token_urlsafe(24)
-        self.users[user] = User(
-            user=user, role=role, name=name, service=service, password_hash=_hash(password)
-        )
-        write_credentials(path, BusCredentials(user=user, password=password, tenant=tenant))
-        self.save()
+        with self._changing():
+            if user in self.users and path.exists():
+                return path
+            password = secrets.token_urlsafe(24)
+            self.users[user] = User(
+                user=user, role=role, name=name, service=service, password_hash=_hash(password)
+            )
+            write_credentials(path, BusCredentials(user=user, password=password, tenant=tenant))
+            self.save()
         return path
 
     def remove(self, user: str) -> bool:
-        found = self.users.pop(user, None) is not None
-        self.creds_path(user).unlink(missing_ok=True)
-        self.save()
+        with self._changing():
+            found = self.users.pop(user, None) is not None
+            self.creds_path(user).unlink(missing_ok=True)
+            self.save()
         return found
 
     def save(self) -> None:
@@ -244,6 +269,11 @@ class Registry:
         return self.folder / "nats.conf"
 
     def write_server_config(self, service_perms: dict[str, Permissions]) -> Path:
+        """The server's users as they are on disk now (not as this copy last saw them)."""
+        with self._changing():
+            return self._write_server_config(service_perms)
+
+    def _write_server_config(self, service_perms: dict[str, Permissions]) -> Path:
         path = self.config_path
         tmp = path.with_suffix(".tmp")
         tmp.write_text(self.server_config(service_perms))

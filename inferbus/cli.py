@@ -131,6 +131,18 @@ def main(creds: str | None) -> None:
     show_default=True,
     help="Its name on the control subject ib.sup.<name>.control (inferbus ps / scale).",
 )
+@click.option(
+    "--autoscale",
+    is_flag=True,
+    help="Run the autoscaler: it starts and drains workers as the load asks "
+    "(from --workers, between its --min-replicas and --max-replicas).",
+)
+@click.option(
+    "--autoscaler-arg",
+    "autoscaler_args",
+    multiple=True,
+    help="Extra flag for the autoscaler, e.g. --autoscaler-arg=--max-replicas=4",
+)
 def up(
     engine: str,
     model: str | None,
@@ -151,6 +163,8 @@ def up(
     nats_cluster: int,
     open_bus: bool,
     supervisor: str,
+    autoscale: bool,
+    autoscaler_args: tuple[str, ...],
 ) -> None:
     """Start the whole platform on this machine."""
     from inferbus.up import Options, run
@@ -177,6 +191,8 @@ def up(
                 open_bus=open_bus,
                 nats_cluster=nats_cluster,
                 nats_tls_dir=nats_tls_dir,
+                autoscale=autoscale,
+                autoscaler_args=list(autoscaler_args),
             )
         )
     )

@@ -21,11 +21,14 @@ from inferbus.contracts import (
     CANCEL,
     ENDED,
     HEARTBEATS,
+    SCALE_DECISIONS,
+    SCALING_STATUS,
     SCHEDULER_LOAD,
     STARTED,
     SUBMIT,
     TENANT_CANCELS,
 )
+from inferbus.contracts.control import SUPERVISORS
 
 if TYPE_CHECKING:
     from inferbus.shared.config import ServiceSettings
@@ -90,7 +93,7 @@ SERVICES: tuple[ServiceEntry, ...] = (
     _entry("gateway", "Gateway", start_order=9, stop_order=1, port_offset=None,
            container_port=8000, permissions=Permissions(
                publish=(SUBMIT, CANCEL),
-               subscribe=(gateway_replies(), HEARTBEATS, SCHEDULER_LOAD))),
+               subscribe=(gateway_replies(), HEARTBEATS, SCHEDULER_LOAD, SCALING_STATUS))),
     _entry("sanitizer", "Sanitizer", start_order=1, stop_order=2, port_offset=1,
            permissions=JS_CONSUME + REPLIES + Permissions(
                publish=(ACCEPTED, ENDED),
@@ -100,7 +103,7 @@ SERVICES: tuple[ServiceEntry, ...] = (
            permissions=JS_CONSUME + REPLIES + Permissions(
                publish=("ib.work.>", ENDED, SCHEDULER_LOAD),
                subscribe=("ib.deliver.scheduler-accepted", "ib.deliver.scheduler-ended",
-                          HEARTBEATS, STARTED, CANCEL, TENANT_CANCELS))),
+                          HEARTBEATS, STARTED, CANCEL, TENANT_CANCELS, SCALING_STATUS))),
     # workers at base+10, base+11, ... (one port each); a worker's user may publish its
     # own instance's heartbeats and KV events, and read its own work only
     _entry("worker", "Worker", start_order=3, stop_order=3, port_offset=10, scalable=True,
@@ -110,6 +113,13 @@ SERVICES: tuple[ServiceEntry, ...] = (
                         "$JS.API.CONSUMER.INFO.IB_WORK.*", "$JS.API.CONSUMER.DELETE.IB_WORK.*",
                         "$JS.ACK.IB_WORK.>"),
                subscribe=(CANCEL, TENANT_CANCELS))),
+    # off by default (`inferbus up --autoscale`); stops with the gateway, so the others'
+    # shutdown is not load it reacts to
+    _entry("autoscaler", "Autoscaler", start_order=4, stop_order=1, port_offset=3,
+           in_up=False,
+           permissions=JS_CONSUME + Permissions(
+               publish=(SCALE_DECISIONS, SCALING_STATUS, SUPERVISORS),
+               subscribe=(HEARTBEATS, STARTED, SCHEDULER_LOAD))),
 )  # fmt: skip
 
 MAX_INSTANCES = 90

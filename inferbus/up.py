@@ -85,6 +85,9 @@ class Options:
     """Embedded nats-servers: 3 makes a cluster whose streams keep 3 copies, so the
     platform serves on when one node is lost."""
     restart: RestartPolicy = field(default_factory=RestartPolicy)
+    autoscale: bool = False
+    """Run the autoscaler, scaling this platform's workers through the supervisor."""
+    autoscaler_args: list[str] = field(default_factory=list)
 
 
 def _say(text: str) -> None:
@@ -146,6 +149,9 @@ class Platform:
             env = {**env, CREDS_ENV: str(self.auth.service(entry.name, spec.name))}
         if entry.name == "worker":
             argv += self._engine_args()
+        if entry.name == "autoscaler":
+            argv += ["--models", f"{self.model}=worker", "--supervisor", self.o.supervisor]
+            argv += ["--max-replicas", str(max(4, self.o.workers))] + self.o.autoscaler_args
         if entry.name == "gateway":
             argv += ["--http-host", self.o.host]
             env = self._gateway_env(argv, env)
@@ -215,7 +221,7 @@ class Up:
     def initial_specs(self) -> list[ProcessSpec]:
         specs = []
         for entry in servicetable.by_start_order():
-            if entry.in_up:
+            if entry.in_up or (entry.name == "autoscaler" and self.o.autoscale):
                 count = self.o.workers if entry.name == "worker" else entry.instances
                 specs += [self.platform.spec(entry, i) for i in range(count)]
         return specs

@@ -215,6 +215,41 @@ HEARTBEAT_AGE = Gauge(
     ["worker"],
 )
 
+# -- autoscaler ---------------------------------------------------------------------
+AUTOSCALER_DESIRED = Gauge(
+    "inferbus_autoscaler_desired_replicas", "Workers the autoscaler wants per model", ["model"]
+)
+AUTOSCALER_READY = Gauge(
+    "inferbus_autoscaler_ready_replicas", "Ready workers the autoscaler sees per model", ["model"]
+)
+AUTOSCALER_LOAD = Gauge(
+    "inferbus_autoscaler_load_tokens_per_second",
+    "Work tokens per second per model: observed over the stable window, the short (panic) "
+    "window, and forecast one lead time ahead",
+    ["model", "kind"],
+)
+AUTOSCALER_CAPACITY = Gauge(
+    "inferbus_autoscaler_worker_capacity_tokens_per_second",
+    "Work tokens per second one worker is taken to sustain within the SLO (learned)",
+    ["model"],
+)
+AUTOSCALER_LEAD_TIME = Gauge(
+    "inferbus_autoscaler_lead_time_seconds",
+    "Measured time from a scale-up decision to the new worker ready",
+    ["model"],
+)
+AUTOSCALER_PANIC = Gauge(
+    "inferbus_autoscaler_panic", "1 while the model's panic window holds", ["model"]
+)
+AUTOSCALER_DECISIONS = Counter(
+    "inferbus_autoscaler_decisions_total", "Scale decisions per model", ["model", "direction"]
+)
+AUTOSCALER_ACTUATION_ERRORS = Counter(
+    "inferbus_autoscaler_actuation_errors_total",
+    "Decisions an actuator failed to carry out (retried each tick)",
+    ["model"],
+)
+
 # -- tracing ------------------------------------------------------------------------
 TRACES = Counter(
     "inferbus_traces_total",

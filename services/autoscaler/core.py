@@ -61,7 +61,10 @@ class ModelScaling(msgspec.Struct, kw_only=True, frozen=True):
     pass): the unit of load is ``prefill_weight * prompt + output`` tokens."""
     cold_start_s: float = 30.0
     """A new worker's start-up time until one has been measured."""
-    forecaster: str = "holt"
+    forecaster: str = "trend"
+    """constant, holt, trend or statsforecast (services/autoscaler/forecast.py); trend by
+    default: bench/autoscaler.py found it the best on the public traces, where Holt
+    extrapolates bursts; Holt anticipates smooth ramps sooner."""
     forecast: ForecastSettings = ForecastSettings()
     stable_window_s: float = 60.0
     panic_window_s: float = 6.0
@@ -70,12 +73,12 @@ class ModelScaling(msgspec.Struct, kw_only=True, frozen=True):
     idle_to_zero_s: float = 300.0
     """With ``min_replicas`` 0: no request for this long scales the model to zero."""
     history_s: float = 300.0
-    peak_window_s: float = 300.0
-    """Keep room for the busiest ``peak_width_s`` seen in this window (0: off). Bursts
-    from a quiet fleet outrun any forecast and any cold start: what came lately may come
-    again."""
-    peak_width_s: float = 10.0
-    """Shorter keeps room for sharper bursts, at the cost of sizing on noise."""
+    burst_window_s: float = 300.0
+    """Keep room for the bursts seen in this window (0: off): bursts from a quiet fleet
+    outrun any forecast and any cold start, and what came lately may come again. A
+    burst is sized by what the SLO allows: the work that arrived in any stretch of w
+    seconds must be done within w plus the TTFT SLO, so a short burst may queue through
+    and a long one may not."""
 
 
 class AutoscalerPolicy(msgspec.Struct, kw_only=True, frozen=True):
@@ -152,7 +155,14 @@ class AutoscalerCore:
                 )
             self.models[name] = _ModelState(
                 spec=spec,
-                forecaster=make_forecaster(spec.forecaster, spec.forecast),
+                forecaster=make_forecaster(
+                    spec.forecaster,
+                    spec.forecast
+                    if spec.forecast.constant_window_s
+                    else msgspec.structs.replace(
+                        spec.forecast, constant_window_s=spec.stable_window_s
+                    ),
+                ),
                 target=spec.min_replicas,
                 started=now,
                 capacity=spec.worker_capacity,
@@ -161,7 +171,14 @@ class AutoscalerCore:
             )
         self._flights: dict[str, tuple[str, _Flight]] = {}
         self._workers: dict[str, tuple[WorkerHeartbeat, float]] = {}
+        self._first_seen: dict[str, float] = {}
         self._ready_ids: dict[str, set[str]] = {m: set() for m in self.models}
+
+    def set_target(self, model: str, replicas: int) -> None:
+        """What the platform runs now, as the actuator reports it at start (not a
+        decision: nothing changes)."""
+        m = self.models[model]
+        m.target = max(0, replicas)
 
     # -- what the bus carries ---------------------------------------------------------
 
@@ -212,6 +229,9 @@ class AutoscalerCore:
             m.saturated_now = True
 
     def on_heartbeat(self, hb: WorkerHeartbeat, now: float) -> None:
+        first_seen = self._first_seen.setdefault(hb.worker_id, now)
+        if len(self._first_seen) > 10_000:  # workers come and go for months
+            self._first_seen.pop(next(iter(self._first_seen)))
         if hb.state in ("stopped", "failed"):
             self._workers.pop(hb.worker_id, None)
         else:
@@ -223,7 +243,8 @@ class AutoscalerCore:
             ready = self._ready_ids[model]
             if hb.state == "ready" and hb.worker_id not in ready:
                 ready.add(hb.worker_id)
-                if m.pending_starts:  # a worker this autoscaler asked for is ready
+                # a worker first heard after a scale-up is one that scale-up started
+                if m.pending_starts and first_seen >= m.pending_starts[0]:
                     m.lead_samples.append(now - m.pending_starts.popleft())
             elif hb.state != "ready":
                 ready.discard(hb.worker_id)
@@ -309,21 +330,22 @@ class AutoscalerCore:
         stable_n = max(1, round(spec.stable_window_s))
         observed = sum(series[-stable_n:]) / min(stable_n, max(1, len(series)))
         forecast = m.forecaster.predict(series, 1.0, lead + self.policy.tick_s) if series else 0.0
-        peak = (
-            _peak(series[-round(spec.peak_window_s) :], max(1, round(spec.peak_width_s)))
-            if spec.peak_window_s
-            else 0.0
+        burst, width = (
+            _burst(series[-round(spec.burst_window_s) :], spec.ttft_slo_s)
+            if spec.burst_window_s
+            else (0.0, 0)
         )
-        planned = max(observed, forecast, peak)
+        planned = max(observed, forecast, burst)
         need = math.ceil(planned / per_worker - 1e-9)
         reason = (
             f"forecast: {forecast:.0f} tok/s in {lead:.0f}s, {observed:.0f} over the last "
             f"{spec.stable_window_s:.0f}s, {per_worker:.0f} per worker"
         )
-        if peak > max(observed, forecast):
+        if burst > max(observed, forecast):
             reason = (
-                f"recent peak: {peak:.0f} tok/s over {spec.peak_width_s:.0f}s in the last "
-                f"{spec.peak_window_s:.0f}s, {per_worker:.0f} per worker"
+                f"recent burst: {burst * (width + spec.ttft_slo_s):.0f} tokens of work in "
+                f"{width}s within the last {spec.burst_window_s:.0f}s, to be done within "
+                f"{width}s + the {spec.ttft_slo_s:g}s SLO, {per_worker:.0f} per worker"
             )
         # panic: the short window outruns what the ready fleet sustains
         sustain = ready * m.capacity
@@ -440,16 +462,26 @@ class AutoscalerCore:
         m.window_saturated_ticks = 0
 
 
-def _peak(series: list[float], width: int) -> float:
-    """The highest mean of ``width`` consecutive buckets."""
-    if len(series) < width:
-        return sum(series) / width if series else 0.0
-    run = sum(series[:width])
-    best = run
-    for i in range(width, len(series)):
-        run += series[i] - series[i - width]
-        best = max(best, run)
-    return best / width
+BURST_WIDTHS = (1, 2, 3, 5, 10, 20, 30, 60, 120)
+
+
+def _burst(series: list[float], slo_s: float) -> tuple[float, int]:
+    """The rate that serves every stretch of the series within its length plus the SLO:
+    the highest (work in w seconds) / (w + slo_s) over the widths and positions, and its
+    width. A steady rate r gives about r; a burst of W at once gives W / slo_s."""
+    best, best_w = 0.0, 0
+    for w in BURST_WIDTHS:
+        if w > len(series):
+            break
+        run = sum(series[:w])
+        top = run
+        for i in range(w, len(series)):
+            run += series[i] - series[i - w]
+            top = max(top, run)
+        rate = top / (w + slo_s)
+        if rate > best:
+            best, best_w = rate, w
+    return best, best_w
 
 
 def _approx_tokens(req: object) -> int:

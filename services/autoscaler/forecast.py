@@ -5,7 +5,8 @@ seconds (oldest first), as a rate (work per second). Every forecaster is pure an
 chosen by name (``make_forecaster``); the benchmark (bench/autoscaler.py) runs them
 side by side.
 
-- ``constant``: the mean of the last ``window_s`` (the stable window), as Dynamo's
+- ``constant``: the mean of the last ``constant_window_s`` (by default the stable
+  window), as Dynamo's
   planner's constant predictor and Knative's autoscaler do.
 - ``holt``: exponential smoothing with a damped trend (Gardner and McKenzie), fitted
   on the whole history: follows a ramp ahead instead of lagging it by a window, and
@@ -33,15 +34,15 @@ class Forecaster(Protocol):
 
 
 class ForecastSettings(msgspec.Struct, kw_only=True, frozen=True):
-    window_s: float = 60.0
-    """constant: the window it averages."""
-    alpha: float = 0.5
+    constant_window_s: float = 0.0
+    """constant: the window it averages; 0: the model's stable window."""
+    holt_alpha: float = 0.5
     """holt: level smoothing (higher follows the last buckets more)."""
-    beta: float = 0.3
+    holt_beta: float = 0.3
     """holt: trend smoothing."""
-    phi: float = 0.98
+    holt_phi: float = 0.98
     """holt: trend damping per step (1 is an undamped line)."""
-    step_s: float = 5.0
+    forecast_step_s: float = 5.0
     """holt, trend, statsforecast: buckets are averaged into steps this long first."""
     trend_window_s: float = 120.0
     """trend: the span its line is fitted on."""
@@ -64,10 +65,10 @@ class Constant:
     name = "constant"
 
     def __init__(self, settings: ForecastSettings) -> None:
-        self.window_s = settings.window_s
+        self.window_s = settings.constant_window_s
 
     def predict(self, series: Sequence[float], bucket_s: float, horizon_s: float) -> float:
-        n = max(1, round(self.window_s / bucket_s))
+        n = max(1, round((self.window_s or 60.0) / bucket_s))
         recent = series[-n:]
         return sum(recent) / len(recent) if recent else 0.0
 
@@ -79,18 +80,18 @@ class Holt:
         self.s = settings
 
     def predict(self, series: Sequence[float], bucket_s: float, horizon_s: float) -> float:
-        ys = _steps(series, bucket_s, self.s.step_s)
+        ys = _steps(series, bucket_s, self.s.forecast_step_s)
         if not ys:
             return 0.0
         if len(ys) == 1:
             return max(0.0, ys[0])
-        a, b, phi = self.s.alpha, self.s.beta, self.s.phi
+        a, b, phi = self.s.holt_alpha, self.s.holt_beta, self.s.holt_phi
         level, trend = ys[0], ys[1] - ys[0]
         for y in ys[1:]:
             prev = level
             level = a * y + (1 - a) * (prev + phi * trend)
             trend = b * (level - prev) + (1 - b) * phi * trend
-        h = max(1, round(horizon_s / self.s.step_s))
+        h = max(1, round(horizon_s / self.s.forecast_step_s))
         damped = sum(phi**i for i in range(1, h + 1))
         return max(0.0, level + damped * trend)
 
@@ -107,8 +108,8 @@ class Trend:
         self.s = settings
 
     def predict(self, series: Sequence[float], bucket_s: float, horizon_s: float) -> float:
-        ys = _steps(series, bucket_s, self.s.step_s)[
-            -max(2, round(self.s.trend_window_s / self.s.step_s)) :
+        ys = _steps(series, bucket_s, self.s.forecast_step_s)[
+            -max(2, round(self.s.trend_window_s / self.s.forecast_step_s)) :
         ]
         if len(ys) < 3:
             return Constant(self.s).predict(series, bucket_s, horizon_s)
@@ -118,7 +119,7 @@ class Trend:
         slope = slopes[len(slopes) // 2]
         intercepts = sorted(y - slope * x for x, y in enumerate(ys))
         intercept = intercepts[len(intercepts) // 2]
-        x = len(ys) - 1 + horizon_s / self.s.step_s
+        x = len(ys) - 1 + horizon_s / self.s.forecast_step_s
         return max(0.0, intercept + slope * x)
 
 
@@ -141,10 +142,10 @@ class StatsForecast:
     def predict(self, series: Sequence[float], bucket_s: float, horizon_s: float) -> float:
         import numpy as np
 
-        ys = _steps(series, bucket_s, self.s.step_s)
+        ys = _steps(series, bucket_s, self.s.forecast_step_s)
         if len(ys) < 8 or max(ys) == min(ys):
             return Constant(self.s).predict(series, bucket_s, horizon_s)
-        h = max(1, round(horizon_s / self.s.step_s))
+        h = max(1, round(horizon_s / self.s.forecast_step_s))
         fit = self._model(model="ZZN").fit(np.asarray(ys, dtype=float))
         return max(0.0, float(fit.predict(h=h)["mean"][-1]))
 

@@ -18,6 +18,7 @@ from inferbus.contracts import (
     RequestRejected,
     RequestSubmitted,
     SamplingParams,
+    ScalingStatus,
     SchedulerLoad,
     WorkerHeartbeat,
     http_status,
@@ -452,6 +453,16 @@ class ModelRegistry:
         their heartbeats held up by a NATS outage) it is 503, retryable, not 404."""
         self._workers: dict[str, tuple[WorkerHeartbeat, float]] = {}
         self._known: dict[str, float] = {}
+        self._scaled: dict[str, float] = {}
+        """Models the autoscaler sizes → until when its word holds."""
+
+    def on_scaling(self, status: ScalingStatus, now: float) -> None:
+        for model in status.targets:
+            self._scaled[model] = now + 3 * status.interval_s
+
+    def scaled(self, model: str, now: float) -> bool:
+        """The autoscaler sizes it: with no worker ready, one is being started."""
+        return now < self._scaled.get(model, 0.0)
 
     def on_heartbeat(self, hb: WorkerHeartbeat, now: float) -> None:
         for m in hb.models:
@@ -471,6 +482,8 @@ class ModelRegistry:
     def admit(self, model: str, now: float, max_tokens: int = 0) -> None:
         """Raise the HTTP error for a model no live worker can serve right now."""
         ready = self.models(now).get(model)
+        if not ready and self.scaled(model, now):
+            return  # it waits in the scheduler's queue while a worker starts (bounded)
         if ready is None and self.known(model, now):
             ready = 0
         if ready is None:

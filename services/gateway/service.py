@@ -19,6 +19,7 @@ from inferbus.contracts import (
     GATEWAY_REPLY_OWNER,
     HEARTBEATS,
     REPLY_PREFIX,
+    SCALING_STATUS,
     SCHEDULER_LOAD,
     SUBMIT,
     CancelRequest,
@@ -28,6 +29,7 @@ from inferbus.contracts import (
     RequestFailed,
     RequestFinished,
     RequestSubmitted,
+    ScalingStatus,
     SchedulerLoad,
     TokenChunk,
     WorkerHeartbeat,
@@ -145,6 +147,7 @@ class GatewayService(Service[GatewaySettings]):
             ),
             await ctx.nc.subscribe(HEARTBEATS, cb=self._on_heartbeat),
             await ctx.nc.subscribe(SCHEDULER_LOAD, cb=self._on_load),
+            await ctx.nc.subscribe(SCALING_STATUS, cb=self._on_scaling),
         ]
         ctx.connection.disconnected.append(self._on_bus_lost)
         ctx.connection.reconnected.append(self._on_bus_back)
@@ -200,6 +203,11 @@ class GatewayService(Service[GatewaySettings]):
         event = await self._ctx.dead_letters.decode(msg, ReplyEvent)
         if event is not None:
             queue.put_nowait(event)
+
+    async def _on_scaling(self, msg: Msg) -> None:
+        status = decode_or_none(msg.data, ScalingStatus)
+        if status is not None:
+            self.registry.on_scaling(status, time.monotonic())
 
     async def _on_load(self, msg: Msg) -> None:
         load = decode_or_none(msg.data, SchedulerLoad)

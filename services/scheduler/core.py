@@ -35,6 +35,9 @@ class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
     """A worker silent this long is lost (at least three heartbeat intervals)."""
     queue_timeout_s: float = 30.0
     """A request no worker could take for this long fails with ``no_worker``."""
+    cold_start_wait_s: float = 180.0
+    """For a model the autoscaler is starting a worker for (none ready yet), requests
+    wait up to this long instead (and never past their deadline)."""
     max_attempts: int = 3
     remember_ended: int = 100_000
     max_queue_per_model: int = 1000
@@ -204,6 +207,8 @@ class SchedulerCore:
         """Prefix blocks of routed requests, and those already on the chosen worker."""
         self._dispatched: dict[str, int] = {}
         self._rates: dict[str, tuple[float, int, float]] = {}
+        self._scaling: dict[str, tuple[int, float]] = {}
+        """Model → (the autoscaler's target, until when that word holds)."""
         """model → (time, dispatched count, smoothed dispatch rate) at the last load()."""
 
     # -- inputs ----------------------------------------------------------------------
@@ -408,12 +413,20 @@ class SchedulerCore:
             if now - since > self.policy.worker_timeout_s:
                 self.kv.drop_worker(wid)
                 del self._kv_orphans[wid]
-        limit = self.policy.queue_timeout_s
+        live = self.live_models()
 
-        def expired(item: Queued) -> bool:
-            return now - item.since > limit or now >= item.deadline
+        def limit_for(model: str) -> float:
+            _, until = self._scaling.get(model, (0, 0.0))
+            if now < until and not live.get(model):  # the autoscaler is starting one
+                return max(self.policy.queue_timeout_s, self.policy.cold_start_wait_s)
+            return self.policy.queue_timeout_s
 
-        for q in self.queues.values():
+        for model, q in self.queues.items():
+            limit = limit_for(model)
+
+            def expired(item: Queued, limit: float = limit) -> bool:
+                return now - item.since > limit or now >= item.deadline
+
             # a full scan: re-queued work sits at the front with a newer ``since``
             if any(expired(item) for item in q):
                 for item in q.drop_where(expired):
@@ -422,7 +435,7 @@ class SchedulerCore:
                     effects.append(
                         self._deadline_fail(item.request, "while queued")
                         if now >= item.deadline
-                        else self._timed_out(item.request)
+                        else self._timed_out(item.request, limit)
                     )
         return effects + self._dispatch(now)
 
@@ -485,6 +498,12 @@ class SchedulerCore:
         rate = instant if rate == 0.0 else 0.7 * rate + 0.3 * instant
         self._rates[model] = (now, count, rate)
         return rate
+
+    def on_scaling(self, targets: dict[str, int], now: float, valid_s: float) -> None:
+        """The autoscaler's targets, good for ``valid_s``: a model it sizes that has no
+        worker is one it is starting, so its queue waits the cold-start bound."""
+        for model, target in targets.items():
+            self._scaling[model] = (target, now + valid_s)
 
     def live_models(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -552,8 +571,8 @@ class SchedulerCore:
             request, FailureCode.DEADLINE_EXCEEDED, f"the request's deadline passed {where}"
         )
 
-    def _timed_out(self, request: RequestSubmitted) -> Fail:
-        wait = f"{self.policy.queue_timeout_s:g}s"
+    def _timed_out(self, request: RequestSubmitted, limit: float) -> Fail:
+        wait = f"{limit:g}s"
         if self.live_models().get(request.model):
             return Fail.of(
                 request,

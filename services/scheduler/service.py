@@ -16,6 +16,7 @@ from inferbus.contracts import (
     ENDED,
     HEARTBEATS,
     KV_EVENTS,
+    SCALING_STATUS,
     SCHEDULER_LOAD,
     STARTED,
     TENANT_CANCELS,
@@ -26,6 +27,7 @@ from inferbus.contracts import (
     RequestCancelled,
     RequestFailed,
     RequestStarted,
+    ScalingStatus,
     SchedulerLoad,
     Terminal,
     WorkAssigned,
@@ -120,6 +122,7 @@ class SchedulerService(Service[SchedulerSettings]):
         self._subs = [
             await nc.subscribe(HEARTBEATS, cb=self._on_heartbeat),
             await nc.subscribe(STARTED, cb=self._on_started),
+            await nc.subscribe(SCALING_STATUS, cb=self._on_scaling),
             await nc.subscribe(CANCEL, cb=self._on_cancel),
             await nc.subscribe(TENANT_CANCELS, cb=self._on_cancel),
             await consume(nc, ENDED_CONSUMER, self._on_ended),
@@ -192,6 +195,13 @@ class SchedulerService(Service[SchedulerSettings]):
             await msg.nak()
 
     # -- inputs ----------------------------------------------------------------------
+
+    async def _on_scaling(self, msg: Msg) -> None:
+        try:
+            status = decode(msg.data, ScalingStatus)
+        except DecodeError:
+            return  # the autoscaler's own word; a bad one changes nothing here
+        self.core.on_scaling(status.targets, time.monotonic(), 3 * status.interval_s)
 
     async def _on_accepted(self, msg: Msg) -> None:
         assert self._ctx

@@ -18,6 +18,7 @@ import yaml
 from inferbus.shared.natsserver import free_port
 
 from .conftest import MODEL, SLOW_MODEL
+from .procs import ServiceProcess, start_all
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = [
@@ -41,12 +42,27 @@ NEEDS_MORE = {
 
 
 @pytest.fixture
-def prometheus(platform, tmp_path):
+def autoscaler(nats_url: str, log_dir):
+    """An autoscaler that decides and records only, for a model of its own (the other
+    tests' models stay unmanaged)."""
+    proc = ServiceProcess(
+        "autoscaler", nats_url, log_dir, "--models", "autoscaled-model=worker",
+        "--actuator", "none", "--status-interval-s", "0.5",
+    )  # fmt: skip
+    start_all([proc])
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def prometheus(platform, autoscaler, tmp_path):
+    targets = {**platform, "autoscaler": autoscaler}
     jobs = {
         "inferbus-gateway": ["gateway"],
         "inferbus-sanitizer": ["sanitizer"],
         "inferbus-scheduler": ["scheduler"],
         "inferbus-worker": ["worker", "slow-worker"],
+        "inferbus-autoscaler": ["autoscaler"],
     }
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -55,7 +71,7 @@ def prometheus(platform, tmp_path):
             {
                 "job_name": job,
                 "static_configs": [
-                    {"targets": [f"127.0.0.1:{platform[name].http_port}" for name in names]}
+                    {"targets": [f"127.0.0.1:{targets[name].http_port}" for name in names]}
                 ],
             }
             for job, names in jobs.items()
@@ -123,13 +139,13 @@ async def test_every_dashboard_panel_shows_the_running_platform(platform, promet
         while time.monotonic() < deadline:  # up, and a first scrape of every target
             try:
                 up = await query(http, prometheus, "up")
-                if len(up) == 5 and all(s["value"][1] == "1" for s in up):
+                if len(up) == 6 and all(s["value"][1] == "1" for s in up):
                     break
             except aiohttp.ClientError:
                 pass
             await asyncio.sleep(0.5)
         else:
-            pytest.fail("prometheus never scraped the five services")
+            pytest.fail("prometheus never scraped the six services")
         for _ in range(3):  # rates need two samples of a change
             await traffic(platform["gateway"].base)
             await asyncio.sleep(1.5)

@@ -75,7 +75,12 @@ class Platform:
     credentials for watching and killing."""
 
     def __init__(
-        self, state: Path, workers: int = 2, decode_s: float = 0.01, nats_cluster: int = 1
+        self,
+        state: Path,
+        workers: int = 2,
+        decode_s: float = 0.01,
+        nats_cluster: int = 1,
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.state = state
         self.port, nats_port = free_ports(2)
@@ -88,7 +93,7 @@ class Platform:
              "--workers", str(workers), "--metrics-port-base",
              str(random.randrange(20000, 32000, 100)),
              f"--worker-arg=--sim-decode-s-per-step={decode_s}",
-             "--nats-cluster", str(nats_cluster)],
+             "--nats-cluster", str(nats_cluster), *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "NATS_URL": ""},
         )  # fmt: skip

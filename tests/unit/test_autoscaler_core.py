@@ -177,7 +177,7 @@ def test_constant_and_robust_trend_lag_a_ramp_that_holt_meets() -> None:
     is not (the test above). bench/autoscaler.py shows the other side: on bursty
     traces Holt's trend extrapolates bursts and costs more."""
     for name in ("constant", "trend"):
-        core = make(name, peak_window_s=0)
+        core = make(name, burst_window_s=0)
         fleet = Fleet(core, cold_start=20.0)
         fleet.run(lambda t: 500.0, 120)
         fleet.run(lambda t: 500.0 + (t - 120) * 12.0, 600, start=120)
@@ -193,7 +193,8 @@ def test_a_step_panics_up_at_once_and_never_down_during_it() -> None:
     fleet.run(lambda t: 400.0, 90)
     fleet.run(lambda t: 5000.0, 200, start=90)
     up = [d for d in fleet.decisions if d.decided_at >= 90]
-    assert any(d.panic for d in up if d.decided_at <= 92), up[:3]
+    assert up[0].decided_at <= 91, up[:3]  # at once (the burst term)
+    assert any(d.panic for d in up if d.decided_at <= 90 + 6), up[:3]  # and panics
     # the panic window fills in its 6 s: by then the whole step is asked for
     asked = max(d.desired for d in up if d.decided_at <= 90 + 6 + 1)
     assert asked >= needed(5000.0, 0.8)
@@ -305,7 +306,7 @@ def test_forecasters_on_shapes() -> None:
     ramp = [float(i) for i in range(300)]
     flat = [50.0] * 300
     holt = make_forecaster("holt", ForecastSettings())
-    const = make_forecaster("constant", ForecastSettings(window_s=60))
+    const = make_forecaster("constant", ForecastSettings(constant_window_s=60))
     assert const.predict(flat, 1.0, 30) == pytest.approx(50.0)
     assert holt.predict(flat, 1.0, 30) == pytest.approx(50.0)
     assert const.predict(ramp, 1.0, 30) == pytest.approx(269.5)
@@ -313,3 +314,38 @@ def test_forecasters_on_shapes() -> None:
     assert 300 < holt.predict(ramp, 1.0, 30) < 330
     assert holt.predict([], 1.0, 30) == 0.0
     assert holt.predict([0.0] * 10 + [100.0] * 2, 1.0, 30) >= 0.0
+
+
+def test_a_worker_heard_before_a_scale_up_is_not_its_lead_time_sample() -> None:
+    """Found end to end: the autoscaler's first heartbeat from a worker that was already
+    running, arriving just after its first scale-up, was taken for the new worker
+    (a 1 s 'cold start')."""
+    core = make(cold_start_prior=30.0)
+    old = WorkerHeartbeat(worker_id="w-old", models=["m"], engine="sim", state="starting")
+    core.on_heartbeat(old, 0.0)
+    core.models["m"].pending_starts.append(1.0)  # a scale-up decided at 1 s
+    ready_old = WorkerHeartbeat(worker_id="w-old", models=["m"], engine="sim")
+    core.on_heartbeat(ready_old, 2.0)
+    assert core.lead_time("m") == 30.0  # no sample from the old worker
+    core.on_heartbeat(WorkerHeartbeat(worker_id="w-new", models=["m"], engine="sim"), 21.0)
+    assert core.lead_time("m") == 20.0
+
+
+def test_statsforecast_forecaster_follows_a_trend_and_falls_back_on_short_series() -> None:
+    sf = make_forecaster("statsforecast", ForecastSettings())
+    ramp = [10.0 + i for i in range(300)]
+    assert 300 < sf.predict(ramp, 1.0, 30) < 360
+    assert sf.predict([5.0] * 20, 1.0, 30) == pytest.approx(5.0)  # too short: constant
+
+
+def test_a_burst_is_sized_by_what_the_slo_lets_it_queue() -> None:
+    from inferbus.services.autoscaler.core import _burst
+
+    steady = [100.0] * 300
+    rate, _ = _burst(steady, slo_s=2.0)
+    assert 95.0 <= rate <= 100.0  # a steady rate needs about itself
+    spike = [0.0] * 100 + [6000.0] + [0.0] * 100  # 6000 tokens of work in one second
+    rate, width = _burst(spike, slo_s=2.0)
+    assert rate == pytest.approx(6000.0 / 3.0) and width == 1  # done within 1 s + the SLO
+    rate, _ = _burst(spike, slo_s=10.0)
+    assert rate == pytest.approx(6000.0 / 11.0)  # a looser SLO lets more of it queue

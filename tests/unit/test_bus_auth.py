@@ -88,6 +88,25 @@ def users_of(reg: busauth.Registry) -> dict[str, dict]:
     return {u["user"]: u for u in json.loads(text[len("authorization ") :])["users"]}
 
 
+def test_two_processes_changing_users_keep_each_others(registry: busauth.Registry):
+    """Found by the autoscaler's end-to-end test: ``inferbus up`` kept its users in
+    memory, so adding a worker's user after ``inferbus creds new`` made a tenant
+    rewrote users.json and the server's config without the tenant, and its client was
+    refused ('Authorization Violation') from the next reload on."""
+    up = busauth.Registry.open(registry.folder)  # inferbus up's copy, opened at start
+    cli = busauth.Registry.open(registry.folder)  # inferbus creds new, another process
+    cli.tenant("late")
+    up.service("worker", "worker-7")  # the supervisor scales up
+    up.write_server_config(servicetable.permissions())
+    on_disk = busauth.Registry.open(registry.folder)
+    assert {"tenant-late", "svc-worker-7"} <= on_disk.users.keys()
+    assert "tenant-late" in (registry.folder / "nats.conf").read_text()
+    cli.remove("tenant-late")  # and a revoke is not undone by the next scale either
+    up.service("worker", "worker-8")
+    up.write_server_config(servicetable.permissions())
+    assert "tenant-late" not in (registry.folder / "nats.conf").read_text()
+
+
 def test_credentials_are_private_and_the_server_keeps_hashes_only(registry: busauth.Registry):
     users = users_of(registry)
     for name, user in users.items():

@@ -18,6 +18,7 @@ import pytest
 import yaml  # noqa: E402  (PyYAML, a dev dependency, reads the deploy files)
 from prometheus_client.metrics import MetricWrapperBase
 
+from inferbus import servicetable
 from inferbus.shared import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -258,7 +259,7 @@ def _inferbus_services(compose: dict) -> dict[str, dict]:
 def test_compose_wires_every_inferbus_service_to_the_collector():
     compose = _compose()
     services = _inferbus_services(compose)
-    assert set(services) == {"gateway", "sanitizer", "scheduler", "worker"}
+    assert set(services) == set(servicetable.names())
     for name, s in services.items():
         env = s["environment"]
         assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4318", name

@@ -1,0 +1,312 @@
+"""Autoscaler adapter: the bus's events in, the core ticked, decisions recorded and acted on."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Literal
+
+import msgspec
+from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy
+
+from inferbus.contracts import (
+    ACCEPTED,
+    ENDED,
+    HEARTBEATS,
+    SCALING_STATUS,
+    SCHEDULER_LOAD,
+    STARTED,
+    RequestAccepted,
+    RequestFinished,
+    RequestStarted,
+    ScaleDecision,
+    ScalingStatus,
+    SchedulerLoad,
+    Terminal,
+    WorkerHeartbeat,
+    scale_subject,
+)
+from inferbus.contracts.control import DEFAULT_SUPERVISOR
+from inferbus.shared import logs, metrics
+from inferbus.shared.bus import publish_durable
+from inferbus.shared.codec import DecodeError, decode, encode
+from inferbus.shared.config import ServiceSettings
+from inferbus.shared.runtime import Context, Service
+
+from .actuators import (
+    ActuationError,
+    Actuator,
+    KubernetesActuator,
+    LocalActuator,
+    NoActuator,
+)
+from .core import AutoscalerCore, AutoscalerPolicy, Diagnostics, ModelScaling
+
+log = logs.get("inferbus.autoscaler")
+
+
+class AutoscalerSettings(ServiceSettings, kw_only=True):
+    """inferbus autoscaler: sizes each model's workers ahead of its load."""
+
+    scaling: ModelScaling = ModelScaling()
+    """Every model's sizing (``--min-replicas``, ``--ttft-slo-s``, ``--forecaster``...);
+    ``model_overrides`` changes it per model."""
+    models: dict[str, str] = {}
+    """Model → what runs its workers: under ``inferbus up`` the scalable service
+    (``tiny-llama=worker``); on Kubernetes ``namespace/deployment``."""
+    model_overrides: str = ""
+    """JSON: ``{"model": {"max_replicas": 4, "ttft_slo_s": 1.0}}``."""
+    actuator: Literal["local", "kubernetes", "none"] = "local"
+    supervisor: str = DEFAULT_SUPERVISOR
+    """local: the ``inferbus up`` whose workers it scales (``ib.sup.<name>.control``)."""
+    kubeconfig: str = ""
+    """kubernetes: empty uses the pod's service account."""
+    budget_replicas: int = 0
+    """Workers of all models together, at most (0: each model's max only)."""
+    tick_s: float = 1.0
+    status_interval_s: float = 2.0
+    """How often the models and targets go out on ``ib.scaling.status``."""
+
+    def policy(self) -> AutoscalerPolicy:
+        try:
+            overrides = msgspec.json.decode(self.model_overrides or "{}", type=dict[str, dict])
+        except msgspec.DecodeError as exc:
+            raise ValueError(f"model_overrides is not a JSON object of objects: {exc}") from exc
+        unknown = set(overrides) - set(self.models)
+        if unknown:
+            raise ValueError(f"model_overrides names models not in models: {sorted(unknown)}")
+        base = msgspec.structs.asdict(self.scaling)
+        models = {
+            name: msgspec.convert({**base, **overrides.get(name, {})}, ModelScaling)
+            for name in self.models
+        }
+        return AutoscalerPolicy(
+            models=models, budget_replicas=self.budget_replicas, tick_s=self.tick_s
+        )
+
+
+class AutoscalerService(Service[AutoscalerSettings]):
+    name = "autoscaler"
+
+    def __init__(self, settings: AutoscalerSettings) -> None:
+        super().__init__(settings)
+        if not settings.models:
+            raise ValueError("the autoscaler needs --models (model=where, ...)")
+        self.policy = settings.policy()
+        self.core = AutoscalerCore(self.policy, now=time.time())
+        self.actuator: Actuator | None = None
+        self._ctx: Context[AutoscalerSettings] | None = None
+        self._subs: list[Any] = []
+        self._tick_task: asyncio.Task[None] | None = None
+        self._unapplied: dict[str, ScaleDecision] = {}
+        """The latest decision per model its actuator has not carried out yet."""
+        self._diags: dict[str, Diagnostics] = {}
+
+    def _make_actuator(self, ctx: Context[AutoscalerSettings]) -> Actuator:
+        s = self.settings
+        if s.actuator == "local":
+            return LocalActuator(ctx.nc, dict(s.models), s.supervisor)
+        if s.actuator == "kubernetes":
+            return KubernetesActuator(dict(s.models), s.kubeconfig)
+        return NoActuator()
+
+    async def start(self, ctx: Context[AutoscalerSettings]) -> None:
+        self._ctx = ctx
+        self.actuator = self._make_actuator(ctx)
+        now = time.time()
+        for model in self.policy.models:
+            try:
+                current = await self.actuator.current(model)
+            except ActuationError as exc:
+                log.warning("current size unknown", model=model, error=str(exc))
+                current = None
+            previous = self.core.models[model].target
+            if current is not None:
+                self.core.set_target(model, current)
+            # a record that the model is managed: the gateway and scheduler let its
+            # requests wait for a worker instead of refusing them
+            await self._record(
+                ScaleDecision(
+                    model=model,
+                    desired=self.core.models[model].target,
+                    previous=previous,
+                    reason="autoscaler started: managing this model from its current size",
+                    decided_at=now,
+                )
+            )
+        for model in self.policy.models:  # every series from zero, not from its first event
+            for direction in ("up", "down"):
+                metrics.AUTOSCALER_DECISIONS.labels(model, direction)
+            metrics.AUTOSCALER_ACTUATION_ERRORS.labels(model)
+        nc, js = ctx.nc, ctx.js
+        self._subs = [
+            await nc.subscribe(HEARTBEATS, cb=self._on_heartbeat),
+            await nc.subscribe(STARTED, cb=self._on_started),
+            await nc.subscribe(SCHEDULER_LOAD, cb=self._on_load),
+            # the request stream from now on, read without holding anything back
+            await js.subscribe(
+                ACCEPTED,
+                stream="IB_REQUESTS",
+                cb=self._on_accepted,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.NEW,
+            ),
+            await js.subscribe(
+                ENDED,
+                stream="IB_REQUESTS",
+                cb=self._on_ended,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.NEW,
+            ),
+        ]
+        self._tick_task = asyncio.create_task(self._ticks(), name="ticks")
+        log.info("autoscaling", models=sorted(self.policy.models), actuator=self.settings.actuator)
+
+    async def drain(self) -> None:
+        if self._tick_task:
+            self._tick_task.cancel()
+        for sub in self._subs:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # already gone with the connection
+                pass
+        if self.actuator:
+            await self.actuator.close()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "models": {
+                m: {
+                    "target": d.target,
+                    "ready": d.ready,
+                    "observed": round(d.observed, 1),
+                    "forecast": round(d.forecast, 1),
+                    "capacity": round(d.capacity, 1),
+                    "lead_time_s": round(d.lead_time_s, 1),
+                    "panic": d.panic,
+                    "unapplied": m in self._unapplied,
+                }
+                for m, d in self._diags.items()
+            }
+        }
+
+    # -- inputs ----------------------------------------------------------------------------
+
+    async def _decode(self, msg: Msg, kind: Any) -> Any:
+        try:
+            return decode(msg.data, kind)
+        except DecodeError:
+            # not ours to dead-letter: the stream's owner does; a bad one is skipped here
+            log.warning("undecodable event skipped", subject=msg.subject)
+            return None
+
+    async def _on_heartbeat(self, msg: Msg) -> None:
+        hb = await self._decode(msg, WorkerHeartbeat)
+        if hb is not None:
+            self.core.on_heartbeat(hb, time.time())
+
+    async def _on_started(self, msg: Msg) -> None:
+        ev = await self._decode(msg, RequestStarted)
+        if ev is not None:
+            self.core.on_started(ev.request_id, time.time())
+
+    async def _on_load(self, msg: Msg) -> None:
+        load = await self._decode(msg, SchedulerLoad)
+        if load is None:
+            return
+        now = time.time()
+        for model, m in load.models.items():
+            self.core.on_load(model, m, now)
+
+    async def _on_accepted(self, msg: Msg) -> None:
+        ev = await self._decode(msg, RequestAccepted)
+        if ev is not None:
+            self.core.on_accepted(ev, time.time())
+
+    async def _on_ended(self, msg: Msg) -> None:
+        ev = await self._decode(msg, Terminal)
+        if ev is not None:
+            finished = ev if isinstance(ev, RequestFinished) else None
+            self.core.on_ended(ev.request_id, finished, time.time())
+
+    # -- decisions -------------------------------------------------------------------------
+
+    async def _ticks(self) -> None:
+        last_status = 0.0
+        while True:
+            now = time.time()
+            if now - last_status >= self.settings.status_interval_s:
+                last_status = now
+                await self._announce(now)
+            await asyncio.sleep(self.settings.tick_s)
+            try:
+                await self._tick(time.time())
+            except Exception:
+                log.exception("tick failed")
+
+    async def _announce(self, now: float) -> None:
+        assert self._ctx
+        status = ScalingStatus(
+            autoscaler_id=self.settings.instance_id,
+            targets={m: st.target for m, st in self.core.models.items()},
+            sent_at=now,
+            interval_s=self.settings.status_interval_s,
+        )
+        try:
+            await self._ctx.nc.publish(SCALING_STATUS, encode(status))
+        except Exception as exc:  # reconnecting: the next one goes out
+            log.warning("status not sent", error=str(exc))
+
+    async def _tick(self, now: float) -> None:
+        decisions, diags = self.core.tick(now)
+        for d in diags:
+            self._diags[d.model] = d
+            metrics.AUTOSCALER_DESIRED.labels(d.model).set(d.target)
+            metrics.AUTOSCALER_READY.labels(d.model).set(d.ready)
+            metrics.AUTOSCALER_LOAD.labels(d.model, "observed").set(d.observed)
+            metrics.AUTOSCALER_LOAD.labels(d.model, "short").set(d.short)
+            metrics.AUTOSCALER_LOAD.labels(d.model, "forecast").set(d.forecast)
+            metrics.AUTOSCALER_CAPACITY.labels(d.model).set(d.capacity)
+            metrics.AUTOSCALER_LEAD_TIME.labels(d.model).set(d.lead_time_s)
+            metrics.AUTOSCALER_PANIC.labels(d.model).set(1 if d.panic else 0)
+        for decision in decisions:
+            direction = "up" if decision.desired > decision.previous else "down"
+            metrics.AUTOSCALER_DECISIONS.labels(decision.model, direction).inc()
+            log.info(
+                "scale",
+                model=decision.model,
+                previous=decision.previous,
+                desired=decision.desired,
+                ready=decision.ready,
+                reason=decision.reason,
+            )
+            self._unapplied[decision.model] = decision
+            await self._record(decision)
+        await self._apply()
+
+    async def _record(self, decision: ScaleDecision) -> None:
+        assert self._ctx
+        try:
+            await publish_durable(
+                self._ctx.js,
+                scale_subject(decision.model),
+                decision,
+                request_id=f"scale-{decision.model}",
+                msg_id=f"{decision.model}:{decision.decided_at}:{decision.desired}",
+            )
+        except Exception as exc:  # the decision still stands; its record is what failed
+            log.warning("decision not recorded", model=decision.model, error=str(exc))
+
+    async def _apply(self) -> None:
+        assert self.actuator
+        for model, decision in list(self._unapplied.items()):
+            try:
+                await self.actuator.apply(decision)
+            except ActuationError as exc:
+                metrics.AUTOSCALER_ACTUATION_ERRORS.labels(model).inc()
+                log.warning("decision not carried out; retried", model=model, error=str(exc))
+                continue
+            # a newer decision may have replaced it while the actuator worked
+            if self._unapplied.get(model) is decision:
+                del self._unapplied[model]

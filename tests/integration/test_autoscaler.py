@@ -1,0 +1,94 @@
+"""End to end: ``inferbus up --engine sim --autoscale``. A load that outgrows one worker
+adds workers through the supervisor; when it stops, the extra workers drain and go;
+no request fails during either, and every decision is on JetStream with its reason."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from testkit.faults import Platform, _nats_one
+
+from inferbus.client import Client
+from inferbus.contracts import SCALE_DECISIONS, ScaleDecision
+from inferbus.contracts.control import SupervisorQuery, SupervisorState, supervisor_subject
+from inferbus.shared.bus import connect
+from inferbus.shared.buscreds import load_credentials
+from inferbus.shared.codec import decode, encode
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+# a sim worker of 4 slots at 20 ms a step: about 200 tokens/s; told it sustains 150
+AUTOSCALER = (
+    "--autoscale",
+    "--autoscaler-arg=--min-replicas=1",
+    "--autoscaler-arg=--max-replicas=3",
+    "--autoscaler-arg=--worker-capacity=150",
+    "--autoscaler-arg=--ttft-slo-s=0.5",
+    "--autoscaler-arg=--forecaster=constant",
+    "--autoscaler-arg=--stable-window-s=6",
+    "--autoscaler-arg=--panic-window-s=2",
+    "--autoscaler-arg=--scale-down-cooldown-s=6",
+    "--autoscaler-arg=--burst-window-s=0",
+    "--autoscaler-arg=--cold-start-s=5",
+    "--worker-arg=--max-num-seqs=4",
+)
+
+
+async def workers(p: Platform) -> list[str]:
+    nc = await connect(p.nats_url, "test-ps", load_credentials(p.operator))
+    try:
+        reply = await nc.request(supervisor_subject(), encode(SupervisorQuery()), timeout=5)
+    finally:
+        await nc.close()
+    state = decode(reply.data, SupervisorState)
+    return sorted(p.name for p in state.processes if p.service == "worker")
+
+
+async def test_a_load_ramp_adds_workers_and_they_drain_when_it_stops(tmp_path: Path) -> None:
+    p = Platform(tmp_path, workers=1, decode_s=0.02, extra=AUTOSCALER)
+    try:
+        watcher = await connect(p.nats_url, "test-scale", load_credentials(p.operator))
+        decisions: list[ScaleDecision] = []
+
+        async def on_decision(msg) -> None:
+            decisions.append(decode(msg.data, ScaleDecision))
+
+        await watcher.subscribe(SCALE_DECISIONS, cb=on_decision)
+        client = await Client.connect(p.nats_url, "test-load", creds=p.tenant)
+        outcomes = []
+        stop_at = time.monotonic() + 25.0
+
+        async def loop() -> None:
+            while time.monotonic() < stop_at:
+                outcomes.append(await _nats_one(client, 20, 30.0))
+
+        # twelve clients back to back: three times what one worker's slots take
+        load = [asyncio.create_task(loop()) for _ in range(12)]
+        peak: list[str] = []
+        while time.monotonic() < stop_at:
+            current = await workers(p)
+            peak = max(peak, current, key=len)
+            await asyncio.sleep(1.0)
+        await asyncio.gather(*load)
+        assert len(peak) >= 2, (peak, decisions)
+        up = [d for d in decisions if d.desired > d.previous]
+        assert up and up[0].reason, decisions
+
+        # quiet: after the cooldown the fleet goes back to its minimum by draining
+        deadline = time.monotonic() + 45.0
+        while time.monotonic() < deadline and len(await workers(p)) > 1:
+            await asyncio.sleep(1.0)
+        said = [(d.previous, d.desired, d.ready, d.stop_first, d.reason) for d in decisions]
+        assert len(await workers(p)) == 1, said
+        down = [d for d in decisions if d.desired < d.previous]
+        assert down and down[-1].desired == 1, said
+
+        failed = [o for o in outcomes if o.kind != "ok"]
+        assert outcomes and failed == [], failed[:5]
+        await client.nc.close()
+        await watcher.close()
+    finally:
+        p.stop()
