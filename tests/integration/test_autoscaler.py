@@ -8,8 +8,9 @@ import asyncio
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
-from testkit.faults import Platform, _nats_one
+from testkit.faults import Platform, _http_one, _nats_one
 
 from inferbus.client import Client
 from inferbus.contracts import SCALE_DECISIONS, ScaleDecision
@@ -88,6 +89,52 @@ async def test_a_load_ramp_adds_workers_and_they_drain_when_it_stops(tmp_path: P
 
         failed = [o for o in outcomes if o.kind != "ok"]
         assert outcomes and failed == [], failed[:5]
+        await client.nc.close()
+        await watcher.close()
+    finally:
+        p.stop()
+
+
+async def test_a_model_at_zero_serves_its_next_requests_after_a_wait(tmp_path: Path) -> None:
+    """Idle, the last worker goes (min 0); the next requests, over NATS and over HTTP,
+    wait for the worker the autoscaler starts and are served, where they were refused
+    with 503 before."""
+    p = Platform(
+        tmp_path,
+        workers=1,
+        decode_s=0.001,
+        extra=(
+            "--autoscale",
+            "--autoscaler-arg=--min-replicas=0",
+            "--autoscaler-arg=--idle-to-zero-s=4",
+            "--autoscaler-arg=--stable-window-s=4",
+            "--autoscaler-arg=--scale-down-cooldown-s=4",
+            "--autoscaler-arg=--cold-start-s=5",
+        ),
+    )
+    try:
+        watcher = await connect(p.nats_url, "test-scale", load_credentials(p.operator))
+        decisions: list[ScaleDecision] = []
+
+        async def on_decision(msg) -> None:
+            decisions.append(decode(msg.data, ScaleDecision))
+
+        await watcher.subscribe(SCALE_DECISIONS, cb=on_decision)
+        deadline = time.monotonic() + 40.0
+        while time.monotonic() < deadline and await workers(p):
+            await asyncio.sleep(0.5)
+        assert await workers(p) == [], decisions
+        assert decisions and decisions[-1].desired == 0 and "idle" in decisions[-1].reason
+
+        client = await Client.connect(p.nats_url, "test-load", creds=p.tenant)
+        async with aiohttp.ClientSession(p.http) as http:
+            nats_out, http_out = await asyncio.gather(
+                _nats_one(client, 5, 60.0), _http_one(http, 5, 60.0)
+            )
+        assert (nats_out.kind, http_out.kind) == ("ok", "ok"), (nats_out, http_out)
+        woke = [d for d in decisions if d.previous == 0 and d.desired > 0]
+        assert woke and "scale from zero" in woke[0].reason, decisions
+        assert len(await workers(p)) == 1
         await client.nc.close()
         await watcher.close()
     finally:

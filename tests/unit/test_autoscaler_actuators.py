@@ -111,3 +111,34 @@ async def test_a_model_without_a_deployment_is_refused() -> None:
     act = KubernetesActuator({"m": "inferbus/worker"})
     with pytest.raises(ActuationError, match="no Deployment"):
         await act.apply(ScaleDecision(model="other", desired=1, previous=0))
+
+
+def test_the_k8s_manifests_agree_with_the_platform() -> None:
+    """The autoscaler's Role grants exactly what its actuator calls, on the Deployment its
+    --models names; the KEDA alternative reads the scheduler's real consumer."""
+    import yaml
+
+    from inferbus.services.scheduler.service import ACCEPTED_CONSUMER
+
+    root = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
+    docs = list(yaml.safe_load_all((root / "autoscaler.yaml").read_text()))
+    role = next(d for d in docs if d["kind"] == "Role")
+    (rule,) = role["rules"]
+    assert rule == {
+        "apiGroups": ["apps"],
+        "resources": ["deployments/scale"],
+        "resourceNames": ["worker"],
+        "verbs": ["get", "patch"],
+    }
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "autoscaler"
+    args = spec["containers"][0]["args"]
+    assert args[args.index("--models") + 1] == "sim-model=inferbus/worker"
+    assert args[args.index("--actuator") + 1] == "kubernetes"
+    keda = yaml.safe_load((root / "keda" / "scaledobject.yaml").read_text())
+    assert keda["spec"]["scaleTargetRef"]["name"] == "worker"
+    (trigger,) = keda["spec"]["triggers"]
+    assert trigger["type"] == "nats-jetstream"
+    assert trigger["metadata"]["stream"] == ACCEPTED_CONSUMER.stream
+    assert trigger["metadata"]["consumer"] == ACCEPTED_CONSUMER.durable
