@@ -28,9 +28,10 @@ import csv
 import datetime
 import heapq
 import json
+import math
 import statistics
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ from inferbus.contracts import (
     SamplingParams,
     WorkerHeartbeat,
 )
-from inferbus.services.scheduler.core import Assign, SchedulerCore, SchedulerPolicy
+from inferbus.services.scheduler.core import Assign, Fail, Refuse, SchedulerCore, SchedulerPolicy
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 BLOCK = 512
@@ -197,11 +198,15 @@ def simulate(
     by_id = {r.rid: r for r in reqs}
     ttft: dict[str, float] = {}
     done_at: dict[str, float] = {}
+    failed: dict[str, str] = {}
+    """Requests the scheduler refused or failed (queue full, timed out): by code."""
 
     def apply(effects: list[Any], now: float) -> None:
         nonlocal seq
         for e in effects:
-            if isinstance(e, Assign):
+            if isinstance(e, Fail | Refuse):
+                failed[e.request.request_id] = e.code
+            elif isinstance(e, Assign):
                 w = sims[e.worker_id]
                 for ev in w.admit(by_id[e.request.request_id]):
                     core.on_kv_event(ev)
@@ -248,8 +253,9 @@ def simulate(
     blocks = sum(w.blocks for w in sims.values())
     return {
         "ttft": ttft,
-        "throughput": sum(r.output for r in reqs) / makespan,
+        "throughput": sum(by_id[r].output for r in done_at) / makespan,
         "completed": len(done_at),
+        "failed": failed,
         "hit_rate": sum(w.hits for w in sims.values()) / blocks if blocks else 0.0,
         "imbalance": max(work) / statistics.mean(work),
         "route_p99_us": statistics.quantiles(route_ns, n=100)[98] / 1e3
@@ -298,7 +304,110 @@ def load_trace(path: Path, limit: int, speedup: float) -> list[Req]:
 
 
 def p95(values: list[float]) -> float:
-    return statistics.quantiles(values, n=20)[18] if len(values) > 20 else max(values)
+    """The 95th percentile (nearest rank); a request never served counts as infinite, so
+    a policy cannot look fast by refusing."""
+    xs = sorted(values)
+    return xs[max(0, math.ceil(0.95 * len(xs)) - 1)] if xs else 0.0
+
+
+def ttfts(res: dict[str, Any], ids: list[str]) -> list[float]:
+    return [res["ttft"].get(r, math.inf) for r in ids]
+
+
+def compare(reqs: list[Req], workers: int, a: argparse.Namespace) -> dict[str, Any]:
+    """FCFS against lanes (and, with block hashes, the routings) on one trace."""
+    hashed = any(r.blocks for r in reqs)
+    base = dict(
+        short_prompt_tokens=a.short_tokens,
+        **{k: v for k, v in a.policy.items() if v is not None},
+        queue_timeout_s=a.queue_timeout_s,
+        worker_timeout_s=1e9,
+        block_tokens=BLOCK,
+    )
+    runs = {
+        "fcfs": SchedulerPolicy(lanes=False, **base),
+        "lanes": SchedulerPolicy(lanes=True, **base),
+    }
+    if hashed:
+        runs |= {
+            "round_robin": SchedulerPolicy(lanes=True, routing="round_robin", **base),
+            "dynamo": SchedulerPolicy(lanes=True, routing="dynamo", **base),
+        }
+    kv_tokens = a.cache_blocks * BLOCK
+    res = {
+        k: simulate(reqs, pol, workers, a.slots, a.cache_blocks, kv_tokens, Timing())
+        for k, pol in runs.items()
+    }
+    every = [r.rid for r in reqs]
+    short = [r.rid for r in reqs if r.prompt < a.short_tokens]
+    fc, ln = res["fcfs"], res["lanes"]
+    s_fc, s_ln = p95(ttfts(fc, short)), p95(ttfts(ln, short))
+    all_fc, all_ln = p95(ttfts(fc, every)), p95(ttfts(ln, every))
+
+    def ratio(x: float, y: float) -> float | None:
+        return round(x / y, 3) if math.isfinite(x) and math.isfinite(y) and y > 0 else None
+
+    summary: dict[str, Any] = {
+        "requests": len(reqs),
+        "workers": workers,
+        "short_ttft_p95_s": {"fcfs": round(s_fc, 4), "lanes": round(s_ln, 4)},
+        "short_ttft_ratio": ratio(s_ln, s_fc),
+        "all_ttft_p95_s": {"fcfs": round(all_fc, 4), "lanes": round(all_ln, 4)},
+        "all_ttft_ratio": ratio(all_ln, all_fc),
+        "throughput_ratio": round(ln["throughput"] / fc["throughput"], 3),
+        "failed": {k: dict(sorted(Counter(r["failed"].values()).items())) for k, r in res.items()},
+        "route_p99_us": round(max(r["route_p99_us"] for r in res.values()), 2),
+    }
+    if hashed:
+        summary["routing"] = {
+            ("kv" if k == "lanes" else k): {
+                "hit_rate": round(res[k]["hit_rate"], 4),
+                "imbalance": round(res[k]["imbalance"], 3),
+                "route_p99_us": round(res[k]["route_p99_us"], 2),
+            }
+            for k in ("round_robin", "dynamo", "lanes")
+        }
+    return summary
+
+
+def show(name: str, summary: dict[str, Any], a: argparse.Namespace) -> None:
+    print(
+        f"\n{name}: {summary['requests']} requests, {summary['workers']} workers x "
+        f"{a.slots} slots, lane threshold {a.short_tokens} tokens"
+    )
+    s, al = summary["short_ttft_p95_s"], summary["all_ttft_p95_s"]
+    print(
+        f"  short-request TTFT p95: FCFS {s['fcfs']:.3f}s, lanes {s['lanes']:.3f}s "
+        f"({summary['short_ttft_ratio']}x); all requests p95 FCFS {al['fcfs']:.3f}s, lanes "
+        f"{al['lanes']:.3f}s ({summary['all_ttft_ratio']}x); throughput lanes/FCFS "
+        f"{summary['throughput_ratio']:.3f}; failed {summary['failed']}"
+    )
+    if "routing" in summary:
+        print(f"  {'routing':<12}{'hit rate':>10}{'max/mean load':>15}{'route p99 µs':>14}")
+        for k, r in summary["routing"].items():
+            label = "ours (kv)" if k == "kv" else k
+            print(
+                f"  {label:<12}{r['hit_rate']:>10.3f}{r['imbalance']:>15.2f}"
+                f"{r['route_p99_us']:>14.1f}"
+            )
+
+
+def sweep_row(speedup: float, summary: dict[str, Any]) -> str:
+    s, al = summary["short_ttft_p95_s"], summary["all_ttft_p95_s"]
+    fails = summary["failed"]
+    row = (
+        f"| {speedup:g} | {s['fcfs']:.2f} / {s['lanes']:.2f} | {summary['short_ttft_ratio']} "
+        f"| {al['fcfs']:.2f} / {al['lanes']:.2f} | {summary['all_ttft_ratio']} "
+        f"| {summary['throughput_ratio']:.3f} "
+        f"| {sum(fails['fcfs'].values())} / {sum(fails['lanes'].values())} |"
+    )
+    if "routing" in summary:
+        r = summary["routing"]
+        row += (
+            f" {r['kv']['hit_rate']:.3f} / {r['dynamo']['hit_rate']:.3f} "
+            f"| {r['kv']['imbalance']:.2f} |"
+        )
+    return row
 
 
 def main() -> None:
@@ -308,6 +417,9 @@ def main() -> None:
     p.add_argument("--trace", action="append", type=Path, default=None)
     p.add_argument("--limit", type=int, default=0, help="first N requests of each trace")
     p.add_argument("--speedup", type=float, default=1.0, help="replay this much faster")
+    p.add_argument(
+        "--sweep", default="", help="speed-ups to run in turn, e.g. 1,2,3,4,5,6,7,8: a table each"
+    )
     p.add_argument(
         "--workers",
         type=int,
@@ -322,80 +434,54 @@ def main() -> None:
         help="prefix cache per worker, in 512-token blocks",
     )
     p.add_argument("--short-tokens", type=int, default=2048, help="lane threshold")
+    p.add_argument(
+        "--queue-timeout-s",
+        type=float,
+        default=1e9,
+        help="the scheduler's queue timeout (default: none; the queue limit still refuses)",
+    )
+    for name in ("short_reserve", "long_per_worker", "long_wait_bound_s", "reserve_above_tokens"):
+        p.add_argument(
+            "--" + name.replace("_", "-"), type=float, default=None, help="the policy's (tests)"
+        )
     a = p.parse_args()
+    a.policy = {
+        "short_reserve": a.short_reserve,
+        "long_per_worker": None if a.long_per_worker is None else int(a.long_per_worker),
+        "long_wait_bound_s": a.long_wait_bound_s,
+        "reserve_above_tokens": None
+        if a.reserve_above_tokens is None
+        else int(a.reserve_above_tokens),
+    }
     traces = a.trace or [
         TRACES / "AzureLLMInferenceTrace_code.csv",
         TRACES / "mooncake_conversation_trace.jsonl",
     ]
-    timing = Timing()
-    kv_tokens = a.cache_blocks * BLOCK
+    speedups = [float(x) for x in a.sweep.split(",") if x.strip()] or [a.speedup]
     out: dict[str, Any] = {"bench": "scheduler"}
     for path in traces:
-        reqs = load_trace(path, a.limit, a.speedup)
-        hashed = any(r.blocks for r in reqs)
-        workers = a.workers or (8 if hashed else 2)
-        name = path.stem
-        print(
-            f"\n{name}: {len(reqs)} requests, {workers} workers x {a.slots} slots, "
-            f"lane threshold {a.short_tokens} tokens"
-        )
-        base = dict(
-            short_prompt_tokens=a.short_tokens,
-            queue_timeout_s=1e9,
-            worker_timeout_s=1e9,
-            block_tokens=BLOCK,
-        )
-        runs = {
-            "fcfs": SchedulerPolicy(lanes=False, **base),
-            "lanes": SchedulerPolicy(lanes=True, **base),
-        }
-        if hashed:
-            runs |= {
-                "round_robin": SchedulerPolicy(lanes=True, routing="round_robin", **base),
-                "dynamo": SchedulerPolicy(lanes=True, routing="dynamo", **base),
-            }
-        res = {
-            k: simulate(reqs, pol, workers, a.slots, a.cache_blocks, kv_tokens, timing)
-            for k, pol in runs.items()
-        }
-        short = [r.rid for r in reqs if r.prompt < a.short_tokens]
-        fc, ln = res["fcfs"], res["lanes"]
-        s_fc = p95([fc["ttft"][r] for r in short])
-        s_ln = p95([ln["ttft"][r] for r in short])
-        summary: dict[str, Any] = {
-            "requests": len(reqs),
-            "workers": workers,
-            "short_ttft_p95_s": {"fcfs": round(s_fc, 4), "lanes": round(s_ln, 4)},
-            "short_ttft_ratio": round(s_ln / s_fc, 3),
-            "throughput_ratio": round(ln["throughput"] / fc["throughput"], 3),
-            "all_ttft_p95_s": {
-                "fcfs": round(p95(list(fc["ttft"].values())), 4),
-                "lanes": round(p95(list(ln["ttft"].values())), 4),
-            },
-            "route_p99_us": round(max(r["route_p99_us"] for r in res.values()), 2),
-        }
-        print(
-            f"  short-request TTFT p95: FCFS {s_fc:.3f}s, lanes {s_ln:.3f}s "
-            f"({s_ln / s_fc:.2f}x); throughput lanes/FCFS "
-            f"{ln['throughput'] / fc['throughput']:.3f}; "
-            f"all requests p95 {summary['all_ttft_p95_s']}"
-        )
-        if hashed:
-            print(f"  {'routing':<12}{'hit rate':>10}{'max/mean load':>15}{'route p99 µs':>14}")
-            summary["routing"] = {}
-            for k in ("round_robin", "dynamo", "lanes"):
-                label = "ours (kv)" if k == "lanes" else k
-                r = res[k]
-                print(
-                    f"  {label:<12}{r['hit_rate']:>10.3f}{r['imbalance']:>15.2f}"
-                    f"{r['route_p99_us']:>14.1f}"
-                )
-                summary["routing"]["kv" if k == "lanes" else k] = {
-                    "hit_rate": round(r["hit_rate"], 4),
-                    "imbalance": round(r["imbalance"], 3),
-                    "route_p99_us": round(r["route_p99_us"], 2),
-                }
-        out[name] = summary
+        rows = []
+        for speedup in speedups:
+            reqs = load_trace(path, a.limit, speedup)
+            workers = a.workers or (8 if any(r.blocks for r in reqs) else 2)
+            summary = compare(reqs, workers, a)
+            summary["speedup"] = speedup
+            if len(speedups) == 1:
+                show(path.stem, summary, a)
+                out[path.stem] = summary
+            else:
+                rows.append(sweep_row(speedup, summary))
+                out.setdefault(path.stem, []).append(summary)
+        if rows:
+            hashed = "routing" in out[path.stem][0]
+            print(f"\n{path.stem}, speed-ups {a.sweep}")
+            head = (
+                "| speed-up | short p95 FCFS / lanes (s) | ratio | all p95 FCFS / lanes (s) "
+                "| ratio | throughput | failed FCFS / lanes |"
+            )
+            print(head + (" hit rate kv / dynamo | kv max/mean |" if hashed else ""))
+            print("|---" * (9 if hashed else 7) + "|")
+            print("\n".join(rows))
     print(json.dumps(out))
 
 

@@ -26,7 +26,7 @@ from inferbus.contracts import (
 )
 
 from .kvindex import KvIndex, prefix_blocks
-from .lanes import ModelQueue, cost_tokens
+from .lanes import ModelQueue, cost_tokens, prompt_tokens
 from .routing import Router, make_router
 
 
@@ -71,6 +71,10 @@ class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
     workers), so short requests never wait behind a long prefill."""
     long_per_worker: int = 1
     """Long prompts a worker prefills at once."""
+    reserve_above_tokens: int = 8192
+    """Only prompts at least this long stay off the reserved workers: a shorter long
+    prompt prefills in a few engine steps, about what a short request behind it can
+    wait, and keeping it off would idle the reserved share under load."""
 
 
 # -- effects ---------------------------------------------------------------------------
@@ -683,7 +687,8 @@ class SchedulerCore:
         pool = candidates.of(target)
         if not pool:
             return None
-        return self._route(target, item, self._eligible(pool, lane, overdue, tokens))
+        eligible = self._eligible(pool, lane, overdue, tokens, prompt_tokens(item.request))
+        return self._route(target, item, eligible)
 
     def _assign(
         self, model: str, target: str, item: Queued, w: Worker, lane: str, tokens: int, now: float
@@ -719,7 +724,7 @@ class SchedulerCore:
         )
 
     def _eligible(
-        self, candidates: list[Worker], lane: str, overdue: bool, tokens: int = 0
+        self, candidates: list[Worker], lane: str, overdue: bool, tokens: int = 0, prompt: int = 0
     ) -> list[Worker]:
         """Workers a request of ``lane`` may go to: long prompts prefill one at a time per
         worker, off the reserved share unless overdue."""
@@ -732,7 +737,11 @@ class SchedulerCore:
             # away from long prefills when possible: they would stall its first token
             clear = [w for w in candidates if not w.prefilling_long]
             return clear if any(w.can_take(tokens) for w in clear) else candidates
-        reserved = max(1, round(p.short_reserve * len(candidates))) if len(candidates) > 1 else 0
+        reserved = (
+            max(1, round(p.short_reserve * len(candidates)))
+            if len(candidates) > 1 and p.short_reserve > 0 and prompt >= p.reserve_above_tokens
+            else 0
+        )
         holding = [w for w in candidates if w.prefilling_long]
         if len(holding) >= len(candidates) - reserved:
             pool = holding
