@@ -515,8 +515,9 @@ class ModelRegistry:
         return min(lens, default=0)
 
     def models(self, now: float) -> dict[str, int]:
-        """Model → number of ready workers (0 when all are draining or starting)."""
-        out: dict[str, int] = {}
+        """Model → number of ready workers (0 when all are draining or starting, or
+        when the autoscaler has it at zero: it is served on request)."""
+        out: dict[str, int] = {m: 0 for m in self._scaled if self.scaled(m, now)}
         for wid, (hb, seen) in list(self._workers.items()):
             if now - seen > self.stale_after_s:
                 del self._workers[wid]

@@ -228,7 +228,8 @@ class GatewayService(Service[GatewaySettings]):
             key = self._authenticate(http)
         except ApiError as err:
             return _error_response(err, rid)
-        models = self.registry.models(time.monotonic())
+        now = time.monotonic()
+        models = self.registry.models(now)
         data = [
             {
                 "id": m,
@@ -238,7 +239,8 @@ class GatewayService(Service[GatewaySettings]):
                 "max_model_len": self.registry.max_model_len(m) or None,
             }
             for m, ready in sorted(models.items())
-            if ready and key.allows(m)
+            # a model the autoscaler holds at zero is served on request: listed
+            if (ready or self.registry.scaled(m, now)) and key.allows(m)
         ]
         return web.json_response({"object": "list", "data": data}, headers={"x-request-id": rid})
 

@@ -128,6 +128,8 @@ async def test_a_model_at_zero_serves_its_next_requests_after_a_wait(tmp_path: P
 
         client = await Client.connect(p.nats_url, "test-load", creds=p.tenant)
         async with aiohttp.ClientSession(p.http) as http:
+            async with http.get("/v1/models") as r:  # listed while at zero
+                assert "sim-model" in {m["id"] for m in (await r.json())["data"]}
             nats_out, http_out = await asyncio.gather(
                 _nats_one(client, 5, 60.0), _http_one(http, 5, 60.0)
             )

@@ -62,6 +62,7 @@ def test_gateway_lets_a_scaled_models_request_in_while_none_is_ready() -> None:
     assert refused.value.code == FailureCode.MODEL_NOT_FOUND
     reg.on_scaling(ScalingStatus(autoscaler_id="a", targets={"m": 0}, interval_s=2.0), 0.0)
     reg.admit("m", 1.0)  # waits for the worker the autoscaler starts
+    assert reg.models(1.0) == {"m": 0}  # and /v1/models lists it
     with pytest.raises(ApiError) as refused:
         reg.admit("m", 7.0)  # three intervals of silence: no longer said
     assert refused.value.code == FailureCode.MODEL_NOT_FOUND
