@@ -132,6 +132,15 @@ def main(creds: str | None) -> None:
     help="Its name on the control subject ib.sup.<name>.control (inferbus ps / scale).",
 )
 @click.option(
+    "--cpu-placement",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="With the vllm engine on a CPU: the engine on its own cores, the services on "
+    "the others (a quarter, at least one), so the request path's hops do not wait for "
+    "cores the engine's threads hold. auto: with four cores or more; on: with two.",
+)
+@click.option(
     "--autoscale",
     is_flag=True,
     help="Run the autoscaler: it starts and drains workers as the load asks "
@@ -163,6 +172,7 @@ def up(
     nats_cluster: int,
     open_bus: bool,
     supervisor: str,
+    cpu_placement: str,
     autoscale: bool,
     autoscaler_args: tuple[str, ...],
 ) -> None:
@@ -191,6 +201,7 @@ def up(
                 open_bus=open_bus,
                 nats_cluster=nats_cluster,
                 nats_tls_dir=nats_tls_dir,
+                cpu_placement=cpu_placement,
                 autoscale=autoscale,
                 autoscaler_args=list(autoscaler_args),
             )

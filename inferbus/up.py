@@ -39,6 +39,7 @@ from inferbus.services.gateway.auth import ApiKey, digest, new_key
 from inferbus.shared.bus import BusAuthError, connect, wait_accepted
 from inferbus.shared.buscreds import CREDS_ENV, TLS_CA_ENV, load_credentials
 from inferbus.shared.codec import DecodeError, decode, encode
+from inferbus.shared.cpus import format_cpus, split, why_not
 from inferbus.shared.natsserver import (
     NatsServer,
     cluster_of,
@@ -88,6 +89,9 @@ class Options:
     autoscale: bool = False
     """Run the autoscaler, scaling this platform's workers through the supervisor."""
     autoscaler_args: list[str] = field(default_factory=list)
+    cpu_placement: str = "auto"
+    """vllm on a CPU: the engine on its own cores, the services on the others: auto
+    (with four cores or more), on, off (shared/cpus.py)."""
 
 
 def _say(text: str) -> None:
@@ -109,6 +113,11 @@ class Platform:
         self.nats = nats
         """The embedded servers (none with an external NATS)."""
         self.logs = o.state_dir / "logs"
+        self.placement_off = why_not(o.engine, o.cpu_placement)
+        """Why the engine and the services share cores (empty: they do not)."""
+        self.cpus = None if self.placement_off else split(os.sched_getaffinity(0))
+        if self.cpus is None and not self.placement_off:
+            self.placement_off = "fewer than two cores"
         self.auth: Registry | None = None
         """The closed bus's users (the embedded NATS, unless --open-bus)."""
         # every service: the same tail-sampling settings (tracing itself is switched by
@@ -137,7 +146,7 @@ class Platform:
         if spec.service == NATS:
             server = self.nats[spec.index]
             log = self.o.state_dir / f"{spec.name}.log"
-            return Command(server.command(), dict(os.environ), log)
+            return Command(server.command(), dict(os.environ), log, cpus=self._service_cpus())
         entry = servicetable.get(spec.service)
         port = entry.metrics_port(self.o.metrics_port_base, spec.index) or self.o.port
         argv = [sys.executable, "-m", f"inferbus.services.{entry.name}", "--http-port", str(port)]
@@ -147,15 +156,24 @@ class Platform:
         env = self.env
         if self.auth is not None:  # made beforehand (add_users): this only finds them
             env = {**env, CREDS_ENV: str(self.auth.service(entry.name, spec.name))}
+        cpus = self._service_cpus()
         if entry.name == "worker":
             argv += self._engine_args()
+            if self.cpus is not None:  # it moves its own threads once its engine runs
+                engine, services = self.cpus
+                argv += ["--engine-cpus", format_cpus(engine), "--service-cpus",
+                         format_cpus(services)]  # fmt: skip
+                cpus = None
         if entry.name == "autoscaler":
             argv += ["--models", f"{self.model}=worker", "--supervisor", self.o.supervisor]
             argv += ["--max-replicas", str(max(4, self.o.workers))] + self.o.autoscaler_args
         if entry.name == "gateway":
             argv += ["--http-host", self.o.host]
             env = self._gateway_env(argv, env)
-        return Command(argv, env, self.logs / f"{spec.name}.log", http_port=port)
+        return Command(argv, env, self.logs / f"{spec.name}.log", http_port=port, cpus=cpus)
+
+    def _service_cpus(self) -> set[int] | None:
+        return None if self.cpus is None else self.cpus[1]
 
     def add_users(self, specs: list[ProcessSpec]) -> bool:
         """Make the NATS users of these processes; whether any is new (then the server's
@@ -401,6 +419,12 @@ def _banner(o: Options, base: str, up: Up) -> None:
     )
     _say(f"  metrics   {ports}")
     _say(f"  logs      {o.state_dir / 'logs'}")
+    cpus = up.platform.cpus
+    _say(
+        f"  cpus      engine {format_cpus(cpus[0])}, services {format_cpus(cpus[1])}"
+        if cpus
+        else f"  cpus      shared by engine and services ({up.platform.placement_off})"
+    )
     _say(f"  control   {supervisor_subject(o.supervisor)}   (inferbus ps, inferbus scale)")
     auth = up.platform.auth
     _say(

@@ -26,6 +26,8 @@ class Command:
     env: dict[str, str]
     log_path: Path
     http_port: int = 0
+    cpus: set[int] | None = None
+    """The cores it runs on (None: any); threads it starts inherit them."""
 
 
 class Processes:
@@ -101,6 +103,11 @@ class Processes:
             self._say(f"{spec.name} could not start: {exc}")
             await self.apply(self.core.on_exit(spec.name, None, time.monotonic()))
             return
+        if cmd.cpus:
+            try:  # at once, before it starts threads: they inherit the main thread's
+                os.sched_setaffinity(proc.pid, cmd.cpus)
+            except OSError as exc:
+                self._say(f"{spec.name}: could not place it on cores {sorted(cmd.cpus)}: {exc}")
         self._procs[spec.name] = proc
         self.core.on_started(spec.name, time.monotonic())
         task = asyncio.create_task(self._reap(spec.name, proc), name=f"reap-{spec.name}")

@@ -32,6 +32,7 @@ from inferbus.shared import logs, metrics
 from inferbus.shared.bus import publish_durable, request_headers
 from inferbus.shared.codec import decode_or_none, encode
 from inferbus.shared.config import ServiceSettings, group
+from inferbus.shared.cpus import parse_cpus, pin_threads
 from inferbus.shared.runtime import Context, Service
 
 from .core import RequestStream, engine_request, heartbeat
@@ -61,6 +62,12 @@ class WorkerSettings(ServiceSettings, kw_only=True):
     end no longer listen)."""
     state_dir: str = ""
     """Where engine caches go (VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR)."""
+    engine_cpus: str = ""
+    """vllm on a CPU: the cores its engine's threads run on (``0-2``); empty: vLLM's own
+    choice. ``inferbus up`` sets it (shared/cpus.py)."""
+    service_cpus: str = ""
+    """With ``engine_cpus``: the cores this process's own threads move to once the engine
+    runs, beside the other services, off the engine's."""
 
 
 def build_engine(s: WorkerSettings, worker_id: str = "", on_kv_events: Any = None) -> Engine:
@@ -71,7 +78,7 @@ def build_engine(s: WorkerSettings, worker_id: str = "", on_kv_events: Any = Non
         )
     from .vllm_engine import VllmEngine, prepare_environment
 
-    prepare_environment(s.state_dir or None, s.instance_id, s.log_level)
+    prepare_environment(s.state_dir or None, s.instance_id, s.log_level, s.engine_cpus)
     return VllmEngine(o, worker_id=worker_id, on_kv_events=on_kv_events)
 
 
@@ -114,6 +121,10 @@ class WorkerService(Service[WorkerSettings]):
             await self._send_heartbeat()
             await ctx.nc.flush()
             raise
+        if self.settings.engine_cpus and self.settings.service_cpus:
+            # the engine's threads bound themselves to their cores; this process's
+            # (event loop, output handling) go beside the other services
+            pin_threads(parse_cpus(self.settings.service_cpus))
         self._subs.append(await ctx.nc.subscribe(CANCEL, cb=self._on_cancel))
         self._subs.append(await ctx.nc.subscribe(TENANT_CANCELS, cb=self._on_cancel))
         self._subs.append(

