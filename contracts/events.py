@@ -123,6 +123,15 @@ class RequestSubmitted(Event, tag="request.submitted"):
     """The prompt's length in tokens when the client knows it (0: the scheduler
     estimates it from the text), for lanes and token budgets."""
 
+    @property
+    def estimated_prompt_tokens(self) -> int:
+        """``prompt_tokens`` when the client knows it, else about 4 characters a token."""
+        if self.prompt_tokens:
+            return self.prompt_tokens
+        if self.prompt is not None:
+            return len(self.prompt) // 4 + 1
+        return sum(len(m.content) for m in self.messages or ()) // 4 + 1
+
 
 class RequestAccepted(Event, tag="request.accepted"):
     request: RequestSubmitted

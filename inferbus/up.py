@@ -115,9 +115,8 @@ class Platform:
         self.logs = o.state_dir / "logs"
         self.placement_off = why_not(o.engine, o.cpu_placement)
         """Why the engine and the services share cores (empty: they do not)."""
+        # why_not refuses fewer than two cores, so split has cores to split
         self.cpus = None if self.placement_off else split(os.sched_getaffinity(0))
-        if self.cpus is None and not self.placement_off:
-            self.placement_off = "fewer than two cores"
         self.auth: Registry | None = None
         """The closed bus's users (the embedded NATS, unless --open-bus)."""
         # every service: the same tail-sampling settings (tracing itself is switched by

@@ -63,9 +63,9 @@ def why_not(engine: str, mode: str = "auto") -> str:
         return f"the {engine} engine does no heavy work on the CPU"
     if _gpu_present():
         return "a GPU runs the engine"
-    cores = len(os.sched_getaffinity(0))
-    if cores < (4 if mode == "auto" else 2):
-        return f"{cores} cores: the engine would lose {'half' if cores < 4 else 'too much'} of them"
+    cores, least = len(os.sched_getaffinity(0)), 4 if mode == "auto" else 2
+    if cores < least:
+        return f"{cores} cores, under the {least} --cpu-placement {mode} needs"
     if _cgroup_quota():
         return "the cgroup limits CPU time (cores are shared in time)"
     return ""

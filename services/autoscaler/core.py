@@ -187,7 +187,7 @@ class AutoscalerCore:
         m = self.models.get(req.model)
         if m is None:
             return
-        prompt = req.prompt_tokens or _approx_tokens(req)
+        prompt = req.estimated_prompt_tokens
         expected_out = m.mean_output if m.outputs_seen else req.sampling.max_tokens
         expected_out = min(expected_out, req.sampling.max_tokens or expected_out)
         self._add_arrival(m, m.spec.prefill_weight * prompt + expected_out, now)
@@ -482,11 +482,3 @@ def _burst(series: list[float], slo_s: float) -> tuple[float, int]:
         if rate > best:
             best, best_w = rate, w
     return best, best_w
-
-
-def _approx_tokens(req: object) -> int:
-    """A prompt's size when the submitter did not count it: about four characters a token."""
-    prompt = getattr(req, "prompt", None) or ""
-    messages = getattr(req, "messages", None) or []
-    chars = len(prompt) + sum(len(msg.content) for msg in messages)
-    return max(1, chars // 4)

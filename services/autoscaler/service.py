@@ -30,7 +30,7 @@ from inferbus.contracts import (
 from inferbus.contracts.control import DEFAULT_SUPERVISOR
 from inferbus.shared import logs, metrics
 from inferbus.shared.bus import publish_durable
-from inferbus.shared.codec import DecodeError, decode, encode
+from inferbus.shared.codec import decode_or_none, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
 
@@ -193,26 +193,20 @@ class AutoscalerService(Service[AutoscalerSettings]):
 
     # -- inputs ----------------------------------------------------------------------------
 
-    async def _decode(self, msg: Msg, kind: Any) -> Any:
-        try:
-            return decode(msg.data, kind)
-        except DecodeError:
-            # not ours to dead-letter: the stream's owner does; a bad one is skipped here
-            log.warning("undecodable event skipped", subject=msg.subject)
-            return None
+    # events other services answer for (they dead-letter bad ones): skipped here
 
     async def _on_heartbeat(self, msg: Msg) -> None:
-        hb = await self._decode(msg, WorkerHeartbeat)
+        hb = decode_or_none(msg.data, WorkerHeartbeat)
         if hb is not None:
             self.core.on_heartbeat(hb, time.time())
 
     async def _on_started(self, msg: Msg) -> None:
-        ev = await self._decode(msg, RequestStarted)
+        ev = decode_or_none(msg.data, RequestStarted)
         if ev is not None:
             self.core.on_started(ev.request_id, time.time())
 
     async def _on_load(self, msg: Msg) -> None:
-        load = await self._decode(msg, SchedulerLoad)
+        load = decode_or_none(msg.data, SchedulerLoad)
         if load is None:
             return
         now = time.time()
@@ -220,12 +214,12 @@ class AutoscalerService(Service[AutoscalerSettings]):
             self.core.on_load(model, m, now)
 
     async def _on_accepted(self, msg: Msg) -> None:
-        ev = await self._decode(msg, RequestAccepted)
+        ev = decode_or_none(msg.data, RequestAccepted)
         if ev is not None:
             self.core.on_accepted(ev, time.time())
 
     async def _on_ended(self, msg: Msg) -> None:
-        ev = await self._decode(msg, Terminal)
+        ev = decode_or_none(msg.data, Terminal)
         if ev is not None:
             finished = ev if isinstance(ev, RequestFinished) else None
             self.core.on_ended(ev.request_id, finished, time.time())

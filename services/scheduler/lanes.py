@@ -23,11 +23,7 @@ class Item(Protocol):
 
 def prompt_tokens(request: Any) -> int:
     """The request's own count when the client knows it, else about 4 characters a token."""
-    if request.prompt_tokens:
-        return int(request.prompt_tokens)
-    if request.prompt is not None:
-        return len(request.prompt) // 4 + 1
-    return sum(len(m.content) for m in request.messages or ()) // 4 + 1
+    return int(request.estimated_prompt_tokens)
 
 
 def cost_tokens(request: Any) -> int:

@@ -47,7 +47,7 @@ from inferbus.shared.bus import (
     request_headers,
     trace_headers,
 )
-from inferbus.shared.codec import DecodeError, decode, encode
+from inferbus.shared.codec import DecodeError, decode, decode_or_none, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
 from inferbus.shared.streams import ConsumerSpec
@@ -197,11 +197,9 @@ class SchedulerService(Service[SchedulerSettings]):
     # -- inputs ----------------------------------------------------------------------
 
     async def _on_scaling(self, msg: Msg) -> None:
-        try:
-            status = decode(msg.data, ScalingStatus)
-        except DecodeError:
-            return  # the autoscaler's own word; a bad one changes nothing here
-        self.core.on_scaling(status.targets, time.monotonic(), 3 * status.interval_s)
+        status = decode_or_none(msg.data, ScalingStatus)  # a bad one changes nothing here
+        if status is not None:
+            self.core.on_scaling(status.targets, time.monotonic(), 3 * status.interval_s)
 
     async def _on_accepted(self, msg: Msg) -> None:
         assert self._ctx
