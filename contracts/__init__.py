@@ -4,6 +4,8 @@ subjects, streams.
 Imports msgspec and the standard library alone, so a client can vendor it.
 """
 
+from .delivery import *  # noqa: F401,F403
+from .delivery import __all__ as _delivery_all
 from .events import *  # noqa: F401,F403
 from .events import __all__ as _events_all
 from .failures import *  # noqa: F401,F403
@@ -11,4 +13,4 @@ from .failures import __all__ as _failures_all
 from .subjects import *  # noqa: F401,F403
 from .subjects import __all__ as _subjects_all
 
-__all__ = [*_events_all, *_failures_all, *_subjects_all]
+__all__ = [*_delivery_all, *_events_all, *_failures_all, *_subjects_all]

@@ -199,6 +199,9 @@ class RequestFinished(Event, tag="request.finished"):
     worker_id: str = ""
     attempt: int = 1
     timings: StageTimings = msgspec.field(default_factory=StageTimings)
+    served_model: str = ""
+    """The version that answered, ``name@version`` (``name`` alone when the worker's
+    model has no registry version): what a rollout compares."""
 
 
 class RequestFailed(Event, tag="request.failed"):
@@ -210,6 +213,8 @@ class RequestFailed(Event, tag="request.failed"):
     a code it does not know yet (status 500; ``retryable`` says whether to retry)."""
     reason: str
     retryable: bool = False
+    served_model: str = ""
+    """Set when a worker's engine failed it: the version it ran on (``name@version``)."""
 
 
 class InputFinding(msgspec.Struct, kw_only=True):
@@ -272,6 +277,12 @@ class WorkerHeartbeat(Event, tag="worker.heartbeat"):
     kv_capacity_tokens: int = 0
     """Tokens the engine's KV cache holds in all; 0 when unknown (then only
     ``max_num_seqs`` bounds what the scheduler sends)."""
+    versions: dict[str, str] = {}
+    """Each served name's registry version (``{"llama": "v2", "llama@v2": "v2"}``);
+    names without one are absent."""
+    loading: str = ""
+    """What the worker is loading now (``llama@v3 warm``), empty when nothing; it keeps
+    serving ``models`` meanwhile (a field, not a ``state``: older readers ignore it)."""
 
 
 class ModelLoad(msgspec.Struct, kw_only=True):

@@ -44,6 +44,18 @@ __all__ = [
     "scale_subject",
     "SCALE_DECISIONS",
     "SCALING_STATUS",
+    "MODEL_REGISTRY",
+    "MODEL_ARTIFACTS",
+    "delivery_command_subject",
+    "DELIVERY_COMMANDS",
+    "delivery_load_subject",
+    "DELIVERY_LOADS",
+    "swapped_subject",
+    "SWAPPED",
+    "rollout_subject",
+    "ROLLOUTS",
+    "residency_subject",
+    "RESIDENCIES",
     "StreamSpec",
     "STREAMS",
     "HEADER_REQUEST_ID",
@@ -105,6 +117,27 @@ SCALE_DECISIONS = "ib.scale.decided.*"
 """ScaleDecision: the autoscaler's decisions, per model (JetStream IB_SCALE)."""
 SCALING_STATUS = "ib.scaling.status"
 """ScalingStatus: the models the autoscaler sizes and their targets (core NATS)."""
+
+# model delivery (contracts/delivery.py), JetStream IB_DELIVERY
+MODEL_REGISTRY = "ib-models"
+"""JetStream KV bucket: ``v.<name>.<version>`` → ModelVersion, ``current.<name>`` →
+ModelCurrent."""
+MODEL_ARTIFACTS = "ib-models"
+"""JetStream Object Store: ``<name>/<version>/<file>`` and the version's signature."""
+_DELIVERY_CMD = "ib.delivery.cmd.{model}"
+DELIVERY_COMMANDS = "ib.delivery.cmd.*"
+"""DeployRequest and RollbackRequest, for the delivery service."""
+_DELIVERY_LOAD = "ib.delivery.load.{model}"
+DELIVERY_LOADS = "ib.delivery.load.*"
+"""ModelDelivery, for workers."""
+_SWAPPED = "ib.delivery.swapped.{worker_id}"
+SWAPPED = "ib.delivery.swapped.>"
+"""ModelSwapped, from workers (``ib.delivery.swapped.<instance>.<nonce>``)."""
+_ROLLOUT = "ib.delivery.rollout.{model}"
+ROLLOUTS = "ib.delivery.rollout.*"
+"""RolloutDecision: every decision of every rollout (the audit trail)."""
+_RESIDENCY = "ib.cfg.residency.{model}"
+RESIDENCIES = "ib.cfg.residency.*"
 
 HEADER_REQUEST_ID = "Ib-Request-Id"
 HEADER_TRACEPARENT = "traceparent"
@@ -176,6 +209,26 @@ def scale_subject(model: str) -> str:
     return _SCALE.format(model=subject_token(model))
 
 
+def delivery_command_subject(model: str) -> str:
+    return _DELIVERY_CMD.format(model=subject_token(model))
+
+
+def delivery_load_subject(model: str) -> str:
+    return _DELIVERY_LOAD.format(model=subject_token(model))
+
+
+def swapped_subject(worker_id: str) -> str:
+    return _SWAPPED.format(worker_id=worker_id)
+
+
+def rollout_subject(model: str) -> str:
+    return _ROLLOUT.format(model=subject_token(model))
+
+
+def residency_subject(model: str) -> str:
+    return _RESIDENCY.format(model=subject_token(model))
+
+
 def status_subject(service: str) -> str:
     return _STATUS.format(service=service)
 
@@ -221,6 +274,12 @@ STREAMS: tuple[StreamSpec, ...] = (
         subjects=("ib.scale.>",),
         max_age_s=7 * 24 * 3600,
         description="the autoscaler's decisions per model, with their reasons",
+    ),
+    StreamSpec(
+        name="IB_DELIVERY",
+        subjects=("ib.delivery.>",),
+        max_age_s=90 * 24 * 3600,
+        description="model deliveries, workers' swaps, rollout commands and decisions",
     ),
     StreamSpec(
         name="IB_DLQ",

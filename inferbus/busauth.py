@@ -25,6 +25,8 @@ import msgspec
 
 from inferbus.contracts import (
     GATEWAY_REPLY_OWNER,
+    MODEL_ARTIFACTS,
+    MODEL_REGISTRY,
     REPLY_PREFIX,
     TRACE_DECIDED,
     dead_letter_subject,
@@ -76,6 +78,15 @@ JS_CONSUME = Permissions(
     publish=("$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.DURABLE.CREATE.>",
              "$JS.API.CONSUMER.INFO.>", "$JS.API.CONSUMER.DELETE.>", "$JS.ACK.>", "$JS.FC.>"),
 )  # fmt: skip
+
+REGISTRY_READ: tuple[str, ...] = tuple(
+    f"$JS.API.{api}.{stream}{tail}"
+    for stream in (f"KV_{MODEL_REGISTRY}", f"OBJ_{MODEL_ARTIFACTS}")
+    for api, tail in (("STREAM.MSG.GET", ""), ("DIRECT.GET", ".>"), ("CONSUMER.CREATE", ""),
+                      ("CONSUMER.CREATE", ".>"), ("CONSUMER.DELETE", ".>"))
+) + ("$JS.FC.>",)  # fmt: skip
+"""Reading the model registry and artifacts (the KV bucket and Object Store behind them):
+get, and the ordered consumers the Object Store streams chunks through."""
 
 SERVICE_BASE = JS_PROVISION + Permissions(
     publish=("{dead_letters}", TRACE_DECIDED),

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import click
 
-from inferbus import servicetable
+from inferbus import modelcli, servicetable
 from inferbus.contracts.control import DEFAULT_SUPERVISOR
 from inferbus.shared.buscreds import CREDS_ENV
 from inferbus.shared.config import DEFAULT_NATS_URL
@@ -384,7 +384,10 @@ def top(interval: float, once: bool, as_json: bool, nats_url: str) -> None:
 
 @main.group()
 def model() -> None:
-    """Local models."""
+    """Models: make a tiny one; push, sign, deploy and roll back versions."""
+
+
+modelcli.register(model)
 
 
 @model.command("make-tiny")

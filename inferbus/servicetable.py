@@ -15,12 +15,23 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from inferbus.busauth import JS_CONSUME, REPLIES, Permissions, gateway_replies
+from inferbus.busauth import (
+    JS_CONSUME,
+    REGISTRY_READ,
+    REPLIES,
+    Permissions,
+    gateway_replies,
+)
 from inferbus.contracts import (
     ACCEPTED,
+    CANARIES,
     CANCEL,
+    DELIVERY_LOADS,
     ENDED,
     HEARTBEATS,
+    MODEL_REGISTRY,
+    RESIDENCIES,
+    ROLLOUTS,
     SCALE_DECISIONS,
     SCALING_STATUS,
     SCHEDULER_LOAD,
@@ -111,7 +122,15 @@ SERVICES: tuple[ServiceEntry, ...] = (
                publish=("ib.hb.{instance}.*", "ib.kv.{instance}.*", STARTED, ENDED,
                         "$JS.API.CONSUMER.CREATE.IB_WORK.*.ib.work.{instance}.*",
                         "$JS.API.CONSUMER.INFO.IB_WORK.*", "$JS.API.CONSUMER.DELETE.IB_WORK.*",
-                        "$JS.ACK.IB_WORK.>"),
+                        "$JS.ACK.IB_WORK.>",
+                        # deliveries and residency policies in, its swaps out
+                        f"$JS.API.CONSUMER.CREATE.IB_DELIVERY.*.{DELIVERY_LOADS}",
+                        f"$JS.API.CONSUMER.CREATE.IB_CONFIG.*.{RESIDENCIES}",
+                        "$JS.API.CONSUMER.DELETE.IB_DELIVERY.*",
+                        "$JS.API.CONSUMER.DELETE.IB_CONFIG.*",
+                        "$JS.ACK.IB_DELIVERY.>", "$JS.ACK.IB_CONFIG.>",
+                        "ib.delivery.swapped.{instance}.*")
+                       + REGISTRY_READ,
                subscribe=(CANCEL, TENANT_CANCELS))),
     # off by default (`inferbus up --autoscale`); stops with the gateway, so the others'
     # shutdown is not load it reacts to
@@ -120,6 +139,14 @@ SERVICES: tuple[ServiceEntry, ...] = (
            permissions=JS_CONSUME + Permissions(
                publish=(SCALE_DECISIONS, SCALING_STATUS, SUPERVISORS),
                subscribe=(HEARTBEATS, STARTED, SCHEDULER_LOAD))),
+    # model versions to workers (deliveries), canary weights to the scheduler; judges
+    # each version on the requests' ends; the registry's KV bucket is its to write
+    _entry("delivery", "Delivery", start_order=5, stop_order=1, port_offset=4,
+           permissions=JS_CONSUME + Permissions(
+               publish=(CANARIES, DELIVERY_LOADS, ROLLOUTS, f"$KV.{MODEL_REGISTRY}.>")
+                       + REGISTRY_READ,
+               subscribe=(HEARTBEATS, "ib.deliver.delivery-commands",
+                          "ib.deliver.delivery-swapped"))),
 )  # fmt: skip
 
 MAX_INSTANCES = 90

@@ -190,6 +190,8 @@ class Platform:
     def _engine_args(self) -> list[str]:
         o = self.o
         args = ["--engine", o.engine, "--model", self.model_path, "--state-dir", str(o.state_dir)]
+        if not any(a.startswith("--trusted-keys") for a in o.worker_args):
+            args += ["--trusted-keys", str(signing_key(o.state_dir)) + ".pub"]
         if o.engine == "vllm" and o.model is None:
             # the tiny model: eager mode starts in seconds on a CPU, and 2k tokens is its context
             args += ["--enforce-eager", "true", "--max-model-len", "2048"]
@@ -425,6 +427,8 @@ def _banner(o: Options, base: str, up: Up) -> None:
         else f"  cpus      shared by engine and services ({up.platform.placement_off})"
     )
     _say(f"  control   {supervisor_subject(o.supervisor)}   (inferbus ps, inferbus scale)")
+    _say(f"  models    signed with {signing_key(o.state_dir)} (inferbus model push finds it); "
+         "workers load only what verifies against its .pub")  # fmt: skip
     auth = up.platform.auth
     _say(
         f"  bus       closed: each service its own NATS user; operator credentials in "
@@ -439,8 +443,20 @@ def _banner(o: Options, base: str, up: Up) -> None:
     )
 
 
+def signing_key(state_dir: Path) -> Path:
+    """The embedded default's model-signing key, made on first use (a real deployment
+    signs with its release key and gives workers the public half)."""
+    key = state_dir / "signing" / "release.key"
+    if not key.exists():
+        from inferbus.shared.signing import generate_key
+
+        generate_key(key)
+    return key
+
+
 async def _run(o: Options) -> int:
     model, served = _model(o)
+    signing_key(o.state_dir)
     if o.api_keys_file is not None:
         o.api_keys_file = o.api_keys_file.resolve()
         o.probe_key = new_key()

@@ -250,6 +250,33 @@ AUTOSCALER_ACTUATION_ERRORS = Counter(
     ["model"],
 )
 
+# -- model delivery -----------------------------------------------------------------
+MODEL_SWAPS = Counter(
+    "inferbus_model_swaps_total",
+    "Deliveries a worker took: by swap mode, and ok or why refused "
+    "(signature, fetch, incompatible, engine)",
+    ["mode", "outcome"],
+)
+MODEL_SWAP_SECONDS = Histogram(
+    "inferbus_model_swap_seconds",
+    "From a delivery event's arrival to serving the new version (fetch and signature "
+    "check included)",
+    ["mode"],
+    buckets=_LATENCY_BUCKETS,
+)
+MODEL_SIGNATURE_FAILURES = Counter(
+    "inferbus_model_signature_failures_total",
+    "Fetched versions refused because their signature did not verify",
+)
+ROLLOUT_WEIGHT = Gauge(
+    "inferbus_rollout_weight",
+    "Share of the model's requests on the version being rolled out (0 when none)",
+    ["model", "version"],
+)
+ROLLOUT_DECISIONS = Counter(
+    "inferbus_rollout_decisions_total", "Rollout decisions by action", ["model", "action"]
+)
+
 # -- tracing ------------------------------------------------------------------------
 TRACES = Counter(
     "inferbus_traces_total",

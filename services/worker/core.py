@@ -16,11 +16,17 @@ from inferbus.contracts import (
 from .engine import EngineOutput, EngineRequest, EngineStats
 
 
-def engine_request(assignment: WorkAssigned) -> EngineRequest:
+def served_name(assignment: WorkAssigned) -> str:
+    """The name the request runs under: a canary's version, or the one asked for."""
+    return assignment.served_model or assignment.request.model
+
+
+def engine_request(assignment: WorkAssigned, adapter: str = "") -> EngineRequest:
     r = assignment.request
     return EngineRequest(
         request_id=r.request_id,
-        model=assignment.served_model or r.model,
+        model=served_name(assignment),
+        adapter=adapter,
         prompt=r.prompt,
         messages=r.messages,
         sampling=r.sampling,
@@ -34,10 +40,14 @@ class RequestStream:
     worker had begun streaming (and the request can no longer be silently retried).
     """
 
-    __slots__ = ("assignment", "worker_id", "seq", "first_token_at", "started_at")
+    __slots__ = ("assignment", "worker_id", "seq", "first_token_at", "started_at", "served_model")
 
-    def __init__(self, assignment: WorkAssigned, worker_id: str, now: float) -> None:
+    def __init__(
+        self, assignment: WorkAssigned, worker_id: str, now: float, served_model: str = ""
+    ) -> None:
         self.assignment = assignment
+        self.served_model = served_model
+        """The version that answers it (``name@version``), for its end."""
         self.worker_id = worker_id
         self.seq = 0
         self.started_at = now
@@ -81,6 +91,7 @@ class RequestStream:
             worker_id=self.worker_id,
             attempt=self.assignment.attempt,
             timings=out.timings or self.timings(now),
+            served_model=self.served_model,
         )
 
     def timings(self, now: float) -> StageTimings:
@@ -104,6 +115,8 @@ def heartbeat(
     adapters: list[str] | None = None,
     max_model_len: int = 0,
     kv_capacity_tokens: int = 0,
+    versions: dict[str, str] | None = None,
+    loading: str = "",
 ) -> WorkerHeartbeat:
     return WorkerHeartbeat(
         worker_id=worker_id,
@@ -123,4 +136,6 @@ def heartbeat(
         adapters=adapters or [],
         max_model_len=max_model_len,
         kv_capacity_tokens=kv_capacity_tokens,
+        versions=versions or {},
+        loading=loading,
     )

@@ -14,7 +14,9 @@ from inferbus.contracts import ChatMessage, SamplingParams, StageTimings
 class EngineRequest(msgspec.Struct, kw_only=True):
     request_id: str
     model: str = ""
-    """The served name the client asked for: the base model or a LoRA adapter."""
+    """The served name the client asked for (for logs; the worker resolves it)."""
+    adapter: str = ""
+    """The engine's adapter that answers it (``add_adapter``'s name); empty: the base."""
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
@@ -57,12 +59,9 @@ class Engine(Protocol):
     def name(self) -> str: ...
 
     @property
-    def models(self) -> list[str]:
-        """Served names: the base model first, then any LoRA adapters."""
+    def adapters(self) -> list[str]:
+        """Adapters it can serve (loaded now or on their next request)."""
         ...
-
-    @property
-    def adapters(self) -> list[str]: ...
 
     @property
     def max_num_seqs(self) -> int: ...
@@ -87,6 +86,23 @@ class Engine(Protocol):
         ...
 
     def stats(self) -> EngineStats: ...
+
+    async def add_adapter(self, name: str, path: str, preload: bool = True) -> None:
+        """Serve the LoRA adapter at ``path`` as ``name``, loaded now (``preload``) or on
+        its first request."""
+        ...
+
+    async def unload_adapter(self, name: str) -> None:
+        """Free its engine memory; it stays servable (loaded again on demand)."""
+        ...
+
+    async def remove_adapter(self, name: str) -> None: ...
+
+    async def reload_weights(self, path: str) -> None:
+        """Load new weights of the same shapes in place: requests in flight finish on
+        the old ones, later ones run on the new, and the prefix cache is emptied (its
+        KV was computed by the old weights)."""
+        ...
 
 
 class EngineOptions(msgspec.Struct, kw_only=True, frozen=True):

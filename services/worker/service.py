@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
+import tempfile
 import time
 from collections import OrderedDict
+from collections.abc import AsyncGenerator
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import msgspec
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
@@ -19,6 +24,7 @@ from inferbus.contracts import (
     CancelRequest,
     FailureCode,
     RequestCancelled,
+    RequestFailed,
     WorkAssigned,
     WorkerState,
     heartbeat_subject,
@@ -28,17 +34,19 @@ from inferbus.contracts import (
     tenant_of_subject,
     work_subject,
 )
-from inferbus.shared import logs, metrics
+from inferbus.shared import logs, metrics, modelstore
 from inferbus.shared.bus import publish_durable, request_headers
 from inferbus.shared.codec import decode_or_none, encode
 from inferbus.shared.config import ServiceSettings, group
 from inferbus.shared.cpus import parse_cpus, pin_threads
 from inferbus.shared.runtime import Context, Service
 
-from .core import RequestStream, engine_request, heartbeat
-from .engine import Engine, EngineError, EngineOptions
+from .core import RequestStream, engine_request, heartbeat, served_name
+from .delivery import Deliveries, trusted_keys
+from .engine import Engine, EngineError, EngineOptions, EngineOutput
 from .report import report_end, report_stats
 from .sim import SimEngine, SimTiming
+from .swap import Held, Holding
 
 log = logs.get("inferbus.worker")
 
@@ -68,10 +76,29 @@ class WorkerSettings(ServiceSettings, kw_only=True):
     service_cpus: str = ""
     """With ``engine_cpus``: the cores this process's own threads move to once the engine
     runs, beside the other services, off the engine's."""
+    follow_registry: bool = True
+    """Start on the registry's current version of the model (when there is one) and
+    take delivery events; off: serve ``--model`` and nothing else."""
+    trusted_keys: str = ""
+    """Public keys (PEM files, or folders of ``*.pub``/``*.pem``; comma-separated) a
+    delivered version's signature must verify against. None: every delivery is
+    refused. Configuration only: a delivery event cannot add one."""
+    model_cache_dir: str = ""
+    """Where delivered versions are fetched to (default: ``<state_dir>/models``)."""
+    cold_swap: Literal["auto", "overlap", "replace"] = "auto"
+    """A cold swap (another architecture): ``overlap`` starts the new engine beside
+    the old, which serves until the new one is ready (twice the memory meanwhile);
+    ``replace`` drains and stops the old first (requests wait); ``auto``: overlap on
+    CPUs and the sim, replace on GPUs."""
 
 
-def build_engine(s: WorkerSettings, worker_id: str = "", on_kv_events: Any = None) -> Engine:
-    o = s.engine_options
+def build_engine(
+    s: WorkerSettings,
+    worker_id: str = "",
+    on_kv_events: Any = None,
+    options: EngineOptions | None = None,
+) -> Engine:
+    o = options or s.engine_options
     if s.engine == "sim":
         return SimEngine(
             o.model, s.sim, o.max_num_seqs, o.max_model_len or 8192, s.sim_kv_capacity_tokens
@@ -80,6 +107,17 @@ def build_engine(s: WorkerSettings, worker_id: str = "", on_kv_events: Any = Non
 
     prepare_environment(s.state_dir or None, s.instance_id, s.log_level, s.engine_cpus)
     return VllmEngine(o, worker_id=worker_id, on_kv_events=on_kv_events)
+
+
+def initial_holding(o: EngineOptions) -> Holding:
+    """What a worker serves before any delivery: ``--model`` (no registry version) and
+    its ``--lora-modules``."""
+    shape = modelstore.shape_of(o.model) if Path(o.model).is_dir() else None
+    return Holding(
+        model=Held(name=o.served_name, path=o.model, shape=shape.shape if shape else "",
+                   quantization=shape.quantization if shape else ""),
+        adapters=tuple(Held(name=n, path=p) for n, p in o.lora_modules.items()),
+    )  # fmt: skip
 
 
 class WorkerService(Service[WorkerSettings]):
@@ -91,6 +129,15 @@ class WorkerService(Service[WorkerSettings]):
         # ``<instance>.<nonce>``: its credentials allow the subjects of its instance only
         self.worker_id = f"{subject_token(settings.instance_id)}.{secrets.token_hex(3)}"
         self.engine = engine or build_engine(settings, self.worker_id, self._publish_kv_events)
+        self.holding = initial_holding(settings.engine_options)
+        self.origin = self.holding
+        """What it was started with: a rollback to version "" returns to it."""
+        """What it serves, by name and version (swap.py decides how deliveries change it)."""
+        self.loading = ""
+        self._serving = asyncio.Event()
+        """Clear while a cold swap with ``replace`` has no engine up: requests wait."""
+        self._serving.set()
+        self.deliveries: Deliveries | None = None
         self.failure = ""
         self.state: WorkerState = "starting"
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -111,16 +158,28 @@ class WorkerService(Service[WorkerSettings]):
         logs.bind(worker=self.worker_id)
         # heartbeats say "starting" while the engine loads (tens of seconds for vLLM)
         self._hb_task = asyncio.create_task(self._heartbeats(), name="heartbeats")
-        await self._send_heartbeat()
+        await self.send_heartbeat()
+        if self.settings.follow_registry:
+            keys = trusted_keys(self.settings.trusted_keys)
+            self.deliveries = Deliveries(self, self._cache_dir(), keys)
+            current = await self.deliveries.current_version(self.holding.model.name)
+            if current is not None:  # the registry's version, not the folder it was given
+                mv, verified = current
+                self.loading = f"{mv.ref} start"
+                self.holding = Holding(model=Held(
+                    name=mv.name, version=mv.version, shape=mv.shape,
+                    quantization=mv.quantization, path=verified.folder))  # fmt: skip
+                self.engine = self._build(self.holding.model)
         try:
             await self.engine.start()
         except BaseException as exc:
             self.state, self.failure = "failed", f"engine failed to start: {exc}"
             log.error("engine failed to start", error=str(exc))
             self._hb_task.cancel()
-            await self._send_heartbeat()
+            await self.send_heartbeat()
             await ctx.nc.flush()
             raise
+        self.loading = ""
         if self.settings.engine_cpus and self.settings.service_cpus:
             # the engine's threads bound themselves to their cores; this process's
             # (event loop, output handling) go beside the other services
@@ -142,8 +201,78 @@ class WorkerService(Service[WorkerSettings]):
                 ),
             )
         )
+        if self.deliveries is not None:
+            await self.deliveries.start()
         self.state = "ready"
-        await self._send_heartbeat()
+        await self.send_heartbeat()
+
+    def _cache_dir(self) -> Path:
+        s = self.settings
+        if s.model_cache_dir:
+            return Path(s.model_cache_dir)
+        return Path(s.state_dir or tempfile.gettempdir()) / "models" / subject_token(s.instance_id)
+
+    def _build(self, held: Held) -> Engine:
+        """An engine for a delivered model (its folder, served under its name)."""
+        o = msgspec.structs.replace(self.settings.engine_options, model=held.path,
+                                    served_model_name=held.name, lora_modules={})  # fmt: skip
+        return build_engine(self.settings, self.worker_id, self._publish_kv_events, o)
+
+    @contextlib.asynccontextmanager
+    async def held_back(self) -> AsyncGenerator[None, None]:
+        """New requests wait (they are not refused) while the requests in flight finish;
+        the body runs with the engine idle."""
+        running = [t for t in self._tasks.values() if not t.done()]
+        self._serving.clear()
+        try:
+            await self._finish(running)
+            yield
+        finally:
+            self._serving.set()
+
+    async def replace_engine(self, after: Holding) -> None:
+        """A cold swap: a new engine for ``after.model``; the old one's requests finish on
+        it. If the new engine fails to start, the old one serves on (restarted, with
+        ``replace``) and the error goes up to the delivery's report."""
+        old = self.engine
+        new = self._build(after.model)
+        if self._overlap():
+            try:
+                await new.start()  # the old engine serves meanwhile
+            except BaseException:
+                await new.stop()
+                raise
+            running = [t for t in self._tasks.values() if not t.done()]
+            self.engine, self.holding = new, after
+            await self._finish(running)
+            await old.stop()
+            return
+        async with self.held_back():
+            await old.stop()
+            try:
+                await new.start()
+            except BaseException:
+                await new.stop()
+                await old.start()
+                raise
+            self.engine, self.holding = new, after
+
+    def _overlap(self) -> bool:
+        mode = self.settings.cold_swap
+        if mode != "auto":
+            return mode == "overlap"
+        if self.settings.engine == "sim":
+            return True
+        from .vllm_engine import on_gpu
+
+        return not on_gpu()
+
+    async def _finish(self, tasks: list[asyncio.Task[None]]) -> None:
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.settings.drain_timeout_s)
+
+    def fail(self, reason: str) -> None:
+        self.state, self.failure = "failed", reason
 
     def ready(self) -> tuple[bool, str]:
         return self.state == "ready", self.failure or self.state
@@ -163,7 +292,9 @@ class WorkerService(Service[WorkerSettings]):
         return {
             "worker_id": self.worker_id,
             "engine": self.engine.name,
-            "models": self.engine.models,
+            "models": list(self.holding.served()),
+            "versions": self.holding.versions(),
+            "loading": self.loading,
             "state": self.state,
             "inflight": len(self._tasks),
             "running": stats.running,
@@ -205,7 +336,7 @@ class WorkerService(Service[WorkerSettings]):
         stream = RequestStream(assignment, self.worker_id, time.monotonic())
         itl = metrics.ITL.tally()
         last_chunk_at = 0.0
-        outputs = self.engine.generate(engine_request(assignment))
+        outputs = self._generate(assignment, stream)
         terminal: Any = None
         expiry = None
         if req.deadline:
@@ -263,6 +394,8 @@ class WorkerService(Service[WorkerSettings]):
             terminal = request_failed(
                 rid, FailureCode.ENGINE_ERROR, "engine ended without a finish reason"
             )
+        if isinstance(terminal, RequestFailed) and stream.served_model:
+            terminal.served_model = stream.served_model
         metrics.ITL.add((self.name, model), itl)
         ended = time.monotonic()
         try:
@@ -272,6 +405,24 @@ class WorkerService(Service[WorkerSettings]):
             await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=f"{rid}:end")
         finally:  # counted and logged even when the record of its end could not be made
             report_end(self._ctx.tracing, self.name, stream, terminal, parent, received, ended)
+
+    async def _generate(
+        self, assignment: WorkAssigned, stream: RequestStream
+    ) -> AsyncGenerator[EngineOutput, None]:
+        """The engine's outputs for the version that serves the request now (named on
+        ``stream`` for its end). Waits while a swap holds new requests back."""
+        await self._serving.wait()
+        name = served_name(assignment)
+        held = self.holding.resolve(name)
+        if held is None:
+            raise EngineError(FailureCode.MODEL_NOT_FOUND, f"this worker does not serve {name!r}")
+        stream.served_model = held.ref
+        adapter = "" if held is self.holding.model else held.ref
+        async with contextlib.aclosing(
+            self.engine.generate(engine_request(assignment, adapter))
+        ) as outputs:
+            async for out in outputs:
+                yield out
 
     def _backup_end(self, client: str, rid: str) -> None:
         """The stream's end went through the output filter. Should that sanitizer have
@@ -313,12 +464,12 @@ class WorkerService(Service[WorkerSettings]):
 
     # -- heartbeats and drain ----------------------------------------------------------
 
-    async def _send_heartbeat(self) -> None:
+    async def send_heartbeat(self) -> None:
         assert self._ctx
         hb = heartbeat(
             worker_id=self.worker_id,
             engine_name=self.engine.name,
-            models=self.engine.models,
+            models=list(self.holding.served()),
             max_num_seqs=self.engine.max_num_seqs,
             state=self.state,
             stats=self.engine.stats(),
@@ -326,7 +477,9 @@ class WorkerService(Service[WorkerSettings]):
             interval_s=self.settings.heartbeat_interval_s,
             now=time.time(),
             reason=self.failure,
-            adapters=self.engine.adapters,
+            adapters=self.holding.adapter_names(),
+            versions=self.holding.versions(),
+            loading=self.loading,
             max_model_len=self.engine.max_model_len,
             kv_capacity_tokens=self.engine.kv_capacity_tokens,
         )
@@ -337,14 +490,16 @@ class WorkerService(Service[WorkerSettings]):
         while True:
             await asyncio.sleep(self.settings.heartbeat_interval_s)
             try:
-                await self._send_heartbeat()
+                await self.send_heartbeat()
             except Exception:
                 log.exception("heartbeat failed")
 
     async def drain(self) -> None:
         assert self._ctx
         self.state = "draining"
-        await self._send_heartbeat()
+        await self.send_heartbeat()
+        if self.deliveries is not None:
+            await self.deliveries.stop()
         for sub in self._subs:
             await sub.unsubscribe()
         if self._tasks:
@@ -358,6 +513,6 @@ class WorkerService(Service[WorkerSettings]):
         if self._hb_task:
             self._hb_task.cancel()
         self.state = "stopped"
-        await self._send_heartbeat()
+        await self.send_heartbeat()
         await self._ctx.nc.flush()
         await self.engine.stop()

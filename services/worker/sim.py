@@ -75,12 +75,14 @@ class _Sequence:
         "echo",
     )
 
-    def __init__(self, request: EngineRequest) -> None:
+    def __init__(self, request: EngineRequest, weights: str = "") -> None:
         text = prompt_text(request)
         self.request = request
         self.prompt_tokens = count_tokens(text)
         seed = request.sampling.seed or 0
-        self.prompt_hash = zlib.crc32(f"{seed}\x00{text}".encode())
+        # the weights (and adapter) change the output, as they would a real model's
+        salt = f"{weights}\x00{request.adapter}\x00" if weights or request.adapter else ""
+        self.prompt_hash = zlib.crc32(f"{seed}\x00{salt}{text}".encode())
         self.outputs: asyncio.Queue[EngineOutput] = asyncio.Queue()
         self.generated = 0
         self.text = ""
@@ -151,8 +153,10 @@ class SimEngine:
         max_model_len: int = 8192,
         kv_capacity_tokens: int = 0,
     ) -> None:
-        self.models = [model]
-        self.adapters: list[str] = []
+        self.weights = ""
+        """What the sim's output depends on besides the prompt: "" at start, then the
+        folder of each reload."""
+        self._adapters: dict[str, str] = {}
         self.timing = timing
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
@@ -161,6 +165,7 @@ class SimEngine:
         self._running: list[_Sequence] = []
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
+        self._paused = False
 
     async def start(self) -> None:
         self._loop_task = asyncio.create_task(self._run(), name="sim-engine")
@@ -176,10 +181,39 @@ class SimEngine:
     def stats(self) -> EngineStats:
         return EngineStats(running=len(self._running), waiting=len(self._waiting))
 
+    @property
+    def adapters(self) -> list[str]:
+        return list(self._adapters)
+
+    async def add_adapter(self, name: str, path: str, preload: bool = True) -> None:
+        self._adapters[name] = path
+
+    async def unload_adapter(self, name: str) -> None:
+        pass  # nothing is held in the sim's memory
+
+    async def remove_adapter(self, name: str) -> None:
+        self._adapters.pop(name, None)
+
+    async def reload_weights(self, path: str) -> None:
+        # as vLLM's pause(mode="wait"): nothing new is scheduled, what runs finishes on
+        # the old weights, then the rest runs on the new
+        self._paused = True
+        try:
+            while self._running:
+                await asyncio.sleep(0.005)
+            self.weights = path
+        finally:
+            self._paused = False
+            self._wake.set()
+
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         if self._loop_task is None or self._loop_task.done():
             raise RuntimeError("sim engine is not running")
-        seq = _Sequence(request)
+        if request.adapter and request.adapter not in self._adapters:
+            raise EngineError(
+                FailureCode.MODEL_NOT_FOUND, f"this worker has no adapter {request.adapter!r}"
+            )
+        seq = _Sequence(request, self.weights)
         if seq.prompt_tokens + request.sampling.max_tokens > self.max_model_len:
             raise EngineError(
                 FailureCode.CONTEXT_LENGTH_EXCEEDED,
@@ -204,11 +238,15 @@ class SimEngine:
     async def _run(self) -> None:
         sleep = asyncio.sleep
         while True:
-            if not self._running and not self._waiting:
+            if not self._running and (not self._waiting or self._paused):
                 self._wake.clear()
                 await self._wake.wait()
             admitted: list[_Sequence] = []
-            while self._waiting and len(self._running) + len(admitted) < self.max_num_seqs:
+            while (
+                self._waiting
+                and not self._paused
+                and len(self._running) + len(admitted) < self.max_num_seqs
+            ):
                 seq = self._waiting.popleft()
                 if not seq.aborted:
                     admitted.append(seq)

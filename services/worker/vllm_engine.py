@@ -82,6 +82,13 @@ def check_importable() -> None:
         ) from exc
 
 
+def on_gpu() -> bool:
+    """Whether vLLM runs on an accelerator here (there, two engines rarely fit at once)."""
+    from vllm.platforms import current_platform
+
+    return not current_platform.is_cpu()
+
+
 def request_errors() -> tuple[type[BaseException], ...]:
     """What vLLM raises for a request it refuses (its 4xx errors), as opposed to a fault."""
     try:
@@ -209,13 +216,12 @@ class VllmEngine:
         on_kv_events: Callable[[list[KvEvent]], Any] | None = None,
     ) -> None:
         self.options = options
-        self.models = [options.served_name, *options.lora_modules]
-        self.adapters = list(options.lora_modules)
         self.max_num_seqs = options.max_num_seqs
         self._stats = EngineStats()
         self._engine: Any = None
         self._tokenizer: Any = None
         self._loras: dict[str, Any] = {}
+        self._lora_ids = 0
         self._on_kv_events = on_kv_events
         self._kv_task: asyncio.Task[None] | None = None
         self.worker_id = worker_id
@@ -270,8 +276,52 @@ class VllmEngine:
             stat_loggers=[_stat_logger(self._stats)],
         )
         self._tokenizer = self._engine.get_tokenizer()
-        for i, (name, path) in enumerate(self.options.lora_modules.items(), start=1):
-            self._loras[name] = LoRARequest(lora_name=name, lora_int_id=i, lora_path=path)
+        for name, path in self.options.lora_modules.items():
+            self._lora_ids += 1
+            self._loras[name] = LoRARequest(
+                lora_name=name, lora_int_id=self._lora_ids, lora_path=path
+            )
+
+    @property
+    def adapters(self) -> list[str]:
+        return list(self._loras)
+
+    async def add_adapter(self, name: str, path: str, preload: bool = True) -> None:
+        from vllm.lora.request import LoRARequest
+
+        if self._engine is None:
+            raise RuntimeError("the vllm engine is not running")
+        if not self._engine.vllm_config.lora_config:
+            raise EngineError(
+                FailureCode.INVALID_REQUEST,
+                "this engine runs without LoRA: start the worker with --enable-lora",
+            )
+        if name in self._loras:
+            await self.remove_adapter(name)
+        self._lora_ids += 1
+        request = LoRARequest(lora_name=name, lora_int_id=self._lora_ids, lora_path=path)
+        if preload:  # a bad adapter fails here, not on a client's request
+            await self._engine.add_lora(request)
+        self._loras[name] = request
+
+    async def unload_adapter(self, name: str) -> None:
+        if self._engine is not None and name in self._loras:
+            await self._engine.remove_lora(self._loras[name].lora_int_id)
+
+    async def remove_adapter(self, name: str) -> None:
+        await self.unload_adapter(name)
+        self._loras.pop(name, None)
+
+    async def reload_weights(self, path: str) -> None:
+        if self._engine is None:
+            raise RuntimeError("the vllm engine is not running")
+        # "wait": requests in flight finish on the old weights; new ones wait for the
+        # resume. The prefix cache must go: its KV came from the old weights.
+        await self._engine.pause_generation(mode="wait", clear_cache=True)
+        try:
+            await self._engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        finally:
+            await self._engine.resume_generation()
 
     async def stop(self) -> None:
         if self._kv_task:
@@ -314,10 +364,10 @@ class VllmEngine:
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         if self._engine is None:
             raise RuntimeError("the vllm engine is not running")
-        lora = self._loras.get(request.model)
-        if request.model and request.model not in self.models:
+        lora = self._loras.get(request.adapter) if request.adapter else None
+        if request.adapter and lora is None:
             raise EngineError(
-                FailureCode.MODEL_NOT_FOUND, f"this worker does not serve {request.model!r}"
+                FailureCode.MODEL_NOT_FOUND, f"this worker has no adapter {request.adapter!r}"
             )
         prompt = self._prompt(request)
         max_len = self._engine.model_config.max_model_len

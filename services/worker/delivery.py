@@ -1,0 +1,333 @@
+"""The worker's side of model delivery: fetch, verify, swap, report.
+
+Deliveries are taken one at a time. A version is fetched to the worker's cache and
+its signature verified against the operator's keys before any byte reaches the
+engine; on any failure the worker keeps serving what it had and says why
+(``ModelSwapped`` with ``ok=false``). The decisions (which mode, what is served
+afterwards, residency) are swap.py's; this module does the I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from inferbus.contracts import (
+    DELIVERY_LOADS,
+    KvAllCleared,
+    ModelDelivery,
+    ModelResidency,
+    ModelSwapped,
+    ModelVersion,
+    kv_subject,
+    swapped_subject,
+)
+from inferbus.contracts import RESIDENCIES as RESIDENCY_SUBJECTS
+from inferbus.shared import logs, metrics, modelstore
+from inferbus.shared.codec import encode
+from inferbus.shared.signing import SignatureError, verify_folder
+
+from .engine import Engine, EngineError
+from .swap import (
+    CURRENT,
+    Held,
+    Plan,
+    Skip,
+    apply_residency,
+    check_residency,
+    plan,
+    residency_at,
+    with_path,
+)
+
+if TYPE_CHECKING:
+    from .service import WorkerService
+
+log = logs.get("inferbus.worker.delivery")
+
+
+def trusted_keys(spec: str) -> list[Path]:
+    """``--trusted-keys``: public key files, or folders of them (``*.pub``, ``*.pem``),
+    comma-separated."""
+    keys: list[Path] = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        path = Path(part)
+        if path.is_dir():
+            keys += sorted(p for p in path.iterdir() if p.suffix in (".pub", ".pem"))
+        elif path.is_file():
+            keys.append(path)
+        else:
+            raise FileNotFoundError(f"trusted key {part!r}: no such file or folder")
+    return keys
+
+
+class Verified(msgspec.Struct, kw_only=True, frozen=True):
+    folder: str
+    fetch_s: float
+    verify_s: float
+
+
+class Deliveries:
+    def __init__(self, worker: WorkerService, cache_dir: Path, keys: list[Path]) -> None:
+        self.worker = worker
+        self.cache_dir = cache_dir
+        self.keys = keys
+        self.policies: dict[str, ModelResidency] = {}
+        self.pinned: set[str] = set()
+        """Adapters loaded in the engine now (by ref)."""
+        self._lock = asyncio.Lock()
+        self._subs: list[Any] = []
+        self._residency_task: asyncio.Task[None] | None = None
+
+    @property
+    def js(self) -> Any:
+        assert self.worker._ctx
+        return self.worker._ctx.js
+
+    # -- start -----------------------------------------------------------------------------
+
+    async def current_version(self, name: str) -> tuple[ModelVersion, Verified] | None:
+        """The registry's current version of ``name``, fetched and verified, for a worker
+        starting up; None when there is none (or it cannot be had: the worker then starts
+        on its own ``--model``, and says why)."""
+        try:
+            current = await modelstore.get_current(self.js, name)
+            if current is None or not current.version:  # none, or rolled back to --model
+                return None
+            mv = await modelstore.get_version(self.js, name, current.version)
+            if mv is None:
+                raise modelstore.RegistryError(f"{name}@{current.version} is not in the registry")
+            return mv, await self._fetch_verified(mv)
+        except Exception as exc:
+            log.error("the registry's current version cannot be loaded; starting on --model",
+                      model=name, error=str(exc))  # fmt: skip
+            await self._report("startup", f"{name}", CURRENT, ok=False, code=_code(exc),
+                               reason=str(exc))  # fmt: skip
+            return None
+
+    async def start(self) -> None:
+        ctx = self.worker._ctx
+        assert ctx
+        name = "delivery-" + self.worker.worker_id.replace(".", "-")
+        self._subs.append(await ctx.js.subscribe(
+            DELIVERY_LOADS, stream="IB_DELIVERY", cb=self._on_delivery, manual_ack=True,
+            config=ConsumerConfig(name=name, deliver_policy=DeliverPolicy.NEW,
+                                  inactive_threshold=60.0),
+        ))  # fmt: skip
+        # residency policies: the latest of each, then every change
+        self._subs.append(await ctx.js.subscribe(
+            RESIDENCY_SUBJECTS, stream="IB_CONFIG", cb=self._on_residency, manual_ack=True,
+            config=ConsumerConfig(name="residency-" + name.removeprefix("delivery-"),
+                                  deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                                  inactive_threshold=60.0),
+        ))  # fmt: skip
+        self._residency_task = asyncio.create_task(self._residency_clock(), name="residency")
+
+    async def stop(self) -> None:
+        if self._residency_task:
+            self._residency_task.cancel()
+        for sub in self._subs:
+            await sub.unsubscribe()
+
+    # -- deliveries ------------------------------------------------------------------------
+
+    async def _on_delivery(self, msg: Msg) -> None:
+        ctx = self.worker._ctx
+        assert ctx
+        delivery = await ctx.dead_letters.decode(msg, ModelDelivery, ack=True)
+        if delivery is None:
+            return
+        await msg.ack()
+        arrived = time.perf_counter()
+        async with self._lock:
+            await self.deliver(delivery, arrived)
+
+    async def deliver(self, delivery: ModelDelivery, arrived: float) -> ModelSwapped | None:
+        w = self.worker
+        decision = plan(w.holding, delivery, w.worker_id, w.origin)
+        ref = delivery.model.ref
+        if isinstance(decision, Skip):
+            log.info("delivery not for this worker", model=ref, reason=decision.reason)
+            if not decision.answer:
+                return None
+            return await self._report(delivery.delivery_id, ref, delivery.role, ok=False,
+                                      code="incompatible", reason=decision.reason)  # fmt: skip
+        w.loading = f"{ref} {decision.mode}"
+        await w.send_heartbeat()
+        fetch_s = verify_s = 0.0
+        try:
+            if decision.load.path:
+                folder = decision.load.path
+            else:
+                verified = await self._fetch_verified(delivery.model)
+                folder, fetch_s, verify_s = verified.folder, verified.fetch_s, verified.verify_s
+            p = with_path(decision, folder)
+            swap_started = time.perf_counter()
+            await self._swap(p)
+            swap_s = time.perf_counter() - swap_started
+        except Exception as exc:
+            w.loading = ""
+            await w.send_heartbeat()
+            code = _code(exc)
+            log.error("delivery refused; still serving what it had", model=ref, code=code,
+                      error=str(exc), serving=w.holding.model.ref)  # fmt: skip
+            metrics.MODEL_SWAPS.labels(decision.mode, code).inc()
+            return await self._report(delivery.delivery_id, ref, delivery.role, ok=False,
+                                      mode=decision.mode, code=code, reason=str(exc),
+                                      fetch_s=fetch_s, verify_s=verify_s)  # fmt: skip
+        w.loading = ""
+        await w.send_heartbeat()
+        total = time.perf_counter() - arrived
+        metrics.MODEL_SWAPS.labels(decision.mode, "ok").inc()
+        metrics.MODEL_SWAP_SECONDS.labels(decision.mode).observe(total)
+        log.info("swapped", model=ref, role=delivery.role, mode=decision.mode,
+                 total_s=round(total, 4), fetch_s=round(fetch_s, 4),
+                 verify_s=round(verify_s, 4), swap_s=round(swap_s, 4))  # fmt: skip
+        return await self._report(delivery.delivery_id, ref, delivery.role, ok=True,
+                                  mode=decision.mode, fetch_s=fetch_s, verify_s=verify_s,
+                                  swap_s=swap_s, total_s=total)  # fmt: skip
+
+    async def _fetch_verified(self, mv: ModelVersion) -> Verified:
+        fetched = await modelstore.fetch(self.js, mv, self.cache_dir)
+        try:
+            # hashing every file is CPU work: off the event loop (heartbeats go on)
+            key, verify_s = await asyncio.to_thread(
+                verify_folder, fetched.folder, fetched.signature, self.keys
+            )
+        except SignatureError:
+            metrics.MODEL_SIGNATURE_FAILURES.inc()
+            if mv.store == "object":  # a bad copy is not kept for the next try
+                modelstore.evict(self.cache_dir, mv)
+            raise
+        log.info("signature verified", model=mv.ref, key=Path(key).name,
+                 verify_s=round(verify_s, 4))  # fmt: skip
+        return Verified(folder=str(fetched.folder), fetch_s=fetched.took_s, verify_s=verify_s)
+
+    async def _swap(self, p: Plan) -> None:
+        """Carry out the plan. The worker's holding changes at the moment the engine
+        does, so each request's end names the version that really served it."""
+        w = self.worker
+        engine = w.engine
+        if p.mode == "hot":
+            residency = self._residency(p.load.name)
+            await engine.add_adapter(p.load.ref, p.load.path, preload=residency == "hot")
+            if residency == "hot":
+                self.pinned.add(p.load.ref)
+        elif p.mode == "warm":
+            async with w.held_back():  # what runs finishes on the old weights
+                try:
+                    await engine.reload_weights(p.load.path)
+                except Exception:
+                    await self._restore_weights(engine, w.holding.model)
+                    raise
+                w.holding = p.after
+            await self._kv_cleared()
+        elif p.mode == "cold":
+            await w.replace_engine(p.after)
+            self.pinned.clear()
+            await self._kv_cleared()
+        for held in p.unload:
+            if p.mode != "cold":
+                await engine.remove_adapter(held.ref)
+            self.pinned.discard(held.ref)
+        w.holding = p.after
+
+    async def _restore_weights(self, engine: Engine, old: Held) -> None:
+        """A reload that failed part way leaves the engine's weights mixed: load the
+        old ones back, or stop serving (a worker that cannot say what it serves must
+        not serve)."""
+        if not old.path:
+            return
+        try:
+            await engine.reload_weights(old.path)
+        except Exception as exc:
+            log.error("the old weights could not be restored; the worker stops serving",
+                      error=str(exc))  # fmt: skip
+            self.worker.fail(f"weights reload failed and could not be undone: {exc}")
+
+    async def _kv_cleared(self) -> None:
+        """Every prefix the scheduler saw on this worker was computed by the old weights."""
+        ctx = self.worker._ctx
+        assert ctx
+        wid = self.worker.worker_id
+        await ctx.nc.publish(kv_subject(wid), encode(KvAllCleared(worker_id=wid)))
+
+    async def _report(self, delivery_id: str, ref: str, role: str, **fields: Any) -> ModelSwapped:
+        ctx = self.worker._ctx
+        assert ctx
+        ev = ModelSwapped(delivery_id=delivery_id, worker_id=self.worker.worker_id, model=ref,
+                          role=role, at=time.time(), **fields)  # fmt: skip
+        try:
+            await ctx.js.publish(swapped_subject(self.worker.worker_id), encode(ev))
+        except Exception as exc:
+            log.error("could not report a swap", model=ref, error=str(exc))
+        return ev
+
+    # -- residency -------------------------------------------------------------------------
+
+    def _residency(self, name: str) -> str:
+        policy = self.policies.get(name)
+        return residency_at(policy, time.time()) if policy else "hot"
+
+    async def _on_residency(self, msg: Msg) -> None:
+        ctx = self.worker._ctx
+        assert ctx
+        policy = await ctx.dead_letters.decode(msg, ModelResidency, ack=True)
+        if policy is None:
+            return
+        try:
+            check_residency(policy)
+        except ValueError as exc:
+            await ctx.dead_letters.send(msg, f"residency policy refused: {exc}")
+            await msg.ack()
+            return
+        await msg.ack()
+        self.policies[policy.name] = policy
+        async with self._lock:
+            await self.apply_residency()
+
+    async def _residency_clock(self) -> None:
+        while True:  # schedules change with the time of day
+            await asyncio.sleep(30.0)
+            if any(p.schedule for p in self.policies.values()):
+                async with self._lock:
+                    await self.apply_residency()
+
+    async def apply_residency(self) -> None:
+        w = self.worker
+        after, effects = apply_residency(w.holding, self.policies, time.time(),
+                                         frozenset(self.pinned))  # fmt: skip
+        for a in effects.pin:
+            await w.engine.add_adapter(a.ref, a.path, preload=True)
+            self.pinned.add(a.ref)
+        for a in (*effects.unpin, *effects.drop):
+            await w.engine.unload_adapter(a.ref)
+            self.pinned.discard(a.ref)
+        for a in effects.drop:
+            await w.engine.remove_adapter(a.ref)
+            modelstore.evict(self.cache_dir, _as_version(a))
+        if effects.pin or effects.unpin or effects.drop:
+            log.info("residency applied", pinned=sorted(self.pinned),
+                     dropped=[a.ref for a in effects.drop])  # fmt: skip
+        w.holding = after
+
+
+def _as_version(h: Held) -> ModelVersion:
+    return ModelVersion(name=h.name, version=h.version)
+
+
+def _code(exc: BaseException) -> str:
+    if isinstance(exc, SignatureError):
+        return "signature"
+    if isinstance(exc, modelstore.RegistryError | OSError | nats.errors.Error):
+        return "fetch"
+    if isinstance(exc, EngineError):
+        return "incompatible"
+    return "engine"
