@@ -174,6 +174,9 @@ class DeployRequest(Event, tag="rollout.deploy"):
     canary_workers: int = 1
     """Workers that load the new version as the canary (full models; adapters load
     on every worker of their base)."""
+    canary: bool = True
+    """False: no canary; every worker loads it at once (a one-worker fleet, or a fix
+    that cannot wait). The swaps are still checked and refused ones rolled back."""
     requested_by: str = ""
     requested_at: float = 0.0
 

@@ -402,10 +402,11 @@ modelcli.register(model)
 @click.option("--seed", default=0, show_default=True)
 @click.option(
     "--arch",
-    type=click.Choice(["tiny", "1b"]),
+    type=click.Choice(["tiny", "tiny-deep", "1b"]),
     default="tiny",
     show_default=True,
-    help="tiny: 2 layers, hidden 128. 1b: a Llama-3.2-1B shape, for GPU benchmarks.",
+    help="tiny: 2 layers, hidden 128. tiny-deep: 4 layers. 1b: a Llama-3.2-1B shape, "
+    "for GPU benchmarks.",
 )
 def make_tiny_cmd(out_dir: Path, lora_dir: Path | None, seed: int, arch: str) -> None:
     """Build a tiny random-weight Llama with a locally trained tokenizer (seconds)."""

@@ -47,7 +47,7 @@ def _ref(text: str) -> tuple[str, str]:
 
 
 def register(model: click.Group) -> None:
-    for command in (keygen, push, list_cmd, status, deploy, rollback, residency):
+    for command in (keygen, push, list_cmd, status, deploy, rollback, residency, quantize):
         model.add_command(command)
 
 
@@ -278,12 +278,18 @@ def _duration(text: str) -> float:
     help="Workers that load a full model's new version first.",
 )
 @click.option(
+    "--canary/--no-canary", default=True, show_default=True,
+    help="--no-canary: every worker loads it at once (one worker, or an urgent fix); "
+    "refused swaps still roll it back.",
+)  # fmt: skip
+@click.option(
     "--wait/--no-wait", default=False, help="Follow the rollout's decisions until it ends."
 )
 @click.option("--timeout", default="1h", show_default=True, help="With --wait: give up after.")
 @nats_option
 def deploy(ref: str, steps: str, interval: str, slo: str, min_samples: int,
-           canary_workers: int, wait: bool, timeout: str, nats_url: str) -> None:  # fmt: skip
+           canary_workers: int, canary: bool, wait: bool, timeout: str,
+           nats_url: str) -> None:  # fmt: skip
     """Roll NAME@VERSION out: canary workers load it, its share of traffic rises step by
     step while it meets the SLO, and it is promoted, or rolled back the moment it does
     not (by the delivery service; every decision is recorded)."""
@@ -297,6 +303,7 @@ def deploy(ref: str, steps: str, interval: str, slo: str, min_samples: int,
         raise click.BadParameter(f"steps {steps!r}: percentages, comma-separated") from None
     req = DeployRequest(model=name, version=version, steps=pcts, interval_s=_duration(interval),
                         slo=_slo(slo), min_samples=min_samples, canary_workers=canary_workers,
+                        canary=canary,
                         requested_by=getpass.getuser(), requested_at=time.time())  # fmt: skip
 
     async def run() -> int:
@@ -387,3 +394,28 @@ def residency(name: str, level: str, windows: tuple[str, ...], nats_url: str) ->
 
     asyncio.run(run())
     click.echo(f"{name}: {level}" + "".join(f", {w}" for w in windows))
+
+
+@click.command()
+@click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option(
+    "--group-size",
+    default=128,
+    show_default=True,
+    help="Input channels sharing a scale and zero point.",
+)
+@click.option("--samples", default=32, show_default=True, help="Calibration texts.")
+@click.option("--rtn", is_flag=True, help="Round to nearest only: no activation-aware scales.")
+def quantize(src: Path, dst: Path, group_size: int, samples: int, rtn: bool) -> None:  # fmt: skip
+    """Quantize the model at SRC to 4-bit AWQ (AutoAWQ gemm format, zero point) in DST,
+    for vLLM (needs the engine's extra: torch and transformers)."""
+    from inferbus.quantize import awq_quantize
+
+    if dst.exists() and any(dst.iterdir()):
+        raise click.ClickException(f"{dst} is not empty")
+    report = awq_quantize(src, dst, group_size=group_size, samples=samples,
+                          activation_aware=not rtn)  # fmt: skip
+    for layer, rel in report.items():
+        click.echo(f"  {layer:<40} output error {rel:.3f}x round-to-nearest's")
+    click.echo(f"awq 4-bit g{group_size}  {dst}")

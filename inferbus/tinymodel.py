@@ -54,7 +54,10 @@ ARCH_1B = {
     "vocab_size": 32768,
     "max_position_embeddings": 4096,
 }
-ARCHS = {"tiny": ARCH, "1b": ARCH_1B}
+# The tiny model at twice the depth: another architecture of the same family (a swap
+# to it starts a new engine) that is slower per token, for delivery tests.
+ARCH_DEEP = {**ARCH, "num_hidden_layers": 4}
+ARCHS = {"tiny": ARCH, "tiny-deep": ARCH_DEEP, "1b": ARCH_1B}
 
 
 def _corpus(max_bytes: int = 3_000_000) -> list[str]:
@@ -140,13 +143,13 @@ def _weights(arch: dict[str, int], seed: int, dtype: type) -> dict[str, np.ndarr
 def make_tiny(out_dir: str | Path, seed: int = 0, arch: str = "tiny") -> Path:
     """Write the model to ``out_dir`` (created if needed) and return its path.
 
-    ``arch`` is "tiny" (float32, 3 MB, for CPUs and tests) or "1b" (float16, ~2.4 GB,
-    for GPU benchmarks).
+    ``arch`` is "tiny" (float32, 3 MB, for CPUs and tests), "tiny-deep" (its four-layer
+    sibling) or "1b" (float16, ~2.4 GB, for GPU benchmarks).
     """
     from safetensors.numpy import save_file
 
     shape = ARCHS[arch]
-    dtype = np.float32 if arch == "tiny" else np.float16
+    dtype = np.float16 if arch == "1b" else np.float32
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     build_tokenizer(out, shape["vocab_size"], shape["max_position_embeddings"])

@@ -241,11 +241,12 @@ class DeliveryCore:
                 previous=current.version if current else "", decided_at=now)])  # fmt: skip
         self.rollouts[req.model] = rollout
         effects = Effects(changed=[req.model])
-        if not self._serving(req.model):  # nothing to compare against: straight in
-            base = rollout.candidate.base_model
-            effects.decisions.append(self._decision(rollout, "start", now,
-                f"first version of {req.model}: no worker serves it yet, so no canary "
-                f"(loading it on every worker of {base})"))  # fmt: skip
+        if not self._serving(req.model) or not req.canary:  # straight in
+            why = (f"first version of {req.model}: no worker serves it yet, so no canary"
+                   if req.canary else "no canary, as asked")  # fmt: skip
+            rollout.step = len(rollout.steps) - 1  # all of it, at once
+            start = self._decision(rollout, "start", now, f"{why}: every worker loads it now")
+            effects.decisions.append(start)
             return effects.extend(self._promote(rollout, now, VersionOutcomes(),
                                                 VersionOutcomes()))  # fmt: skip
         steps = ", ".join(f"{s:g}%" for s in rollout.steps)
@@ -284,7 +285,7 @@ class DeliveryCore:
             if not serving:
                 raise DeployRefused(f"no worker serves {req.model}: a new model needs workers "
                                     "of its own (start them with --model)")  # fmt: skip
-            if len(serving) < 2:
+            if len(serving) < 2 and req.canary:
                 raise DeployRefused(
                     f"a canary of a full model needs two workers serving {req.model} or more "
                     f"(one keeps the current version), found {len(serving)}: scale up first"

@@ -85,6 +85,8 @@ class Deliveries:
         self._lock = asyncio.Lock()
         self._subs: list[Any] = []
         self._residency_task: asyncio.Task[None] | None = None
+        self._prefetches: set[asyncio.Task[None]] = set()
+        self._fetching: dict[str, asyncio.Lock] = {}
 
     @property
     def js(self) -> Any:
@@ -133,6 +135,8 @@ class Deliveries:
     async def stop(self) -> None:
         if self._residency_task:
             self._residency_task.cancel()
+        for task in list(self._prefetches):
+            task.cancel()
         for sub in self._subs:
             await sub.unsubscribe()
 
@@ -155,6 +159,8 @@ class Deliveries:
         ref = delivery.model.ref
         if isinstance(decision, Skip):
             log.info("delivery not for this worker", model=ref, reason=decision.reason)
+            if delivery.workers and self._mine(delivery.model):
+                self._prefetch(delivery.model)
             if not decision.answer:
                 return None
             return await self._report(delivery.delivery_id, ref, delivery.role, ok=False,
@@ -194,8 +200,31 @@ class Deliveries:
                                   mode=decision.mode, fetch_s=fetch_s, verify_s=verify_s,
                                   swap_s=swap_s, total_s=total)  # fmt: skip
 
+    def _mine(self, mv: ModelVersion) -> bool:
+        """A version this worker may be asked to load next (its model's or its base's)."""
+        serves = self.worker.holding.model.name
+        return bool(mv.version) and (mv.base_model if mv.kind == "adapter" else mv.name) == serves
+
+    def _prefetch(self, mv: ModelVersion) -> None:
+        """A canary elsewhere: fetch and verify it now, so that a promotion here reads no
+        network (warm residency). Failures are only logged: the delivery that asks this
+        worker to load it will report them."""
+
+        async def run() -> None:
+            try:
+                await self._fetch_verified(mv)
+                log.info("prefetched", model=mv.ref)
+            except Exception as exc:
+                log.warning("prefetch failed", model=mv.ref, error=str(exc))
+
+        task = asyncio.create_task(run(), name=f"prefetch-{mv.ref}")
+        self._prefetches.add(task)
+        task.add_done_callback(self._prefetches.discard)
+
     async def _fetch_verified(self, mv: ModelVersion) -> Verified:
-        fetched = await modelstore.fetch(self.js, mv, self.cache_dir)
+        # one fetch of a version at a time (a prefetch and a delivery may meet)
+        async with self._fetching.setdefault(mv.ref, asyncio.Lock()):
+            fetched = await modelstore.fetch(self.js, mv, self.cache_dir)
         try:
             # hashing every file is CPU work: off the event loop (heartbeats go on)
             key, verify_s = await asyncio.to_thread(

@@ -67,7 +67,8 @@ class SteadyLoad:
         first = 0.0
         try:
             stream = self._client.stream(self.model, prompt, max_tokens=self.tokens,
-                                         request_id=rid, timeout=self.timeout_s)  # fmt: skip
+                                         request_id=rid, timeout=self.timeout_s,
+                                         ignore_eos=True)  # fmt: skip
             async for _ in stream:
                 first = first or time.monotonic()
             out = stream.outcome

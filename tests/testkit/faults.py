@@ -81,6 +81,7 @@ class Platform:
         decode_s: float = 0.01,
         nats_cluster: int = 1,
         extra: tuple[str, ...] = (),
+        engine: str = "sim",
     ) -> None:
         self.state = state
         self.port, nats_port = free_ports(2)
@@ -88,18 +89,18 @@ class Platform:
         """Every node's URL, comma-separated (from up's banner)."""
         self.http = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "inferbus.cli", "up", "--engine", "sim", "--no-selftest",
+            [sys.executable, "-m", "inferbus.cli", "up", "--engine", engine, "--no-selftest",
              "--port", str(self.port), "--nats-port", str(nats_port), "--state-dir", str(state),
              "--workers", str(workers), "--metrics-port-base",
              str(random.randrange(20000, 32000, 100)),
-             f"--worker-arg=--sim-decode-s-per-step={decode_s}",
+             *([f"--worker-arg=--sim-decode-s-per-step={decode_s}"] if engine == "sim" else []),
              "--nats-cluster", str(nats_cluster), *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "NATS_URL": ""},
         )  # fmt: skip
         assert self.proc.stdout is not None
         lines = []
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + (90 if engine == "sim" else 300)
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
             if not line:

