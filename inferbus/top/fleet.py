@@ -9,7 +9,7 @@ from typing import Any
 
 from inferbus import servicetable
 
-from .rows import QueueRow, ServiceRow, WorkerRow
+from .rows import QueueRow, RolloutRow, ServiceRow, WorkerRow
 from .snapshot import Instance, Snapshot
 
 SERVICES = servicetable.names()
@@ -141,7 +141,8 @@ def _detail(inst: Instance) -> str:
             f", prefix hits {hit:.0%}" if hit is not None else ""
         )
     if inst.service == "worker":
-        return f"{s.get('engine', '?')} engine, worker {s.get('worker_id', '?')}"
+        loading = f", loading {s['loading']}" if s.get("loading") else ""
+        return f"{s.get('engine', '?')} engine, worker {s.get('worker_id', '?')}{loading}"
     return ""
 
 
@@ -170,3 +171,20 @@ def service_rows(now: Snapshot) -> list[ServiceRow]:
 def missing_services(now: Snapshot) -> list[str]:
     present = {i.service for i in now.instances}
     return [s for s in servicetable.default_names() if s not in present]
+
+
+def rollout_rows(now: Snapshot) -> list[RolloutRow]:
+    """What the delivery service reports of its rollouts, the ones in flight first."""
+    rows = []
+    for inst in now.instances:
+        if inst.service != "delivery":
+            continue
+        for model, r in as_mapping(inst.status.get("rollouts")).items():
+            r = as_mapping(r)
+            rows.append(RolloutRow(
+                model=str(model), version=str(r.get("version", "?")),
+                phase=str(r.get("phase", "?")), weight=as_float(r.get("weight")),
+                workers=as_strings(r.get("workers")),
+            ))  # fmt: skip
+    over = ("done", "rolled_back", "failed")
+    return sorted(rows, key=lambda r: (r.phase in over, r.model))

@@ -150,6 +150,16 @@ def services_table(view: View) -> Table:
     return table
 
 
+def rollouts_table(view: View) -> Table:
+    table = _table("Rollouts", "model", "version", "phase", "on new", "canary workers",
+                   text=("version", "phase", "canary workers"))  # fmt: skip
+    styles = {"rolled_back": "red", "failed": "red", "done": "dim"}
+    for r in view.rollouts:
+        table.add_row(r.model, r.version, Text(r.phase, style=styles.get(r.phase, "")),
+                      _share(r.weight), ", ".join(r.workers) or "all of the base")  # fmt: skip
+    return table
+
+
 def footer(view: View) -> Text:
     parts = []
     if view.gateway_refusals_per_s is not None:
@@ -172,5 +182,6 @@ def render(view: View, heading: str) -> RenderableType:
         queues_table(view),
         traffic_table(view),
         services_table(view),
+        *([rollouts_table(view)] if view.rollouts else []),
         footer(view),
     )

@@ -67,6 +67,18 @@ class ServiceRow:
 
 
 @dataclass(frozen=True)
+class RolloutRow:
+    model: str
+    version: str
+    phase: str
+    """placing, stepping, promoting; done, rolled_back or failed once over."""
+    weight: float | None
+    """Share of the model's requests on the new version, 0..1."""
+    workers: list[str]
+    """Its canary workers (empty: every worker of an adapter's base)."""
+
+
+@dataclass(frozen=True)
 class TraceRates:
     kept_per_s: float | None
     dropped_per_s: float | None
@@ -92,3 +104,5 @@ class View:
     services: list[ServiceRow] = field(default_factory=list)
     missing_services: list[str] = field(default_factory=list)
     """Services no instance of which answered on ``$SRV``."""
+    rollouts: list[RolloutRow] = field(default_factory=list)
+    """The delivery service's rollouts (``inferbus model status`` has their decisions)."""

@@ -36,6 +36,7 @@ def build_view(before: Snapshot | None, now: Snapshot) -> View:
         traces=traffic.trace_rates(now, interval),
         services=fleet.service_rows(now),
         missing_services=fleet.missing_services(now),
+        rollouts=fleet.rollout_rows(now),
     )
 
 

@@ -265,7 +265,7 @@ def test_the_fleet_merges_the_schedulers_view_with_the_workers_own():
         ("m", "short", 2, 1.5),
     ]
     assert view.queued == 3 and view.scheduler_inflight == 2
-    assert view.missing_services == []
+    assert view.missing_services == ["delivery"]  # the one default service not faked here
     assert [s.service for s in view.services] == ["gateway", "sanitizer", "scheduler", "worker"]
     assert view.services[0].detail == "auth open, 1 model"
     text = rendered(view)
@@ -284,7 +284,7 @@ def test_the_fleet_merges_the_schedulers_view_with_the_workers_own():
 
 def test_nothing_running_is_shown_as_such():
     view = build_view(None, Snapshot(at=0.0))
-    assert view.missing_services == ["gateway", "sanitizer", "scheduler", "worker"]
+    assert view.missing_services == ["gateway", "sanitizer", "scheduler", "worker", "delivery"]
     assert view.workers == [] and view.queues == [] and view.queued is None
     text = rendered(view)
     assert "no workers" in text and "no scheduler" in text and "none answered" in text
@@ -305,7 +305,7 @@ def test_an_instance_whose_metrics_cannot_be_read_is_shown_unreachable():
     (row,) = [s for s in view.services if s.service == "worker"]
     assert row.metrics.startswith("unreachable") and row.ready is True
     assert view.workers[0].decode_tokens_per_s is None  # not read: not known, not zero
-    assert view.missing_services == ["gateway", "sanitizer"]
+    assert view.missing_services == ["gateway", "sanitizer", "delivery"]
     assert "unreachable" in rendered(view)
 
 
@@ -394,3 +394,22 @@ def test_json_is_for_a_single_view():
 
     result = CliRunner().invoke(main, ["top", "--json"])
     assert result.exit_code == 2 and "--json needs --once" in result.output
+
+
+def test_rollouts_are_shown_in_flight_first_with_their_share():
+    worker, scheduler, gateway, sanitizer = platform()
+    delivery = FakeProcess(
+        "delivery", "d1",
+        rollouts={
+            "old": {"version": "v1", "phase": "rolled_back", "weight": 0.0, "workers": ["w9"]},
+            "m": {"version": "v2", "phase": "stepping", "weight": 0.25, "workers": ["w1"]},
+            "odd": "not a mapping",
+        },
+    )  # fmt: skip
+    view = build_view(None, snap(0.0, worker, scheduler, gateway, sanitizer, delivery))
+    assert [(r.model, r.phase, r.weight) for r in view.rollouts][:2] == [
+        ("m", "stepping", 0.25), ("odd", "?", None)]  # fmt: skip
+    assert view.rollouts[-1].model == "old"
+    text = rendered(view)
+    assert "Rollouts" in text and "stepping" in text and "25.0%" in text
+    assert "Rollouts" not in rendered(build_view(None, snap(0.0, worker, scheduler)))
