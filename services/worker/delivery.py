@@ -114,6 +114,34 @@ class Deliveries:
                                reason=str(exc))  # fmt: skip
             return None
 
+    async def load_current_adapters(self) -> None:
+        """A worker starting up serves the adapters whose current version is on its
+        model, as those running already do (each verified; a refused one is reported
+        and skipped)."""
+        w = self.worker
+        try:
+            kv = await modelstore.registry(self.js)
+            keys = [k for k in await modelstore.keys(kv) if k.startswith("current.")]
+        except modelstore.RegistryError:
+            return
+        except Exception as exc:  # the registry unreadable: serve the model alone
+            log.error("current adapters unknown", error=str(exc))
+            return
+        for key in keys:
+            current = await modelstore.get_current(self.js, key.removeprefix("current."))
+            if current is None or not current.version:
+                continue
+            mv = await modelstore.get_version(self.js, current.name, current.version)
+            if mv is None or mv.kind != "adapter" or mv.base_model != w.holding.model.name:
+                continue
+            at_start = ModelDelivery(delivery_id="startup", model=mv, role=CURRENT,
+                                     reason="current at start")  # fmt: skip
+            await self.deliver(at_start, time.perf_counter())
+
+    async def _adapters_again(self) -> None:
+        async with self._lock:
+            await self.load_current_adapters()
+
     async def start(self) -> None:
         ctx = self.worker._ctx
         assert ctx
@@ -190,6 +218,11 @@ class Deliveries:
                                       fetch_s=fetch_s, verify_s=verify_s)  # fmt: skip
         w.loading = ""
         await w.send_heartbeat()
+        if decision.mode == "cold" and decision.unload:
+            # the adapters went with the old engine: the current ones come back
+            task = asyncio.create_task(self._adapters_again(), name="adapters-again")
+            self._prefetches.add(task)
+            task.add_done_callback(self._prefetches.discard)
         total = time.perf_counter() - arrived
         metrics.MODEL_SWAPS.labels(decision.mode, "ok").inc()
         metrics.MODEL_SWAP_SECONDS.labels(decision.mode).observe(total)

@@ -202,6 +202,7 @@ class WorkerService(Service[WorkerSettings]):
             )
         )
         if self.deliveries is not None:
+            await self.deliveries.load_current_adapters()
             await self.deliveries.start()
         self.state = "ready"
         await self.send_heartbeat()

@@ -19,7 +19,7 @@ from inferbus.shared import modelstore
 from inferbus.shared.bus import connect
 from inferbus.shared.buscreds import load_credentials
 from inferbus.shared.signing import generate_key
-from inferbus.tinymodel import make_tiny
+from inferbus.tinymodel import make_tiny, make_tiny_lora
 
 pytestmark = pytest.mark.slow
 
@@ -72,6 +72,11 @@ def test_a_rollout_under_load_promotes_and_a_rollback_by_hand_restores(platform,
     pushed = cli(p.nats_url, p.operator, "model", "push", str(tmp_path / "v2"), "--name", MODEL,
                  "--version", "v2", "--key", str(p.state / "signing" / "release.key"))  # fmt: skip
     assert "sim-model@v2" in pushed and "signed" in pushed
+    make_tiny_lora(tmp_path / "v2", tmp_path / "lora")
+    key = str(p.state / "signing" / "release.key")
+    cli(p.nats_url, p.operator, "model", "push", str(tmp_path / "lora"), "--name", "sim-lora",
+        "--version", "a1", "--base", MODEL, "--key", key)  # fmt: skip
+    v2 = {MODEL: "v2", f"{MODEL}@v2": "v2"}
 
     async def scenario() -> SteadyLoad:
         async with SteadyLoad(p.nats_url, str(p.tenant), MODEL) as load:
@@ -94,17 +99,23 @@ def test_a_rollout_under_load_promotes_and_a_rollback_by_hand_restores(platform,
                 "90s",
             )
             assert "promote" in out and "done" in out, out
-            await wait_versions(p, {MODEL: "v2", f"{MODEL}@v2": "v2"})
+            await wait_versions(p, v2)
             on_v2 = time.monotonic()
             await asyncio.sleep(1.0)
             assert set(load.versions(since=on_v2)) == {f"{MODEL}@v2"}
-            # a worker restarted after the promotion comes back on the registry's version
+            out = await asyncio.to_thread(cli, p.nats_url, p.operator, "model", "deploy",
+                                          "sim-lora@a1", "--wait", "--timeout", "30s")  # fmt: skip
+            assert "done" in out, out
+            v2_lora = {**v2, "sim-lora": "a1", "sim-lora@a1": "a1"}
+            await wait_versions(p, v2_lora)
+            # a worker restarted now comes back on the registry's versions, adapter too
             pids = await p.pids()
             os.kill(pids["worker-1"], signal.SIGKILL)
             await p.wait_running(("worker-1",))
-            await wait_versions(p, {MODEL: "v2", f"{MODEL}@v2": "v2"}, timeout=60)
+            await wait_versions(p, v2_lora, timeout=60)
             await asyncio.to_thread(cli, p.nats_url, p.operator, "model", "rollback", MODEL)
-            await wait_versions(p, {})  # each worker back on its own --model
+            # each worker back on its own --model (a new engine), its adapter loaded again
+            await wait_versions(p, {"sim-lora": "a1", "sim-lora@a1": "a1"})
             back = time.monotonic()
             await asyncio.sleep(1.0)
             assert set(load.versions(since=back + 0.5)) == {MODEL}
@@ -121,6 +132,11 @@ def test_a_rollout_under_load_promotes_and_a_rollback_by_hand_restores(platform,
     actions = [d["action"] for d in decisions(p)]
     assert actions[:3] == ["start", "place", "step"], actions
     assert actions[-3:] == ["promote", "done", "rollback"], actions
+    assert any(
+        "sim-lora" in line
+        for line in cli(p.nats_url, p.operator, "model", "list").splitlines()
+        if line.startswith("*")
+    )  # the adapter's current version
 
 
 def test_tampered_and_wrongly_signed_versions_are_refused_and_a_slow_canary_rolls_back(
