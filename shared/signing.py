@@ -19,6 +19,12 @@ class SignatureError(Exception):
     """The folder does not verify against any trusted key (or there is none)."""
 
 
+def preload() -> None:
+    """Import the verifier now (0.3 s or more, once), not on the first delivery's
+    clock."""
+    from model_signing import verifying  # noqa: F401
+
+
 def generate_key(private_path: str | Path, curve: str = "P-256") -> Path:
     """Write a new private key (PEM, PKCS#8, mode 0600) and its public key beside it
     (``<private>.pub``); return the public key's path."""

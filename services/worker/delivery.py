@@ -32,7 +32,7 @@ from inferbus.contracts import (
 from inferbus.contracts import RESIDENCIES as RESIDENCY_SUBJECTS
 from inferbus.shared import logs, metrics, modelstore
 from inferbus.shared.codec import encode
-from inferbus.shared.signing import SignatureError, verify_folder
+from inferbus.shared.signing import SignatureError, preload, verify_folder
 
 from .engine import Engine, EngineError
 from .swap import (
@@ -143,6 +143,7 @@ class Deliveries:
             await self.load_current_adapters()
 
     async def start(self) -> None:
+        await asyncio.to_thread(preload)
         ctx = self.worker._ctx
         assert ctx
         name = "delivery-" + self.worker.worker_id.replace(".", "-")

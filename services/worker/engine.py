@@ -98,6 +98,10 @@ class Engine(Protocol):
 
     async def remove_adapter(self, name: str) -> None: ...
 
+    def yield_cpu(self) -> None:
+        """Give way to another engine of this worker that is starting (a cold swap)."""
+        ...
+
     async def reload_weights(self, path: str) -> None:
         """Load new weights of the same shapes in place: requests in flight finish on
         the old ones, later ones run on the new, and the prefix cache is emptied (its

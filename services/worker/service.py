@@ -238,6 +238,7 @@ class WorkerService(Service[WorkerSettings]):
         old = self.engine
         new = self._build(after.model)
         if self._overlap():
+            old.yield_cpu()
             try:
                 await new.start()  # the old engine serves meanwhile
             except BaseException:

@@ -194,6 +194,9 @@ class SimEngine:
     async def remove_adapter(self, name: str) -> None:
         self._adapters.pop(name, None)
 
+    def yield_cpu(self) -> None:
+        pass  # the sim does no heavy work
+
     async def reload_weights(self, path: str) -> None:
         # as vLLM's pause(mode="wait"): nothing new is scheduled, what runs finishes on
         # the old weights, then the rest runs on the new

@@ -82,6 +82,17 @@ def check_importable() -> None:
         ) from exc
 
 
+def _children() -> set[int]:
+    """This process's child processes (Linux; empty elsewhere)."""
+    out: set[int] = set()
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            out |= {int(c) for c in (task / "children").read_text().split()}
+        except OSError:
+            pass
+    return out
+
+
 def on_gpu() -> bool:
     """Whether vLLM runs on an accelerator here (there, two engines rarely fit at once)."""
     from vllm.platforms import current_platform
@@ -222,6 +233,8 @@ class VllmEngine:
         self._tokenizer: Any = None
         self._loras: dict[str, Any] = {}
         self._lora_ids = 0
+        self._processes: set[int] = set()
+        """The engine core's processes (children of the worker made by its start)."""
         self._on_kv_events = on_kv_events
         self._kv_task: asyncio.Task[None] | None = None
         self.worker_id = worker_id
@@ -270,11 +283,13 @@ class VllmEngine:
             sock, endpoint = self._kv_socket()
             self._kv_task = asyncio.create_task(self._relay_kv_events(sock), name="kv-events")
         # loading takes seconds to minutes: off the event loop, so heartbeats keep going
+        before = _children()
         self._engine = await asyncio.to_thread(
             AsyncLLM.from_engine_args,
             self.engine_args(endpoint),
             stat_loggers=[_stat_logger(self._stats)],
         )
+        self._processes = _children() - before
         self._tokenizer = self._engine.get_tokenizer()
         for name, path in self.options.lora_modules.items():
             self._lora_ids += 1
@@ -285,6 +300,17 @@ class VllmEngine:
     @property
     def adapters(self) -> list[str]:
         return list(self._loras)
+
+    def yield_cpu(self) -> None:
+        """Let another engine of this worker start first: on a CPU machine two engines
+        share the cores, and the one still serving would slow the other's start to
+        half speed. This one serves on, at the lowest priority (it stops soon)."""
+        for pid in self._processes:  # niceness is per thread on Linux: every thread
+            for tid in [t.name for t in Path(f"/proc/{pid}/task").glob("*")] or [str(pid)]:
+                try:
+                    os.setpriority(os.PRIO_PROCESS, int(tid), 19)
+                except OSError:  # gone already, or not ours to change
+                    pass
 
     async def add_adapter(self, name: str, path: str, preload: bool = True) -> None:
         from vllm.lora.request import LoRARequest

@@ -72,10 +72,11 @@ def test_a_rollout_under_load_promotes_and_a_rollback_by_hand_restores(platform,
     pushed = cli(p.nats_url, p.operator, "model", "push", str(tmp_path / "v2"), "--name", MODEL,
                  "--version", "v2", "--key", str(p.state / "signing" / "release.key"))  # fmt: skip
     assert "sim-model@v2" in pushed and "signed" in pushed
-    make_tiny_lora(tmp_path / "v2", tmp_path / "lora")
     key = str(p.state / "signing" / "release.key")
-    cli(p.nats_url, p.operator, "model", "push", str(tmp_path / "lora"), "--name", "sim-lora",
-        "--version", "a1", "--base", MODEL, "--key", key)  # fmt: skip
+    for version, seed in (("a1", 1), ("a2", 2)):
+        make_tiny_lora(tmp_path / "v2", tmp_path / version, seed=seed)
+        cli(p.nats_url, p.operator, "model", "push", str(tmp_path / version), "--name",
+            "sim-lora", "--version", version, "--base", MODEL, "--key", key)  # fmt: skip
     v2 = {MODEL: "v2", f"{MODEL}@v2": "v2"}
 
     async def scenario() -> SteadyLoad:
@@ -113,9 +114,19 @@ def test_a_rollout_under_load_promotes_and_a_rollback_by_hand_restores(platform,
             os.kill(pids["worker-1"], signal.SIGKILL)
             await p.wait_running(("worker-1",))
             await wait_versions(p, v2_lora, timeout=60)
+            # the adapter's next version: the old one is kept (by version) until the
+            # residency policy says cold
+            out = await asyncio.to_thread(cli, p.nats_url, p.operator, "model", "deploy",
+                                          "sim-lora@a2", "--no-canary", "--wait")  # fmt: skip
+            assert "done" in out, out
+            a2 = {"sim-lora": "a2", "sim-lora@a2": "a2"}
+            await wait_versions(p, {**v2, **a2, "sim-lora@a1": "a1"})
+            await asyncio.to_thread(cli, p.nats_url, p.operator, "model", "residency",
+                                    "sim-lora", "cold")  # fmt: skip
+            await wait_versions(p, {**v2, **a2})
             await asyncio.to_thread(cli, p.nats_url, p.operator, "model", "rollback", MODEL)
             # each worker back on its own --model (a new engine), its adapter loaded again
-            await wait_versions(p, {"sim-lora": "a1", "sim-lora@a1": "a1"})
+            await wait_versions(p, a2)
             back = time.monotonic()
             await asyncio.sleep(1.0)
             assert set(load.versions(since=back + 0.5)) == {MODEL}

@@ -52,7 +52,8 @@ class SteadyLoad:
 
     async def __aexit__(self, *exc: object) -> None:
         self._stop.set()
-        await asyncio.wait(self._tasks, timeout=self.timeout_s + 5)
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=self.timeout_s + 5)
         await self._client.close()
 
     async def _caller(self, i: int) -> None:
