@@ -42,7 +42,7 @@ import testkit_path  # noqa: F401  (before testkit)
 from testkit.delivery import SteadyLoad, cli, throttle
 from testkit.faults import Platform
 
-from inferbus.contracts import DELIVERY_LOADS, ModelDelivery
+from inferbus.contracts import DELIVERY_LOADS, SWAPPED, ModelDelivery, ModelSwapped
 from inferbus.shared.bus import connect
 from inferbus.shared.buscreds import load_credentials
 from inferbus.shared.codec import decode_or_none
@@ -52,10 +52,12 @@ MODEL, LORA = "tiny-llama", "tiny-lora"
 
 
 class Deliveries:
-    """When each delivery event went out, as a subscriber on the bus saw it."""
+    """When each delivery event went out, as a subscriber on the bus saw it, and the
+    worker's account of each swap (fetch, signature check, swap, total)."""
 
     def __init__(self) -> None:
         self.at: dict[str, float] = {}
+        self.swapped: dict[str, ModelSwapped] = {}
 
     async def open(self, p: Platform) -> Deliveries:
         self.nc = await connect(p.nats_url, "bench-deliveries", load_credentials(p.operator))
@@ -65,7 +67,13 @@ class Deliveries:
             if ev is not None:
                 self.at.setdefault(ev.model.ref, time.monotonic())
 
+        async def on_swapped(msg) -> None:
+            ev = decode_or_none(msg.data, ModelSwapped)
+            if ev is not None and ev.ok:
+                self.swapped.setdefault(ev.model, ev)
+
         await self.nc.subscribe(DELIVERY_LOADS, cb=on)
+        await self.nc.subscribe(SWAPPED, cb=on_swapped)
         return self
 
 

@@ -6,6 +6,8 @@ Versions are immutable: pushing a version that exists with other files is refuse
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import hashlib
 import json
 import os
@@ -15,8 +17,9 @@ import time
 from pathlib import Path
 
 import msgspec
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, ObjectStoreConfig, StorageType
+from nats.js.api import DeliverPolicy, KeyValueConfig, ObjectStoreConfig, StorageType
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
@@ -286,11 +289,8 @@ async def fetch(js: JetStreamContext, mv: ModelVersion, cache_dir: str | Path) -
             for f in mv.files:
                 target = partial / "files" / f.path
                 target.parent.mkdir(parents=True, exist_ok=True)
-                with target.open("wb") as out:
-                    await obs.get(object_name(mv, f.path), writeinto=out)
-        (partial / mv.signature).write_bytes(
-            (await obs.get(object_name(mv, mv.signature))).data or b""
-        )
+                await get_object(js, obs, object_name(mv, f.path), target)
+        await get_object(js, obs, object_name(mv, mv.signature), partial / mv.signature)
         (partial / ".complete").touch()
         shutil.rmtree(home, ignore_errors=True)
         partial.rename(home)
@@ -298,6 +298,45 @@ async def fetch(js: JetStreamContext, mv: ModelVersion, cache_dir: str | Path) -
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return Fetched(folder, signature, time.perf_counter() - started)
+
+
+async def get_object(js: JetStreamContext, obs: ObjectStore, name: str, target: Path) -> None:
+    """Stream an object's chunks straight to ``target``, checking its size and SHA-256.
+
+    nats-py's ``ObjectStore.get`` reads its chunks one iterator step at a time (260 ms
+    for 3.3 MB here); an ordered consumer with a callback takes 5 ms."""
+    info = await obs.get_info(name)
+    size = info.size or 0
+    h = hashlib.sha256()
+    received = 0
+    done = asyncio.Event()
+    with target.open("wb") as out:
+        if size:
+
+            async def on_chunk(msg: Msg) -> None:
+                nonlocal received
+                out.write(msg.data)
+                h.update(msg.data)
+                received += len(msg.data)
+                if msg.metadata.num_pending == 0 or received >= size:
+                    done.set()
+
+            chunks = f"$O.{MODEL_ARTIFACTS}.C.{info.nuid}"
+            sub = await js.subscribe(
+                chunks,
+                stream=f"OBJ_{MODEL_ARTIFACTS}",
+                cb=on_chunk,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.ALL,
+            )
+            try:
+                await asyncio.wait_for(done.wait(), timeout=60 + size / 1e6)
+            finally:
+                await sub.unsubscribe()
+    digest = "SHA-256=" + base64.urlsafe_b64encode(h.digest()).decode()
+    if received != size or (info.digest and info.digest != digest):
+        raise RegistryError(f"{name}: got {received} of {size} bytes, digest {digest}, "
+                            f"expected {info.digest}")  # fmt: skip
 
 
 def evict(cache_dir: str | Path, mv: ModelVersion) -> None:

@@ -353,8 +353,10 @@ class VllmEngine:
         if self._kv_task:
             self._kv_task.cancel()
         if self._engine is not None:
-            self._engine.shutdown()
-            self._engine = None
+            engine, self._engine = self._engine, None
+            # seconds (it joins the engine core): off the event loop, which may still be
+            # streaming another engine's tokens (a cold swap)
+            await asyncio.to_thread(engine.shutdown)
 
     def stats(self) -> EngineStats:
         return self._stats
