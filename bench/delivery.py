@@ -144,14 +144,18 @@ async def swaps(args: argparse.Namespace, root: Path) -> dict:
                                       tokens=4) as prober:  # fmt: skip
                     restart_s = await restart_reference(p, prober, ref)
                 await asyncio.sleep(3)
+                w = events.swapped.get(ref)
+                parts = {}
+                if w is not None:  # the worker's own account of its swap
+                    parts = {"fetch_s": w.fetch_s, "verify_s": w.verify_s,
+                             "engine_s": w.swap_s, "worker_total_s": w.total_s}  # fmt: skip
                 out[mode] = {"swap_s": swap_s, "restart_s": restart_s,
                              "ratio": None if swap_s is None else swap_s / restart_s,
-                             "failed_during_swap": failed}  # fmt: skip
-                print(
-                    f"{mode:<5} swap {swap_s:.3f} s   restart {restart_s:.2f} s   ratio "
-                    f"{out[mode]['ratio']:.4f}   failed during swap {failed}",
-                    flush=True,
-                )
+                             "failed_during_swap": failed, **parts}  # fmt: skip
+                worker = "  ".join(f"{k} {v:.3f}" for k, v in parts.items())
+                print(f"{mode:<5} swap {swap_s:.3f} s   restart {restart_s:.2f} s   ratio "
+                      f"{out[mode]['ratio']:.4f}   failed during swap {failed}   worker: "
+                      f"{worker}", flush=True)  # fmt: skip
         out["restart_failures"] = len(load.failures()) - sum(
             v["failed_during_swap"] for v in out.values() if isinstance(v, dict)
         )
