@@ -116,6 +116,12 @@ class Processes:
 
     async def _reap(self, name: str, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
+        # what it started and left behind goes with it: a worker killed -9 would leave its
+        # vLLM engine core running, holding its memory (GPU memory on a GPU), forever
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group is its pid
+        except (ProcessLookupError, PermissionError):
+            pass
         if self._procs.get(name) is proc:
             del self._procs[name]
         self.exits.append((name, code))
