@@ -101,11 +101,16 @@ class Fail(msgspec.Struct, kw_only=True, frozen=True):
     """A ``FailureCode``."""
     reason: str
     retryable: bool = False
+    served_model: str = ""
+    """The name it ran under when its worker was lost (a canary's version counts it)."""
 
     @classmethod
-    def of(cls, request: RequestSubmitted, code: FailureCode, reason: str) -> Fail:
+    def of(
+        cls, request: RequestSubmitted, code: FailureCode, reason: str, served_model: str = ""
+    ) -> Fail:
         """Retryable as the contract's table says for ``code``."""
-        return cls(request=request, code=code, reason=reason, retryable=is_retryable(code))
+        return cls(request=request, code=code, reason=reason, retryable=is_retryable(code),
+                   served_model=served_model)  # fmt: skip
 
 
 class Cancel(msgspec.Struct, kw_only=True, frozen=True):
@@ -185,6 +190,8 @@ class Inflight:
     deadline: float = float("inf")
     tokens: int = 0
     long: bool = False
+    target: str = ""
+    """The model name it was routed under (its own, or a canary's version)."""
 
 
 class SchedulerCore:
@@ -605,6 +612,7 @@ class SchedulerCore:
                         FailureCode.WORKER_LOST,
                         f"worker {worker_id} was lost after streaming began; "
                         "submit the request again (with a new request id)",
+                        served_model=f.target,
                     )
                 )
             elif f.attempt >= self.policy.max_attempts:
@@ -613,6 +621,7 @@ class SchedulerCore:
                         f.request,
                         FailureCode.WORKER_LOST,
                         f"lost {f.attempt} workers in a row while serving this request",
+                        served_model=f.target,
                     )
                 )
             else:
@@ -710,6 +719,7 @@ class SchedulerCore:
             deadline=item.deadline,
             tokens=tokens,
             long=lane == "long",
+            target=target,
         )
         self._dispatched[model] = self._dispatched.get(model, 0) + 1
         return Assign(

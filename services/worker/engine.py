@@ -98,8 +98,9 @@ class Engine(Protocol):
 
     async def remove_adapter(self, name: str) -> None: ...
 
-    def yield_cpu(self) -> None:
-        """Give way to another engine of this worker that is starting (a cold swap)."""
+    def yield_cpu(self, yielding: bool) -> None:
+        """Give way to another engine of this worker that is starting (a cold swap), or
+        stop giving way (it failed to start)."""
         ...
 
     async def reload_weights(self, path: str) -> None:

@@ -138,6 +138,8 @@ class WorkerService(Service[WorkerSettings]):
         """Clear while a cold swap with ``replace`` has no engine up: requests wait."""
         self._serving.set()
         self.deliveries: Deliveries | None = None
+        self._retiring: asyncio.Task[None] | None = None
+        """A replaced engine finishing its requests and stopping (after a cold swap)."""
         self.failure = ""
         self.state: WorkerState = "starting"
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -235,19 +237,23 @@ class WorkerService(Service[WorkerSettings]):
         """A cold swap: a new engine for ``after.model``; the old one's requests finish on
         it. If the new engine fails to start, the old one serves on (restarted, with
         ``replace``) and the error goes up to the delivery's report."""
+        if self._retiring is not None:  # the engine before last is gone first
+            await self._retiring
         old = self.engine
         new = self._build(after.model)
         if self._overlap():
-            old.yield_cpu()
+            old.yield_cpu(True)
             try:
                 await new.start()  # the old engine serves meanwhile
             except BaseException:
+                old.yield_cpu(False)
                 await new.stop()
                 raise
             running = [t for t in self._tasks.values() if not t.done()]
             self.engine, self.holding = new, after
-            await self._finish(running)
-            await old.stop()
+            # serving the new version from here; the old engine finishes its requests
+            # and stops in the background (seconds: not part of the swap)
+            self._retiring = asyncio.create_task(self._retire(old, running), name="retire")
             return
         async with self.held_back():
             await old.stop()
@@ -258,6 +264,15 @@ class WorkerService(Service[WorkerSettings]):
                 await old.start()
                 raise
             self.engine, self.holding = new, after
+
+    async def _retire(self, engine: Engine, running: list[asyncio.Task[None]]) -> None:
+        try:
+            await self._finish(running)
+            await engine.stop()
+        except Exception:
+            log.exception("the replaced engine did not stop cleanly")
+        finally:
+            self._retiring = None
 
     def _overlap(self) -> bool:
         mode = self.settings.cold_swap
@@ -517,4 +532,6 @@ class WorkerService(Service[WorkerSettings]):
         self.state = "stopped"
         await self.send_heartbeat()
         await self._ctx.nc.flush()
+        if self._retiring is not None:
+            await self._retiring
         await self.engine.stop()

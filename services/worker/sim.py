@@ -194,7 +194,7 @@ class SimEngine:
     async def remove_adapter(self, name: str) -> None:
         self._adapters.pop(name, None)
 
-    def yield_cpu(self) -> None:
+    def yield_cpu(self, yielding: bool) -> None:
         pass  # the sim does no heavy work
 
     async def reload_weights(self, path: str) -> None:

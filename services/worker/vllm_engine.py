@@ -301,14 +301,15 @@ class VllmEngine:
     def adapters(self) -> list[str]:
         return list(self._loras)
 
-    def yield_cpu(self) -> None:
+    def yield_cpu(self, yielding: bool) -> None:
         """Let another engine of this worker start first: on a CPU machine two engines
         share the cores, and the one still serving would slow the other's start to
-        half speed. This one serves on, at the lowest priority (it stops soon)."""
+        half speed. This one serves on at the lowest priority (it stops soon), or back
+        at its own when the other failed (where the platform lets a process raise it)."""
         for pid in self._processes:  # niceness is per thread on Linux: every thread
             for tid in [t.name for t in Path(f"/proc/{pid}/task").glob("*")] or [str(pid)]:
                 try:
-                    os.setpriority(os.PRIO_PROCESS, int(tid), 19)
+                    os.setpriority(os.PRIO_PROCESS, int(tid), 19 if yielding else 0)
                 except OSError:  # gone already, or not ours to change
                     pass
 

@@ -223,6 +223,19 @@ def test_silent_worker_started_work_fails_worker_lost_retryable():
     assert fails[0].retryable is True
     # the not-started one is reassigned, the started one is not
     assert assigns(effects) == [("idle", "w2", 2)]
+    assert fails[0].served_model == "m"  # the name it ran under
+
+
+def test_a_lost_canary_workers_failures_name_the_canary_version():
+    # a rollout judges the new version on its errors: losing its worker is one
+    core = SchedulerCore(POLICY)
+    core.on_heartbeat(hb("w1", ("m@v2",)), 0.0)
+    core.set_canary("m", {"m@v2": 1.0})
+    core.on_accepted(req("r"), 0.0)
+    core.on_started("r", 1)
+    core.on_heartbeat(hb("w2"), 3.0)
+    (fail,) = [e for e in core.tick(3.5) if isinstance(e, Fail)]
+    assert fail.code == "worker_lost" and fail.served_model == "m@v2"
     assert "started" not in core.inflight and not core.is_queued("started")
 
 
