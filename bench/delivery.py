@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 import testkit_path  # noqa: F401  (before testkit)
-from testkit.delivery import SteadyLoad, cli, throttle
+from testkit.delivery import SteadyLoad, canary_instance, cli, throttle, trail
 from testkit.faults import Platform
 
 from inferbus.contracts import DELIVERY_LOADS, SWAPPED, ModelDelivery, ModelSwapped
@@ -181,13 +181,7 @@ async def rollback(args: argparse.Namespace, root: Path) -> dict:
                 cli, p.nats_url, p.operator, "model", "deploy", f"{name}@v-slow", "--steps",
                 "50", "--interval", "300s", "--min-samples", "5", "--slo", "ttft_p95=1.0",
                 "--wait", "--timeout", "300s", timeout=400, rc=1))  # fmt: skip
-            canary = ""
-            while not canary:
-                await asyncio.sleep(0.5)
-                trail = json.loads(cli(p.nats_url, p.operator, "model", "status", name,
-                                       "--json", "--last", "0"))["decisions"]  # fmt: skip
-                canary = next((d["workers"][0].split(".")[0] for d in trail
-                               if d["action"] == "step"), "")  # fmt: skip
+            canary = await canary_instance(p.nats_url, p.operator, name, "v-slow")
             stop = asyncio.Event()
             slowed, slowed_wall = time.monotonic(), time.time()
             slow = asyncio.create_task(throttle((await p.pids())[canary], 1.5, 0.1, stop))
@@ -195,9 +189,7 @@ async def rollback(args: argparse.Namespace, root: Path) -> dict:
             stop.set()
             await slow
             await asyncio.sleep(2)
-        trail = json.loads(cli(p.nats_url, p.operator, "model", "status", name, "--json",
-                               "--last", "0"))["decisions"]  # fmt: skip
-        decided = next(d for d in trail if d["action"] == "rollback")
+        decided = next(d for d in trail(p.nats_url, p.operator, name) if d["action"] == "rollback")
         on_canary = [a.ended for a in load.answers if a.served_model == f"{name}@v-slow"]
         return {
             "engine": engine,

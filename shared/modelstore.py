@@ -242,6 +242,8 @@ async def push(
             raise RegistryError(
                 f"{manifest.ref} exists with other files: versions are immutable, push a new one"
             )
+        # the same files again: signed anew (another key, a rotation); nothing else changes
+        await obs.put(object_name(known, known.signature), signature)
         return known
     if store == "path":
         if not location or not Path(location).is_absolute():

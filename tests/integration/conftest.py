@@ -23,7 +23,8 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="session")
 def platform(nats_url: str, log_dir):
-    """Sanitizer, scheduler, a zero-cost sim worker, a slow sim worker and the gateway."""
+    """Sanitizer, scheduler, a zero-cost sim worker, a slow sim worker, the delivery
+    service and the gateway."""
     procs = [
         ServiceProcess("sanitizer", nats_url, log_dir, "--max-prompt-chars", "2000"),
         ServiceProcess(
@@ -44,6 +45,7 @@ def platform(nats_url: str, log_dir):
             "0.02",
             name="slow-worker",
         ),
+        ServiceProcess("delivery", nats_url, log_dir),
         ServiceProcess(
             "gateway", nats_url, log_dir, "--worker-stale-s", "1.5", "--request-timeout-s", "30"
         ),

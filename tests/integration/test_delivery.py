@@ -12,7 +12,7 @@ import signal
 import time
 
 import pytest
-from testkit.delivery import SteadyLoad, cli, throttle
+from testkit.delivery import SteadyLoad, canary_instance, cli, throttle, trail
 from testkit.faults import MODEL, Platform
 
 from inferbus.shared import modelstore
@@ -21,13 +21,7 @@ from inferbus.shared.buscreds import load_credentials
 from inferbus.shared.signing import generate_key
 from inferbus.tinymodel import make_tiny, make_tiny_lora
 
-pytestmark = pytest.mark.slow
-
-
-def decisions(p: Platform) -> list[dict]:
-    """The model's audit trail."""
-    out = cli(p.nats_url, p.operator, "model", "status", MODEL, "--last", "0", "--json")
-    return json.loads(out)["decisions"]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 async def heartbeat_versions(p: Platform, seconds: float = 2.0) -> dict[str, dict[str, str]]:
@@ -140,7 +134,7 @@ def test_a_rollout_under_load_promotes_and_a_rollback_by_hand_restores(platform,
     served = load.versions()
     assert served[MODEL] > 0 and served[f"{MODEL}@v2"] > 0
     assert set(served) == {MODEL, f"{MODEL}@v2"}  # every answer names exactly one version
-    actions = [d["action"] for d in decisions(p)]
+    actions = [d["action"] for d in trail(p.nats_url, p.operator, MODEL)]
     assert actions[:3] == ["start", "place", "step"], actions
     assert actions[-3:] == ["promote", "done", "rollback"], actions
     assert any(
@@ -188,17 +182,7 @@ def test_tampered_and_wrongly_signed_versions_are_refused_and_a_slow_canary_roll
                 cli, p.nats_url, p.operator, "model", "deploy", f"{MODEL}@v-slow", "--steps",
                 "50", "--interval", "60s", "--min-samples", "5", "--slo", "ttft_p95=0.3",
                 "--wait", "--timeout", "90s", rc=1))  # fmt: skip
-            canary = ""
-            while not canary:
-                await asyncio.sleep(0.3)
-                canary = next(
-                    (
-                        d["workers"][0].split(".")[0]
-                        for d in decisions(p)
-                        if d["action"] == "place" and d["version"] == "v-slow"
-                    ),
-                    "",
-                )
+            canary = await canary_instance(p.nats_url, p.operator, MODEL, "v-slow", "place")
             stop = asyncio.Event()
             slowed = time.monotonic()
             slow = asyncio.create_task(throttle((await p.pids())[canary], 0.5, 0.05, stop))

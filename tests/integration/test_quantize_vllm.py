@@ -16,7 +16,7 @@ pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip instal
 from inferbus.quantize import awq_quantize  # noqa: E402
 from inferbus.tinymodel import make_tiny  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(600)]
 
 CHECK = Path(__file__).parent.parent / "testkit" / "awqcheck.py"
 

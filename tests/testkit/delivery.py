@@ -7,6 +7,7 @@ Shared by tests/integration/test_delivery*.py and bench/delivery.py.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -103,6 +104,25 @@ def cli(nats_url: str, operator: Path, *args: str, timeout: float = 120, rc: int
         raise AssertionError(f"inferbus {' '.join(args)} exited {done.returncode}:\n"
                              f"{done.stdout}\n{done.stderr}")  # fmt: skip
     return done.stdout
+
+
+def trail(nats_url: str, operator: Path, model: str) -> list[dict]:
+    """The model's rollout decisions (its audit trail), oldest first."""
+    out = cli(nats_url, operator, "model", "status", model, "--json", "--last", "0")
+    decisions: list[dict] = json.loads(out)["decisions"]
+    return decisions
+
+
+async def canary_instance(
+    nats_url: str, operator: Path, model: str, version: str, action: str = "step"
+) -> str:
+    """The ``inferbus up`` instance (``worker-N``) holding the canary of ``version``, once
+    the rollout has decided ``action``."""
+    while True:
+        for d in await asyncio.to_thread(trail, nats_url, operator, model):
+            if d["action"] == action and d["version"] == version and d["workers"]:
+                return str(d["workers"][0]).split(".")[0]
+        await asyncio.sleep(0.3)
 
 
 def process_tree(pid: int) -> list[int]:
