@@ -268,8 +268,10 @@ async def push(
 class Fetched:
     """A version on local disk: its folder (what the engine loads) and signature."""
 
-    def __init__(self, folder: Path, signature: Path, took_s: float) -> None:
+    def __init__(self, folder: Path, signature: Path, took_s: float, cached: bool = False) -> None:
         self.folder, self.signature, self.took_s = folder, signature, took_s
+        self.cached = cached
+        """Found complete in the cache (fetched earlier), not read from the bus now."""
 
 
 async def fetch(js: JetStreamContext, mv: ModelVersion, cache_dir: str | Path) -> Fetched:
@@ -281,7 +283,7 @@ async def fetch(js: JetStreamContext, mv: ModelVersion, cache_dir: str | Path) -
     signature = home / mv.signature
     folder = Path(mv.location) if mv.store == "path" else home / "files"
     if (home / ".complete").is_file():
-        return Fetched(folder, signature, time.perf_counter() - started)
+        return Fetched(folder, signature, time.perf_counter() - started, cached=True)
     obs = await artifacts(js)
     partial = home.with_name(f".{mv.version}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)

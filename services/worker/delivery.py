@@ -256,19 +256,23 @@ class Deliveries:
         task.add_done_callback(self._prefetches.discard)
 
     async def _fetch_verified(self, mv: ModelVersion) -> Verified:
-        # one fetch of a version at a time (a prefetch and a delivery may meet)
-        async with self._fetching.setdefault(mv.ref, asyncio.Lock()):
-            fetched = await modelstore.fetch(self.js, mv, self.cache_dir)
-        try:
-            # hashing every file is CPU work: off the event loop (heartbeats go on)
-            key, verify_s = await asyncio.to_thread(
-                verify_folder, fetched.folder, fetched.signature, self.keys
-            )
-        except SignatureError:
-            metrics.MODEL_SIGNATURE_FAILURES.inc()
-            if mv.store == "object":  # a bad copy is not kept for the next try
+        for attempt in (1, 2):
+            # one fetch of a version at a time (a prefetch and a delivery may meet)
+            async with self._fetching.setdefault(mv.ref, asyncio.Lock()):
+                fetched = await modelstore.fetch(self.js, mv, self.cache_dir)
+            try:
+                # hashing every file is CPU work: off the event loop (heartbeats go on)
+                key, verify_s = await asyncio.to_thread(
+                    verify_folder, fetched.folder, fetched.signature, self.keys
+                )
+                break
+            except SignatureError:
+                # a bad copy is not kept; one from the cache may predate the version's
+                # re-signing (another key): it is fetched again, once
                 modelstore.evict(self.cache_dir, mv)
-            raise
+                if attempt == 2 or not fetched.cached:
+                    metrics.MODEL_SIGNATURE_FAILURES.inc()
+                    raise
         log.info("signature verified", model=mv.ref, key=Path(key).name,
                  verify_s=round(verify_s, 4))  # fmt: skip
         return Verified(folder=str(fetched.folder), fetch_s=fetched.took_s, verify_s=verify_s)

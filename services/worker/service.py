@@ -84,7 +84,8 @@ class WorkerSettings(ServiceSettings, kw_only=True):
     delivered version's signature must verify against. None: every delivery is
     refused. Configuration only: a delivery event cannot add one."""
     model_cache_dir: str = ""
-    """Where delivered versions are fetched to (default: ``<state_dir>/models``)."""
+    """Where delivered versions are fetched to (default: ``<state_dir>/model-cache/``, or
+    the temporary folder's ``inferbus-model-cache/``, then the instance's name)."""
     cold_swap: Literal["auto", "overlap", "replace"] = "auto"
     """A cold swap (another architecture): ``overlap`` starts the new engine beside
     the old, which serves until the new one is ready (twice the memory meanwhile);
@@ -213,7 +214,9 @@ class WorkerService(Service[WorkerSettings]):
         s = self.settings
         if s.model_cache_dir:
             return Path(s.model_cache_dir)
-        return Path(s.state_dir or tempfile.gettempdir()) / "models" / subject_token(s.instance_id)
+        root = Path(s.state_dir) / "model-cache" if s.state_dir else Path(
+            tempfile.gettempdir()) / "inferbus-model-cache"  # fmt: skip
+        return root / subject_token(s.instance_id)
 
     def _build(self, held: Held) -> Engine:
         """An engine for a delivered model (its folder, served under its name)."""

@@ -52,3 +52,32 @@ async def test_push_fetch_resign_and_versions_are_immutable(nats_url, tmp_path):
             await modelstore.push(js, changed, other, signed(changed, a, tmp_path))
     finally:
         await nc.close()
+
+
+async def test_a_worker_fetches_again_a_cached_copy_signed_with_a_key_it_no_longer_trusts(
+    nats_url, tmp_path
+):
+    from types import SimpleNamespace
+
+    from inferbus.services.worker.delivery import Deliveries
+
+    folder = make_tiny(tmp_path / "m")
+    old, new = tmp_path / "old.key", tmp_path / "new.key"
+    generate_key(old), generate_key(new)
+    nc = await connect(nats_url, "registry-cache-test")
+    js = nc.jetstream()
+    try:
+        manifest = modelstore.manifest_of(folder, "cached-model", "v1")
+        pushed = await modelstore.push(js, folder, manifest, signed(folder, old, tmp_path))
+        worker = SimpleNamespace(_ctx=SimpleNamespace(js=js))
+        cache = tmp_path / "cache"
+        trusting_old = Deliveries(worker, cache, [old.with_name("old.key.pub")])
+        await trusting_old._fetch_verified(pushed)  # cached, with the old signature
+        await modelstore.push(js, folder, manifest, signed(folder, new, tmp_path))  # rotated
+        trusting_new = Deliveries(worker, cache, [new.with_name("new.key.pub")])
+        # the cached copy fails the new key; the worker reads the version again and loads it
+        verified = await trusting_new._fetch_verified(pushed)
+        verify_folder(verified.folder, cache / "cached-model" / "v1" / "model.sig",
+                      [new.with_name("new.key.pub")])  # fmt: skip
+    finally:
+        await nc.close()
