@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 import testkit_path  # noqa: F401  (before testkit)
-from testkit.delivery import SteadyLoad, canary_instance, cli, throttle, trail
+from testkit.delivery import SteadyLoad, canary_instance, cli, ready_workers, throttle, trail
 from testkit.faults import Platform
 
 from inferbus.contracts import DELIVERY_LOADS, SWAPPED, ModelDelivery, ModelSwapped
@@ -175,6 +175,7 @@ async def rollback(args: argparse.Namespace, root: Path) -> dict:
         make_tiny(root / "slow", seed=7)
         cli(p.nats_url, p.operator, "model", "push", str(root / "slow"), "--name", name,
             "--version", "v-slow", "--key", str(p.state / "signing" / "release.key"))  # fmt: skip
+        await ready_workers(p.nats_url, p.operator, name, 2)  # a canary needs both
         async with SteadyLoad(p.nats_url, str(p.tenant), name, clients=3) as load:
             await asyncio.sleep(3)
             cmd = asyncio.create_task(asyncio.to_thread(

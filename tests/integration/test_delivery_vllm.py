@@ -15,7 +15,13 @@ import pytest
 
 pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip install -e '.[cpu]')")
 
-from testkit.delivery import SteadyLoad, canary_instance, cli, throttle  # noqa: E402
+from testkit.delivery import (  # noqa: E402
+    SteadyLoad,
+    canary_instance,
+    cli,
+    ready_workers,
+    throttle,
+)
 from testkit.faults import Platform  # noqa: E402
 
 from inferbus.contracts import SWAPPED, ModelSwapped  # noqa: E402
@@ -127,6 +133,7 @@ def test_a_canary_that_turns_slow_is_rolled_back_on_the_real_engine(tmp_path):
             "--version", "v2", "--key", str(p.state / "signing" / "release.key"))  # fmt: skip
 
         async def scenario() -> tuple[SteadyLoad, str, float]:
+            await ready_workers(p.nats_url, p.operator, MODEL, 2)  # a canary needs both
             async with SteadyLoad(p.nats_url, str(p.tenant), MODEL, clients=3) as load:
                 await asyncio.sleep(2)
                 cmd = asyncio.create_task(asyncio.to_thread(

@@ -69,18 +69,20 @@ def delivered(nats_url: str, log_dir, tmp_path):
         "0.3", "--trusted-keys", f"{key}.pub", name="delivered-worker",
     )  # fmt: skip
     start_all([worker])
-    make_tiny(tmp_path / "v2")
-    env = {**os.environ, "NATS_URL": nats_url}
-    for args in (
-        ("push", str(tmp_path / "v2"), "--name", "delivered-model", "--version", "v2",
-         "--key", str(key)),
-        ("deploy", "delivered-model@v2", "--no-canary", "--wait", "--timeout", "30s"),
-    ):  # fmt: skip
-        done = subprocess.run([sys.executable, "-m", "inferbus.cli", "model", *args], env=env,
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
-        assert done.returncode == 0, done.stdout + done.stderr
-    yield worker
-    worker.stop()
+    try:  # stopped whatever happens (a failed set-up would leave it running)
+        make_tiny(tmp_path / "v2")
+        env = {**os.environ, "NATS_URL": nats_url}
+        for args in (
+            ("push", str(tmp_path / "v2"), "--name", "delivered-model", "--version", "v2",
+             "--key", str(key)),
+            ("deploy", "delivered-model@v2", "--no-canary", "--wait", "--timeout", "30s"),
+        ):  # fmt: skip
+            done = subprocess.run([sys.executable, "-m", "inferbus.cli", "model", *args],
+                                  env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+            assert done.returncode == 0, done.stdout + done.stderr
+        yield worker
+    finally:
+        worker.stop()
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from inferbus.client import Client, RequestError
 
@@ -120,9 +121,40 @@ async def canary_instance(
     the rollout has decided ``action``."""
     while True:
         for d in await asyncio.to_thread(trail, nats_url, operator, model):
-            if d["action"] == action and d["version"] == version and d["workers"]:
+            if d["version"] != version:
+                continue
+            if d["action"] == action and d["workers"]:
                 return str(d["workers"][0]).split(".")[0]
+            if d["action"] in ("failed", "rollback"):  # over before it got there
+                raise AssertionError(f"the rollout of {version} ended: {d['reason']}")
         await asyncio.sleep(0.3)
+
+
+async def ready_workers(nats_url: str, operator: Path, model: str, n: int,
+                        timeout: float = 300.0) -> None:  # fmt: skip
+    """Wait until ``n`` workers serving ``model`` say they are ready (``inferbus up``
+    is up once one of them is)."""
+    from inferbus.contracts import HEARTBEATS, WorkerHeartbeat
+    from inferbus.shared.bus import connect
+    from inferbus.shared.buscreds import load_credentials
+    from inferbus.shared.codec import decode_or_none
+
+    ready: set[str] = set()
+    enough = asyncio.Event()
+
+    async def on(msg: Any) -> None:
+        hb = decode_or_none(msg.data, WorkerHeartbeat)
+        if hb is not None and hb.state == "ready" and model in hb.models:
+            ready.add(hb.worker_id)
+            if len(ready) >= n:
+                enough.set()
+
+    nc = await connect(nats_url, "ready-workers", load_credentials(operator))
+    try:
+        await nc.subscribe(HEARTBEATS, cb=on)
+        await asyncio.wait_for(enough.wait(), timeout)
+    finally:
+        await nc.close()
 
 
 def process_tree(pid: int) -> list[int]:
