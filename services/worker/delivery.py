@@ -45,6 +45,7 @@ from .swap import (
     plan,
     residency_at,
     with_path,
+    worth_prefetching,
 )
 
 if TYPE_CHECKING:
@@ -188,7 +189,7 @@ class Deliveries:
         ref = delivery.model.ref
         if isinstance(decision, Skip):
             log.info("delivery not for this worker", model=ref, reason=decision.reason)
-            if delivery.workers and self._mine(delivery.model):
+            if delivery.workers and worth_prefetching(w.holding, delivery.model):
                 self._prefetch(delivery.model)
             if not decision.answer:
                 return None
@@ -233,11 +234,6 @@ class Deliveries:
         return await self._report(delivery.delivery_id, ref, delivery.role, ok=True,
                                   mode=decision.mode, fetch_s=fetch_s, verify_s=verify_s,
                                   swap_s=swap_s, total_s=total)  # fmt: skip
-
-    def _mine(self, mv: ModelVersion) -> bool:
-        """A version this worker may be asked to load next (its model's or its base's)."""
-        serves = self.worker.holding.model.name
-        return bool(mv.version) and (mv.base_model if mv.kind == "adapter" else mv.name) == serves
 
     def _prefetch(self, mv: ModelVersion) -> None:
         """A canary elsewhere: fetch and verify it now, so that a promotion here reads no

@@ -18,7 +18,13 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from inferbus.contracts import ModelDelivery, ModelResidency, split_versioned, versioned_name
+from inferbus.contracts import (
+    ModelDelivery,
+    ModelResidency,
+    ModelVersion,
+    split_versioned,
+    versioned_name,
+)
 
 CURRENT, CANDIDATE, KEPT = "current", "candidate", "kept"
 ROLES = (CURRENT, CANDIDATE)
@@ -168,6 +174,12 @@ def _plan_adapter(holding: Holding, new: Held) -> Plan:
                     adapters=(*others, loaded)), load=loaded, unload=unload)  # fmt: skip
     return Plan(mode="hot", after=Holding(model=holding.model, adapters=(*others, new)),
                 load=new, unload=unload)  # fmt: skip
+
+
+def worth_prefetching(holding: Holding, mv: ModelVersion) -> bool:
+    """A version this worker may be asked to load next (its model's or its base's)."""
+    serves = holding.model.name
+    return bool(mv.version) and (mv.base_model if mv.kind == "adapter" else mv.name) == serves
 
 
 def with_path(p: Plan, path: str) -> Plan:
