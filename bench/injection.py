@@ -1,10 +1,22 @@
-"""Input checks on the labelled development set: precision and recall per type.
+"""Input checks on public corpora and the development set, inferbus and libinjection in
+one run.
 
-    python bench/injection.py [--show-misses]
+    pip install libinjection-python          # in the dev extra
+    python bench/injection.py [--split final|dev|all] [--show-misses]
 
-The set (bench/injection_devset.py) holds payloads in their common variants (bare,
-upper/lower case, after a field label, inside a sentence) and benign prompts,
-including questions about SQL, HTML and JavaScript. The last line is JSON.
+Corpora (bench/corpora/, README there), each split in two by a hash of the text
+(tests/testkit/corpora.py): rules may be tuned on ``dev``; ``final`` is read only for
+the figures a change reports.
+
+- OWASP CRS's own regression payloads for its SQLi (942xxx) and XSS (941xxx) rules:
+  recall per kind, on every line and on lines of 8 characters or more.
+- awesome-chatgpt-prompts (ordinary prompts, role-play and "act as a SQL terminal"
+  ones included): the share of benign prompts blocked, and its jailbreaks found.
+- bench/injection_devset.py: payloads in their common and encoded variants and
+  benign questions about code (not split: it is what the rules are developed on).
+
+libinjection is the detector behind CRS rules 942100 and 941100; it is run on every
+text as SQLi or XSS. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -12,56 +24,103 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections import Counter
+from collections.abc import Callable
 
+import libinjection
+import testkit_path  # noqa: F401  (before testkit)
 from injection_devset import devset
+from testkit.corpora import Line, Split, chatgpt_prompts, crs_attacks
 
 from inferbus.services.sanitizer.injection import findings
+
+
+def inferbus(text: str) -> bool:
+    return bool(findings(text))
+
+
+def libinjection_detect(text: str) -> bool:
+    return bool(
+        libinjection.is_sql_injection(text)["is_sqli"] or libinjection.is_xss(text)["is_xss"]
+    )
+
+
+DETECTORS: dict[str, Callable[[str], bool]] = {
+    "inferbus": inferbus,
+    "libinjection": libinjection_detect,
+}
+
+
+def share(lines: list[Line], detect: Callable[[str], bool]) -> float:
+    return sum(detect(x["text"]) for x in lines) / len(lines) if lines else 0.0
 
 
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--show-misses", action="store_true")
+    p.add_argument("--split", choices=["final", "dev", "all"], default="final")
+    p.add_argument("--show-misses", action="store_true", help="inferbus's, on the dev set")
     a = p.parse_args()
+    split: Split = a.split
+    result: dict[str, dict[str, float]] = {name: {} for name in DETECTORS}
+    crs = crs_attacks(split)
+    prompts = chatgpt_prompts(split)
+    benign = [x for x in prompts if x["label"] == 0]
+    jailbreaks = [x for x in prompts if x["label"] == 1]
     rows = devset()
-    counts: Counter[tuple[str, str]] = Counter()
+    payloads = [
+        Line(text=r["text"], kind=r["type"], label=1) for r in rows if r["label"] == "payload"
+    ]
+    dev_benign = [
+        Line(text=r["text"], kind="benign", label=0) for r in rows if r["label"] != "payload"
+    ]
     t0 = time.perf_counter()
-    for r in rows:
-        hit = bool(findings(r["text"]))
-        truth = r["label"] == "payload"
-        outcome = "tp" if hit and truth else "fp" if hit else "fn" if truth else "tn"
-        counts[(r["type"], outcome)] += 1
-        if a.show_misses and outcome in ("fp", "fn"):
-            print(outcome.upper(), r["type"], repr(r["text"]))
+    for name, detect in DETECTORS.items():
+        for kind in ("sqli", "xss"):
+            lines = [x for x in crs if x["kind"] == kind]
+            result[name][f"crs_{kind}"] = share(lines, detect)
+            result[name][f"crs_{kind}_len8"] = share(
+                [x for x in lines if len(x["text"]) >= 8], detect
+            )
+        result[name]["benign_blocked"] = share(benign, detect)
+        result[name]["jailbreaks_found"] = share(jailbreaks, detect)
+        result[name]["devset_recall"] = share(payloads, detect)
+        result[name]["devset_benign_blocked"] = share(dev_benign, detect)
     seconds = time.perf_counter() - t0
-    tp = sum(v for (_, o), v in counts.items() if o == "tp")
-    fp = sum(v for (_, o), v in counts.items() if o == "fp")
-    fn = sum(v for (_, o), v in counts.items() if o == "fn")
-    tn = sum(v for (_, o), v in counts.items() if o == "tn")
-    print(f"{len(rows)} texts: {tp + fn} payloads, {fp + tn} benign")
-    print(f"{'type':<18}{'payloads':>10}{'recall':>9}")
-    per_type = {}
-    for kind in ("sql_injection", "xss", "prompt_injection"):
-        hit, miss = counts[(kind, "tp")], counts[(kind, "fn")]
-        per_type[kind] = round(hit / (hit + miss), 4)
-        print(f"{kind:<18}{hit + miss:>10}{per_type[kind]:>9.3f}")
-    precision, recall = tp / (tp + fp), tp / (tp + fn)
+    n_sqli = sum(x["kind"] == "sqli" for x in crs)
     print(
-        f"precision {precision:.3f}  recall {recall:.3f}  "
-        f"({fp} benign flagged, {fn} payloads missed; {seconds / len(rows) * 1e6:.0f} µs a text)"
+        f"split {split}: CRS {n_sqli} SQLi + {len(crs) - n_sqli} XSS payloads, "
+        f"{len(benign)} ordinary prompts + {len(jailbreaks)} jailbreaks; "
+        f"dev set {len(payloads)} payloads + {len(dev_benign)} benign"
     )
+    print(f"{'':<34}{'inferbus':>10}{'libinjection':>14}{'ratio':>8}")
+    for key, label in (
+        ("crs_sqli", "CRS SQLi recall"),
+        ("crs_sqli_len8", "CRS SQLi recall (len >= 8)"),
+        ("crs_xss", "CRS XSS recall"),
+        ("crs_xss_len8", "CRS XSS recall (len >= 8)"),
+        ("benign_blocked", "ordinary prompts blocked"),
+        ("jailbreaks_found", "jailbreak prompts found"),
+        ("devset_recall", "dev set recall"),
+        ("devset_benign_blocked", "dev set benign blocked"),
+    ):
+        ours, theirs = result["inferbus"][key], result["libinjection"][key]
+        ratio = f"{ours / theirs:.2f}x" if theirs else "-"
+        print(f"{label:<34}{ours:>10.3f}{theirs:>14.3f}{ratio:>8}")
+    print(f"({seconds:.1f} s for both detectors)")
+    if a.show_misses:
+        for x in payloads:
+            if not inferbus(x["text"]):
+                print("MISS", x["kind"], repr(x["text"]))
+        for x in dev_benign:
+            if inferbus(x["text"]):
+                print("BLOCKED", repr(x["text"]))
     print(
         json.dumps(
             {
                 "bench": "injection",
-                "texts": len(rows),
-                "precision": round(precision, 4),
-                "recall": round(recall, 4),
-                "recall_by_type": per_type,
-                "false_positives": fp,
-                "false_negatives": fn,
+                "split": split,
+                **{name: {k: round(v, 4) for k, v in r.items()} for name, r in result.items()},
             }
         )
     )

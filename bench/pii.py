@@ -2,10 +2,13 @@
 
 A labelled set is generated (seeded): English and Chinese sentences holding every
 entity type in the formats people write them (tests/testkit/piidata.py makes numbers that
-pass the real checks), and hard negatives that look like them (order numbers and
-16-digit ids failing Luhn, timestamps, version strings, 18-digit numbers with a wrong
-check digit, invalid IBANs, out-of-range addresses). Both detectors see the same
-texts; a detection counts when it overlaps a labelled entity of the same type.
+pass the real checks), a fifth of them obfuscated (fullwidth digits, a zero-width space
+or a line break inside a card number, spaced digits, "bob [at] example [dot] com", an
+address glued to Latin letters as in "登录IP1.2.3.4"), and hard negatives that look
+like them (order numbers and 16-digit ids failing Luhn, timestamps, version strings,
+18-digit numbers with a wrong check digit, invalid IBANs, out-of-range addresses).
+Both detectors see the same texts; a detection counts when it overlaps a labelled
+entity of the same type.
 
 Presidio runs with a blank spaCy pipeline (no NER model can be downloaded), its
 predefined recognizers for our types (credit card, email, IBAN, IP, phone with CN
@@ -38,7 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 import testkit_path  # noqa: F401  (before testkit)
-from testkit.piidata import GENERATORS, us_phone
+from testkit.piidata import GENERATORS, obfuscated, us_phone
 
 from inferbus.contracts import TokenChunk
 from inferbus.services.sanitizer.core import FilteredStream
@@ -55,6 +58,7 @@ EN = [
     "Her SSN {} was on the form.",
     "Customer {} asked for a refund; ticket 48213 is open.",
     "Use {} for the account.",
+    "Login from IP{} failed three times.",
 ]
 ZH = [
     "请用{}付款。",
@@ -64,6 +68,7 @@ ZH = [
     "请把发票发到{}。",
     "收款账户{}，请尽快转账。",
     "客户{}申请退款，工单号48213。",
+    "登录IP{}异常。",
 ]
 NEGATIVES = [
     lambda r: f"Order {_non_luhn(r)} shipped on 2023-11-16 18:17:03.",
@@ -79,6 +84,11 @@ NEGATIVES = [
     lambda r: f"Price 1,234.56, ratio 3.14159, count {r.randint(100, 99999)}.",
     lambda r: f"SSN 000-{r.randint(10, 99)}-{r.randint(1000, 9999)} is never issued.",
 ]
+
+
+OBFUSCATED_SHARE = 0.2
+"""Entities written to slip past filters (fullwidth digits, zero-width spaces or a line
+break inside a card number, spaced digits, "[at]" and "[dot]"): testkit.piidata.obfuscated."""
 
 
 def _non_luhn(r: random.Random) -> str:
@@ -106,7 +116,11 @@ def labelled(n: int, seed: int) -> list[tuple[str, list[tuple[str, int, int]]]]:
         for _ in range(r.randint(1, 3)):
             kind = r.choice(TYPES)
             value = us_phone(r) if kind == "PHONE" and r.random() < 0.5 else GENERATORS[kind](r)
+            if r.random() < OBFUSCATED_SHARE:
+                value = obfuscated(kind, value, r)
             template = r.choice(ZH if r.random() < 0.5 else EN)
+            if "IP{}" in template and kind != "IP_ADDRESS":
+                template = template.replace("IP{}", "{}")
             head, tail = template.split("{}")
             sentence = head + value + tail + " "
             spans.append((kind, at + len(head), at + len(head) + len(value)))

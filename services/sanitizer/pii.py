@@ -14,10 +14,43 @@ masking a text in any split gives the same output as masking it whole.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .normalize import INVISIBLE
+
 ENTITY_TYPES = ("CREDIT_CARD", "CN_ID_CARD", "PHONE", "EMAIL", "IBAN", "IP_ADDRESS", "US_SSN")
+
+_HIDDEN = "\x7f"
+"""What an invisible character (a zero-width space, a soft hyphen) reads as: a mark
+that can sit anywhere inside an entity and counts as nothing."""
+
+
+def _fold_table() -> dict[int, str]:
+    """One character for one, so offsets stay put: fullwidth forms read as ASCII
+    ("４１１１" as "4111"), every script's decimal digits as 0-9, the ideographic
+    space as a space, invisible characters as ``_HIDDEN``."""
+    table = {cp: chr(cp - 0xFEE0) for cp in range(0xFF01, 0xFF5F)}
+    table[0x3000] = " "
+    for cp in range(0x80, 0x10000):
+        ch = chr(cp)
+        if ch.isdecimal() and cp not in table:
+            table[cp] = str(unicodedata.decimal(ch))
+    for ch in INVISIBLE:
+        table[ord(ch)] = _HIDDEN
+    return table
+
+
+_FOLD = _fold_table()
+_FOLDS = re.compile("[" + "".join(sorted(map(chr, _FOLD))) + "]")
+
+
+def fold(text: str) -> str:
+    # most text has nothing to fold; finding that out is cheaper than translating it
+    if text.isascii() or not _FOLDS.search(text):
+        return text
+    return text.translate(_FOLD)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,11 +64,23 @@ class Entity:
 # -- candidates ---------------------------------------------------------------------------
 
 # digit groups joined by single separators: cards, IDs, phones, SSNs
-_DIGITS = r"(?:\+\s?)?(?:\(\d{1,4}\)\s?)?\d(?:[ \-.]?\d|\)\s?\d|\s?\(\d)*(?:(?<=\d)[Xx])?"
+_DIGITS = (
+    r"(?:\+\s?)?(?:\(\d{1,4}\)\s?)?\d(?:[ \-.\n\x7f]?\x7f*\d|\)\s?\d|\s?\(\d)*(?:(?<=\d)[Xx])?"
+)
+# "bob [at] example [dot] com", "bob(at)example(dot)com", "bob@example[.]com"
+_AT = r"(?: ?[\[({<] ?(?i:at|@) ?[\])}>] ?|@)"
+_DOT = r"(?: ?[\[({<] ?(?i:dot|\.) ?[\])}>] ?|\.)"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9\-]{0,62}[A-Za-z0-9])?"
 _CANDIDATE = re.compile(
-    r"(?P<email>(?<![A-Za-z0-9_%+\-])[A-Za-z0-9][A-Za-z0-9._%+\-]{0,63}@"
-    r"[A-Za-z0-9](?:[A-Za-z0-9\-]{0,62}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9\-]{0,62}"
-    r"[A-Za-z0-9])?)*\.[A-Za-z]{2,24}(?![A-Za-z0-9\-]))"
+    r"(?P<email>(?<![A-Za-z0-9_%+\-])[A-Za-z0-9][A-Za-z0-9._%+\-]{0,63}"
+    + _AT
+    + _LABEL
+    + r"(?:"
+    + _DOT
+    + _LABEL
+    + r")*"
+    + _DOT
+    + r"[A-Za-z]{2,24}(?![A-Za-z0-9\-]))"
     r"|(?P<iban>(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?"
     r"(?![A-Za-z0-9]))"
     r"|(?P<ip>(?<![A-Za-z0-9.\-])(?:\d{1,3}\.){3}\d{1,3}(?![0-9]|\.\d|-[A-Za-z0-9]))"
@@ -46,10 +91,32 @@ _CANDIDATE = re.compile(
 # space joins groups of digits and capitals ("4111 1111", "GB29 NWBK", "(415) 555").
 # Anything else ends a run, so a stream can release a run once the character after
 # it is known, and whole texts and streams split into the same runs.
-_CH = r"[A-Za-z0-9@._%+\-()]"
-_JOIN = r"(?<=[A-Z0-9)]) (?=[A-Z0-9(+])"
+_CH = r"[A-Za-z0-9@._%+\-()\x7f]"
+# a space between capitals and digits, a line break inside a number, an "at" or a
+# "dot" written out in brackets
+_OBFUSCATED = r" ?[\[({<] ?(?i:at|dot|@|\.) ?[\])}>] ?"
+_JOIN = r"(?:(?<=[A-Z0-9)]) (?=[A-Z0-9(+])|(?<=[0-9])\n(?=[0-9])|" + _OBFUSCATED + ")"
 _RUN = re.compile(_CH + r"+(?:" + _JOIN + _CH + r"+)*")
 _JOINS_AFTER = re.compile(r"[A-Z0-9)]")
+
+
+def _join_prefixes() -> frozenset[str]:
+    """Every start of a written-out join ("", " [", " [at", ...), lower-cased: a stream
+    holds a run back while what follows it could still be one."""
+    out: set[str] = set()
+    for s1, s2, s3, s4 in (
+        (a, b, c, d) for a in ("", " ") for b in ("", " ") for c in ("", " ") for d in ("", " ")
+    ):
+        for o in "[({<":
+            for w in ("at", "dot", "@", "."):
+                for c in "])}>":
+                    j = f"{s1}{o}{s2}{w}{s3}{c}{s4}"
+                    out.update(j[:i] for i in range(1, len(j) + 1))
+    return frozenset(out)
+
+
+_JOIN_PREFIXES = _join_prefixes()
+_JOIN_LOOKAHEAD = max(map(len, _JOIN_PREFIXES))
 _WINDOW = 256
 _OVERLAP = 96
 """Long runs are scanned in windows of ``_WINDOW`` characters, each read on for
@@ -150,6 +217,9 @@ def _mask_digits(text: str, keep_head: int, keep_tail: int) -> str:
 
 def _classify_digits(text: str) -> tuple[str, str] | None:
     """(type, mask) for a run of digit groups, or None when it is no entity."""
+    text = text.replace(_HIDDEN, "")
+    if not text:
+        return None
     digits = "".join(c for c in text if c.isdigit())
     plain = text.replace(" ", "").replace("-", "")
     if len(plain) == 18 and cn_id_ok(plain):
@@ -179,8 +249,13 @@ def _classify_digits(text: str) -> tuple[str, str] | None:
 
 
 def _card_shape(text: str) -> bool:
-    """All digits, or groups of 4 (4-6-5 for Amex) with one kind of separator."""
+    """All digits, or groups of 4 (4-6-5 for Amex) with one kind of separator (a line
+    break counts as the other separator), or one digit at a time ("4 1 1 1 ...")."""
+    if "\n" in text:
+        text = text.replace("\n", "-" if "-" in text else " ")
     if text.isdigit():
+        return True
+    if all(len(g) == 1 for g in text.split(" ")):
         return True
     for sep in " -":
         groups = text.split(sep)
@@ -259,12 +334,16 @@ def _entities(m: re.Match[str]) -> list[Entity]:
     return [e] if e else []
 
 
+_LOCAL_PART = re.compile(r"[A-Za-z0-9._%+\-]+")
+
+
 def _entity(m: re.Match[str]) -> Entity | None:
     kind = m.lastgroup
     text = m.group()
-    if kind == "email":
-        local, _, domain = text.partition("@")
-        return Entity("EMAIL", m.start(), m.end(), local[0] + "***@" + domain)
+    if kind == "email":  # the local part starred, the rest as written: "b*** [at] x [dot] com"
+        local = _LOCAL_PART.match(text)
+        assert local is not None  # the candidate pattern starts with one
+        return Entity("EMAIL", m.start(), m.end(), text[0] + "***" + text[local.end() :])
     if kind == "iban":
         while not iban_ok(text):  # a number after it may have been read as its last group
             if " " not in text:
@@ -282,8 +361,8 @@ def _window_entities(window: str) -> Iterator[Entity]:
     pos = 0
     while (m := _CANDIDATE.search(window, pos)) is not None:
         found = _entities(m)
-        if m.lastgroup == "digits" and m.start() and _after_word(window, m.start()):
-            # "Tel.13800138000", "ID11010519491231002X"; but "v1.2.3.4" is a version
+        if m.lastgroup == "digits" and m.start() and _after_version_mark(window, m.start()):
+            # "IP123.95.89.52" is an address, "v1.2.3.4" a version
             found = [e for e in found if e.type != "IP_ADDRESS" or e.start != m.start()]
         yield from found
         if m.lastgroup == "digits":  # its spans were tried already
@@ -306,25 +385,33 @@ def _written_as_iban(text: str) -> bool:
     return len(groups) == 1 or (all(len(g) == 4 for g in groups[:-1]) and 1 <= len(groups[-1]) <= 4)
 
 
-def _after_word(text: str, at: int) -> bool:
-    before = text[at - 1]
-    if before in ".-" and at > 1:
-        before = text[at - 2]
-    return before.isalpha()
+_VERSION_MARK = re.compile(r"(?:\b|(?<=[^A-Za-z]))(?i:v|r|ver|version|rev|build|release)[.\-]?\Z")
+
+
+def _after_version_mark(text: str, at: int) -> bool:
+    return bool(_VERSION_MARK.search(text, max(0, at - 8), at))
+
+
+_MAY_HOLD = re.compile(r"[0-9@\[({<]")
 
 
 def _scan_run(
     run: str,
+    shown: str,
     window: int,
     done: int,
     final: bool,
     out: list[str],
     found: list[tuple[int, int, str, str]],
 ) -> tuple[int, int]:
-    """Mask ``run`` window by window from window number ``window``, releasing text
-    from ``done`` on; stops at a window not yet complete (unless ``final``). Returns
-    the next window and how far the run is released."""
+    """Mask ``run`` (folded; ``shown`` as it was written) window by window from window
+    number ``window``, releasing text from ``done`` on; stops at a window not yet
+    complete (unless ``final``). Returns the next window and how far the run is
+    released."""
     n = len(run)
+    if final and not _MAY_HOLD.search(run, done):
+        out.append(shown[done:])  # no digit and no "at": no entity (most words)
+        return window + (n - 1) // _WINDOW + 1, n
     while window * _WINDOW < n:
         s = window * _WINDOW
         if not final and n < s + _WINDOW + _OVERLAP:
@@ -332,12 +419,12 @@ def _scan_run(
         for e in _window_entities(run[s : s + _WINDOW + _OVERLAP]):
             if e.start >= _WINDOW or s + e.start < done:
                 continue  # the next window's, or over text already released
-            out.append(run[done : s + e.start])
+            out.append(shown[done : s + e.start])
             out.append(e.masked)
             found.append((s + e.start, s + e.end, e.type, e.masked))
             done = s + e.end
         release = max(done, min(s + _WINDOW, n))
-        out.append(run[done:release])
+        out.append(shown[done:release])
         done = release
         window += 1
     return window, done
@@ -348,10 +435,10 @@ def mask(text: str) -> tuple[str, list[Entity]]:
     out: list[str] = []
     entities: list[Entity] = []
     at = 0
-    for m in _RUN.finditer(text):
+    for m in _RUN.finditer(fold(text)):
         out.append(text[at : m.start()])
         found: list[tuple[int, int, str, str]] = []
-        _scan_run(m.group(), 0, 0, True, out, found)
+        _scan_run(m.group(), text[m.start() : m.end()], 0, 0, True, out, found)
         entities += [Entity(t, m.start() + a, m.start() + b, mk) for a, b, t, mk in found]
         at = m.end()
     out.append(text[at:])
@@ -366,10 +453,12 @@ class StreamMasker:
     ``flush`` the rest at the end of the stream. The concatenated output equals
     ``mask(whole text)`` however the text was split."""
 
-    __slots__ = ("_buf", "_pos", "_offset", "_window", "_done", "entities")
+    __slots__ = ("_buf", "_folded", "_pos", "_offset", "_window", "_done", "entities")
 
     def __init__(self) -> None:
         self._buf = ""
+        self._folded = ""
+        """``_buf`` folded: what the patterns read (folding is one character for one)."""
         self._pos = 0
         """Where unreleased text starts in ``_buf``: the open run's start (whose first
         ``_done`` characters may be released already), or text not yet read."""
@@ -388,16 +477,17 @@ class StreamMasker:
 
     def feed(self, chunk: str) -> str:
         self._buf += chunk
+        self._folded += fold(chunk)
         return self._release(final=False)
 
     def flush(self) -> str:
         return self._release(final=True)
 
     def _release(self, final: bool) -> str:
-        buf, pos, n = self._buf, self._pos, len(self._buf)
+        buf, folded, pos, n = self._buf, self._folded, self._pos, len(self._buf)
         out: list[str] = []
         while pos < n:
-            m = _RUN.search(buf, pos) if self._done == 0 else _RUN.match(buf, pos)
+            m = _RUN.search(folded, pos) if self._done == 0 else _RUN.match(folded, pos)
             if m is None:
                 out.append(buf[pos:])
                 pos = n
@@ -405,16 +495,10 @@ class StreamMasker:
             if self._done == 0:
                 out.append(buf[pos : m.start()])
             start, end = m.start(), m.end()
-            # a run is over once the character after it cannot join it: anything but a
-            # space, or a space that only joins after a capital, digit or ")"
-            over = (
-                final
-                or end + 1 < n
-                or (end < n and (buf[end] != " " or not _JOINS_AFTER.match(buf, end - 1)))
-            )
+            over = final or _run_ends(folded, end)
             found: list[tuple[int, int, str, str]] = []
             self._window, self._done = _scan_run(
-                buf[start:end], self._window, self._done, over, out, found
+                folded[start:end], buf[start:end], self._window, self._done, over, out, found
             )
             base = self._offset + start
             self.entities += [Entity(t, base + a, base + b, mk) for a, b, t, mk in found]
@@ -426,5 +510,20 @@ class StreamMasker:
             break
         keep = max(0, pos - 1)  # one character before it, for the join rule's look-behind
         self._offset += keep
-        self._buf, self._pos = buf[keep:], pos - keep
+        self._buf, self._folded, self._pos = buf[keep:], folded[keep:], pos - keep
         return "".join(out)
+
+
+def _run_ends(text: str, end: int) -> bool:
+    """Whether a run that reaches ``end`` of what has arrived is over: it is, once what
+    follows cannot join it (joins that could still complete hold it back)."""
+    rest = text[end : end + _JOIN_LOOKAHEAD + 1]
+    if not rest:
+        return False
+    if len(rest) > _JOIN_LOOKAHEAD:
+        return True  # a whole join and a character after it would be in the run
+    if rest == " " and _JOINS_AFTER.match(text, end - 1):
+        return False  # "4111 " may go on with "1111"
+    if rest == "\n" and text[end - 1].isdigit():
+        return False
+    return rest.lower() not in _JOIN_PREFIXES

@@ -117,3 +117,31 @@ GENERATORS = {
     "IP_ADDRESS": ipv4,
     "US_SSN": ssn,
 }
+
+
+def _fullwidth(value: str) -> str:
+    return "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in value)
+
+
+def obfuscated(kind: str, value: str, rng: random.Random) -> str:
+    """``value`` written the way people slip it past filters: fullwidth digits, a
+    zero-width space or a line break between a card's groups, one digit at a time,
+    an email's "@" and "." written out in brackets."""
+    if kind == "EMAIL":
+        at, dot = rng.choice([(" [at] ", " [dot] "), ("(at)", "(dot)"), (" {at} ", " {dot} ")])
+        local, _, domain = value.partition("@")
+        return local + at + domain.replace(".", dot)
+    if kind == "CREDIT_CARD":
+        digits = "".join(c for c in value if c.isdigit())
+        groups = [digits[i : i + 4] for i in range(0, len(digits), 4)]
+        return rng.choice(
+            [
+                lambda: _fullwidth(" ".join(groups)),
+                lambda: "\u200b".join(groups),
+                lambda: " ".join(groups[:2]) + "\n" + " ".join(groups[2:]),
+                lambda: " ".join(digits),
+            ]
+        )()
+    if kind in ("PHONE", "CN_ID_CARD", "US_SSN", "IP_ADDRESS", "IBAN"):
+        return _fullwidth(value)
+    return value

@@ -186,3 +186,67 @@ def test_long_runs_are_scanned_in_windows_without_missing_a_seam(head, sample, c
 def test_entities_at_a_window_seam(text):
     masked = mask(text)[0]
     assert "4111 1111" not in masked and "john.doe" not in masked
+
+
+# -- obfuscated forms, found unmasked on a held-out set: masked in the scanner and the
+# stream alike
+
+
+@pytest.mark.parametrize(
+    "text, masked, kind",
+    [
+        ("登录IP123.95.89.52成功", "登录IP123.*.*.*成功", "IP_ADDRESS"),
+        ("login from IP10.1.2.3 failed", "login from IP10.*.*.* failed", "IP_ADDRESS"),
+        ("卡号４１１１ １１１１ １１１１ １１１１。", "卡号****1111。", "CREDIT_CARD"),
+        ("card 4111\u200b1111\u200b1111\u200b1111 ok", "card ****1111 ok", "CREDIT_CARD"),
+        ("card 41\u200b11111111111111 ok", "card ****1111 ok", "CREDIT_CARD"),
+        ("card 4111 1111\n1111 1111 ok", "card ****1111 ok", "CREDIT_CARD"),
+        ("card 4 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 ok", "card ****1111 ok", "CREDIT_CARD"),
+        (
+            "mail bob [at] example [dot] com thanks",
+            "mail b*** [at] example [dot] com thanks",
+            "EMAIL",
+        ),
+        ("mail bob(at)example(dot)com", "mail b***(at)example(dot)com", "EMAIL"),
+        ("mail bob@example[.]com", "mail b***@example[.]com", "EMAIL"),
+        ("手机１３８００１３８０００", "手机138****8000", "PHONE"),
+    ],
+)
+def test_obfuscated_entities_are_masked_whole_and_streamed(text, masked, kind):
+    out, found = mask(text)
+    assert (out, [e.type for e in found]) == (masked, [kind])
+    for cuts in ([], list(range(len(text))), [3, 7, 11, 19]):
+        assert stream(split(text, cuts))[0] == masked
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Upgrade to v1.2.3.4 today",
+        "build version1.2.3.4 is out",
+        "See you at (at) the park",
+        "lists 1234\n5678\n9012\n3456",
+        "a [dot] b, and [at] c",
+    ],
+)
+def test_near_misses_of_the_obfuscated_forms_stay_as_they_are(text):
+    assert mask(text) == (text, [])
+
+
+OBFUSCATION_PIECES = st.sampled_from(
+    ["bob", "ex", "com", " ", "[", "]", "(", ")", "at", "dot", "@", ".", "4111", "12", "\n",
+     "\u200b", "\uff14", "\u3000", "IP", "10.0.0.1", "你好"]
+)  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    pieces=st.lists(OBFUSCATION_PIECES, max_size=30),
+    cuts=st.lists(st.integers(0, 10_000), max_size=30),
+)
+def test_obfuscation_joins_mask_alike_in_any_split(pieces, cuts):
+    text = "".join(pieces)
+    out, m = stream(split(text, cuts))
+    whole, entities = mask(text)
+    assert out == whole
+    assert m.entities == entities

@@ -1,0 +1,177 @@
+"""Decoding before matching, as WAFs do (CRS applies URL and HTML-entity decoding and
+Unicode normalisation before its rules), with every character of the decoded text
+mapped back to where it came from, so findings point into the text the user sent.
+
+``decoded(text)`` undoes, repeatedly (a payload encoded twice is decoded twice):
+percent-encoding (``%27``, ``%u0027``, and ``+`` for a space in a form-encoded text),
+HTML entities (``&lt;``, ``&#x3C``), ``\\uXXXX``, ``\\u{...}`` and ``\\xXX`` escapes
+(runs of ``\\xXX`` and ``%XX`` bytes are read as UTF-8), fullwidth and other
+compatibility forms (NFKC), and removes invisible characters (zero-width spaces,
+joiners, soft hyphens, bidirectional controls).
+"""
+
+from __future__ import annotations
+
+import html
+import html.entities
+import re
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
+
+_ROUNDS = 3
+"""Decoding passes at most: enough for a payload encoded twice, bounded for one
+encoded a hundred times."""
+
+_PERCENT = re.compile(r"(?:%[0-9A-Fa-f]{2})+|%[uU][0-9A-Fa-f]{4}")
+_ENTITY = re.compile(r"&(?:#[0-9]{1,7}|#[xX][0-9A-Fa-f]{1,6}|[A-Za-z][A-Za-z0-9]{1,31});?")
+_ESCAPE = re.compile(r"(?:\\x[0-9A-Fa-f]{2})+|\\u\{[0-9A-Fa-f]{1,6}\}|\\u[0-9A-Fa-f]{4}")
+# a form-encoded value: no whitespace, a percent escape or a quote in it, "+" for spaces
+# ("id=1%27+OR+%271%27%3D%271", "1'+OR+1=1--")
+_FORM_ENCODED = re.compile(r"(?=\S*(?:%[0-9A-Fa-f]{2}|'))\S*\+\S*")
+
+INVISIBLE = frozenset(
+    "\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180e\u200b\u200c\u200d\u200e\u200f"
+    "\u202a\u202b\u202c\u202d\u202e\u2060\u2061\u2062\u2063\u2064\u2066\u2067\u2068\u2069"
+    "\u206a\u206b\u206c\u206d\u206e\u206f\u3164\ufeff\uffa0"
+)
+"""Characters that render as nothing: a word split by them reads as one word."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    text: str
+    starts: list[int]
+    """``starts[i]``: where the character ``text[i]`` came from in the original;
+    one more entry, the original's length, closes the last span."""
+
+    def span(self, start: int, end: int) -> tuple[int, int]:
+        """The original text's span that ``text[start:end]`` was decoded from."""
+        return self.starts[start], self.starts[end]
+
+
+def _bytes_text(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
+
+
+def _percent(m: re.Match[str]) -> str:
+    s = m.group()
+    if s[1] in "uU":
+        return chr(int(s[2:], 16))
+    return _bytes_text(bytes(int(s[i + 1 : i + 3], 16) for i in range(0, len(s), 3)))
+
+
+# names browsers know in one case only ("&NewLine;"), as attackers also write them
+_ENTITY_ANY_CASE = {k.lower(): v for k, v in html.entities.html5.items() if k.endswith(";")}
+
+
+def _entity(m: re.Match[str]) -> str:
+    s = m.group()
+    plain = html.unescape(s)
+    if plain == s and s.endswith(";"):
+        return _ENTITY_ANY_CASE.get(s[1:].lower(), s)
+    return plain
+
+
+def _escape(m: re.Match[str]) -> str:
+    s = m.group()
+    if s[1] == "x":
+        return _bytes_text(bytes(int(s[i + 2 : i + 4], 16) for i in range(0, len(s), 4)))
+    code = int(s[3:-1] if s[2] == "{" else s[2:], 16)
+    return chr(code) if code <= 0x10FFFF and not 0xD800 <= code <= 0xDFFF else s
+
+
+def _sub(
+    text: str, pattern: re.Pattern[str], repl: Callable[[re.Match[str]], str]
+) -> tuple[str, list[int]] | None:
+    """``pattern.sub(repl, text)`` and where each output character came from; ``None``
+    when nothing changed."""
+    out: list[str] = []
+    starts: list[int] = []
+    pos = 0
+    changed = False
+    for m in pattern.finditer(text):
+        r = repl(m)
+        if r == m.group():
+            continue
+        changed = True
+        out.append(text[pos : m.start()])
+        starts.extend(range(pos, m.start()))
+        out.append(r)
+        starts.extend([m.start()] * len(r))
+        pos = m.end()
+    if not changed:
+        return None
+    out.append(text[pos:])
+    starts.extend(range(pos, len(text) + 1))
+    return "".join(out), starts
+
+
+def _unicode(text: str) -> tuple[str, list[int]] | None:
+    """NFKC, character by character (fullwidth ``＜`` reads ``<``), invisibles dropped."""
+    if text.isascii() or (
+        unicodedata.is_normalized("NFKC", text) and not INVISIBLE.intersection(text)
+    ):
+        return None
+    out: list[str] = []
+    starts: list[int] = []
+    for i, ch in enumerate(text):
+        if ch in INVISIBLE:
+            continue
+        n = ch if ch.isascii() else unicodedata.normalize("NFKC", ch)
+        out.append(n)
+        starts.extend([i] * len(n))
+    starts.append(len(text))
+    return "".join(out), starts
+
+
+def _plus(text: str) -> tuple[str, list[int]] | None:
+    if "+" not in text:
+        return None
+    return _sub(text, _FORM_ENCODED, lambda m: m.group().replace("+", " "))
+
+
+_STEPS: tuple[Callable[[str], tuple[str, list[int]] | None], ...] = (
+    _plus,  # before percent-decoding, as a form is read: "%2B" is a plus, not a space
+    lambda t: _sub(t, _PERCENT, _percent) if "%" in t else None,
+    lambda t: _sub(t, _ENTITY, _entity) if "&" in t else None,
+    lambda t: _sub(t, _ESCAPE, _escape) if "\\" in t else None,
+    _unicode,
+)
+
+
+def decoded(text: str) -> Decoded | None:
+    """The text with every encoding above undone, or ``None`` when there was none."""
+    current, starts = text, list(range(len(text) + 1))
+    changed = False
+    for _ in range(_ROUNDS):
+        before = current
+        for step in _STEPS:
+            done = step(current)
+            if done is not None:
+                current, inner = done
+                starts = [starts[i] for i in inner]
+                changed = True
+        if current == before:
+            break
+    return Decoded(current, starts) if changed and current != text else None
+
+
+_INLINE_COMMENT = re.compile(r"/\*(!\d{0,6})?(.*?)\*/", re.DOTALL)
+
+
+def _comment(m: re.Match[str]) -> str:
+    # MySQL runs a "/*!50000 select*/" comment's body; any other comment is a space
+    return f" {m.group(2)} " if m.group(1) is not None else " "
+
+
+def without_inline_comments(text: str) -> Decoded | None:
+    """SQL as the server reads it: ``UNION/**/SELECT`` is ``UNION SELECT``, and a
+    versioned comment ``/*!00000select*/`` is its body."""
+    if "/*" not in text:
+        return None
+    done = _sub(text, _INLINE_COMMENT, _comment)
+    return Decoded(*done) if done else None

@@ -1,0 +1,52 @@
+"""Public corpora for the input checks (bench/corpora/, README there), each split in
+two by a hash of the text: ``dev``, which rules may be tuned on, and ``final``, read
+only for the figures a change reports. A text stays in its split whatever is added."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal, TypedDict
+
+Split = Literal["dev", "final", "all"]
+
+CORPORA = Path(__file__).resolve().parents[2] / "bench" / "corpora"
+
+
+class Line(TypedDict):
+    text: str
+    kind: str
+    """``sqli``, ``xss``, ``prompt`` or ``benign``."""
+    label: int
+    """1: an attack, 0: benign."""
+
+
+def split_of(text: str) -> Literal["dev", "final"]:
+    return "dev" if hashlib.sha256(text.encode()).digest()[0] % 2 == 0 else "final"
+
+
+def _take(lines: list[Line], split: Split) -> list[Line]:
+    return [x for x in lines if split == "all" or split_of(x["text"]) == split]
+
+
+def crs_attacks(split: Split) -> list[Line]:
+    """OWASP CRS's regression payloads for its SQLi and XSS rules (all attacks)."""
+    with open(CORPORA / "crs_attacks.jsonl", encoding="utf-8") as f:
+        rows = [json.loads(x) for x in f if x.strip()]
+    return _take([Line(text=r["text"], kind=r["kind"], label=1) for r in rows], split)
+
+
+def chatgpt_prompts(split: Split) -> list[Line]:
+    """awesome-chatgpt-prompts: ordinary prompts (role-play, "act as a SQL terminal"),
+    its few jailbreaks labelled as attacks."""
+    with gzip.open(CORPORA / "awesome_chatgpt_prompts.jsonl.gz", "rt", encoding="utf-8") as f:
+        rows = [json.loads(x) for x in f if x.strip()]
+    return _take(
+        [
+            Line(text=r["text"], kind="prompt" if r["label"] else "benign", label=r["label"])
+            for r in rows
+        ],
+        split,
+    )
