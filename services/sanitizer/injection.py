@@ -312,6 +312,7 @@ def sql_findings(text: str) -> Iterator[Finding]:
         tail = text[u.end() : min(u.end() + 160, len(text) if line_end < 0 else line_end)]
         if _UNION_EXTRACT.search(tail) or _before_is_value_break(text, u.start()):
             yield Finding("sqli.union", "sql_injection", u.start(), min(len(text), u.end() + 40))
+    yield from _delay_findings(text)
     for rule, pattern in _SQL_RULES:
         if hit := pattern.search(text):
             yield Finding(rule, "sql_injection", hit.start(), hit.end())
@@ -330,13 +331,26 @@ def sql_findings(text: str) -> Iterator[Finding]:
 # A call to a delay function where SQL would evaluate it: after an operator, a quote,
 # a parenthesis, SELECT or a logic word, or as the whole value; not a method
 # ("time.sleep(5)") or a statement of its own in code ("    sleep(1);").
-_DELAY_CONTEXT = r"(?:[(,'\"|+=&]|\$\{|\b(?:select|and|or|xor|not|if|then|else|when)\b|\A)"
+_DELAY_CALL = re.compile(r"\b(?:pg_)?sleep\s*\((?![^()]{0,20}\)\s*;)|\bbenchmark\s*\(", re.I)
+_DELAY_CONTEXT = re.compile(
+    r"(?:[(,'\"|+=&]|\$\{|\b(?:select|and|or|xor|not|if|then|else|when))\s*\Z", re.I
+)
+
+
+def _delay_findings(text: str) -> Iterator[Finding]:
+    # the call first (rare), then what comes before it: cheaper than the other way round
+    for m in _DELAY_CALL.finditer(text):
+        before = text[max(0, m.start() - 12) : m.start()]
+        if _DELAY_CONTEXT.search(before) or not text[: m.start()].strip():
+            yield Finding("sqli.time-delay", "sql_injection", m.start(), m.end())
+            return
+
+
 _SQL_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "sqli.time-delay",
         re.compile(
-            _DELAY_CONTEXT + r"\s*(?:sleep|pg_sleep|benchmark)\s*\((?![^()]{0,20}\)\s*;)"
-            r"|\bwaitfor\s+delay\s*['\"]|\bdbms_(?:pipe\.receive_message|lock\.sleep)\s*\("
+            r"\bwaitfor\s+delay\s*['\"]|\bdbms_(?:pipe\.receive_message|lock\.sleep)\s*\("
             r"|\brandomblob\s*\(\s*\d{6,}|\bbenchmark\s*\(\s*\d{5,}\s*,",
             re.IGNORECASE,
         ),

@@ -110,22 +110,41 @@ def _sub(
     return "".join(out), starts
 
 
+def _compatibility_table() -> tuple[dict[str, str], re.Pattern[str]]:
+    """Each BMP character that NFKC changes (or that is invisible) and what it becomes,
+    and a pattern finding them: most text has few, and only those are visited."""
+    table: dict[str, str] = {}
+    for cp in range(0x80, 0x10000):
+        ch = chr(cp)
+        if 0xD800 <= cp <= 0xDFFF:
+            continue
+        n = "" if ch in INVISIBLE else unicodedata.normalize("NFKC", ch)
+        if n != ch:
+            table[ch] = n
+    ranges: list[tuple[int, int]] = []
+    for cp in sorted(map(ord, table)):
+        if ranges and ranges[-1][1] == cp - 1:
+            ranges[-1] = (ranges[-1][0], cp)
+        else:
+            ranges.append((cp, cp))
+    cls = "".join(re.escape(chr(a)) + ("-" + re.escape(chr(b)) if b > a else "") for a, b in ranges)
+    return table, re.compile(f"[{cls}]|[^\\x00-\\uffff]")
+
+
+_COMPAT, _COMPAT_CHARS = _compatibility_table()
+
+
+def _compat(m: re.Match[str]) -> str:
+    ch = m.group()
+    found = _COMPAT.get(ch)
+    return unicodedata.normalize("NFKC", ch) if found is None else found
+
+
 def _unicode(text: str) -> tuple[str, list[int]] | None:
     """NFKC, character by character (fullwidth ``＜`` reads ``<``), invisibles dropped."""
-    if text.isascii() or (
-        unicodedata.is_normalized("NFKC", text) and not INVISIBLE.intersection(text)
-    ):
+    if text.isascii():
         return None
-    out: list[str] = []
-    starts: list[int] = []
-    for i, ch in enumerate(text):
-        if ch in INVISIBLE:
-            continue
-        n = ch if ch.isascii() else unicodedata.normalize("NFKC", ch)
-        out.append(n)
-        starts.extend([i] * len(n))
-    starts.append(len(text))
-    return "".join(out), starts
+    return _sub(text, _COMPAT_CHARS, _compat)
 
 
 def _plus(text: str) -> tuple[str, list[int]] | None:
