@@ -10,8 +10,13 @@ the figures a change reports.
 
 - OWASP CRS's own regression payloads for its SQLi (942xxx) and XSS (941xxx) rules:
   recall per kind, on every line and on lines of 8 characters or more.
+- PayloadsAllTheThings' SQLi and XSS intruder lists: a second source of payloads,
+  by other authors (recall per kind).
 - awesome-chatgpt-prompts (ordinary prompts, role-play and "act as a SQL terminal"
   ones included): the share of benign prompts blocked, and its jailbreaks found.
+- short inputs, most with no prose in them (Spider's SQL queries and questions,
+  tldr-pages' shell commands): the share blocked, where the stricter rules for
+  fragments apply.
 - bench/injection_devset.py: payloads in their common and encoded variants and
   benign questions about code (not split: it is what the rules are developed on).
 
@@ -29,7 +34,14 @@ from collections.abc import Callable
 import libinjection
 import testkit_path  # noqa: F401  (before testkit)
 from injection_devset import devset
-from testkit.corpora import Line, Split, chatgpt_prompts, crs_attacks
+from testkit.corpora import (
+    Line,
+    Split,
+    chatgpt_prompts,
+    crs_attacks,
+    payloads_all_the_things,
+    short_inputs,
+)
 
 from inferbus.services.sanitizer.injection import findings
 
@@ -67,6 +79,8 @@ def main() -> None:
     prompts = chatgpt_prompts(split)
     benign = [x for x in prompts if x["label"] == 0]
     jailbreaks = [x for x in prompts if x["label"] == 1]
+    short = short_inputs(split)
+    patt = payloads_all_the_things(split)
     rows = devset()
     payloads = [
         Line(text=r["text"], kind=r["type"], label=1) for r in rows if r["label"] == "payload"
@@ -82,7 +96,10 @@ def main() -> None:
             result[name][f"crs_{kind}_len8"] = share(
                 [x for x in lines if len(x["text"]) >= 8], detect
             )
+        for kind in ("sqli", "xss"):
+            result[name][f"patt_{kind}"] = share([x for x in patt if x["kind"] == kind], detect)
         result[name]["benign_blocked"] = share(benign, detect)
+        result[name]["short_blocked"] = share(short, detect)
         result[name]["jailbreaks_found"] = share(jailbreaks, detect)
         result[name]["devset_recall"] = share(payloads, detect)
         result[name]["devset_benign_blocked"] = share(dev_benign, detect)
@@ -90,7 +107,8 @@ def main() -> None:
     n_sqli = sum(x["kind"] == "sqli" for x in crs)
     print(
         f"split {split}: CRS {n_sqli} SQLi + {len(crs) - n_sqli} XSS payloads, "
-        f"{len(benign)} ordinary prompts + {len(jailbreaks)} jailbreaks; "
+        f"{len(benign)} ordinary prompts + {len(jailbreaks)} jailbreaks, "
+        f"{len(short)} short inputs, {len(patt)} PayloadsAllTheThings payloads; "
         f"dev set {len(payloads)} payloads + {len(dev_benign)} benign"
     )
     print(f"{'':<34}{'inferbus':>10}{'libinjection':>14}{'ratio':>8}")
@@ -99,7 +117,10 @@ def main() -> None:
         ("crs_sqli_len8", "CRS SQLi recall (len >= 8)"),
         ("crs_xss", "CRS XSS recall"),
         ("crs_xss_len8", "CRS XSS recall (len >= 8)"),
+        ("patt_sqli", "PayloadsAllTheThings SQLi recall"),
+        ("patt_xss", "PayloadsAllTheThings XSS recall"),
         ("benign_blocked", "ordinary prompts blocked"),
+        ("short_blocked", "short inputs blocked"),
         ("jailbreaks_found", "jailbreak prompts found"),
         ("devset_recall", "dev set recall"),
         ("devset_benign_blocked", "dev set benign blocked"),

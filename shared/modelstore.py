@@ -20,7 +20,7 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, KeyValueConfig, ObjectStoreConfig, StorageType
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
@@ -204,23 +204,33 @@ async def set_current(js: JetStreamContext, current: ModelCurrent) -> None:
 
 async def list_versions(js: JetStreamContext, name: str = "") -> list[ModelVersion]:
     kv = await registry(js)
-    prefix = f"v.{name}." if name else "v."
     out = []
-    for key in await keys(kv):
-        if not key.startswith(prefix):
-            continue
-        entry = await kv.get(key)
-        out.append(decode(entry.value or b"", ModelVersion))
+    for key in await keys(js, f"v.{name}." if name else "v."):
+        if (value := await value_of(kv, key)) is not None:
+            out.append(decode(value, ModelVersion))
     return sorted(out, key=lambda v: (v.name, v.pushed_at))
 
 
-async def keys(kv: KeyValue) -> list[str]:
-    """Every key (nats-py raises on an empty bucket; its key filters do not work with
-    every server, so callers filter)."""
+async def keys(js: JetStreamContext, prefix: str = "") -> list[str]:
+    """The registry's keys starting with ``prefix`` (deleted ones too: read them with
+    ``value_of``), from the bucket stream's subject list: one request. nats-py's
+    ``KeyValue.keys()`` walks a watcher instead, and a worker restarted in CI once got
+    a list without the key it needed (its current adapter) and served without it."""
+    root = f"$KV.{MODEL_REGISTRY}."
     try:
-        return list(await kv.keys())
-    except (NoKeysError, NotFoundError):
+        info = await js.stream_info(f"KV_{MODEL_REGISTRY}", subjects_filter=f"{root}{prefix}>")
+    except NotFoundError:
         return []
+    return sorted(s.removeprefix(root) for s in info.state.subjects or {})
+
+
+async def value_of(kv: KeyValue, key: str) -> bytes | None:
+    """A key's value, or None when it was deleted."""
+    try:
+        entry = await kv.get(key)
+    except KeyNotFoundError:
+        return None
+    return entry.value or b""
 
 
 async def push(

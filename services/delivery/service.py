@@ -117,12 +117,12 @@ class DeliveryService(Service[DeliverySettings]):
         """Rollouts in flight when the last delivery process stopped resume here."""
         assert self._ctx
         kv = await modelstore.registry(self._ctx.js)
-        for key in await modelstore.keys(kv):
-            if not key.startswith("rollout."):
+        for key in await modelstore.keys(self._ctx.js, "rollout."):
+            value = await modelstore.value_of(kv, key)
+            if value is None:
                 continue
-            entry = await kv.get(key)
             try:
-                rollout = decode(entry.value or b"", Rollout)
+                rollout = decode(value, Rollout)
             except Exception as exc:
                 log.error("a saved rollout does not decode; ignored", key=key, error=str(exc))
                 continue

@@ -121,8 +121,7 @@ class Deliveries:
         and skipped)."""
         w = self.worker
         try:
-            kv = await modelstore.registry(self.js)
-            keys = [k for k in await modelstore.keys(kv) if k.startswith("current.")]
+            keys = await modelstore.keys(self.js, "current.")
         except modelstore.RegistryError:
             return
         except Exception as exc:  # the registry unreadable: serve the model alone

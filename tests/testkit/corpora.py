@@ -50,3 +50,19 @@ def chatgpt_prompts(split: Split) -> list[Line]:
         ],
         split,
     )
+
+
+def short_inputs(split: Split) -> list[Line]:
+    """Short benign inputs, most with no prose in them: SQL queries and the questions
+    they answer (Spider's dev set), and shell commands (tldr-pages)."""
+    with gzip.open(CORPORA / "short_inputs.jsonl.gz", "rt", encoding="utf-8") as f:
+        rows = [json.loads(x) for x in f if x.strip()]
+    return _take([Line(text=r["text"], kind="benign", label=0) for r in rows], split)
+
+
+def payloads_all_the_things(split: Split) -> list[Line]:
+    """PayloadsAllTheThings' SQLi and XSS intruder lists (all attacks): a second
+    source of payloads, by other authors than CRS's."""
+    with gzip.open(CORPORA / "payloads_all_the_things.jsonl.gz", "rt", encoding="utf-8") as f:
+        rows = [json.loads(x) for x in f if x.strip()]
+    return _take([Line(text=r["text"], kind=r["kind"], label=1) for r in rows], split)

@@ -1,0 +1,182 @@
+"""XSS, judged by shape: markup that executes.
+
+A tag after an attribute break (``">``), event-handler attributes, ``<script>`` with
+a body, ``javascript:`` URLs (with the whitespace browsers drop inside a scheme),
+frames and plugins, CSS that loads code, server-side includes, tag names spelled out
+with spaces, UTF-7, JSFuck, tagged-template calls, break-outs of a JavaScript string.
+A mention of ``<script>`` in a question has no body and breaks nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from .finding import Finding
+
+_XSS_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # on one line: a quoted attribute ending a tag, then the next line's tag, is markup
+    ("xss.attribute-break", re.compile(r"""["'`][ \t]*/?[ \t]*>[ \t]*<\s*[a-z!]""", re.I)),
+    (
+        "xss.attribute-handler",
+        re.compile(  # out of one attribute, into an event handler
+            r"""["'`]\s*/?\s*on[a-z]{3,}\s*=\s*["'`]?[^\s"'`>]*\(""", re.IGNORECASE
+        ),
+    ),
+    (
+        "xss.event-handler",
+        re.compile(  # not JSX's onClick={handler}
+            r"<\s*[a-z][\w:-]*\b[^>]{0,200}?[\s/\"']on[a-z]{3,}\s*=\s*(?:[^\s>{]|\Z)",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "xss.script-body",
+        re.compile(  # a body that does something: a call, an assignment
+            r"<\s*(?:[\w-]+\s*:\s*)?script\b[^>]{0,200}>[^<]{0,400}?"
+            r"(?:\w\s*\(|=|;|\b(?:document|window)\.)",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "xss.script-src",
+        re.compile(r"<\s*(?:[\w-]+\s*:\s*)?script\b[^>]{0,200}\bsrc\s*=", re.IGNORECASE),
+    ),
+    (
+        "xss.js-url",
+        re.compile(
+            # browsers drop tabs and newlines inside a URL's scheme: "jav&#x09;ascript:"
+            r"(?:\b(?:href|src|action|formaction|data|xlink:href)\s*=\s*[\"']?\s*|^\s*)"
+            r"(?:j\s*a\s*v\s*a|v\s*b)\s*s\s*c\s*r\s*i\s*p\s*t\s*:"
+            r"|\b(?:java|vb)script\s*:\s*[\w.]+\s*\(|\burl\s*\(\s*[\"']?\s*(?:java|vb)script\b",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "xss.data-html",
+        re.compile(r"\b(?:href|src|data)\s*=\s*[\"']?\s*data\s*:\s*text/html", re.IGNORECASE),
+    ),
+    (
+        "xss.frame",
+        re.compile(  # an iframe showing a video is not one: srcdoc, plugins
+            r"<\s*(?:iframe|frame)\b[^>]{0,200}\bsrcdoc\s*=|"
+            r"<\s*(?:object|embed|base)\b[^>]{0,200}\b(?:src|data|href)\s*=|"
+            r"<\s*(?:applet\b|v\s*:\s*\w*frame\b)",
+            re.IGNORECASE,
+        ),
+    ),
+    (
+        "xss.meta-refresh",
+        re.compile(r"<\s*meta\b[^>]{0,200}http-equiv\s*=\s*[\"']?refresh", re.IGNORECASE),
+    ),
+    ("xss.css-expression", re.compile(r"\bstyle\s*=\s*[\"'][^\"']*expression\s*\(", re.IGNORECASE)),
+)
+
+
+_XSS_ANYWHERE: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # CSS that loads code: Firefox's XBL bindings, IE's behaviours
+    (
+        "xss.css-binding",
+        re.compile(r"-moz-binding\s*:\s*url\s*\(|\bbehaviou?r\s*:\s*url\s*\(", re.I),
+    ),
+    # server-side includes: "<!--#exec cmd=...", "<!--#echo var=..."
+    ("xss.ssi", re.compile(r"<!--\s*#\s*(?:exec|echo|include|set|config|printenv)\b", re.I)),
+    # a tag name spelled out with spaces: "< s c r i p t", "<f o r m"
+    (
+        "xss.spaced-tag",
+        re.compile(
+            r"<\s*(?:s\s+c\s*r\s*i\s*p\s*t|f\s+o\s*r\s*m|d\s+i\s*a\s*l\s*o\s*g|"
+            r"i\s+f\s*r\s*a\s*m\s*e|s\s+v\s*g|i\s+m\s*g|x\s*:\s*s\s*c\s*r\s*i\s*p\s*t)\b",
+            re.I,
+        ),
+    ),
+    # UTF-7 markup: "+ADw-script+AD4-"
+    ("xss.utf7", re.compile(r"\+?ADw-\s*/?\s*(?:script|img|svg|iframe)", re.I)),
+    # JSFuck: code spelled with []()!+ only
+    ("xss.jsfuck", re.compile(r"(?:!\s*\[\s*\][^!]{0,24}){6}")),
+    # a function called by a tagged template: alert`1`, [].sort.call`${alert}1337`
+    (
+        "xss.template-call",
+        re.compile(
+            r"\b(?:alert|eval|prompt|confirm|call|apply)`|\.\s*(?:call|apply)\s*`"
+            r"|\$\{\s*(?:alert|eval|prompt|confirm|navigation\.navigate)\s*\}"
+        ),
+    ),
+    # client-side template injection: {{constructor.constructor('alert(1)')()}}
+    (
+        "xss.template-injection",
+        re.compile(r"\{\{[^}]{0,200}?(?:\bconstructor\b|\$eval\b|\$on\b|\$emit\b|__proto__)"),
+    ),
+    # a global reached by a computed name: window['al'+'ert'], self["eval"]
+    (
+        "xss.global-access",
+        re.compile(
+            r"\b(?:window|self|top|parent|frames|globalThis|document)\s*\[\s*"
+            r"(?:[\"'`][^\"'`\]]{0,20}[\"'`]\s*\+|[\"'`](?:alert|eval|prompt|confirm|"
+            r"location|cookie|Function|constructor)[\"'`])"
+        ),
+    ),
+    # "<" and ">" as the bytes 0xBC and 0xBE of a malformed US-ASCII decoding
+    ("xss.malformed-encoding", re.compile(r"\u00bc\s*/?\s*(?:script|img|svg|iframe)", re.I)),
+    # tags only old browsers run code from
+    ("xss.legacy-tag", re.compile(r"<\s*\??(?:isindex|bgsound|ilayer|layer|import)\b", re.I)),
+    # an event handler set to a sink, inside a tag or not: " onfocus=alert(1)"
+    (
+        "xss.handler-sink",
+        re.compile(
+            r"(?<![\w.])on[a-z]{3,}\s*=\s*[\"'`]?\s*(?:alert|prompt|confirm|eval|"
+            r"javascript:|document\.|window\.|top\.|self\.)",
+            re.I,
+        ),
+    ),
+    # executable tags glued together: "www.site.com<script><img><iframe>"
+    (
+        "xss.tag-run",
+        re.compile(
+            r"(?:<\s*(?:script|img|iframe|svg|object|embed|frame|body)\b[^<>]{0,80}>\s*){2}", re.I
+        ),
+    ),
+    # attributes only old browsers had, each of which loaded code or data
+    (
+        "xss.obsolete-attribute",
+        re.compile(r"\b(?:dynsrc|lowsrc|datasrc|datafld|dataformatas)\s*=", re.I),
+    ),
+    # a data: URI of a type that runs
+    (
+        "xss.data-executable",
+        re.compile(
+            r"\bdata\s*:\s*(?:text/html|(?:text|application)/(?:x-)?(?:java|ecma)script)\b", re.I
+        ),
+    ),
+    # a scheme with code right after it: javascript:x=1, javascript:[], javascript:alert`1`
+    ("xss.js-scheme-code", re.compile(r"\b(?:java|vb)script\s*:[^\s\"'<>]{0,40}?[(=\[`\\]", re.I)),
+    # CSS expression() in any declaration
+    ("xss.css-expression-any", re.compile(r":\s*expression\s*\(", re.I)),
+    # a style sheet that runs code
+    (
+        "xss.style-code",
+        re.compile(
+            r"<\s*style\b[^>]{0,200}>[^<]{0,400}?(?:@import|expression\s*\(|"
+            r"behaviou?r\s*:|-moz-binding|javascript\s*:)",
+            re.I,
+        ),
+    ),
+    # out of a JavaScript string into a call, the rest commented out: x";alert(1)//
+    (
+        "xss.js-breakout",
+        re.compile(r"""["'][;)]+\s*[\w.$]+\s*\([^()\n]{0,80}\)\s*;?\s*(?://|<!--)"""),
+    ),
+)
+
+
+def xss_findings(text: str) -> Iterator[Finding]:
+    for rule, pattern in _XSS_ANYWHERE:
+        m = pattern.search(text)
+        if m:
+            yield Finding(rule, "xss", m.start(), m.end())
+    if "<" not in text and ":" not in text and "=" not in text:
+        return
+    for rule, pattern in _XSS_RULES:
+        m = pattern.search(text)
+        if m:
+            yield Finding(rule, "xss", m.start(), m.end())
