@@ -41,9 +41,21 @@ def findings(text: str) -> list[Finding]:
         first.setdefault(f.rule, f)
     plain = decoded(text)
     if plain is not None:  # "%27%20OR%201%3D1--", "&lt;script&gt;", "ｉｇｎｏｒｅ ..."
-        for f in _raw_findings(plain.text):
-            first.setdefault(f.rule, Finding(f.rule, f.type, *plain.span(f.start, f.end)))
+        for lo, hi in plain.changed(text, _MARGIN):
+            # a window inside the text starts with a mark no rule reads past, so that
+            # rules meant for the text's start ("1 OR 1=1") hold only at the real one
+            view = plain.text[lo:hi] if lo == 0 else _NOT_A_START + plain.text[lo:hi]
+            shift = lo - (0 if lo == 0 else len(_NOT_A_START))
+            for f in _raw_findings(view):
+                a, b = max(lo, shift + f.start), max(lo, shift + f.end)
+                first.setdefault(f.rule, Finding(f.rule, f.type, *plain.span(a, b)))
     return sorted(first.values(), key=lambda f: (f.start, f.rule))
+
+
+_MARGIN = 400
+"""How far around a decoded character the rules read again: more than any rule's
+reach (the SQL reader stops at 400 characters)."""
+_NOT_A_START = "\x00\x00"
 
 
 def decide(found: Sequence[object], policy: Policy) -> Decision:

@@ -49,6 +49,27 @@ class Decoded:
         """The original text's span that ``text[start:end]`` was decoded from."""
         return self.starts[start], self.starts[end]
 
+    def changed(self, original: str, margin: int) -> list[tuple[int, int]]:
+        """Windows of ``text`` around what decoding changed, ``margin`` characters on
+        each side, overlapping ones merged: only there can a rule read something the
+        original did not say."""
+        s = self.starts
+        at = [
+            i
+            for i, (ch, a, b) in enumerate(zip(self.text, s, s[1:], strict=False))
+            if b - a != 1 or original[a] != ch
+        ]
+        if len(s) - 1 == len(self.text) and s[-1] != s[-2] + 1 and self.text:
+            at.append(len(self.text) - 1)  # what was dropped at the end
+        windows: list[tuple[int, int]] = []
+        for i in at:
+            lo, hi = max(0, i - margin), min(len(self.text), i + margin + 1)
+            if windows and lo <= windows[-1][1]:
+                windows[-1] = (windows[-1][0], hi)
+            else:
+                windows.append((lo, hi))
+        return windows
+
 
 def _bytes_text(raw: bytes) -> str:
     try:

@@ -6,12 +6,18 @@ at least twice libinjection's per kind, under 1% of ordinary prompts blocked."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import libinjection
 import pytest
 from testkit.corpora import chatgpt_prompts, crs_attacks, short_inputs, split_of
 
 from inferbus.services.sanitizer.injection import findings
 from inferbus.services.sanitizer.normalize import decoded
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
+from injection_devset import devset  # noqa: E402
 
 MISSED_BEFORE = {
     # percent-encoded as in query strings and form bodies: quotes, brackets, spaces
@@ -170,3 +176,24 @@ def test_corpus_splits_are_stable_and_disjoint():
     dev = {x["text"] for x in crs_attacks("dev")}
     final = {x["text"] for x in crs_attacks("final")}
     assert dev and final and not dev & final
+
+
+def test_every_match_of_a_rule_holds_one_of_its_needles():
+    """A rule with needles is skipped when none is in the text: that is only sound if
+    every match of its pattern holds one. Checked on every corpus line's matches."""
+    from inferbus.services.sanitizer.checks import prompt, sql, xss
+
+    texts = [x["text"] for x in crs_attacks("all") + chatgpt_prompts("dev")]
+    texts += [r["text"] for r in devset()] + list(MISSED_BEFORE)
+    for module, rules in (
+        (xss, (*xss._XSS_ANYWHERE, *xss._XSS_RULES)),
+        (prompt, (*prompt._PI_OVERRIDE, *prompt._PI_RULES)),
+        (sql, sql._SQL_RULES),
+    ):
+        for rule, pattern in rules:
+            needles = module._NEEDLES.get(rule)
+            if not needles:
+                continue
+            for text in texts:
+                for m in pattern.finditer(text):
+                    assert any(n in m.group().lower() for n in needles), (rule, m.group())

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from .finding import Finding
+from .finding import Finding, first_matches
 
 _PI_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
@@ -115,12 +115,24 @@ _PI_OVERRIDE: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
+# what each rule's every match holds (lower-cased)
+_NEEDLES: dict[str, tuple[str, ...]] = {
+    "prompt.ignore-instructions": ("ignore", "disregard", "forget", "override", "bypass"),
+    "prompt.ignore-instructions-zh": ("忽略", "无视", "忘记", "忘掉", "不要理会", "绕过"),
+    "prompt.role-tag": ("<|", "inst]", "<<sys>>", "<</sys>>"),
+    "prompt.jailbreak-persona": ("now", "act", "pretend", "enable", "enter", "activate"),
+    "prompt.known-jailbreak": ("anything", "dan"),
+    "prompt.disable-safety": ("safety", "content", "moderation"),
+    "prompt.exfiltrate-system": ("prompt", "instruction", "developer"),
+    "prompt.system-override": ("override",),
+    "prompt.instructions-void": (
+        "void", "null", "cancel", "revoked", "obsolete", "overridden", "superseded", "longer",
+    ),
+    "prompt.restrictions-lifted": (
+        "lifted", "removed", "disabled", "off", "suspended", "deactivated",
+    ),
+}  # fmt: skip
+
+
 def prompt_findings(text: str) -> Iterator[Finding]:
-    for rule, pattern in _PI_OVERRIDE:
-        m = pattern.search(text)
-        if m:
-            yield Finding(rule, "prompt_injection", m.start(), m.end())
-    for rule, pattern in _PI_RULES:
-        m = pattern.search(text)
-        if m:
-            yield Finding(rule, "prompt_injection", m.start(), m.end())
+    yield from first_matches(text, (*_PI_OVERRIDE, *_PI_RULES), "prompt_injection", _NEEDLES)

@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .finding import Finding
+from .finding import Finding, first_matches
 
 _SQL_TOKEN = re.compile(
     r"""(?P<ws>\s+)
@@ -304,9 +304,8 @@ def sql_findings(text: str) -> Iterator[Finding]:
         ):
             yield Finding("sqli.union", "sql_injection", u.start(), min(len(text), u.end() + 40))
     yield from _delay_findings(text)
-    for rule, pattern in _SQL_RULES:
-        if hit := pattern.search(text):
-            yield Finding(rule, "sql_injection", hit.start(), hit.end())
+    yield from _self_equal_findings(text)
+    yield from first_matches(text, _SQL_RULES, "sql_injection", _NEEDLES)
     # a value that is a logic operator and what follows ("and 1=1'"), or a value and a
     # stacked statement ("1;INSERT INTO ...", "mod(1,2);DROP TABLE t")
     if logic := _LEADING_LOGIC.match(text):
@@ -337,6 +336,26 @@ def _delay_findings(text: str) -> Iterator[Finding]:
             return
 
 
+# a random number compared with itself, as injection tools probe: "AND 6698=6698"
+_SELF_EQUAL = re.compile(r"(?<![\w.])(\d{3,})\s*==?\s*(\d{3,})\b")
+_SELF_EQUAL_BEFORE = re.compile(r"\b(?:where|and|or|having|elt)\s*\(?\s*\Z", re.I)
+
+
+def _self_equal_findings(text: str) -> Iterator[Finding]:
+    for m in _SELF_EQUAL.finditer(text):
+        before = text[max(0, m.start() - 12) : m.start()]
+        if m.group(1) == m.group(2) and _SELF_EQUAL_BEFORE.search(before):
+            yield Finding("sqli.tool-signature", "sql_injection", m.start(), m.end())
+            return
+
+
+_NEEDLES: dict[str, tuple[str, ...]] = {
+    "sqli.time-delay": ("waitfor", "dbms_", "randomblob", "benchmark"),
+    "sqli.tool-signature": ("0x", "chr", "rand"),
+    "sqli.file-access": ("load_file", "outfile", "dumpfile"),
+    "sqli.command-exec": ("exec",),
+    "sqli.versioned-comment": ("/*!",),
+}
 _SQL_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "sqli.time-delay",
@@ -351,8 +370,7 @@ _SQL_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
         # marker strings built from hex or character codes, the duplicate-key error
         "sqli.tool-signature",
         re.compile(
-            r"\b(?:where|and|or|having|elt)\s*\(?\s*(\d{3,})\s*==?\s*\1\b"
-            r"|\b(?:concat(?:_ws)?|char|chr)\s*\(\s*0x[0-9a-f]{6,}"
+            r"\b(?:concat(?:_ws)?|char|chr)\s*\(\s*0x[0-9a-f]{6,}"
             r"|(?:\bchr\s*\(\s*\d+\s*\)\s*\|\|\s*){2,}"
             r"|\bfloor\s*\(\s*rand\s*\(\s*0\s*\)\s*\*\s*2\s*\)",
             re.IGNORECASE,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from .finding import Finding
+from .finding import Finding, first_matches
 
 _XSS_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     # on one line: a quoted attribute ending a tag, then the next line's tag, is markup
@@ -169,14 +169,37 @@ _XSS_ANYWHERE: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
+# what each rule's every match holds (lower-cased)
+_NEEDLES: dict[str, tuple[str, ...]] = {
+    "xss.attribute-break": ("<",),
+    "xss.event-handler": ("<",),
+    "xss.script-body": ("script",),
+    "xss.script-src": ("script",),
+    "xss.js-url": (":", "url"),
+    "xss.data-html": ("text/html",),
+    "xss.frame": ("<",),
+    "xss.meta-refresh": ("refresh",),
+    "xss.css-expression": ("expression",),
+    "xss.css-binding": ("binding", "behavio"),
+    "xss.ssi": ("<!--",),
+    "xss.spaced-tag": ("<",),
+    "xss.utf7": ("adw-",),
+    "xss.jsfuck": ("[",),
+    "xss.template-call": ("`", "${"),
+    "xss.template-injection": ("{{",),
+    "xss.global-access": ("[",),
+    "xss.malformed-encoding": ("\u00bc",),
+    "xss.legacy-tag": ("<",),
+    "xss.handler-sink": ("=",),
+    "xss.tag-run": ("<",),
+    "xss.obsolete-attribute": ("dynsrc", "lowsrc", "datasrc", "datafld", "dataformatas"),
+    "xss.data-executable": ("data",),
+    "xss.js-scheme-code": ("script",),
+    "xss.css-expression-any": ("expression",),
+    "xss.style-code": ("style",),
+    "xss.js-breakout": ("//", "<!--"),
+}
+
+
 def xss_findings(text: str) -> Iterator[Finding]:
-    for rule, pattern in _XSS_ANYWHERE:
-        m = pattern.search(text)
-        if m:
-            yield Finding(rule, "xss", m.start(), m.end())
-    if "<" not in text and ":" not in text and "=" not in text:
-        return
-    for rule, pattern in _XSS_RULES:
-        m = pattern.search(text)
-        if m:
-            yield Finding(rule, "xss", m.start(), m.end())
+    yield from first_matches(text, (*_XSS_ANYWHERE, *_XSS_RULES), "xss", _NEEDLES)
