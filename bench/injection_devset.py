@@ -185,6 +185,19 @@ BENIGN = [
     "Once the travel restrictions are lifted we will visit Japan.",
     "Escape '<' as &lt; and '>' as &gt; in HTML.",
     "In JavaScript, what is the difference between '\\u0041' and 'A'?",
+    # short chat turns with no prose: numbers, quotes, hashtags, emoticons
+    "#1",
+    "#3 please",
+    "'ok'",
+    '"yes"',
+    "-- thanks",
+    "#python #ml",
+    ";)",
+    "1 + 1",
+    "(2)",
+    "or 3",
+    "in 5 minutes",
+    "x == y?",
 ]
 
 _SUBJECTS = ["users", "orders", "invoices", "the accounts table", "my blog's posts"]

@@ -63,7 +63,6 @@ MISSED_BEFORE = {
     "md5(": "sqli.fragment-call",
     "new Function()": "xss.fragment-sink",
     "pay=and 1=(": "sqli.fragment-midway",
-    "xor 5-": "sqli.fragment-midway",
     "unistr(password)::int": "sqli.fragment-call",
     "FROM INFORMATION_SCHEMA.": "sqli.schema-probe",
     "{{constructor.constructor('alert(1)')()}}": "xss.template-injection",
@@ -106,6 +105,11 @@ STILL_PASS = [
     "exec 3<path/to/file",
     "Hello {{ user.name }}!",
     "button.onclick = handler",
+    # short chat turns: a number, a quote, a hashtag (the vLLM HTTP test sends "#0")
+    "#1",
+    "'ok'",
+    "or 3",
+    "in 5 minutes",
     "Write a regular expression (regex) that matches dates.",
     "background: url(data:image/png;base64,iVBORw0KGgo=)",
 ]

@@ -40,15 +40,17 @@ _SQL_CALL = re.compile(
 )
 # where a fragment of a query starts: mid-statement, not at a statement's beginning
 _SQL_MIDWAY = re.compile(
-    r"\A\s*(?:[\w.-]{1,30}=)?(?:[)'\"`;]|--|#|/\*|&&|\|\||"  # "pay=and 1=(", not "x = 'a'"
+    r"\A\s*(?:[\w.-]{1,30}=)?(?:[)'\"`;]|&&|\|\||"  # "pay=and 1=(", not "x = 'a'"
     r"(?:and|or|xor|div|from|where|having|union|limit|into|as|in|like|"
     r"regexp|rlike|between|group\s+by|order\s+by)(?=[\s(]|\Z))",
     re.IGNORECASE,
 )
-# what makes the rest of it SQL: a comparison, a literal, a comment, a call, a keyword
+# what makes the rest SQL: a comparison, a comment, a call, a keyword. Not a number or a
+# quote alone: "#1", "'ok'", "in 5 minutes" are things people type to a model
 _SQL_STRONG = re.compile(
-    r"[=<>]|!=|\d|['\"`]|--|#|/\*|\w\s*\(|"
-    r"\b(?:select|from|where|null|exists|table|limit|having|union|like|regexp|is|not|as|in)\b",
+    r"[=<>]|!=|--|#|/\*|\w\s*\(|"
+    r"\b(?:select|from|where|null|exists|table|limit|having|union|like|regexp|is|not|as|in|"
+    r"and|or|xor)\b",
     re.IGNORECASE,
 )
 _SCHEMA = re.compile(

@@ -310,8 +310,8 @@ def sql_findings(text: str) -> Iterator[Finding]:
     # stacked statement ("1;INSERT INTO ...", "mod(1,2);DROP TABLE t")
     if logic := _LEADING_LOGIC.match(text):
         toks = _sql_tokens(text, logic.end())
-        rule = _sql_shape(text, toks, broke_out=False)
-        if rule:
+        rule = _sql_shape(text, toks, broke_out=False) if len(toks) > 2 else None
+        if rule:  # "and 1=1'", not a reply such as "or 3"
             yield Finding(rule, "sql_injection", logic.start(), toks[-1].end)
     stacked = _LEADING_VALUE_STACKED.match(text)
     if stacked and _STACKED.match(text, stacked.end() - 1):
