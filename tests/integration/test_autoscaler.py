@@ -10,6 +10,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from nats.aio.client import Client as NATS
 from testkit.faults import Platform, _http_one, _nats_one
 
 from inferbus.client import Client
@@ -38,12 +39,12 @@ AUTOSCALER = (
 )
 
 
-async def workers(p: Platform) -> list[str]:
-    nc = await connect(p.nats_url, "test-ps", load_credentials(p.operator))
-    try:
-        reply = await nc.request(supervisor_subject(), encode(SupervisorQuery()), timeout=5)
-    finally:
-        await nc.close()
+async def workers(nc: NATS) -> list[str]:
+    """The supervisor's workers, asked on a connection the test keeps: a new one made
+    while the bus reloads its users (each worker the autoscaler adds is a new user) was
+    once refused there (nats-server logged "authentication error" for existing users
+    during that reload, too)."""
+    reply = await nc.request(supervisor_subject(), encode(SupervisorQuery()), timeout=5)
     state = decode(reply.data, SupervisorState)
     return sorted(p.name for p in state.processes if p.service == "worker")
 
@@ -70,7 +71,7 @@ async def test_a_load_ramp_adds_workers_and_they_drain_when_it_stops(tmp_path: P
         load = [asyncio.create_task(loop()) for _ in range(12)]
         peak: list[str] = []
         while time.monotonic() < stop_at:
-            current = await workers(p)
+            current = await workers(watcher)
             peak = max(peak, current, key=len)
             await asyncio.sleep(1.0)
         await asyncio.gather(*load)
@@ -80,10 +81,10 @@ async def test_a_load_ramp_adds_workers_and_they_drain_when_it_stops(tmp_path: P
 
         # quiet: after the cooldown the fleet goes back to its minimum by draining
         deadline = time.monotonic() + 45.0
-        while time.monotonic() < deadline and len(await workers(p)) > 1:
+        while time.monotonic() < deadline and len(await workers(watcher)) > 1:
             await asyncio.sleep(1.0)
         said = [(d.previous, d.desired, d.ready, d.stop_first, d.reason) for d in decisions]
-        assert len(await workers(p)) == 1, said
+        assert len(await workers(watcher)) == 1, said
         down = [d for d in decisions if d.desired < d.previous]
         assert down and down[-1].desired == 1, said
 
@@ -121,9 +122,9 @@ async def test_a_model_at_zero_serves_its_next_requests_after_a_wait(tmp_path: P
 
         await watcher.subscribe(SCALE_DECISIONS, cb=on_decision)
         deadline = time.monotonic() + 40.0
-        while time.monotonic() < deadline and await workers(p):
+        while time.monotonic() < deadline and await workers(watcher):
             await asyncio.sleep(0.5)
-        assert await workers(p) == [], decisions
+        assert await workers(watcher) == [], decisions
         assert decisions and decisions[-1].desired == 0 and "idle" in decisions[-1].reason
 
         client = await Client.connect(p.nats_url, "test-load", creds=p.tenant)
@@ -136,7 +137,7 @@ async def test_a_model_at_zero_serves_its_next_requests_after_a_wait(tmp_path: P
         assert (nats_out.kind, http_out.kind) == ("ok", "ok"), (nats_out, http_out)
         woke = [d for d in decisions if d.previous == 0 and d.desired > 0]
         assert woke and "scale from zero" in woke[0].reason, decisions
-        assert len(await workers(p)) == 1
+        assert len(await workers(watcher)) == 1
         await client.nc.close()
         await watcher.close()
     finally:

@@ -53,6 +53,23 @@ async def test_pii_in_the_output_reaches_nats_clients_masked(client):
     assert plain.text == SECRET
 
 
+OBFUSCATED = (
+    "登录IP123.95.89.52，卡号４１１１ １１１１ １１１１ １１１１，"
+    "card 4111\u200b1111\u200b1111\u200b1111, mail bob [at] example [dot] com."
+)
+OBFUSCATED_MASKED = (
+    "登录IP123.*.*.*，卡号****1111，card ****1111, mail b*** [at] example [dot] com."
+)
+
+
+async def test_obfuscated_pii_in_the_output_is_masked_in_the_stream(client):
+    """Fullwidth digits, zero-width spaces inside a card, "[at]" emails and an address
+    after Latin letters, streamed through the real sanitizer as the engine writes them."""
+    stream = client.stream(MODEL, "/echo " + OBFUSCATED, max_tokens=200)
+    chunks = [c async for c in stream]
+    assert "".join(c.text for c in chunks) == OBFUSCATED_MASKED
+
+
 async def test_a_blocked_prompt_gets_400_and_never_reaches_a_worker(platform, client):
     work = await client.nc.subscribe("ib.work.>")
     await client.nc.flush()
