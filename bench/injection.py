@@ -12,6 +12,7 @@ the figures a change reports.
   recall per kind, on every line and on lines of 8 characters or more.
 - PayloadsAllTheThings' SQLi and XSS intruder lists: a second source of payloads,
   by other authors (recall per kind).
+- OWASP's XSS Filter Evasion Cheat Sheet's vectors (recall).
 - awesome-chatgpt-prompts (ordinary prompts, role-play and "act as a SQL terminal"
   ones included): the share of benign prompts blocked, and its jailbreaks found.
 - short inputs, most with no prose in them (Spider's SQL queries and questions,
@@ -39,6 +40,7 @@ from testkit.corpora import (
     Split,
     chatgpt_prompts,
     crs_attacks,
+    owasp_xss_evasion,
     payloads_all_the_things,
     short_inputs,
 )
@@ -81,6 +83,7 @@ def main() -> None:
     jailbreaks = [x for x in prompts if x["label"] == 1]
     short = short_inputs(split)
     patt = payloads_all_the_things(split)
+    owasp = owasp_xss_evasion(split)
     rows = devset()
     payloads = [
         Line(text=r["text"], kind=r["type"], label=1) for r in rows if r["label"] == "payload"
@@ -98,6 +101,7 @@ def main() -> None:
             )
         for kind in ("sqli", "xss"):
             result[name][f"patt_{kind}"] = share([x for x in patt if x["kind"] == kind], detect)
+        result[name]["owasp_xss"] = share(owasp, detect)
         result[name]["benign_blocked"] = share(benign, detect)
         result[name]["short_blocked"] = share(short, detect)
         result[name]["jailbreaks_found"] = share(jailbreaks, detect)
@@ -108,7 +112,8 @@ def main() -> None:
     print(
         f"split {split}: CRS {n_sqli} SQLi + {len(crs) - n_sqli} XSS payloads, "
         f"{len(benign)} ordinary prompts + {len(jailbreaks)} jailbreaks, "
-        f"{len(short)} short inputs, {len(patt)} PayloadsAllTheThings payloads; "
+        f"{len(short)} short inputs, {len(patt)} PayloadsAllTheThings payloads, "
+        f"{len(owasp)} OWASP XSS vectors; "
         f"dev set {len(payloads)} payloads + {len(dev_benign)} benign"
     )
     print(f"{'':<34}{'inferbus':>10}{'libinjection':>14}{'ratio':>8}")
@@ -119,6 +124,7 @@ def main() -> None:
         ("crs_xss_len8", "CRS XSS recall (len >= 8)"),
         ("patt_sqli", "PayloadsAllTheThings SQLi recall"),
         ("patt_xss", "PayloadsAllTheThings XSS recall"),
+        ("owasp_xss", "OWASP XSS evasion recall"),
         ("benign_blocked", "ordinary prompts blocked"),
         ("short_blocked", "short inputs blocked"),
         ("jailbreaks_found", "jailbreak prompts found"),

@@ -66,3 +66,11 @@ def payloads_all_the_things(split: Split) -> list[Line]:
     with gzip.open(CORPORA / "payloads_all_the_things.jsonl.gz", "rt", encoding="utf-8") as f:
         rows = [json.loads(x) for x in f if x.strip()]
     return _take([Line(text=r["text"], kind=r["kind"], label=1) for r in rows], split)
+
+
+def owasp_xss_evasion(split: Split) -> list[Line]:
+    """The vectors of OWASP's XSS Filter Evasion Cheat Sheet (all attacks), one per code
+    block: added on 2026-12-01 after the XSS rules of that day, its final half unread."""
+    with open(CORPORA / "owasp_xss_evasion.jsonl", encoding="utf-8") as f:
+        rows = [json.loads(x) for x in f if x.strip()]
+    return _take([Line(text=r["text"], kind=r["kind"], label=1) for r in rows], split)

