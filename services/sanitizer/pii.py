@@ -453,7 +453,7 @@ class StreamMasker:
     ``flush`` the rest at the end of the stream. The concatenated output equals
     ``mask(whole text)`` however the text was split."""
 
-    __slots__ = ("_buf", "_folded", "_pos", "_offset", "_window", "_done", "entities")
+    __slots__ = ("_buf", "_folded", "_pos", "_resume", "_offset", "_window", "_done", "entities")
 
     def __init__(self) -> None:
         self._buf = ""
@@ -462,6 +462,10 @@ class StreamMasker:
         self._pos = 0
         """Where unreleased text starts in ``_buf``: the open run's start (whose first
         ``_done`` characters may be released already), or text not yet read."""
+        self._resume = -1
+        """The open run's last character, from which it is matched on (matching it again
+        from its start at every chunk made a long run cost its length squared); -1
+        when no run is open."""
         self._offset = 0
         """Offset of ``_buf[0]`` in the whole stream."""
         self._window = 0
@@ -485,16 +489,24 @@ class StreamMasker:
 
     def _release(self, final: bool) -> str:
         buf, folded, pos, n = self._buf, self._folded, self._pos, len(self._buf)
+        resume, self._resume = self._resume, -1
         out: list[str] = []
         while pos < n:
-            m = _RUN.search(folded, pos) if self._done == 0 else _RUN.match(folded, pos)
-            if m is None:
-                out.append(buf[pos:])
-                pos = n
-                break
-            if self._done == 0:
+            if resume >= 0:
+                # the open run: from inside its last segment the pattern reaches the same
+                # end as from its start (a run ends in a run character)
+                tail = _RUN.match(folded, resume)
+                assert tail is not None
+                start, end = pos, tail.end()
+                resume = -1
+            else:
+                m = _RUN.search(folded, pos)
+                if m is None:
+                    out.append(buf[pos:])
+                    pos = n
+                    break
                 out.append(buf[pos : m.start()])
-            start, end = m.start(), m.end()
+                start, end = m.start(), m.end()
             over = final or _run_ends(folded, end)
             found: list[tuple[int, int, str, str]] = []
             self._window, self._done = _scan_run(
@@ -507,10 +519,12 @@ class StreamMasker:
                 pos = end
                 continue
             pos = start  # the open run stays whole in the buffer, from its start
+            resume = end - 1
             break
         keep = max(0, pos - 1)  # one character before it, for the join rule's look-behind
         self._offset += keep
         self._buf, self._folded, self._pos = buf[keep:], folded[keep:], pos - keep
+        self._resume = resume - keep if resume >= 0 else -1
         return "".join(out)
 
 
