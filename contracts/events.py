@@ -122,6 +122,10 @@ class RequestSubmitted(Event, tag="request.submitted"):
     prompt_tokens: int = 0
     """The prompt's length in tokens when the client knows it (0: the scheduler
     estimates it from the text), for lanes and token budgets."""
+    prompt_token_ids: list[int] = []
+    """The prompt as the served model's tokenizer reads it (chat template applied),
+    set by the sanitizer when it has that tokenizer (a client's value is dropped): the
+    scheduler hashes it into the engine's own block hashes, for exact prefix routing."""
 
     @property
     def estimated_prompt_tokens(self) -> int:
@@ -147,6 +151,10 @@ class WorkAssigned(Event, tag="work.assigned"):
     assigned_at: float = 0.0
     served_model: str = ""
     """The model the worker runs it on when not ``request.model``: a canary version."""
+    expected_cached_tokens: int = 0
+    """Prompt tokens the scheduler routed it expecting the worker's prefix cache to
+    hold (exact for token-hashed prompts, about for text blocks), against which the
+    engine's ``cached_prompt_tokens`` tells how well routing saw the caches."""
 
 
 class RequestStarted(Event, tag="request.started"):

@@ -152,6 +152,13 @@ def main(creds: str | None) -> None:
     multiple=True,
     help="Extra flag for the autoscaler, e.g. --autoscaler-arg=--max-replicas=4",
 )
+@click.option(
+    "--sanitizer-arg",
+    "sanitizer_args",
+    multiple=True,
+    help="Extra flag for the sanitizer, e.g. --sanitizer-arg=--input-policy=flag "
+    "(--sanitizer-arg=--tokenizers= turns exact prefix routing off)",
+)
 def up(
     engine: str,
     model: str | None,
@@ -175,6 +182,7 @@ def up(
     cpu_placement: str,
     autoscale: bool,
     autoscaler_args: tuple[str, ...],
+    sanitizer_args: tuple[str, ...],
 ) -> None:
     """Start the whole platform on this machine."""
     from inferbus.up import Options, run
@@ -204,6 +212,7 @@ def up(
                 cpu_placement=cpu_placement,
                 autoscale=autoscale,
                 autoscaler_args=list(autoscaler_args),
+                sanitizer_args=list(sanitizer_args),
             )
         )
     )

@@ -89,6 +89,7 @@ class Options:
     autoscale: bool = False
     """Run the autoscaler, scaling this platform's workers through the supervisor."""
     autoscaler_args: list[str] = field(default_factory=list)
+    sanitizer_args: list[str] = field(default_factory=list)
     cpu_placement: str = "auto"
     """vllm on a CPU: the engine on its own cores, the services on the others: auto
     (with four cores or more), on, off (shared/cpus.py)."""
@@ -166,6 +167,12 @@ class Platform:
         if entry.name == "autoscaler":
             argv += ["--models", f"{self.model}=worker", "--supervisor", self.o.supervisor]
             argv += ["--max-replicas", str(max(4, self.o.workers))] + self.o.autoscaler_args
+        if entry.name == "sanitizer":
+            if self.o.engine == "vllm" and not any(
+                a.startswith("--tokenizers") for a in self.o.sanitizer_args
+            ):  # prompts tokenized where first read: the scheduler routes on engine hashes
+                argv += ["--tokenizers", f"{self.model}={self.model_path}"]
+            argv += self.o.sanitizer_args
         if entry.name == "gateway":
             argv += ["--http-host", self.o.host]
             env = self._gateway_env(argv, env)

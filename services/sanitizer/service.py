@@ -45,6 +45,7 @@ from inferbus.shared.tracing import valid_context
 
 from .core import FilteredStream, InputLimits, blocked, check, inspect, parse_policies
 from .tenants import admit_tenant
+from .tokens import Tokenizers, parse_tokenizers
 
 log = logs.get("inferbus.sanitizer")
 
@@ -78,6 +79,10 @@ class SanitizerSettings(ServiceSettings, kw_only=True):
     """Mask PII in every output stream unless the request (its API key) says not to."""
     filter_idle_s: float = 900.0
     """A filtered stream silent this long is forgotten (its worker and scheduler died)."""
+    tokenizers: str = ""
+    """Per model, the folder of the tokenizer its prompts are read with, e.g.
+    "tiny-llama=/models/tiny-llama": accepted requests carry their token ids, and the
+    scheduler routes them on the engine's own prefix block hashes."""
 
 
 class _Addressed(msgspec.Struct):
@@ -121,12 +126,15 @@ class SanitizerService(Service[SanitizerSettings]):
         """Traced output streams, by client subject."""
         self._filter_sub: Any = None
         self._sweeper: asyncio.Task[None] | None = None
+        self.tokenizers = Tokenizers(parse_tokenizers(settings.tokenizers))
+        self._loading: asyncio.Task[None] | None = None
 
     def consumers(self) -> list[ConsumerSpec]:
         return [SUBMITTED_CONSUMER, TENANT_SUBMITTED_CONSUMER]
 
     async def start(self, ctx: Context[SanitizerSettings]) -> None:
         self._ctx = ctx
+        self._loading = asyncio.create_task(self.tokenizers.load_all(), name="tokenizers")
         # the filter first: an accepted request's tokens may come back at once
         self._filter_sub = await ctx.nc.subscribe(
             self._filter_prefix + ">", cb=self._on_output, pending_msgs_limit=1_000_000
@@ -156,6 +164,8 @@ class SanitizerService(Service[SanitizerSettings]):
             await asyncio.sleep(0.05)
         if self._sweeper:
             self._sweeper.cancel()
+        if self._loading:
+            self._loading.cancel()
         if self._filter_sub:
             await self._filter_sub.unsubscribe()
 
@@ -164,6 +174,7 @@ class SanitizerService(Service[SanitizerSettings]):
             **self._counts,
             "filtering": len(self._streams),
             "input_policy": self.policies.default,
+            "tokenizers": self.tokenizers.loaded(),
         }
 
     # -- output: the PII filter -----------------------------------------------------------
@@ -296,6 +307,7 @@ class SanitizerService(Service[SanitizerSettings]):
                     findings=[msgspec.to_builtins(f) for f in found],
                 )
         if rejection is None:
+            request = await self.tokenizers.tokenized(request)
             if request.mask_pii if request.mask_pii is not None else self.settings.mask_output_pii:
                 # the output comes back through this instance's filter, then to the client
                 client = request.reply_to

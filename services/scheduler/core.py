@@ -24,6 +24,7 @@ from inferbus.contracts import (
     WorkerHeartbeat,
     is_retryable,
 )
+from inferbus.shared.prefixhash import DEFAULT_SEED
 
 from .kvindex import KvIndex, prefix_blocks
 from .lanes import ModelQueue, cost_tokens, prompt_tokens
@@ -60,6 +61,9 @@ class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
     """Tokens a prefix block stands for (about ``kv_block_chars`` / 4 for text blocks;
     the engine's block size for hashes the client sends)."""
     approx_cache_blocks: int = 4096
+    kv_hash_seed: str = DEFAULT_SEED
+    """The seed of the engines' prefix block hashes: vLLM's default, or the
+    ``PYTHONHASHSEED`` the workers run with when one is set."""
     lanes: bool = True
     """Short prompts before long ones (within the bound), tenants by fair share."""
     short_prompt_tokens: int = 2048
@@ -93,6 +97,8 @@ class Assign(msgspec.Struct, kw_only=True, frozen=True):
     prefix_blocks: int = 0
     cached_blocks: int = 0
     """Of its prefix blocks, how many the chosen worker was known to hold."""
+    cached_tokens: int = 0
+    """The prompt tokens those blocks stand for."""
 
 
 class Fail(msgspec.Struct, kw_only=True, frozen=True):
@@ -173,6 +179,10 @@ class Queued:
     """The request's deadline on the core's clock."""
     blocks: list[int] | None = None
     """Its prefix block hashes, computed once."""
+    exact_blocks: bool = False
+    """``blocks`` are the engine's hashes (KV events will name them), not text blocks."""
+    block_tokens: int = 0
+    """Tokens each of ``blocks`` stands for."""
     target: str | None = None
     """The model name it runs on (its own, or a canary's), chosen once and kept."""
     cached_blocks: int = 0
@@ -215,6 +225,8 @@ class SchedulerCore:
         """model → {other model name: share of its requests}."""
         self.routed_blocks = 0
         self.routed_hits = 0
+        self.routed_exact = 0
+        """Routed blocks in the engine's own hashes (the rest were text blocks)."""
         """Prefix blocks of routed requests, and those already on the chosen worker."""
         self._dispatched: dict[str, int] = {}
         self._rates: dict[str, tuple[float, int, float]] = {}
@@ -542,6 +554,8 @@ class SchedulerCore:
             "routing": {
                 "policy": self.policy.routing,
                 "prefix_blocks_routed": self.routed_blocks,
+                "prefix_blocks_exact": self.routed_exact,
+                "prefix_blocks_cached": self.routed_hits,
                 "prefix_hit_rate": round(self.routed_hits / self.routed_blocks, 4)
                 if self.routed_blocks
                 else None,
@@ -731,6 +745,7 @@ class SchedulerCore:
             queued_s=max(0.0, now - item.since),
             prefix_blocks=len(item.blocks or ()),
             cached_blocks=item.cached_blocks,
+            cached_tokens=item.cached_blocks * item.block_tokens,
         )
 
     def _eligible(
@@ -770,7 +785,13 @@ class SchedulerCore:
             w, _ = self.router.choose(model, [], candidates, free)
             return w
         if item.blocks is None:
-            item.blocks = prefix_blocks(item.request, self.policy.kv_block_chars)
+            p = self.policy
+            size = self.kv.block_size([w.worker_id for w in candidates])
+            item.blocks, item.exact_blocks = prefix_blocks(
+                item.request, p.kv_block_chars, size, p.kv_hash_seed
+            )
+            hashed_here = item.exact_blocks and not item.request.prefix_hashes
+            item.block_tokens = size if hashed_here else p.block_tokens
         w, hits = self.router.choose(model, item.blocks, candidates, free)
         self._note_route(w, item, hits)
         return w
@@ -780,8 +801,10 @@ class SchedulerCore:
         item.cached_blocks = hits
         self.routed_blocks += len(blocks)
         self.routed_hits += hits
+        if item.exact_blocks:
+            self.routed_exact += len(blocks)
         if not item.request.prefix_hashes:
-            # text blocks: no engine event will ever name them, so remember them here
+            # until the engine's events say so (text blocks: never), remember them here
             self.kv.on_routed(w.worker_id, blocks)
 
 

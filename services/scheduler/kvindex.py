@@ -3,17 +3,22 @@
 Two views, both in block hashes of a prefix chain (a request's overlap with a worker
 is the number of its leading blocks the worker holds):
 - exact: the workers' own KV events (``ib.kv.<worker>`` in JetStream, replayed after
-  a scheduler restart), in the engine's block hashes. A client that sends a
-  request's ``prefix_hashes`` in those terms is matched exactly.
+  a scheduler restart), in the engine's block hashes. A request is matched against
+  it exactly when it carries its token ids (the sanitizer tokenizes with the served
+  model's tokenizer): they are hashed as the engine hashes them, at the block size
+  the workers' events report. A client may also send ``prefix_hashes`` itself.
 - approximate: the blocks of what the scheduler routed to each worker, in an LRU
-  bounded like the worker's cache. Requests without ``prefix_hashes`` are hashed
-  from their text, which the engine's hashes (over token ids) cannot be matched
-  with, so this view is what routes them, on every worker.
+  bounded like the worker's cache. Requests with neither are hashed from their
+  text, which the engine's hashes cannot be matched with, so this view is what
+  routes them, on every worker. Token-hashed requests are remembered here too (a
+  conversation's next turn may come before the engine's events of the last one),
+  and the engine's evictions remove them.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import NamedTuple
 
 from inferbus.contracts import (
     KvAllCleared,
@@ -22,6 +27,7 @@ from inferbus.contracts import (
     KvEvent,
     RequestSubmitted,
 )
+from inferbus.shared.prefixhash import DEFAULT_SEED, block_hashes
 
 
 class _Holders:
@@ -73,16 +79,24 @@ class KvIndex:
         self._approx = _Holders()
         self._lru: dict[str, OrderedDict[int, None]] = {}
         self._reporting: set[str] = set()
+        self._block_size: dict[str, int] = {}
+        """Worker → the engine's block size, from its events (partial blocks say less)."""
 
     def on_event(self, event: KvEvent) -> None:
         w = event.worker_id
         self._reporting.add(w)
         if isinstance(event, KvBlocksStored):
+            if event.block_size > self._block_size.get(w, 0):
+                self._block_size[w] = event.block_size
             for h in event.block_hashes:
                 self._exact.add(w, h)
         elif isinstance(event, KvBlocksRemoved):
+            lru = self._lru.get(w)
             for h in event.block_hashes:
                 self._exact.remove(w, h)
+                # routed in the engine's terms (token-hashed): the eviction names it too
+                if lru is not None and lru.pop(h, 0) is None:
+                    self._approx.remove(w, h)
         elif isinstance(event, KvAllCleared):  # the engine dropped its whole cache
             self._exact.forget(w)
             self._approx.forget(w)
@@ -108,6 +122,7 @@ class KvIndex:
         self._approx.forget(worker_id)
         self._lru.pop(worker_id, None)
         self._reporting.discard(worker_id)
+        self._block_size.pop(worker_id, None)
 
     def overlaps(self, block_hashes: list[int], workers: list[str]) -> dict[str, int]:
         """For each worker, how many of the request's leading blocks it holds, by
@@ -127,6 +142,11 @@ class KvIndex:
         """The worker publishes KV events."""
         return worker_id in self._reporting
 
+    def block_size(self, workers: list[str]) -> int:
+        """The block size the first of ``workers`` whose events said one hashes with;
+        0 when none did yet."""
+        return next((self._block_size[w] for w in workers if w in self._block_size), 0)
+
 
 def text_blocks(text: str, block_chars: int = 256) -> list[int]:
     """Chained hashes of a prompt's fixed-size character blocks: the approximate
@@ -139,15 +159,25 @@ def text_blocks(text: str, block_chars: int = 256) -> list[int]:
     return out
 
 
-def prefix_blocks(request: RequestSubmitted, block_chars: int = 256) -> list[int]:
-    """A request's prefix blocks: the client's ``prefix_hashes`` (the engine's block
-    hashes, matched exactly by KV events), else ``text_blocks`` of its prompt, or of
-    its messages as role and content lines."""
+class PrefixBlocks(NamedTuple):
+    hashes: list[int]
+    exact: bool
+    """In the engine's terms (KV events will name them), not text blocks."""
+
+
+def prefix_blocks(
+    request: RequestSubmitted, block_chars: int = 256, block_size: int = 0, seed: str = DEFAULT_SEED
+) -> PrefixBlocks:
+    """A request's prefix blocks: the client's ``prefix_hashes``; else, with its token
+    ids and the engines' ``block_size`` known, the engine's block hashes of them; else
+    ``text_blocks`` of its prompt, or of its messages as role and content lines."""
     if request.prefix_hashes:
-        return list(request.prefix_hashes)
+        return PrefixBlocks(list(request.prefix_hashes), True)
+    if request.prompt_token_ids and block_size > 0:
+        return PrefixBlocks(block_hashes(request.prompt_token_ids, block_size, seed), True)
     text = (
         request.prompt
         if request.prompt is not None
         else "".join(f"{m.role}\n{m.content}\n" for m in request.messages or ())
     )
-    return text_blocks(text, block_chars)
+    return PrefixBlocks(text_blocks(text, block_chars), False)

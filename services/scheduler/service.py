@@ -404,6 +404,7 @@ class SchedulerService(Service[SchedulerSettings]):
                 attempt=e.attempt,
                 assigned_at=began,
                 served_model=e.served_model,
+                expected_cached_tokens=e.cached_tokens,
             )
             # recorded first: a fast request may have ended (and been decided) by the
             # time the publish is acknowledged

@@ -138,6 +138,9 @@ class EngineOptions(msgspec.Struct, kw_only=True, frozen=True):
     ``name=path,name=path``)."""
     kv_events: bool = True
     """Republish vLLM's KV cache events onto ib.kv.<worker_id> (JetStream)."""
+    kv_cache_blocks: int = 0
+    """vLLM's ``num_gpu_blocks_override``: this many KV blocks instead of what the
+    memory allows (0), to bound the prefix cache (benchmarks, eviction tests)."""
 
     @property
     def served_name(self) -> str:

@@ -27,6 +27,8 @@ from inferbus.contracts import (
     StageTimings,
 )
 from inferbus.shared import logs
+from inferbus.shared.prefixhash import event_hash
+from inferbus.shared.prompttokens import TemplateError, prompt_token_ids
 
 from .engine import EngineError, EngineOptions, EngineOutput, EngineRequest, EngineStats
 
@@ -151,11 +153,6 @@ def timings_of(metrics: Any, received_wall: float) -> StageTimings | None:
 def kv_events_of(batch: Any, worker_id: str) -> list[KvEvent]:
     """vLLM's KVEventBatch as our contract events (hashes as unsigned 64-bit ints)."""
 
-    def h(x: bytes | int) -> int:
-        if isinstance(x, int):
-            return x
-        return int.from_bytes(x, "big") & ((1 << 64) - 1)
-
     out: list[KvEvent] = []
     for ev in batch.events:
         kind = type(ev).__name__
@@ -163,9 +160,9 @@ def kv_events_of(batch: Any, worker_id: str) -> list[KvEvent]:
             out.append(
                 KvBlocksStored(
                     worker_id=worker_id,
-                    block_hashes=[h(b) for b in ev.block_hashes],
+                    block_hashes=[event_hash(b) for b in ev.block_hashes],
                     parent_block_hash=(
-                        None if ev.parent_block_hash is None else h(ev.parent_block_hash)
+                        None if ev.parent_block_hash is None else event_hash(ev.parent_block_hash)
                     ),
                     token_ids=list(ev.token_ids),
                     block_size=ev.block_size,
@@ -177,7 +174,7 @@ def kv_events_of(batch: Any, worker_id: str) -> list[KvEvent]:
             out.append(
                 KvBlocksRemoved(
                     worker_id=worker_id,
-                    block_hashes=[h(b) for b in ev.block_hashes],
+                    block_hashes=[event_hash(b) for b in ev.block_hashes],
                     medium=ev.medium,
                 )
             )
@@ -268,6 +265,7 @@ class VllmEngine:
             max_loras=o.max_loras,
             max_lora_rank=cast("MaxLoRARanks", o.max_lora_rank),
             kv_events_config=kv,
+            num_gpu_blocks_override=o.kv_cache_blocks or None,
             disable_log_stats=False,
         )
 
@@ -376,19 +374,11 @@ class VllmEngine:
         return self.options.max_model_len
 
     def _prompt(self, request: EngineRequest) -> dict[str, Any]:
-        tok = self._tokenizer
-        if request.messages is not None:
-            msgs = [{"role": m.role, "content": m.content} for m in request.messages]
-            try:
-                ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-            except Exception as exc:  # a template that rejects these roles, say
-                raise EngineError(
-                    FailureCode.INVALID_REQUEST, f"chat template failed: {exc}"
-                ) from None
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            return {"prompt_token_ids": list(ids)}
-        return {"prompt_token_ids": tok.encode(request.prompt or "")}
+        try:
+            ids = prompt_token_ids(self._tokenizer, request.prompt, request.messages)
+        except TemplateError as exc:
+            raise EngineError(FailureCode.INVALID_REQUEST, str(exc)) from None
+        return {"prompt_token_ids": ids}
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         if self._engine is None:

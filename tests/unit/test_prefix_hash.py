@@ -1,0 +1,140 @@
+"""Exact prefix routing: vLLM's block hashes computed outside the engine, the token ids
+the sanitizer hands on, and the scheduler matching them against the engines' events."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from inferbus.contracts import (
+    ChatMessage,
+    KvBlocksRemoved,
+    KvBlocksStored,
+    RequestSubmitted,
+    WorkerHeartbeat,
+)
+from inferbus.services.sanitizer.tokens import Tokenizers, parse_tokenizers
+from inferbus.services.scheduler.core import Assign, SchedulerCore, SchedulerPolicy
+from inferbus.services.scheduler.kvindex import prefix_blocks, text_blocks
+from inferbus.shared.prefixhash import DEFAULT_SEED, block_hashes, event_hash
+from inferbus.shared.prompttokens import load_tokenizer, prompt_token_ids
+from inferbus.tinymodel import make_tiny
+
+
+def test_the_hashes_are_vllms_own_chain():
+    kv = pytest.importorskip("vllm.v1.core.kv_cache_utils")
+    from vllm.utils.hashing import sha256
+
+    kv.init_none_hash(sha256)  # the engine's default: sha256, seed "vllm-none-hash"
+    ids = [random.Random(7).randrange(32_000) for _ in range(1000)]
+    for size in (16, 128):
+        parent, want = None, []
+        for i in range(0, len(ids) - size + 1, size):
+            parent = kv.hash_block_tokens(sha256, parent, ids[i : i + size], None)
+            want.append(event_hash(parent))
+        assert block_hashes(ids, size) == want
+    assert block_hashes(ids, 128, limit=3) == block_hashes(ids, 128)[:3]
+
+
+def test_a_block_hash_names_its_whole_prefix_and_the_seed():
+    ids = list(range(64))
+    other = [1000] + ids[1:]
+    assert len(block_hashes(ids, 16)) == 4 and len(block_hashes(ids[:63], 16)) == 3
+    # one token changed in the first block: every later block's hash changes with it
+    assert not set(block_hashes(ids, 16)) & set(block_hashes(other, 16))
+    assert block_hashes(ids, 16, seed="42") != block_hashes(ids, 16, seed=DEFAULT_SEED)
+    assert event_hash(b"\x01" * 24 + b"\x00" * 7 + b"\x05") == 5
+    with pytest.raises(ValueError, match="block_size"):
+        block_hashes(ids, 0)
+
+
+def hb(wid: str) -> WorkerHeartbeat:
+    return WorkerHeartbeat(worker_id=wid, models=["m"], engine="vllm", max_num_seqs=8)
+
+
+def tokens_req(rid: str, ids: list[int]) -> RequestSubmitted:
+    return RequestSubmitted(
+        request_id=rid, model="m", reply_to=f"r.{rid}", prompt="x" * 300, prompt_token_ids=ids
+    )
+
+
+def test_token_ids_are_routed_on_the_engines_hashes_at_the_block_size_its_events_say():
+    core = SchedulerCore(SchedulerPolicy(max_load_skew=1.0))
+    for w in ("a", "b"):
+        core.on_heartbeat(hb(w), 0.0)
+    ids = list(range(100, 180))
+    # before any event names a block size, only text blocks can be made
+    first = prefix_blocks(tokens_req("r0", ids), 256, core.kv.block_size(["a", "b"]))
+    assert not first.exact and first.hashes == text_blocks("x" * 300)
+    # b's engine stored the request's first four 16-token blocks (and a partial block)
+    stored = block_hashes(ids, 16)[:4]
+    core.on_kv_event(KvBlocksStored(worker_id="b", block_hashes=stored, block_size=16))
+    core.on_kv_event(KvBlocksStored(worker_id="b", block_hashes=[99], block_size=5))
+    assert core.kv.block_size(["a", "b"]) == 16
+    [assign] = core.on_accepted(tokens_req("r1", ids), 0.0)
+    assert isinstance(assign, Assign) and assign.worker_id == "b"
+    assert (assign.prefix_blocks, assign.cached_blocks, assign.cached_tokens) == (5, 4, 64)
+    # what was routed is remembered until the engine's events speak: its evictions
+    # name the same hashes, so an evicted prefix is not predicted
+    other_ids = [7] + ids[1:]
+    [other] = core.on_accepted(tokens_req("r2", other_ids), 0.0)
+    assert isinstance(other, Assign) and other.cached_blocks == 0
+    where = other.worker_id
+    assert core.kv.overlaps(block_hashes(other_ids, 16), [where])[where] == 5
+    core.on_kv_event(
+        KvBlocksRemoved(worker_id=where, block_hashes=block_hashes(other_ids, 16)[2:3])
+    )
+    assert core.kv.overlaps(block_hashes(other_ids, 16), [where])[where] == 2
+
+
+def test_client_prefix_hashes_still_win():
+    r = RequestSubmitted(
+        request_id="r", model="m", reply_to="r.r", prompt="p", prefix_hashes=[5, 6],
+        prompt_token_ids=list(range(64)),
+    )  # fmt: skip
+    assert prefix_blocks(r, 256, 16) == ([5, 6], True)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny(tmp_path_factory.mktemp("tok") / "tiny")
+
+
+async def test_the_sanitizer_tokenizes_as_the_worker_does_and_drops_a_clients_ids(tiny):
+    toks = Tokenizers({"m": str(tiny), "broken": str(tiny / "missing")})
+    await toks.load_all()
+    assert toks.loaded() == ["m"] and "broken" in toks.failed
+    tok = load_tokenizer(str(tiny))
+    prompt = "Tell me about the event loop. " * 10
+    done = await toks.tokenized(
+        RequestSubmitted(request_id="a", model="m", reply_to="r", prompt=prompt)
+    )
+    assert done.prompt_token_ids == prompt_token_ids(tok, prompt, None) == tok.encode(prompt)
+    assert done.prompt_tokens == len(done.prompt_token_ids)
+    chat = [ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content="Hi")]
+    done = await toks.tokenized(
+        RequestSubmitted(request_id="b", model="m", reply_to="r", messages=chat)
+    )
+    assert done.prompt_token_ids == prompt_token_ids(tok, None, chat)
+    # long prompts are tokenized off the event loop, to the same ids
+    long = "word " * 3000
+    done = await toks.tokenized(
+        RequestSubmitted(request_id="c", model="m", reply_to="r", prompt=long)
+    )
+    assert done.prompt_token_ids == tok.encode(long)
+    # a model with no tokenizer: what the client claimed its ids were is not passed on
+    forged = RequestSubmitted(
+        request_id="d", model="other", reply_to="r", prompt="hi", prompt_token_ids=[1, 2, 3]
+    )
+    assert (await toks.tokenized(forged)).prompt_token_ids == []
+    forged = RequestSubmitted(
+        request_id="e", model="m", reply_to="r", prompt="hi", prompt_token_ids=[1, 2, 3]
+    )
+    assert (await toks.tokenized(forged)).prompt_token_ids == tok.encode("hi")
+
+
+def test_a_malformed_tokenizers_setting_is_refused_by_name():
+    assert parse_tokenizers(" a=/x , b=/y ") == {"a": "/x", "b": "/y"}
+    with pytest.raises(SystemExit, match="'a' is not model=folder"):
+        parse_tokenizers("a")
