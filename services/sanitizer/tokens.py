@@ -52,9 +52,10 @@ class Tokenizers:
                 log.error("tokenizer not loaded", model=model, folder=folder, error=str(exc))
             else:
                 log.info("tokenizer loaded", model=model, folder=folder)
-        # transformers brings torch: some 300k long-lived objects that every full
-        # collection would walk (over 100 ms, a pause in every stream this filters)
-        gc.freeze()
+        if self._loaded:
+            # transformers brings torch: some 300k long-lived objects that every full
+            # collection would walk (over 100 ms, a pause in every stream this filters)
+            gc.freeze()
 
     def loaded(self) -> list[str]:
         return sorted(self._loaded)
