@@ -440,7 +440,8 @@ def main() -> None:
         default=1e9,
         help="the scheduler's queue timeout (default: none; the queue limit still refuses)",
     )
-    for name in ("short_reserve", "long_per_worker", "long_wait_bound_s", "reserve_above_tokens"):
+    for name in ("short_reserve", "long_per_worker", "long_wait_bound_s", "reserve_above_tokens",
+                 "reserve_release_s", "long_prefill_tokens"):  # fmt: skip
         p.add_argument(
             "--" + name.replace("_", "-"), type=float, default=None, help="the policy's (tests)"
         )
@@ -449,6 +450,10 @@ def main() -> None:
         "short_reserve": a.short_reserve,
         "long_per_worker": None if a.long_per_worker is None else int(a.long_per_worker),
         "long_wait_bound_s": a.long_wait_bound_s,
+        "reserve_release_s": a.reserve_release_s,
+        "long_prefill_tokens": None
+        if a.long_prefill_tokens is None
+        else int(a.long_prefill_tokens),
         "reserve_above_tokens": None
         if a.reserve_above_tokens is None
         else int(a.reserve_above_tokens),

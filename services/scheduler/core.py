@@ -74,7 +74,16 @@ class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
     """Share of the workers kept free of long prompts (at least one, with two or more
     workers), so short requests never wait behind a long prefill."""
     long_per_worker: int = 1
-    """Long prompts a worker prefills at once."""
+    """Long prompts a worker prefills at once, whatever their size..."""
+    long_prefill_tokens: int = 12288
+    """...or, when set, more while the long prompts it prefills, a new one included,
+    come to at most this many tokens (a worker with none takes any one): the prefill a
+    short request landing there can wait behind is bounded in work, not in count, so
+    prompts of a few engine steps do not hold a worker to one at a time."""
+    reserve_release_s: float = 4.0
+    """The reserved share is kept only while no long prompt has waited this long: a
+    backlog of long prompts needs every worker's prefill (short ones still go first,
+    and wait at most one long prefill's chunks)."""
     reserve_above_tokens: int = 8192
     """Only prompts at least this long stay off the reserved workers: a shorter long
     prompt prefills in a few engine steps, about what a short request behind it can
@@ -151,8 +160,8 @@ class Worker:
     assigned: set[str] = field(default_factory=set)
     assigned_tokens: int = 0
     """Prompt + max output tokens of what it holds: against ``kv_capacity_tokens``."""
-    prefilling_long: set[str] = field(default_factory=set)
-    """Long prompts assigned here whose first token has not come yet."""
+    prefilling_long: dict[str, int] = field(default_factory=dict)
+    """Long prompts assigned here whose first token has not come yet, and their tokens."""
     foreign: set[str] = field(default_factory=set)
     """Requests its heartbeat lists that this scheduler did not place (placed by a
     scheduler before a restart): they take slots all the same."""
@@ -384,7 +393,7 @@ class SchedulerCore:
             f.started = True
             w = self.workers.get(f.worker_id)
             if w is not None:
-                w.prefilling_long.discard(request_id)  # its prefill is done
+                w.prefilling_long.pop(request_id, None)  # its prefill is done
 
     def on_ended(self, request_id: str, now: float) -> list[Effect]:
         f = self.inflight.pop(request_id, None)
@@ -397,7 +406,7 @@ class SchedulerCore:
             w = self.workers.get(f.worker_id)
             if w is not None:
                 w.assigned.discard(request_id)
-                w.prefilling_long.discard(request_id)
+                w.prefilling_long.pop(request_id, None)
                 w.assigned_tokens -= f.tokens
             return self._dispatch(now)
         return []
@@ -673,19 +682,23 @@ class SchedulerCore:
         can take more of a lane."""
         effects: list[Effect] = []
         blocked: set[str] = set()  # lanes no worker can take more of in this pass
+        # long prompts backed up: no worker is held back for short ones in this pass
+        backlog = self.policy.lanes and q.oldest_wait("long", now) >= self.policy.reserve_release_s
         while q:
             item = q.next(now, allow=lambda lane: lane not in blocked)
             if item is None:
                 break
             lane = q.lane_of(item)
-            overdue = lane == "long" and now - item.since >= self.policy.long_wait_bound_s
+            unreserved = lane == "long" and (
+                backlog or now - item.since >= self.policy.long_wait_bound_s
+            )
             tokens = cost_tokens(item.request)
             target = self._target(model, item, ready)
-            w = self._place(target, item, candidates, lane, overdue, tokens)
+            w = self._place(target, item, candidates, lane, unreserved, tokens)
             if w is None and target != model:
                 # the new version has no room now: this one runs on the current one
                 item.target = target = model
-                w = self._place(model, item, candidates, lane, overdue, tokens)
+                w = self._place(model, item, candidates, lane, unreserved, tokens)
             if w is None:
                 blocked.add(lane)
                 if lane == "short" and any(x.can_take() for x in candidates.of(target)):
@@ -703,14 +716,14 @@ class SchedulerCore:
         item: Queued,
         candidates: _Candidates,
         lane: str,
-        overdue: bool,
+        unreserved: bool,
         tokens: int,
     ) -> Worker | None:
         """The worker serving ``target`` that takes ``item`` now, if any."""
         pool = candidates.of(target)
         if not pool:
             return None
-        eligible = self._eligible(pool, lane, overdue, tokens, prompt_tokens(item.request))
+        eligible = self._eligible(pool, lane, unreserved, tokens, prompt_tokens(item.request))
         return self._route(target, item, eligible)
 
     def _assign(
@@ -723,7 +736,7 @@ class SchedulerCore:
         w.assigned.add(rid)
         w.assigned_tokens += tokens
         if lane == "long" and self.policy.lanes:
-            w.prefilling_long.add(rid)
+            w.prefilling_long[rid] = prompt_tokens(item.request)
         self.inflight[rid] = Inflight(
             request=item.request,
             worker_id=w.worker_id,
@@ -749,15 +762,21 @@ class SchedulerCore:
         )
 
     def _eligible(
-        self, candidates: list[Worker], lane: str, overdue: bool, tokens: int = 0, prompt: int = 0
+        self,
+        candidates: list[Worker],
+        lane: str,
+        unreserved: bool,
+        tokens: int = 0,
+        prompt: int = 0,
     ) -> list[Worker]:
         """Workers a request of ``lane`` may go to: long prompts prefill one at a time per
-        worker, off the reserved share unless overdue."""
+        worker, off the reserved share unless ``unreserved`` (past its bound, or long
+        prompts backed up)."""
         p = self.policy
         if not p.lanes:
             return candidates
-        if overdue:
-            return [w for w in candidates if len(w.prefilling_long) < p.long_per_worker]
+        if unreserved:
+            return [w for w in candidates if self._prefills_more(w, prompt)]
         if lane == "short":
             # away from long prefills when possible: they would stall its first token
             clear = [w for w in candidates if not w.prefilling_long]
@@ -772,7 +791,16 @@ class SchedulerCore:
             pool = holding
         else:
             pool = candidates
-        return [w for w in pool if len(w.prefilling_long) < p.long_per_worker]
+        return [w for w in pool if self._prefills_more(w, prompt)]
+
+    def _prefills_more(self, w: Worker, prompt: int) -> bool:
+        """Whether ``w`` may start prefilling another long prompt of ``prompt`` tokens."""
+        p = self.policy
+        if not w.prefilling_long:
+            return True
+        if p.long_prefill_tokens > 0:
+            return sum(w.prefilling_long.values()) + prompt <= p.long_prefill_tokens
+        return len(w.prefilling_long) < p.long_per_worker
 
     def _route(self, model: str, item: Queued, candidates: list[Worker]) -> Worker | None:
         """The worker of ``candidates`` the routing strategy picks for ``item``, among
