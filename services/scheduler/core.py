@@ -234,9 +234,9 @@ class SchedulerCore:
         """model → {other model name: share of its requests}."""
         self.routed_blocks = 0
         self.routed_hits = 0
+        """Prefix blocks of routed requests, and those already on the chosen worker."""
         self.routed_exact = 0
         """Routed blocks in the engine's own hashes (the rest were text blocks)."""
-        """Prefix blocks of routed requests, and those already on the chosen worker."""
         self._dispatched: dict[str, int] = {}
         self._rates: dict[str, tuple[float, int, float]] = {}
         self._scaling: dict[str, tuple[int, float]] = {}
@@ -769,9 +769,9 @@ class SchedulerCore:
         tokens: int = 0,
         prompt: int = 0,
     ) -> list[Worker]:
-        """Workers a request of ``lane`` may go to: long prompts prefill one at a time per
-        worker, off the reserved share unless ``unreserved`` (past its bound, or long
-        prompts backed up)."""
+        """Workers a request of ``lane`` may go to: long prompts prefill within each
+        worker's budget (``_prefills_more``), off the reserved share unless
+        ``unreserved`` (past its bound, or long prompts backed up)."""
         p = self.policy
         if not p.lanes:
             return candidates
