@@ -1,0 +1,43 @@
+"""testcontainers where a Docker engine can run them, and nothing where it cannot."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import warnings
+
+
+def docker_available() -> bool:
+    if not shutil.which("docker"):
+        return False
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def nats_container(available=docker_available):
+    """testcontainers' NATS, started, where a Docker engine runs and can provide its
+    images; None otherwise (no engine, no testcontainers, or an engine that cannot pull
+    `nats` or testcontainers' `ryuk` image: an offline machine's), said once."""
+    if not available():
+        return None
+    try:
+        from testcontainers.nats import NatsContainer
+    except ImportError:
+        return None
+    container = NatsContainer("nats:2.10", jetstream=True)
+    try:
+        container.start()
+    except Exception as exc:  # the engine's answer, e.g. "404 ... ryuk:0.8.1/json"
+        warnings.warn(
+            f"testcontainers' NATS did not start ({str(exc)[:200]}); "
+            "using the nats-server binary instead",
+            stacklevel=2,
+        )
+        try:
+            container.stop()
+        except Exception:
+            pass
+        return None
+    return container
