@@ -23,9 +23,12 @@ def nats_container(available=docker_available):
     if not available():
         return None
     try:
-        from testcontainers.nats import NatsContainer
+        from testcontainers.community.nats import NatsContainer
     except ImportError:
-        return None
+        try:  # testcontainers before 4.14
+            from testcontainers.nats import NatsContainer
+        except ImportError:
+            return None
     container = NatsContainer("nats:2.10", jetstream=True)
     try:
         container.start()

@@ -26,8 +26,9 @@ class _Unpullable:
 
 
 def test_an_engine_that_cannot_pull_the_images_falls_back_to_the_binary(monkeypatch):
-    nats = pytest.importorskip("testcontainers.nats")
-    monkeypatch.setattr(nats, "NatsContainer", _Unpullable)
+    for module in ("testcontainers.community.nats", "testcontainers.nats"):
+        nats = pytest.importorskip(module)
+        monkeypatch.setattr(nats, "NatsContainer", _Unpullable)
     with pytest.warns(UserWarning, match="ryuk:0.8.1.*using the nats-server binary"):
         assert containers.nats_container(available=lambda: True) is None
     assert _Unpullable.stopped  # whatever it half-started is cleaned up
