@@ -13,8 +13,8 @@ engines report them), what the scheduler expected each worker to hold
 (``WorkAssigned.expected_cached_tokens``), false hits (expected but not cached,
 in tokens and requests), and TTFT. The last line is JSON.
 
-    VLLM_CPU_KVCACHE_SPACE=1 python bench/prefix_routing.py [--conversations 16]
-        [--turns 4] [--concurrency 4] [--kv-cache-blocks 24] [--workers 2] [--order exact,text]
+    VLLM_CPU_KVCACHE_SPACE=1 python bench/prefix_routing.py [--conversations 48]
+        [--turns 4] [--concurrency 4] [--kv-cache-blocks 96] [--workers 2] [--order exact,text]
 """
 
 from __future__ import annotations
@@ -192,11 +192,11 @@ async def _ready_workers(nc, n: int, timeout: float = 300.0) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--conversations", type=int, default=16)
+    ap.add_argument("--conversations", type=int, default=48)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--system-words", type=int, default=120)
-    ap.add_argument("--kv-cache-blocks", type=int, default=24)
+    ap.add_argument("--kv-cache-blocks", type=int, default=96)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--order", default="exact,text", help="which run goes first")
     a = ap.parse_args()

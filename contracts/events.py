@@ -285,6 +285,9 @@ class WorkerHeartbeat(Event, tag="worker.heartbeat"):
     kv_capacity_tokens: int = 0
     """Tokens the engine's KV cache holds in all; 0 when unknown (then only
     ``max_num_seqs`` bounds what the scheduler sends)."""
+    kv_block_size: int = 0
+    """Tokens per block of the engine's prefix cache (its KV events hash blocks of
+    this size); 0 when unknown."""
     versions: dict[str, str] = {}
     """Each served name's registry version (``{"llama": "v2", "llama@v2": "v2"}``);
     names without one are absent."""

@@ -315,6 +315,8 @@ class SchedulerCore:
                 hb.kv_capacity_tokens,
             )
         w.foreign = {rid for rid in hb.inflight if rid not in w.assigned and rid not in self._ended}
+        if hb.kv_block_size:
+            self.kv.set_block_size(hb.worker_id, hb.kv_block_size)
         return self._dispatch(now)
 
     def restore(

@@ -80,7 +80,8 @@ class KvIndex:
         self._lru: dict[str, OrderedDict[int, None]] = {}
         self._reporting: set[str] = set()
         self._block_size: dict[str, int] = {}
-        """Worker → the engine's block size, from its events (partial blocks say less)."""
+        """Worker → the engine's block size, from its heartbeats or its events (partial
+        blocks say less)."""
 
     def on_event(self, event: KvEvent) -> None:
         w = event.worker_id
@@ -142,9 +143,13 @@ class KvIndex:
         """The worker publishes KV events."""
         return worker_id in self._reporting
 
+    def set_block_size(self, worker_id: str, size: int) -> None:
+        """What the worker's heartbeat says, before any of its events has."""
+        self._block_size[worker_id] = size
+
     def block_size(self, workers: list[str]) -> int:
-        """The block size the first of ``workers`` whose events said one hashes with;
-        0 when none did yet."""
+        """The block size the first of ``workers`` that said one hashes with; 0 when
+        none did yet."""
         return next((self._block_size[w] for w in workers if w in self._block_size), 0)
 
 

@@ -115,6 +115,7 @@ def heartbeat(
     adapters: list[str] | None = None,
     max_model_len: int = 0,
     kv_capacity_tokens: int = 0,
+    kv_block_size: int = 0,
     versions: dict[str, str] | None = None,
     loading: str = "",
 ) -> WorkerHeartbeat:
@@ -136,6 +137,7 @@ def heartbeat(
         adapters=adapters or [],
         max_model_len=max_model_len,
         kv_capacity_tokens=kv_capacity_tokens,
+        kv_block_size=kv_block_size,
         versions=versions or {},
         loading=loading,
     )

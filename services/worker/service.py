@@ -502,6 +502,7 @@ class WorkerService(Service[WorkerSettings]):
             loading=self.loading,
             max_model_len=self.engine.max_model_len,
             kv_capacity_tokens=self.engine.kv_capacity_tokens,
+            kv_block_size=self.engine.kv_block_size,
         )
         await self._ctx.nc.publish(heartbeat_subject(self.worker_id), encode(hb))
         self._stats_seen = report_stats(self.worker_id, hb, self._stats_seen)

@@ -161,6 +161,7 @@ class SimEngine:
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.kv_capacity_tokens = kv_capacity_tokens
+        self.kv_block_size = 0  # no prefix cache
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._wake = asyncio.Event()

@@ -368,6 +368,12 @@ class VllmEngine:
         return int((cache.num_gpu_blocks or 0) * (cache.block_size or 0))
 
     @property
+    def kv_block_size(self) -> int:
+        if self._engine is None:
+            return 0
+        return int(self._engine.vllm_config.cache_config.block_size or 0)
+
+    @property
     def max_model_len(self) -> int:
         if self._engine is not None:
             return int(self._engine.model_config.max_model_len)

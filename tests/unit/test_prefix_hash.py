@@ -138,3 +138,14 @@ def test_a_malformed_tokenizers_setting_is_refused_by_name():
     assert parse_tokenizers(" a=/x , b=/y ") == {"a": "/x", "b": "/y"}
     with pytest.raises(SystemExit, match="'a' is not model=folder"):
         parse_tokenizers("a")
+
+
+def test_a_heartbeat_says_the_block_size_before_any_event_does():
+    core = SchedulerCore(SchedulerPolicy())
+    hb16 = WorkerHeartbeat(
+        worker_id="a", models=["m"], engine="vllm", max_num_seqs=8, kv_block_size=16
+    )
+    core.on_heartbeat(hb16, 0.0)
+    [assign] = core.on_accepted(tokens_req("r", list(range(40))), 0.0)
+    assert isinstance(assign, Assign) and assign.prefix_blocks == 2  # 40 tokens: 2 full blocks
+    assert core.status()["routing"]["prefix_blocks_exact"] == 2
