@@ -32,7 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import testkit_path  # noqa: E402, F401  (before testkit)
 from platform_up import new_tenant, start_up  # noqa: E402
+from testkit.delivery import ready_workers  # noqa: E402
 
 from inferbus.client import Client  # noqa: E402
 from inferbus.contracts import WorkAssigned, status_subject  # noqa: E402
@@ -49,7 +51,6 @@ class Served:
     prompt: int
     cached: int
     ttft_s: float
-    expected: int = 0
 
 
 @dataclass
@@ -60,15 +61,14 @@ class Run:
 
     def row(self) -> dict[str, float | int]:
         rows = list(self.served.values())
-        for rid, s in self.served.items():
-            s.expected = self.expected.get(rid, 0)
+        expected = [self.expected.get(rid, 0) for rid in self.served]
         prompt = sum(s.prompt for s in rows) or 1
-        false = [max(0, s.expected - s.cached) for s in rows]
+        false = [max(0, e - s.cached) for e, s in zip(expected, rows, strict=True)]
         return {
             "requests": len(rows),
             "failed": self.failed,
             "engine_hit_rate": round(sum(s.cached for s in rows) / prompt, 4),
-            "expected_hit_rate": round(sum(s.expected for s in rows) / prompt, 4),
+            "expected_hit_rate": round(sum(expected) / prompt, 4),
             "false_hit_tokens": sum(false),
             "false_hit_requests": sum(1 for f in false if f),
             "ttft_p50_ms": round(statistics.median(s.ttft_s for s in rows) * 1000, 1),
@@ -141,8 +141,8 @@ async def measure(mode: str, a: argparse.Namespace, systems: list[str]) -> dict[
         proc, nats_url, _ = start_up(state, *args)
         try:
             tenant = new_tenant(state, nats_url)
-            operator = load_credentials(str(state / "auth" / "creds" / "operator.json"))
-            watch = await connect(nats_url, "prefix-bench-watch", operator)
+            operator_path = state / "auth" / "creds" / "operator.json"
+            watch = await connect(nats_url, "prefix-bench-watch", load_credentials(operator_path))
             run = Run()
 
             async def on_work(msg) -> None:
@@ -151,7 +151,7 @@ async def measure(mode: str, a: argparse.Namespace, systems: list[str]) -> dict[
                     run.expected[ev.request.request_id] = ev.expected_cached_tokens
 
             await watch.subscribe("ib.work.>", cb=on_work)
-            await _ready_workers(watch, a.workers)
+            await ready_workers(nats_url, operator_path, MODEL, a.workers)
             client = await Client.connect(nats_url, f"prefix-bench-{mode}", creds=tenant)
             began = time.perf_counter()
             await run_workload(client, run, systems, a.turns, a.concurrency)
@@ -170,24 +170,6 @@ async def measure(mode: str, a: argparse.Namespace, systems: list[str]) -> dict[
         finally:
             proc.send_signal(2)
             proc.wait(timeout=120)
-
-
-async def _ready_workers(nc, n: int, timeout: float = 300.0) -> None:
-    from inferbus.contracts import HEARTBEATS, WorkerHeartbeat
-
-    ready: set[str] = set()
-    done = asyncio.Event()
-
-    async def on(msg) -> None:
-        hb = decode_or_none(msg.data, WorkerHeartbeat)
-        if hb is not None and hb.state == "ready" and MODEL in hb.models:
-            ready.add(hb.worker_id)
-            if len(ready) >= n:
-                done.set()
-
-    sub = await nc.subscribe(HEARTBEATS, cb=on)
-    await asyncio.wait_for(done.wait(), timeout)
-    await sub.unsubscribe()
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ from testkit.faults import Platform  # noqa: E402
 from inferbus.client import Client  # noqa: E402
 from inferbus.contracts import (  # noqa: E402
     KV_EVENTS,
+    ChatMessage,
     KvBlocksStored,
     WorkAssigned,
     status_subject,
@@ -88,7 +89,7 @@ async def _exact_hits(p: Platform) -> None:
             after = (await status(nc, "scheduler"))["routing"]
             delta = {k: after[k] - before[k] for k in ("prefix_blocks_routed",
                      "prefix_blocks_exact", "prefix_blocks_cached")}  # fmt: skip
-            ids = prompt_token_ids(tok, None, [_m(m) for m in msgs])
+            ids = prompt_token_ids(tok, None, [ChatMessage(**m) for m in msgs])
             assert done.outcome is not None and done.outcome.usage.prompt_tokens == len(ids)
             return ids, delta, done.outcome.usage.cached_prompt_tokens
 
@@ -112,12 +113,6 @@ async def _exact_hits(p: Platform) -> None:
     finally:
         await client.close()
         await nc.close()
-
-
-def _m(m: dict[str, str]):
-    from inferbus.contracts import ChatMessage
-
-    return ChatMessage(**m)
 
 
 def _has(stored: list[KvBlocksStored], ids: list[int]) -> bool:
