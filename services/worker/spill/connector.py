@@ -1,0 +1,382 @@
+"""The worker's vLLM KV connector: saves every block the engine computes to the spill
+tiers, and restores a new request's prefix from them instead of computing it.
+
+vLLM makes two instances: a scheduler-side one (in the engine core, beside vLLM's
+scheduler) that decides what to load and save (``plan.SpillPlanner``), and a
+worker-side one (beside the model) that moves the bytes between the paged KV cache
+and ``store.TieredStore``. The worker side reports what the tiers gained and lost
+after each step; the scheduler side turns that into what is restorable, and into KV
+events (medium ``CPU`` for host memory, ``STORAGE`` for disk) that the worker relays
+to the platform's scheduler. A block that fails to load (absent, damaged, the disk
+failing) is reported to vLLM, which computes it instead (``kv_load_failure_policy``
+``recompute``): a fault costs time, never a request.
+
+Loads are synchronous, before the step's forward pass: simple, and on a CPU the copy
+is a memcpy. Saves gather the step's new blocks after the forward pass, one
+``index_select`` per layer; disk writes happen in the store's background thread.
+
+Loaded by vLLM from ``kv_connector_module_path``; settings come in
+``kv_connector_extra_config`` (``extra_config``); each request names its weights in
+``kv_transfer_params`` (``{"kv_namespace": ...}``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorWorkerMetadata,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+from .plan import Restore, SpillPlanner, StepPlan, Transfer, hash_of, namespace_of
+from .store import DISK, HOST, TIERS, StoreConfig, TieredStore, stored_on_disk
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+MEDIUM = {HOST: "CPU", DISK: "STORAGE"}
+RESTORE_PARAM = "inferbus_kv_restore"
+"""The key of a finished request's ``kv_transfer_params`` that says what it restored."""
+NAMESPACE_PARAM = "kv_namespace"
+
+
+def extra_config(
+    host_bytes: int, disk_dir: str, disk_bytes: int, namespace: str = ""
+) -> dict[str, Any]:
+    return {
+        "host_bytes": host_bytes,
+        "disk_dir": disk_dir,
+        "disk_bytes": disk_bytes,
+        "namespace": namespace,
+    }
+
+
+@dataclass
+class SpillMeta(KVConnectorMetadata):
+    plan: StepPlan = field(default_factory=StepPlan)
+
+
+@dataclass
+class SpillWorkerMeta(KVConnectorWorkerMetadata):
+    events: list[tuple[str, str, bool]] = field(default_factory=list)
+    restores: dict[str, Restore] = field(default_factory=dict)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        assert isinstance(other, SpillWorkerMeta)
+        merged = SpillWorkerMeta(self.events + other.events, dict(self.restores))
+        for rid, r in other.restores.items():
+            merged.restores.setdefault(rid, Restore()).merge(r)
+        return merged
+
+
+_COUNTERS = tuple(
+    f"{tier}_{name}"
+    for tier in TIERS
+    for name in ("saves", "save_bytes", "restores", "restore_bytes", "restore_s", "misses")
+) + ("disk_errors", "disk_corrupt", "disk_dropped", "load_failures")
+
+
+@dataclass
+class SpillStats(KVConnectorStats):
+    """Counter deltas since the last report, plus each tier's usage now (gauges)."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for name, value in other.data.items():
+            if name.endswith(("_used", "_capacity", "_failing")):
+                self.data[name] = value
+            else:
+                self.data[name] = self.data.get(name, 0) + value
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return dict(self.data)
+
+    def is_empty(self) -> bool:
+        return not self.data
+
+
+class InferbusSpillConnector(KVConnectorBase_V1):
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config
+        cache = vllm_config.cache_config
+        self._block_size = int(cache.block_size)
+        self._num_blocks = int(kv_cache_config.num_blocks)
+        # blocks of other weights, dtypes or sizes never match this engine's
+        self._base_namespace = "|".join(
+            map(
+                str,
+                (
+                    extra.get("namespace") or vllm_config.model_config.model,
+                    cache.cache_dtype,
+                    vllm_config.model_config.dtype,
+                    self._block_size,
+                ),
+            )
+        )
+        self._namespaces: dict[str, str] = {}
+        self._planner = SpillPlanner(self._block_size)
+        self._requests: dict[str, Request] = {}
+        self._events: list[KVCacheEvent] = []
+        self._store: TieredStore | None = None
+        self._layers: list[tuple[torch.Tensor, int]] = []
+        self._block_bytes = 0
+        self._load_errors: set[int] = set()
+        self._restores: dict[str, Restore] = {}
+        self._stats = SpillStats()
+        self._last: dict[str, float] = {}
+        disk_dir = str(extra.get("disk_dir", ""))
+        if role == KVConnectorRole.SCHEDULER and disk_dir and Path(disk_dir).is_dir():
+            # what an earlier run left on disk is restorable from the first request
+            # (the worker side indexes the same files and keeps the newest that fit)
+            on_disk = stored_on_disk(Path(disk_dir))
+            capacity, kept = int(extra.get("disk_bytes", 0)), []
+            for key, size in reversed(on_disk):
+                capacity -= size
+                if capacity < 0:
+                    break
+                kept.append((key, DISK, True))
+            self._planner.reported(kept, {})
+        if role == KVConnectorRole.WORKER:
+            self._store = TieredStore(
+                StoreConfig(
+                    host_bytes=int(extra.get("host_bytes", 1 << 30)),
+                    disk_dir=disk_dir,
+                    disk_bytes=int(extra.get("disk_bytes", 0)),
+                )
+            )
+
+    # -- scheduler side -----------------------------------------------------------------
+
+    def _namespace(self, request: Request) -> str:
+        params = request.kv_transfer_params or {}
+        weights = str(params.get(NAMESPACE_PARAM, ""))
+        ns = self._namespaces.get(weights)
+        if ns is None:
+            ns = self._namespaces[weights] = namespace_of(self._base_namespace, weights)
+        return ns
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        self._requests[request.request_id] = request
+        n = self._planner.match(
+            request.request_id,
+            self._namespace(request),
+            request.block_hashes,
+            request.num_tokens,
+            num_computed_tokens,
+        )
+        return n, False
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        self._planner.allocated(
+            request.request_id,
+            request.block_hashes,
+            blocks.get_block_ids()[0],
+            num_external_tokens,
+        )
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        scheduled = []
+        counts = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            req = self._requests.get(new.req_id)
+            if req is not None:
+                computed = new.num_computed_tokens + counts.get(new.req_id, 0)
+                scheduled.append((new.req_id, req.block_hashes, new.block_ids[0], computed))
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            req = self._requests.get(rid)
+            if req is not None and self._kv_cache_manager is not None:
+                block_ids = self._kv_cache_manager.get_block_ids(rid)[0]
+                computed = cached.num_computed_tokens[i] + counts.get(rid, 0)
+                scheduled.append((rid, req.block_hashes, block_ids, computed))
+        return SpillMeta(plan=self._planner.step(scheduled))
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        meta = connector_output.kv_connector_worker_meta
+        if not isinstance(meta, SpillWorkerMeta):
+            return
+        for key, tier, stored in self._planner.reported(meta.events, meta.restores):
+            event: KVCacheEvent
+            if stored:
+                event = BlockStored(
+                    block_hashes=[hash_of(key)],
+                    parent_block_hash=None,
+                    token_ids=[],
+                    block_size=self._block_size,
+                    lora_id=None,
+                    medium=MEDIUM[tier],
+                    lora_name=None,
+                )
+            else:
+                event = BlockRemoved(block_hashes=[hash_of(key)], medium=MEDIUM[tier])
+            self._events.append(event)
+
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        events, self._events = self._events, []
+        return events
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        self._requests.pop(request.request_id, None)
+        restore = self._planner.finished(request.request_id)
+        if restore is None:
+            return False, None
+        return False, {RESTORE_PARAM: restore.as_dict()}
+
+    def reset_cache(self) -> bool | None:
+        for key, tier, _ in self._planner.forget_all():
+            self._events.append(BlockRemoved(block_hashes=[hash_of(key)], medium=MEDIUM[tier]))
+        return True
+
+    # -- worker side --------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._layers = []
+        for tensor in kv_caches.values():
+            # the block dimension is the one as long as the cache has blocks (first on
+            # CPU; second on GPU backends that keep K and V apart in the first)
+            dims = [d for d, n in enumerate(tensor.shape) if n == self._num_blocks]
+            if not dims:
+                raise ValueError(
+                    f"KV spill: no dimension of {self._num_blocks} blocks in a KV cache "
+                    f"of shape {tuple(tensor.shape)}"
+                )
+            self._layers.append((tensor, dims[0]))
+        self._block_bytes = sum(
+            t.select(d, 0).numel() * t.element_size() for t, d in self._layers
+        )
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, SpillMeta) and self._store is not None
+        if not meta.plan.loads:
+            return
+        found: list[tuple[Transfer, bytes]] = []
+        for load in meta.plan.loads:
+            start = time.perf_counter()
+            got = self._store.get(load.key, self._block_bytes)
+            restore = self._restores.setdefault(load.request_id, Restore())
+            if got is None:
+                self._load_errors.add(load.block_id)
+                restore.failed += 1
+                continue
+            payload, tier = got
+            found.append((load, payload))
+            restore.blocks += 1
+            restore.bytes += len(payload)
+            restore.tiers[tier] = restore.tiers.get(tier, 0) + 1
+            restore.seconds += time.perf_counter() - start
+        if not found:
+            return
+        start = time.perf_counter()
+        self._write_blocks(
+            [t.block_id for t, _ in found],
+            torch.frombuffer(bytearray(b"".join(p for _, p in found)), dtype=torch.uint8).view(
+                len(found), self._block_bytes
+            ),
+        )
+        copy_s = (time.perf_counter() - start) / len(found)
+        for load, _ in found:
+            self._restores[load.request_id].seconds += copy_s
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        return  # saved whole after the forward pass (wait_for_save)
+
+    def wait_for_save(self) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, SpillMeta) and self._store is not None
+        saves = meta.plan.saves
+        if not saves:
+            return
+        rows = self._read_blocks([s.block_id for s in saves])
+        for save, row in zip(saves, rows, strict=True):
+            self._store.put(save.key, row.numpy().tobytes())
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        if self._store is None:
+            return None
+        events = [(e.key, e.tier, e.stored) for e in self._store.drain_events()]
+        restores, self._restores = self._restores, {}
+        if not events and not restores:
+            return None
+        return SpillWorkerMeta(events=events, restores=restores)
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        if self._store is None:
+            return None
+        now: dict[str, float] = {}
+        for tier, s in self._store.stats.items():
+            for name in ("saves", "save_bytes", "restores", "restore_bytes", "restore_s", "misses"):
+                now[f"{tier}_{name}"] = getattr(s, name)
+        disk = self._store.stats[DISK]
+        now |= {
+            "disk_errors": disk.errors,
+            "disk_corrupt": disk.corrupt,
+            "disk_dropped": disk.dropped,
+        }
+        data = {k: v - self._last.get(k, 0) for k, v in now.items() if v != self._last.get(k, 0)}
+        self._last = now
+        for tier, (used, capacity) in self._store.usage().items():
+            data[f"{tier}_used"] = used
+            data[f"{tier}_capacity"] = capacity
+        data["disk_failing"] = int(self._store.disk_failing())
+        return SpillStats(data=data)
+
+    def shutdown(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+    def _read_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        """The blocks' bytes, a row each (all layers, in layer order), on the CPU."""
+        parts = []
+        for tensor, dim in self._layers:
+            ids = torch.tensor(block_ids, device=tensor.device)
+            picked = tensor.index_select(dim, ids).movedim(dim, 0).contiguous()
+            parts.append(picked.view(len(block_ids), -1).view(torch.uint8).cpu())
+        return torch.cat(parts, dim=1)
+
+    def _write_blocks(self, block_ids: list[int], rows: torch.Tensor) -> None:
+        offset = 0
+        for tensor, dim in self._layers:
+            shape = tensor.select(dim, 0).shape
+            width = tensor.select(dim, 0).numel() * tensor.element_size()
+            part = rows[:, offset : offset + width].contiguous().view(tensor.dtype)
+            part = part.view(len(block_ids), *shape).movedim(0, dim).to(tensor.device)
+            tensor.index_copy_(dim, torch.tensor(block_ids, device=tensor.device), part)
+            offset += width

@@ -1,0 +1,357 @@
+"""The worker's spill tiers: host memory and a local disk directory, each bounded in
+bytes with LRU-K eviction, plus the block codec that makes a damaged block a miss.
+
+Blocks are written through: a saved block goes to host memory at once and to disk
+in a background thread, so a full or failing disk only loses the disk copy. A read
+tries host memory, then disk (promoting the block back to host memory); a block
+whose checksum or length is wrong is deleted and reported as a miss.
+
+Every change of what a tier holds is recorded as an event (key, tier, stored or
+removed) for the connector to report to vLLM's scheduler side and to the platform.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from inferbus.shared.lruk import LruK
+
+HOST, DISK = "host", "disk"
+TIERS = (HOST, DISK)
+
+_MAGIC = b"IBKV"
+_HEADER = struct.Struct("<4sBxxxIQ32s")
+"""magic, format version, crc32 of the payload, payload length, the block's key."""
+_VERSION = 1
+
+
+class CorruptBlock(Exception):
+    """A stored block failed its checks (length, checksum or key)."""
+
+
+def key_digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def encode_block(key: str, payload: bytes) -> bytes:
+    header = _HEADER.pack(_MAGIC, _VERSION, zlib.crc32(payload), len(payload), key_digest(key))
+    return header + payload
+
+
+def decode_block(key: str, data: bytes, expected_len: int = 0) -> bytes:
+    if len(data) < _HEADER.size:
+        raise CorruptBlock(f"{key}: {len(data)} bytes, shorter than the header")
+    magic, version, crc, length, digest = _HEADER.unpack_from(data)
+    payload = data[_HEADER.size :]
+    if magic != _MAGIC or version != _VERSION:
+        raise CorruptBlock(f"{key}: not a block file (magic {magic!r}, version {version})")
+    if digest != key_digest(key):
+        raise CorruptBlock(f"{key}: the file holds another block")
+    if length != len(payload) or (expected_len and length != expected_len):
+        raise CorruptBlock(f"{key}: {len(payload)} payload bytes, expected {expected_len or length}")
+    if zlib.crc32(payload) != crc:
+        raise CorruptBlock(f"{key}: checksum mismatch")
+    return payload
+
+
+def block_path(root: Path, key: str) -> Path:
+    namespace, _, digest = key.partition(":")
+    return root / namespace / digest[:2] / f"{digest}.kv"
+
+
+def stored_on_disk(root: Path) -> list[tuple[str, int]]:
+    """The blocks a disk tier holds, oldest first: (key, payload bytes)."""
+    found = []
+    for path in root.glob("*/*/*.kv"):
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        found.append((st.st_mtime, f"{path.parent.parent.name}:{path.stem}", st.st_size))
+    found.sort()
+    return [(key, size - _HEADER.size) for _, key, size in found]
+
+
+@dataclass
+class TierStats:
+    saves: int = 0
+    save_bytes: int = 0
+    restores: int = 0
+    restore_bytes: int = 0
+    restore_s: float = 0.0
+    misses: int = 0
+    errors: int = 0
+    corrupt: int = 0
+    dropped: int = 0
+    """Saves not made (the write queue was full, or the tier was failing)."""
+
+
+@dataclass
+class Event:
+    key: str
+    tier: str
+    stored: bool
+
+
+@dataclass
+class StoreConfig:
+    host_bytes: int = 1 << 30
+    disk_dir: str = ""
+    """Empty: no disk tier."""
+    disk_bytes: int = 8 << 30
+    k: int = 2
+    write_queue: int = 256
+    """Disk writes waiting at most; more are dropped (counted), never blocking a step."""
+    failing_after: int = 3
+    """Consecutive disk errors that mark the disk failing ..."""
+    retry_after_s: float = 30.0
+    """... for this long: no disk reads or writes meanwhile."""
+
+
+@dataclass
+class _Disk:
+    root: Path
+    lru: LruK
+    errors_in_row: int = 0
+    failing_until: float = 0.0
+    queue: queue.Queue[tuple[str, bytes] | None] = field(default_factory=queue.Queue)
+
+
+class TieredStore:
+    def __init__(self, config: StoreConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._host = LruK(config.host_bytes, k=config.k)
+        self._host_data: dict[str, bytes] = {}
+        self._events: list[Event] = []
+        self.stats = {t: TierStats() for t in TIERS}
+        self._disk: _Disk | None = None
+        self._writer: threading.Thread | None = None
+        if config.disk_dir and config.disk_bytes > 0:
+            self._disk = _Disk(Path(config.disk_dir), LruK(config.disk_bytes, k=config.k))
+            self._disk.queue = queue.Queue(maxsize=config.write_queue)
+            self._open_disk()
+
+    # -- reads and writes (the engine's thread) ---------------------------------------
+
+    def put(self, key: str, payload: bytes) -> None:
+        with self._lock:
+            self._put_host(key, payload)
+            self.stats[HOST].saves += 1
+            self.stats[HOST].save_bytes += len(payload)
+            disk = self._disk
+            if disk is None or key in disk.lru:
+                return
+            if self._disk_failing():
+                self.stats[DISK].dropped += 1
+                return
+        try:
+            disk.queue.put_nowait((key, payload))
+        except queue.Full:
+            with self._lock:
+                self.stats[DISK].dropped += 1
+
+    def get(self, key: str, expected_len: int = 0) -> tuple[bytes, str] | None:
+        """The block's payload and the tier it came from, or None (a miss: absent,
+        damaged, or the disk failed reading it)."""
+        start = time.perf_counter()
+        with self._lock:
+            if self._host.access(key):
+                payload = self._host_data[key]
+                self._count_restore(HOST, len(payload), start)
+                return payload, HOST
+            disk = self._disk
+            if disk is None or key not in disk.lru or self._disk_failing():
+                self.stats[HOST].misses += 1
+                return None
+            disk.lru.access(key)
+        try:
+            payload = decode_block(key, self._path(key).read_bytes(), expected_len)
+        except CorruptBlock:
+            with self._lock:
+                self.stats[DISK].corrupt += 1
+                self._drop_disk(key, unlink=True)
+            return None
+        except OSError:
+            with self._lock:
+                self._disk_error()
+                self._drop_disk(key, unlink=False)
+            return None
+        with self._lock:
+            self._disk_ok()
+            self._count_restore(DISK, len(payload), start)
+            self._put_host(key, payload)
+        return payload, DISK
+
+    def holds(self, key: str) -> bool:
+        with self._lock:
+            return key in self._host or (self._disk is not None and key in self._disk.lru)
+
+    def drain_events(self) -> list[Event]:
+        with self._lock:
+            out, self._events = self._events, []
+        return out
+
+    def usage(self) -> dict[str, tuple[int, int]]:
+        """Tier → (bytes used, capacity)."""
+        with self._lock:
+            out = {HOST: (self._host.used, self._host.capacity)}
+            if self._disk is not None:
+                out[DISK] = (self._disk.lru.used, self._disk.lru.capacity)
+            return out
+
+    def disk_failing(self) -> bool:
+        with self._lock:
+            return self._disk_failing()
+
+    def flush(self, timeout_s: float = 10.0) -> None:
+        """Wait until queued disk writes are done (tests, shutdown)."""
+        if self._disk is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while self._disk.queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    def close(self) -> None:
+        if self._disk is not None and self._writer is not None:
+            self.flush()
+            self._disk.queue.put(None)
+            self._writer.join(timeout=5)
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _put_host(self, key: str, payload: bytes) -> None:
+        if key in self._host:
+            self._host.access(key)
+            return
+        for gone in self._host.admit(key, len(payload)):
+            if gone != key:
+                del self._host_data[gone]
+            self._events.append(Event(str(gone), HOST, stored=False))
+        if key in self._host:
+            self._host_data[key] = payload
+            self._events.append(Event(key, HOST, stored=True))
+
+    def _count_restore(self, tier: str, size: int, start: float) -> None:
+        s = self.stats[tier]
+        s.restores += 1
+        s.restore_bytes += size
+        s.restore_s += time.perf_counter() - start
+
+    def _path(self, key: str) -> Path:
+        assert self._disk is not None
+        return block_path(self._disk.root, key)
+
+    def _open_disk(self) -> None:
+        """Index what an earlier run left on disk (a restarted worker keeps its tier),
+        then start the writer."""
+        disk = self._disk
+        assert disk is not None
+        try:
+            disk.root.mkdir(parents=True, exist_ok=True)
+            found = stored_on_disk(disk.root)
+        except OSError:
+            found = []
+            self._disk_error()
+        for key, size in found:
+            for gone in disk.lru.admit(key, size):
+                self._unlink(str(gone))
+            if key in disk.lru:
+                self._events.append(Event(key, DISK, stored=True))
+        self._writer = threading.Thread(target=self._write_loop, name="kv-spill-disk", daemon=True)
+        self._writer.start()
+
+    def _write_loop(self) -> None:
+        disk = self._disk
+        assert disk is not None
+        while True:
+            item = disk.queue.get()
+            try:
+                if item is None:
+                    return
+                self._write(*item)
+            finally:
+                disk.queue.task_done()
+
+    def _write(self, key: str, payload: bytes) -> None:
+        disk = self._disk
+        assert disk is not None
+        with self._lock:
+            if key in disk.lru or self._disk_failing():
+                return
+            evicted = disk.lru.victims(len(payload)) if len(payload) <= disk.lru.capacity else []
+            for gone in evicted:
+                self._events.append(Event(str(gone), DISK, stored=False))
+        for gone in evicted:
+            self._unlink(str(gone))
+        path = self._path(key)
+        tmp = path.with_suffix(".tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(encode_block(key, payload))
+            os.replace(tmp, path)
+        except OSError:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            with self._lock:
+                self._disk_error()
+                self.stats[DISK].dropped += 1
+            return
+        with self._lock:
+            self._disk_ok()
+            evicted = disk.lru.admit(key, len(payload))
+            if evicted == [key]:  # larger than the whole tier
+                evicted = []
+                self._unlink(key)
+            for gone in evicted:
+                self._events.append(Event(str(gone), DISK, stored=False))
+                self._unlink(str(gone))
+            if key not in disk.lru:
+                return
+            self.stats[DISK].saves += 1
+            self.stats[DISK].save_bytes += len(payload)
+            self._events.append(Event(key, DISK, stored=True))
+
+    def _drop_disk(self, key: str, unlink: bool) -> None:
+        assert self._disk is not None
+        if self._disk.lru.remove(key):
+            self._events.append(Event(key, DISK, stored=False))
+        if unlink:
+            self._unlink(key)
+
+    def _unlink(self, key: str) -> None:
+        try:
+            self._path(key).unlink(missing_ok=True)
+        except OSError:
+            pass
+
+    def _disk_failing(self) -> bool:
+        return self._disk is not None and self._clock() < self._disk.failing_until
+
+    def _disk_error(self) -> None:
+        disk = self._disk
+        assert disk is not None
+        self.stats[DISK].errors += 1
+        disk.errors_in_row += 1
+        if disk.errors_in_row >= self.config.failing_after:
+            # what the disk holds cannot be trusted to load: it stops being restorable
+            # (its files stay; a restart indexes them again)
+            disk.failing_until = self._clock() + self.config.retry_after_s
+            disk.errors_in_row = 0
+            self._events.extend(Event(str(k), DISK, stored=False) for k in disk.lru.clear())
+
+    def _disk_ok(self) -> None:
+        assert self._disk is not None
+        self._disk.errors_in_row = 0
