@@ -78,13 +78,17 @@ class LruK:
             return []
         if size > self.capacity:
             return [key]
-        self._tick += 1
         refs = self._history.pop(key, [])
         entry = _Entry(size=size, refs=refs)
         evicted = self._make_room(size, keep=key)
         self._entries[key] = entry
         self.used += size
-        self._reference(key, entry)
+        if refs and refs[-1] == self._tick:
+            # the miss that led to this admission was this same reference
+            self._requeue(key, entry)
+        else:
+            self._tick += 1
+            self._reference(key, entry)
         return evicted
 
     def remove(self, key: Hashable) -> bool:
@@ -108,6 +112,9 @@ class LruK:
     def _reference(self, key: Hashable, entry: _Entry) -> None:
         entry.refs.append(self._tick)
         del entry.refs[: -self.k]
+        self._requeue(key, entry)
+
+    def _requeue(self, key: Hashable, entry: _Entry) -> None:
         self._tokens += 1
         entry.token = self._tokens
         heapq.heappush(self._heap, (*self._priority(entry), entry.token, key))

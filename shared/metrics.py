@@ -209,6 +209,53 @@ PREFIX_CACHE_HITS = Counter(
     "Prompt tokens found in the prefix cache",
     ["worker"],
 )
+KV_CACHE_BLOCKS = Gauge(
+    "inferbus_kv_cache_blocks",
+    "The engine's KV cache blocks: total, and free now (used = total - free)",
+    ["worker", "state"],
+)
+
+# -- KV spill (the worker's connector: host memory and disk tiers) --------------------
+KV_SPILL_SAVES = Counter(
+    "inferbus_kv_spill_saves_total", "KV blocks saved to a spill tier", ["worker", "tier"]
+)
+KV_SPILL_SAVED_BYTES = Counter(
+    "inferbus_kv_spill_saved_bytes_total", "Bytes of KV blocks saved to a spill tier",
+    ["worker", "tier"],
+)  # fmt: skip
+KV_SPILL_RESTORES = Counter(
+    "inferbus_kv_spill_restores_total",
+    "KV blocks restored from a spill tier instead of computed",
+    ["worker", "tier"],
+)
+KV_SPILL_RESTORED_BYTES = Counter(
+    "inferbus_kv_spill_restored_bytes_total", "Bytes of KV blocks restored from a spill tier",
+    ["worker", "tier"],
+)  # fmt: skip
+KV_SPILL_RESTORE_SECONDS = Counter(
+    "inferbus_kv_spill_restore_seconds_total",
+    "Time spent reading restored blocks from a spill tier",
+    ["worker", "tier"],
+)
+KV_SPILL_FAULTS = Counter(
+    "inferbus_kv_spill_faults_total",
+    "KV spill faults, each served by computing instead: disk_error (a read or write "
+    "failed), corrupt (a block failed its checksum), dropped (a save not made: the disk "
+    "queue was full or the disk failing), load_failed (a block planned for restore would not "
+    "load: that many blocks were computed)",
+    ["worker", "kind"],
+)
+KV_SPILL_USED = Gauge(
+    "inferbus_kv_spill_used_bytes", "Bytes a spill tier holds", ["worker", "tier"]
+)
+KV_SPILL_CAPACITY = Gauge(
+    "inferbus_kv_spill_capacity_bytes", "A spill tier's bound in bytes", ["worker", "tier"]
+)
+KV_SPILL_DISK_FAILING = Gauge(
+    "inferbus_kv_spill_disk_failing",
+    "1 while the worker's disk tier is set aside after repeated errors (retried later)",
+    ["worker"],
+)
 HEARTBEAT_AGE = Gauge(
     "inferbus_worker_heartbeat_age_seconds",
     "Seconds since the scheduler last heard from each worker it knows",

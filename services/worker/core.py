@@ -13,7 +13,7 @@ from inferbus.contracts import (
     WorkerState,
 )
 
-from .engine import EngineOutput, EngineRequest, EngineStats
+from .engine import EngineOutput, EngineRequest, EngineStats, KvRestore
 
 
 def served_name(assignment: WorkAssigned) -> str:
@@ -21,7 +21,9 @@ def served_name(assignment: WorkAssigned) -> str:
     return assignment.served_model or assignment.request.model
 
 
-def engine_request(assignment: WorkAssigned, adapter: str = "") -> EngineRequest:
+def engine_request(
+    assignment: WorkAssigned, adapter: str = "", weights: str = "", adapter_weights: str = ""
+) -> EngineRequest:
     r = assignment.request
     return EngineRequest(
         request_id=r.request_id,
@@ -30,6 +32,8 @@ def engine_request(assignment: WorkAssigned, adapter: str = "") -> EngineRequest
         prompt=r.prompt,
         messages=r.messages,
         sampling=r.sampling,
+        weights=weights,
+        adapter_weights=adapter_weights,
     )
 
 
@@ -40,7 +44,15 @@ class RequestStream:
     worker had begun streaming (and the request can no longer be silently retried).
     """
 
-    __slots__ = ("assignment", "worker_id", "seq", "first_token_at", "started_at", "served_model")
+    __slots__ = (
+        "assignment",
+        "worker_id",
+        "seq",
+        "first_token_at",
+        "started_at",
+        "served_model",
+        "restored",
+    )
 
     def __init__(
         self, assignment: WorkAssigned, worker_id: str, now: float, served_model: str = ""
@@ -52,6 +64,8 @@ class RequestStream:
         self.seq = 0
         self.started_at = now
         self.first_token_at: float | None = None
+        self.restored: KvRestore | None = None
+        """What its prefix restored from a KV spill tier (set at its end)."""
 
     @property
     def request_id(self) -> str:

@@ -20,6 +20,11 @@ class EngineRequest(msgspec.Struct, kw_only=True):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    weights: str = ""
+    """The model's registry version that serves it (``name@version``); empty: the
+    engine's own folder. KV saved under other weights is never restored for it."""
+    adapter_weights: str = ""
+    """The adapter's registry version, or its folder."""
 
 
 class EngineError(Exception):
@@ -28,6 +33,16 @@ class EngineError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class KvRestore(msgspec.Struct, kw_only=True, frozen=True):
+    blocks: int = 0
+    tokens: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    tiers: dict[str, int] = {}
+    failed: int = 0
+    """Blocks that would not load (recomputed instead)."""
 
 
 class EngineOutput(msgspec.Struct, kw_only=True):
@@ -41,6 +56,8 @@ class EngineOutput(msgspec.Struct, kw_only=True):
     cached_tokens: int = 0
     timings: StageTimings | None = None
     """Set on the last output when the engine knows them."""
+    restored: KvRestore | None = None
+    """On the last output: what the request's prefix restored from a KV spill tier."""
 
 
 class EngineStats(msgspec.Struct, kw_only=True):
@@ -146,6 +163,16 @@ class EngineOptions(msgspec.Struct, kw_only=True, frozen=True):
     kv_cache_blocks: int = 0
     """vLLM's ``num_gpu_blocks_override``: this many KV blocks instead of what the
     memory allows (0), to bound the prefix cache (benchmarks, eviction tests)."""
+    kv_spill: bool = True
+    """Save computed KV blocks to host memory and disk and restore prefixes from there
+    (``--no-kv-spill``: off). Needs the prefix cache."""
+    kv_spill_host_mb: int = 1024
+    """Host memory for spilled KV blocks, MiB."""
+    kv_spill_disk_dir: str = ""
+    """Disk tier folder (default: ``<state_dir>/kv-spill/<instance>``; no state dir and
+    no folder: no disk tier)."""
+    kv_spill_disk_mb: int = 8192
+    """Disk tier bound, MiB (0: no disk tier)."""
 
     @property
     def served_name(self) -> str:

@@ -97,6 +97,21 @@ def report_end(
             first = t0 + int(timings.first_token_s * _NS)
             queued = min(first, t0 + int(timings.queued_s * _NS))
             tracing.record("engine queue", parent, t0, queued, common)
+            restored = stream.restored
+            if restored is not None:  # the first thing the prefill did
+                tracing.record(
+                    "kv restore",
+                    parent,
+                    queued,
+                    min(first, queued + int(restored.seconds * _NS)),
+                    common
+                    | {
+                        t.KV_RESTORED_TOKENS: restored.tokens,
+                        t.KV_RESTORED_BYTES: restored.bytes,
+                        t.KV_RESTORED_TIERS: sorted(restored.tiers),
+                        t.KV_RESTORE_FAILED_BLOCKS: restored.failed,
+                    },
+                )
             prefill_attrs = dict(common)
             if usage is not None:
                 prefill_attrs[t.PREFILL_TOKENS] = usage.prompt_tokens - usage.cached_prompt_tokens
@@ -129,6 +144,7 @@ def report_end(
         finish_reason=getattr(terminal, "finish_reason", ""),
         prompt_tokens=usage.prompt_tokens if usage else None,
         cached_tokens=usage.cached_prompt_tokens if usage else None,
+        restored_tokens=stream.restored.tokens if stream.restored else None,
         completion_tokens=usage.completion_tokens if usage else None,
         chunks=stream.seq,
         e2e_s=round(end_wall - created, 6),
@@ -144,6 +160,12 @@ def report_stats(worker_id: str, hb: WorkerHeartbeat, seen: tuple[int, int]) -> 
     """KV usage and prefix-cache counters from the engine's cumulative stats; returns
     the (hits, queries) now seen, for the next call's increments."""
     metrics.KV_CACHE_USAGE.labels(worker_id).set(hb.kv_cache_usage)
+    if hb.kv_block_size:
+        total = hb.kv_capacity_tokens // hb.kv_block_size
+        metrics.KV_CACHE_BLOCKS.labels(worker_id, "total").set(total)
+        metrics.KV_CACHE_BLOCKS.labels(worker_id, "free").set(
+            round(total * (1.0 - hb.kv_cache_usage))
+        )
     hits, queries = hb.prefix_cache_hits, hb.prefix_cache_queries
     if hits >= seen[0] and queries >= seen[1]:  # an engine restart resets them
         metrics.PREFIX_CACHE_HITS.labels(worker_id).inc(hits - seen[0])
@@ -152,3 +174,35 @@ def report_stats(worker_id: str, hb: WorkerHeartbeat, seen: tuple[int, int]) -> 
         metrics.PREFIX_CACHE_HITS.labels(worker_id).inc(hits)
         metrics.PREFIX_CACHE_QUERIES.labels(worker_id).inc(queries)
     return hits, queries
+
+
+_SPILL_COUNTERS = {
+    "saves": metrics.KV_SPILL_SAVES,
+    "save_bytes": metrics.KV_SPILL_SAVED_BYTES,
+    "restores": metrics.KV_SPILL_RESTORES,
+    "restore_bytes": metrics.KV_SPILL_RESTORED_BYTES,
+    "restore_s": metrics.KV_SPILL_RESTORE_SECONDS,
+}
+_SPILL_FAULTS = {
+    "disk_errors": "disk_error",
+    "disk_corrupt": "corrupt",
+    "disk_dropped": "dropped",
+    "load_failures": "load_failed",
+}
+
+
+def report_spill(worker_id: str, data: dict[str, Any]) -> None:
+    """The KV spill connector's stats for one interval: counter increments per tier,
+    each tier's usage now, and whether the disk is set aside."""
+    for name, value in data.items():
+        tier, _, what = name.partition("_")
+        if what in _SPILL_COUNTERS and value > 0:
+            _SPILL_COUNTERS[what].labels(worker_id, tier).inc(value)
+        elif name in _SPILL_FAULTS and value > 0:
+            metrics.KV_SPILL_FAULTS.labels(worker_id, _SPILL_FAULTS[name]).inc(value)
+        elif what == "used":
+            metrics.KV_SPILL_USED.labels(worker_id, tier).set(value)
+        elif what == "capacity":
+            metrics.KV_SPILL_CAPACITY.labels(worker_id, tier).set(value)
+        elif name == "disk_failing":
+            metrics.KV_SPILL_DISK_FAILING.labels(worker_id).set(value)

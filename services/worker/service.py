@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import secrets
 import tempfile
 import time
@@ -44,7 +45,7 @@ from inferbus.shared.runtime import Context, Service
 from .core import RequestStream, engine_request, heartbeat, served_name
 from .delivery import Deliveries, trusted_keys
 from .engine import Engine, EngineError, EngineOptions, EngineOutput
-from .report import report_end, report_stats
+from .report import report_end, report_spill, report_stats
 from .sim import SimEngine, SimTiming
 from .swap import Held, Holding
 
@@ -107,7 +108,17 @@ def build_engine(
     from .vllm_engine import VllmEngine, prepare_environment
 
     prepare_environment(s.state_dir or None, s.instance_id, s.log_level, s.engine_cpus)
-    return VllmEngine(o, worker_id=worker_id, on_kv_events=on_kv_events)
+    if o.kv_spill and not o.kv_spill_disk_dir and s.state_dir:
+        folder = re.sub(r"[^A-Za-z0-9_.-]", "-", s.instance_id or "worker")
+        o = msgspec.structs.replace(
+            o, kv_spill_disk_dir=str(Path(s.state_dir) / "kv-spill" / folder)
+        )
+    return VllmEngine(
+        o,
+        worker_id=worker_id,
+        on_kv_events=on_kv_events,
+        on_spill_stats=lambda data: report_spill(worker_id, data),
+    )
 
 
 def initial_holding(o: EngineOptions) -> Holding:
@@ -379,6 +390,7 @@ class WorkerService(Service[WorkerSettings]):
                         itl.observe((now - last_chunk_at) / n, n)
                     last_chunk_at = now
                 if out.finish_reason is not None:
+                    stream.restored = out.restored
                     terminal = stream.finished(out, time.monotonic())
                     break  # finished: a deadline or cancel from here on changes nothing
         except asyncio.CancelledError:
@@ -438,9 +450,15 @@ class WorkerService(Service[WorkerSettings]):
             raise EngineError(FailureCode.MODEL_NOT_FOUND, f"this worker does not serve {name!r}")
         stream.served_model = held.ref
         adapter = "" if held is self.holding.model else held.ref
-        async with contextlib.aclosing(
-            self.engine.generate(engine_request(assignment, adapter))
-        ) as outputs:
+        model = self.holding.model
+        request = engine_request(
+            assignment,
+            adapter,
+            # what the spilled KV is keyed by: registry versions, else folders
+            weights=model.ref if model.version else "",
+            adapter_weights=(held.ref if held.version else held.path) if adapter else "",
+        )
+        async with contextlib.aclosing(self.engine.generate(request)) as outputs:
             async for out in outputs:
                 yield out
 

@@ -30,7 +30,14 @@ from inferbus.shared import logs
 from inferbus.shared.prefixhash import event_hash
 from inferbus.shared.prompttokens import TemplateError, prompt_token_ids
 
-from .engine import EngineError, EngineOptions, EngineOutput, EngineRequest, EngineStats
+from .engine import (
+    EngineError,
+    EngineOptions,
+    EngineOutput,
+    EngineRequest,
+    EngineStats,
+    KvRestore,
+)
 
 if TYPE_CHECKING:
     from vllm.config.lora import MaxLoRARanks
@@ -111,9 +118,11 @@ def request_errors() -> tuple[type[BaseException], ...]:
     return (ValueError, TypeError, VLLMClientError)
 
 
-def sampling_params(s: SamplingParams) -> Any:
+def sampling_params(s: SamplingParams, kv_namespace: str = "") -> Any:
     from vllm import SamplingParams as VllmSampling
     from vllm.sampling_params import RequestOutputKind
+
+    from .spill.names import NAMESPACE_PARAM
 
     try:
         return VllmSampling(
@@ -129,6 +138,10 @@ def sampling_params(s: SamplingParams) -> Any:
             repetition_penalty=s.repetition_penalty,
             ignore_eos=s.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
+            # the KV spill connector keys blocks by the weights that computed them
+            extra_args={"kv_transfer_params": {NAMESPACE_PARAM: kv_namespace}}
+            if kv_namespace
+            else None,
         )
     except request_errors() as exc:
         raise EngineError(
@@ -183,8 +196,35 @@ def kv_events_of(batch: Any, worker_id: str) -> list[KvEvent]:
     return out
 
 
-def _stat_logger(sink: EngineStats) -> type:
-    """A vLLM stat logger class that copies scheduler stats into ``sink``."""
+def restored_of(params: dict[str, Any] | None, block_size: int) -> KvRestore | None:
+    """What the spill connector says a finished request restored."""
+    from .spill.names import RESTORE_PARAM
+
+    r = (params or {}).get(RESTORE_PARAM)
+    if not r:
+        return None
+    return KvRestore(
+        blocks=r["blocks"],
+        tokens=r["blocks"] * block_size,
+        bytes=r["bytes"],
+        seconds=r["seconds"],
+        tiers=r["tiers"],
+        failed=r["failed"],
+    )
+
+
+def weights_identity(path: str) -> str:
+    """A local model folder's weights, named by their files' sizes and times: a folder
+    whose weights were rewritten does not restore KV computed by the old ones."""
+    folder = Path(path)
+    files = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin"))
+    stamp = ",".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+    return f"{folder.resolve()}|{stamp}"
+
+
+def _stat_logger(sink: EngineStats, on_spill: Callable[[dict[str, Any]], None] | None) -> type:
+    """A vLLM stat logger class that copies scheduler stats into ``sink`` and hands
+    the KV spill connector's stats to ``on_spill``."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     class InferbusStats(StatLoggerBase):
@@ -207,6 +247,9 @@ def _stat_logger(sink: EngineStats) -> type:
             if pc is not None:
                 sink.prefix_cache_hits += pc.hits
                 sink.prefix_cache_queries += pc.queries
+            spill = scheduler_stats.kv_connector_stats
+            if spill and on_spill is not None:
+                on_spill(spill)
 
         def log_engine_initialized(self) -> None:
             pass
@@ -222,6 +265,7 @@ class VllmEngine:
         options: EngineOptions,
         worker_id: str = "",
         on_kv_events: Callable[[list[KvEvent]], Any] | None = None,
+        on_spill_stats: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.options = options
         self.max_num_seqs = options.max_num_seqs
@@ -234,6 +278,9 @@ class VllmEngine:
         """The engine core's processes (children of the worker made by its start)."""
         self._on_kv_events = on_kv_events
         self._kv_task: asyncio.Task[None] | None = None
+        self._on_spill_stats = on_spill_stats
+        self._weights = ""
+        """The weights loaded now, when no request names them (a local folder)."""
         self.worker_id = worker_id
 
     def engine_args(self, kv_endpoint: str = "") -> Any:
@@ -267,6 +314,29 @@ class VllmEngine:
             kv_events_config=kv,
             num_gpu_blocks_override=o.kv_cache_blocks or None,
             disable_log_stats=False,
+            kv_transfer_config=self.spill_config(),
+        )
+
+    def spill_config(self) -> Any:
+        """The KV spill connector's configuration (None: spill off)."""
+        o = self.options
+        if not (o.kv_spill and o.enable_prefix_caching):
+            return None
+        from vllm.config import KVTransferConfig
+
+        from .spill.names import CONNECTOR, MODULE, extra_config
+
+        return KVTransferConfig(
+            kv_connector=CONNECTOR,
+            kv_connector_module_path=MODULE,
+            kv_role="kv_both",
+            # a block that will not load (gone, damaged, the disk failing) is computed
+            kv_load_failure_policy="recompute",
+            kv_connector_extra_config=extra_config(
+                host_bytes=o.kv_spill_host_mb << 20,
+                disk_dir=o.kv_spill_disk_dir if o.kv_spill_disk_mb > 0 else "",
+                disk_bytes=o.kv_spill_disk_mb << 20,
+            ),
         )
 
     async def start(self) -> None:
@@ -285,8 +355,9 @@ class VllmEngine:
         self._engine = await asyncio.to_thread(
             AsyncLLM.from_engine_args,
             self.engine_args(endpoint),
-            stat_loggers=[_stat_logger(self._stats)],
+            stat_loggers=[_stat_logger(self._stats, self._on_spill_stats)],
         )
+        self._weights = weights_identity(self.options.model)
         self._processes = _children() - before
         self._tokenizer = self._engine.get_tokenizer()
         for name, path in self.options.lora_modules.items():
@@ -345,6 +416,7 @@ class VllmEngine:
         await self._engine.pause_generation(mode="wait", clear_cache=True)
         try:
             await self._engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
+            self._weights = weights_identity(path)
         finally:
             await self._engine.resume_generation()
 
@@ -403,7 +475,9 @@ class VllmEngine:
                 f"the prompt ({n_prompt} tokens) plus max_tokens "
                 f"({request.sampling.max_tokens}) exceeds the model's {max_len}-token context",
             )
-        params = sampling_params(request.sampling)
+        spill = self._engine.vllm_config.kv_transfer_config is not None
+        namespace = f"{request.weights or self._weights}+{request.adapter_weights}"
+        params = sampling_params(request.sampling, namespace if spill else "")
         received = time.time()
         rid = request.request_id
         completion = 0
@@ -420,6 +494,9 @@ class VllmEngine:
                     finish_reason=o.finish_reason if out.finished else None,
                     cached_tokens=out.num_cached_tokens or 0,
                     timings=timings_of(out.metrics, received) if out.finished else None,
+                    restored=restored_of(out.kv_transfer_params, self.kv_block_size)
+                    if out.finished
+                    else None,
                 )
         except request_errors() as exc:  # vLLM refusing a request it cannot take
             raise EngineError(FailureCode.INVALID_REQUEST, str(exc)) from None

@@ -278,6 +278,16 @@ async def test_kv_events_heartbeat_stats_and_metrics(vllm_worker, client):
         text = r.read().decode()
     assert f'worker="{hb.worker_id}"' in text
     assert any(line.startswith("vllm:") and "worker=" in line for line in text.splitlines())
+    # the KV spill connector is on by default: the computed blocks went to host memory
+    # and disk (the worker has a state dir), and the engine's blocks are counted
+    for line in (
+        f'inferbus_kv_spill_saves_total{{tier="host",worker="{hb.worker_id}"}}',
+        f'inferbus_kv_spill_capacity_bytes{{tier="disk",worker="{hb.worker_id}"}}',
+        f'inferbus_kv_cache_blocks{{state="total",worker="{hb.worker_id}"}}',
+    ):
+        assert line in text, line
+    saves = next(x for x in text.splitlines() if x.startswith("inferbus_kv_spill_saves_total"))
+    assert float(saves.split()[-1]) > 0
 
 
 async def test_prompt_over_the_context_is_refused_clearly(vllm_worker, client):

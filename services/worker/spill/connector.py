@@ -38,8 +38,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
+from .names import NAMESPACE_PARAM, RESTORE_PARAM
 from .plan import Restore, SpillPlanner, StepPlan, Transfer, hash_of, namespace_of
-from .store import DISK, HOST, TIERS, StoreConfig, TieredStore, stored_on_disk
+from .store import DISK, HOST, StoreConfig, TieredStore, stored_on_disk
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -51,20 +52,6 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 MEDIUM = {HOST: "CPU", DISK: "STORAGE"}
-RESTORE_PARAM = "inferbus_kv_restore"
-"""The key of a finished request's ``kv_transfer_params`` that says what it restored."""
-NAMESPACE_PARAM = "kv_namespace"
-
-
-def extra_config(
-    host_bytes: int, disk_dir: str, disk_bytes: int, namespace: str = ""
-) -> dict[str, Any]:
-    return {
-        "host_bytes": host_bytes,
-        "disk_dir": disk_dir,
-        "disk_bytes": disk_bytes,
-        "namespace": namespace,
-    }
 
 
 @dataclass
@@ -83,13 +70,6 @@ class SpillWorkerMeta(KVConnectorWorkerMetadata):
         for rid, r in other.restores.items():
             merged.restores.setdefault(rid, Restore()).merge(r)
         return merged
-
-
-_COUNTERS = tuple(
-    f"{tier}_{name}"
-    for tier in TIERS
-    for name in ("saves", "save_bytes", "restores", "restore_bytes", "restore_s", "misses")
-) + ("disk_errors", "disk_corrupt", "disk_dropped", "load_failures")
 
 
 @dataclass
@@ -123,17 +103,10 @@ class InferbusSpillConnector(KVConnectorBase_V1):
         cache = vllm_config.cache_config
         self._block_size = int(cache.block_size)
         self._num_blocks = int(kv_cache_config.num_blocks)
-        # blocks of other weights, dtypes or sizes never match this engine's
+        # blocks of other dtypes or block sizes never match this engine's (the
+        # weights come with each request)
         self._base_namespace = "|".join(
-            map(
-                str,
-                (
-                    extra.get("namespace") or vllm_config.model_config.model,
-                    cache.cache_dtype,
-                    vllm_config.model_config.dtype,
-                    self._block_size,
-                ),
-            )
+            map(str, (cache.cache_dtype, vllm_config.model_config.dtype, self._block_size))
         )
         self._namespaces: dict[str, str] = {}
         self._planner = SpillPlanner(self._block_size)
@@ -143,6 +116,7 @@ class InferbusSpillConnector(KVConnectorBase_V1):
         self._layers: list[tuple[torch.Tensor, int]] = []
         self._block_bytes = 0
         self._load_errors: set[int] = set()
+        self._load_failures = 0
         self._restores: dict[str, Restore] = {}
         self._stats = SpillStats()
         self._last: dict[str, float] = {}
@@ -171,7 +145,9 @@ class InferbusSpillConnector(KVConnectorBase_V1):
 
     def _namespace(self, request: Request) -> str:
         params = request.kv_transfer_params or {}
-        weights = str(params.get(NAMESPACE_PARAM, ""))
+        # the worker names the weights on every request; a request that does not is
+        # keyed by the folder the engine started from
+        weights = str(params.get(NAMESPACE_PARAM) or self._vllm_config.model_config.model)
         ns = self._namespaces.get(weights)
         if ns is None:
             ns = self._namespaces[weights] = namespace_of(self._base_namespace, weights)
@@ -269,9 +245,7 @@ class InferbusSpillConnector(KVConnectorBase_V1):
                     f"of shape {tuple(tensor.shape)}"
                 )
             self._layers.append((tensor, dims[0]))
-        self._block_bytes = sum(
-            t.select(d, 0).numel() * t.element_size() for t, d in self._layers
-        )
+        self._block_bytes = sum(t.select(d, 0).numel() * t.element_size() for t, d in self._layers)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
@@ -285,6 +259,7 @@ class InferbusSpillConnector(KVConnectorBase_V1):
             restore = self._restores.setdefault(load.request_id, Restore())
             if got is None:
                 self._load_errors.add(load.block_id)
+                self._load_failures += 1
                 restore.failed += 1
                 continue
             payload, tier = got
@@ -349,6 +324,7 @@ class InferbusSpillConnector(KVConnectorBase_V1):
             "disk_errors": disk.errors,
             "disk_corrupt": disk.corrupt,
             "disk_dropped": disk.dropped,
+            "load_failures": self._load_failures,
         }
         data = {k: v - self._last.get(k, 0) for k, v in now.items() if v != self._last.get(k, 0)}
         self._last = now

@@ -29,6 +29,10 @@ def hash_of(key: str) -> bytes:
     return bytes.fromhex(key.partition(":")[2])
 
 
+Scheduled = tuple[str, Sequence[bytes], Sequence[int], int]
+"""A request in a step: its id, block hashes, block ids, tokens computed after it."""
+
+
 @dataclass
 class Transfer:
     request_id: str
@@ -75,6 +79,9 @@ class _Request:
     namespace: str
     saved_upto: int = 0
     """Blocks before this index are held already (local cache, restored or saved)."""
+    first_load: int = -1
+    """The first block it restores (-1: none): from there on a failed load is computed
+    again, and must then be saved again."""
     loads: list[Transfer] = field(default_factory=list)
     restore: Restore | None = None
 
@@ -131,9 +138,10 @@ class SpillPlanner:
             Transfer(request_id, block_ids[i], block_key(req.namespace, block_hashes[i]))
             for i in range(start, end)
         ]
+        req.first_load = start
         req.saved_upto = end
 
-    def step(self, scheduled: Sequence[tuple[str, Sequence[bytes], Sequence[int], int]]) -> StepPlan:
+    def step(self, scheduled: Sequence[Scheduled]) -> StepPlan:
         """This step's loads (blocks allocated for restored tokens) and saves (blocks
         that this step fills, not held anywhere yet). ``scheduled``: per request, its
         id, block hashes, block ids and the tokens it will have computed after this
@@ -183,6 +191,10 @@ class SpillPlanner:
                 if req.restore is None:
                     req.restore = Restore()
                 req.restore.merge(restore)
+                if restore.failed and req.first_load >= 0:
+                    # the engine computes the blocks that failed: save them once it has
+                    # (those that did load are restorable and are skipped)
+                    req.saved_upto = min(req.saved_upto, req.first_load)
         return out
 
     def finished(self, request_id: str) -> Restore | None:

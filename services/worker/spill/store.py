@@ -57,7 +57,8 @@ def decode_block(key: str, data: bytes, expected_len: int = 0) -> bytes:
     if digest != key_digest(key):
         raise CorruptBlock(f"{key}: the file holds another block")
     if length != len(payload) or (expected_len and length != expected_len):
-        raise CorruptBlock(f"{key}: {len(payload)} payload bytes, expected {expected_len or length}")
+        want = expected_len or length
+        raise CorruptBlock(f"{key}: {len(payload)} payload bytes, expected {want}")
     if zlib.crc32(payload) != crc:
         raise CorruptBlock(f"{key}: checksum mismatch")
     return payload
@@ -234,13 +235,14 @@ class TieredStore:
         if key in self._host:
             self._host.access(key)
             return
-        for gone in self._host.admit(key, len(payload)):
-            if gone != key:
-                del self._host_data[gone]
+        evicted = self._host.admit(key, len(payload))
+        if evicted == [key]:  # larger than the whole tier
+            return
+        for gone in evicted:
+            del self._host_data[str(gone)]
             self._events.append(Event(str(gone), HOST, stored=False))
-        if key in self._host:
-            self._host_data[key] = payload
-            self._events.append(Event(key, HOST, stored=True))
+        self._host_data[key] = payload
+        self._events.append(Event(key, HOST, stored=True))
 
     def _count_restore(self, tier: str, size: int, start: float) -> None:
         s = self.stats[tier]

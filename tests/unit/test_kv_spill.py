@@ -1,0 +1,313 @@
+"""KV spill without an engine: LRU-K on access patterns with scans, the host and disk
+tiers with their faults (full, failing, damaged blocks, a restart), and the
+connector's scheduler-side planning of restores and saves."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from inferbus.services.worker.spill.plan import (
+    Restore,
+    SpillPlanner,
+    block_key,
+    hash_of,
+    namespace_of,
+)
+from inferbus.services.worker.spill.store import (
+    DISK,
+    HOST,
+    CorruptBlock,
+    StoreConfig,
+    TieredStore,
+    block_path,
+    decode_block,
+    encode_block,
+)
+from inferbus.shared.lruk import LruK
+
+# -- LRU-K -----------------------------------------------------------------------------
+
+
+def hit_rate(policy: LruK, trace: list[int]) -> float:
+    hits = 0
+    for key in trace:
+        if policy.access(key):
+            hits += 1
+        else:
+            policy.admit(key, 1)
+    return hits / len(trace)
+
+
+def test_lru_k_keeps_the_hot_set_through_a_scan():
+    cache = LruK(capacity_bytes=10, k=2)
+    for _ in range(3):  # ten hot keys, each used three times
+        for key in range(10):
+            if not cache.access(key):
+                cache.admit(key, 1)
+    for key in range(1000, 1100):  # a scan: a hundred keys read once
+        assert not cache.access(key)
+        cache.admit(key, 1)
+    # the scan churned through one slot; nine of ten hot keys are still there
+    assert sum(key in cache for key in range(10)) == 9
+    assert len(cache) == 10 and cache.used == 10
+
+
+def test_lru_k_beats_lru_on_a_loop_with_scans():
+    rng = random.Random(3)
+    trace: list[int] = []
+    for _ in range(200):
+        trace += rng.sample(range(50), 10)  # a hot set of 50
+        trace += [rng.randrange(10**6, 10**7) for _ in range(20)]  # one-time scans
+    lru_k = hit_rate(LruK(60, k=2), trace)
+    lru = hit_rate(LruK(60, k=1), trace)  # K=1 is plain LRU
+    assert lru_k > 2 * lru, (lru_k, lru)
+
+
+def test_lru_k_remembers_an_evicted_keys_history():
+    cache = LruK(capacity_bytes=2, k=2)
+    cache.admit("a", 1)
+    cache.access("a")  # a: two references
+    cache.admit("b", 1)
+    assert cache.admit("c", 1) == ["b"]  # b has one reference: it goes first
+    assert cache.admit("d", 1) == ["c"]
+    cache.access("b")  # a miss, but the history counts it
+    cache.admit("b", 1)  # b now has two references: d (one) goes
+    assert "d" not in cache and {"a", "b"} <= set(cache)
+
+
+def test_lru_k_sizes_and_oversized_items():
+    cache = LruK(capacity_bytes=100, k=2)
+    assert cache.admit("big", 101) == ["big"] and "big" not in cache
+    cache.admit("x", 60)
+    evicted = cache.admit("y", 60)
+    assert evicted == ["x"] and cache.used == 60
+    assert cache.remove("y") and cache.used == 0 and not cache.remove("y")
+    with pytest.raises(ValueError):
+        LruK(10, k=0)
+
+
+# -- the tiers ---------------------------------------------------------------------------
+
+
+def store(tmp_path: Path, host: int = 1000, disk: int = 10_000, **kw: object) -> TieredStore:
+    return TieredStore(
+        StoreConfig(host_bytes=host, disk_dir=str(tmp_path / "disk"), disk_bytes=disk, **kw)  # type: ignore[arg-type]
+    )
+
+
+def key(i: int) -> str:
+    return block_key("ns", i.to_bytes(32, "little"))  # its folder: the first byte
+
+
+def test_the_block_codec_refuses_damaged_and_misplaced_blocks():
+    data = encode_block(key(1), b"x" * 100)
+    assert decode_block(key(1), data, 100) == b"x" * 100
+    with pytest.raises(CorruptBlock, match="checksum"):
+        decode_block(key(1), data[:-1] + b"y")
+    with pytest.raises(CorruptBlock, match="another block"):
+        decode_block(key(2), data)
+    with pytest.raises(CorruptBlock, match="payload bytes"):
+        decode_block(key(1), data[:-10])
+    with pytest.raises(CorruptBlock, match="payload bytes"):
+        decode_block(key(1), data, expected_len=99)
+    with pytest.raises(CorruptBlock, match="shorter"):
+        decode_block(key(1), b"IBKV")
+
+
+def test_a_block_is_written_through_and_read_back_from_either_tier(tmp_path):
+    s = store(tmp_path, host=250)
+    for i in range(3):
+        s.put(key(i), bytes([i]) * 100)
+    s.flush()
+    # host memory holds two (250 bytes); disk all three
+    assert s.usage()[HOST][0] == 200 and s.usage()[DISK][0] == 300
+    assert s.get(key(2), 100) == (b"\x02" * 100, HOST)
+    assert s.get(key(0), 100) == (b"\x00" * 100, DISK)  # evicted from host, read from disk
+    assert s.get(key(0), 100) == (b"\x00" * 100, HOST)  # and promoted
+    assert s.get(key(9)) is None
+    events = {(e.key, e.tier, e.stored) for e in s.drain_events()}
+    assert (key(0), HOST, False) in events and (key(2), DISK, True) in events
+    assert s.stats[DISK].restores == 1 and s.stats[HOST].restores == 2
+    s.close()
+
+
+def test_a_restarted_worker_finds_its_disk_tier(tmp_path):
+    s = store(tmp_path)
+    s.put(key(1), b"a" * 100)
+    s.close()
+    again = store(tmp_path, host=0)
+    assert (key(1), DISK, True) in {(e.key, e.tier, e.stored) for e in again.drain_events()}
+    assert again.get(key(1), 100) == (b"a" * 100, DISK)
+    again.close()
+
+
+def test_a_damaged_block_on_disk_is_a_miss_and_is_deleted(tmp_path):
+    s = store(tmp_path, host=0)
+    s.put(key(1), b"a" * 100)
+    s.flush()
+    path = block_path(tmp_path / "disk", key(1))
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert s.get(key(1), 100) is None
+    assert not path.exists() and not s.holds(key(1))
+    assert s.stats[DISK].corrupt == 1
+    assert (key(1), DISK, False) in {(e.key, e.tier, e.stored) for e in s.drain_events()}
+    s.close()
+
+
+def test_the_disk_tier_evicts_within_its_bound(tmp_path):
+    s = store(tmp_path, host=0, disk=350)
+    for i in range(5):
+        s.put(key(i), b"z" * 100)
+        s.flush()
+    assert s.usage()[DISK][0] == 300
+    files = list((tmp_path / "disk").glob("*/*/*.kv"))
+    assert len(files) == 3
+    s.close()
+
+
+def test_a_failing_disk_degrades_to_host_memory_only(tmp_path):
+    now = [0.0]
+    s = TieredStore(
+        StoreConfig(
+            host_bytes=1000, disk_dir=str(tmp_path / "disk"), disk_bytes=10_000, failing_after=2
+        ),
+        clock=lambda: now[0],
+    )
+    s.put(key(0), b"a" * 100)
+    s.flush()
+    # every new write fails from here (a file where the folders go: fails as root too)
+    for i in range(1, 4):
+        (tmp_path / "disk" / "ns" / f"{i:02x}").write_text("not a folder")
+    for i in range(1, 4):
+        s.put(key(i), b"b" * 100)
+        s.flush()
+    assert s.disk_failing()
+    assert s.stats[DISK].errors == 2 and s.stats[DISK].dropped >= 2
+    # the disk's blocks stopped being restorable; host memory still serves
+    assert (key(0), DISK, False) in {(e.key, e.tier, e.stored) for e in s.drain_events()}
+    assert s.get(key(3), 100) == (b"b" * 100, HOST)
+    now[0] = 31.0  # after the retry period the disk is tried again
+    assert not s.disk_failing()
+    s.close()
+
+
+def test_a_full_write_queue_drops_saves_and_never_blocks(tmp_path):
+    s = store(tmp_path, write_queue=1)
+    s._disk.queue.put(("blocker", b""))  # type: ignore[union-attr]  # the writer is busy
+    for i in range(5):
+        s.put(key(i), b"q" * 10)
+    assert s.stats[DISK].dropped >= 3
+    assert all(s.get(key(i), 10) is not None for i in range(5))  # host memory has them
+    s.close()
+
+
+# -- the scheduler side's plan ----------------------------------------------------------
+
+
+def hashes(n: int, salt: int = 0) -> list[bytes]:
+    return [(salt * 1000 + i).to_bytes(32, "big") for i in range(n)]
+
+
+def test_the_planner_saves_each_block_once_it_is_full():
+    p = SpillPlanner(block_size=4)
+    h = hashes(3)
+    assert p.match("r", "ns", h, num_tokens=10, num_computed=0) == 0
+    # 6 of 10 prompt tokens this step: block 0 is full
+    plan = p.step([("r", h, [7, 8, 9], 6)])
+    assert [(s.block_id, s.key) for s in plan.saves] == [(7, block_key("ns", h[0]))]
+    plan = p.step([("r", h, [7, 8, 9], 10)])
+    assert [s.block_id for s in plan.saves] == [8]
+    # the block being saved is not planned twice by another request
+    p.match("r2", "ns", h, num_tokens=10, num_computed=0)
+    assert p.step([("r2", h, [1, 2, 3], 10)]).saves == []
+
+
+def test_the_planner_restores_whole_blocks_in_a_row_and_leaves_one_token():
+    p = SpillPlanner(block_size=4)
+    h = hashes(3)
+    p.reported([(block_key("ns", x), HOST, True) for x in h], {})
+    # 12 tokens: the last block must be computed (one token to sample from)
+    assert p.match("r", "ns", h, num_tokens=12, num_computed=0) == 8
+    assert p.match("r", "ns", h, num_tokens=13, num_computed=0) == 12
+    # the engine's own cache had the first block: only the rest is restored
+    assert p.match("r", "ns", h, num_tokens=13, num_computed=4) == 8
+    p.allocated("r", h, [5, 6, 7], external_tokens=8)
+    plan = p.step([("r", h, [5, 6, 7], 13)])
+    assert [(t.block_id, t.key) for t in plan.loads] == [
+        (6, block_key("ns", h[1])),
+        (7, block_key("ns", h[2])),
+    ]
+    assert plan.saves == []  # restored blocks are not saved again
+    # a gap stops the run; another namespace (other weights) matches nothing
+    p.reported([(block_key("ns", h[1]), HOST, False)], {})
+    assert p.match("x", "ns", h, num_tokens=13, num_computed=0) == 4
+    assert p.match("y", "other", h, num_tokens=13, num_computed=0) == 0
+
+
+def test_the_planner_tracks_tiers_and_reports_changes_once():
+    p = SpillPlanner(block_size=4)
+    k = block_key("ns", hashes(1)[0])
+    assert p.reported([(k, HOST, True), (k, DISK, True), (k, HOST, True)], {}) == [
+        (k, HOST, True),
+        (k, DISK, True),
+    ]
+    assert p.reported([(k, HOST, False)], {}) == [(k, HOST, False)]
+    assert p.restorable(k)  # still on disk
+    p.reported([(k, DISK, False)], {})
+    assert not p.restorable(k) and len(p) == 0
+    p.reported([(k, DISK, True)], {})
+    assert p.forget_all() == [(k, DISK, False)] and not p.restorable(k)
+
+
+def test_a_finished_request_says_what_it_restored():
+    p = SpillPlanner(block_size=4)
+    p.match("r", "ns", hashes(2), num_tokens=9, num_computed=0)
+    p.reported([], {"r": Restore(blocks=2, bytes=64, seconds=0.5, tiers={DISK: 2})})
+    p.reported([], {"r": Restore(failed=1)})
+    done = p.finished("r")
+    assert done is not None and done.as_dict() == {
+        "blocks": 2,
+        "bytes": 64,
+        "seconds": 0.5,
+        "tiers": {DISK: 2},
+        "failed": 1,
+    }
+    assert p.finished("r") is None
+
+
+def test_a_save_the_worker_never_confirmed_is_planned_again_later():
+    p = SpillPlanner(block_size=4, pending_steps=2)
+    h = hashes(1)
+    p.match("r", "ns", h, num_tokens=5, num_computed=0)
+    assert len(p.step([("r", h, [1], 4)]).saves) == 1
+    p.match("r2", "ns", h, num_tokens=5, num_computed=0)
+    assert p.step([("r2", h, [2], 4)]).saves == []  # pending
+    p.step([])
+    p.step([])
+    p.match("r3", "ns", h, num_tokens=5, num_computed=0)
+    assert len(p.step([("r3", h, [3], 4)]).saves) == 1  # dropped save: planned again
+
+
+def test_a_block_that_failed_to_load_is_saved_once_computed():
+    p = SpillPlanner(block_size=4)
+    h = hashes(3)
+    p.reported([(block_key("ns", x), DISK, True) for x in h], {})
+    assert p.match("r", "ns", h, num_tokens=13, num_computed=0) == 12
+    p.allocated("r", h, [1, 2, 3], external_tokens=12)
+    assert len(p.step([("r", h, [1, 2, 3], 13)]).loads) == 3
+    # block 1 was damaged: the worker dropped it and reports the failure
+    p.reported([(block_key("ns", h[1]), DISK, False)], {"r": Restore(blocks=2, failed=1)})
+    # the engine computes from block 1 on; once it has, block 1 is saved again
+    plan = p.step([("r", h, [1, 2, 3], 13)])
+    assert [(s.block_id, s.key) for s in plan.saves] == [(2, block_key("ns", h[1]))]
+
+
+def test_keys_name_weights_and_hash():
+    ns = namespace_of("model", "v2")
+    assert ns != namespace_of("model", "v3") and len(ns) == 16
+    assert hash_of(block_key(ns, b"\x01" * 32)) == b"\x01" * 32
