@@ -52,6 +52,9 @@ class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
     overlap_weight: float = 1.0
     """Worth of the request's share of cached prefix blocks, against ``load_weight``
     times the worker's share of busy slots."""
+    spill_weight: float = 0.5
+    """Worth of a prefix block a worker would restore from its KV spill tiers, against
+    one in its engine's cache (1): a restore is a copy, not a prefill."""
     load_weight: float = 1.0
     max_load_skew: float = 0.2
     """Never route above (1 + this) times the mean load plus one request, whatever the
@@ -105,7 +108,8 @@ class Assign(msgspec.Struct, kw_only=True, frozen=True):
     """How long it waited in this scheduler's queue (this attempt)."""
     prefix_blocks: int = 0
     cached_blocks: int = 0
-    """Of its prefix blocks, how many the chosen worker was known to hold."""
+    """Of its prefix blocks, how many the chosen worker was known to hold (in its
+    engine's cache or, to restore, in a KV spill tier)."""
     cached_tokens: int = 0
     """The prompt tokens those blocks stand for."""
 

@@ -7,6 +7,9 @@ is the number of its leading blocks the worker holds):
   it exactly when it carries its token ids (the sanitizer tokenizes with the served
   model's tokenizer): they are hashed as the engine hashes them, at the block size
   the workers' events report. A client may also send ``prefix_hashes`` itself.
+- spilled: blocks a worker can restore from its KV spill tiers (host memory, medium
+  ``CPU``; disk, ``STORAGE``) instead of computing them, from the same events. They
+  count for less than blocks in the engine's cache (a restore costs a copy).
 - approximate: the blocks of what the scheduler routed to each worker, in an LRU
   bounded like the worker's cache. Requests with neither are hashed from their
   text, which the engine's hashes cannot be matched with, so this view is what
@@ -72,9 +75,15 @@ class _Holders:
         return out
 
 
+SPILL_MEDIA = ("CPU", "STORAGE")
+"""KV event media of the spill tiers; any other (vLLM's ``GPU``, or none) is the
+engine's own cache."""
+
+
 class KvIndex:
     def __init__(self, approx_capacity_blocks: int = 4096) -> None:
         self.approx_capacity_blocks = approx_capacity_blocks
+        self._spilled = {m: _Holders() for m in SPILL_MEDIA}
         self._exact = _Holders()
         self._approx = _Holders()
         self._lru: dict[str, OrderedDict[int, None]] = {}
@@ -86,6 +95,15 @@ class KvIndex:
     def on_event(self, event: KvEvent) -> None:
         w = event.worker_id
         self._reporting.add(w)
+        spilled = self._spilled.get(getattr(event, "medium", None) or "")
+        if spilled is not None:
+            if isinstance(event, KvBlocksStored):
+                for h in event.block_hashes:
+                    spilled.add(w, h)
+            elif isinstance(event, KvBlocksRemoved):
+                for h in event.block_hashes:
+                    spilled.remove(w, h)
+            return
         if isinstance(event, KvBlocksStored):
             if event.block_size > self._block_size.get(w, 0):
                 self._block_size[w] = event.block_size
@@ -119,6 +137,8 @@ class KvIndex:
             self._approx.remove(worker_id, old)
 
     def drop_worker(self, worker_id: str) -> None:
+        for spilled in self._spilled.values():
+            spilled.forget(worker_id)
         self._exact.forget(worker_id)
         self._approx.forget(worker_id)
         self._lru.pop(worker_id, None)
@@ -135,6 +155,23 @@ class KvIndex:
         exact = self._exact.overlaps(block_hashes, workers)
         approx = self._approx.overlaps(block_hashes, workers)
         return {w: max(exact[w], approx[w]) for w in workers}
+
+    def restorable(self, block_hashes: list[int], cached: dict[str, int]) -> dict[str, int]:
+        """For each worker, how many blocks right after the ``cached`` ones (its
+        overlap) it can restore from a spill tier: the rest of its run of leading
+        blocks held in its cache or a tier."""
+        out = dict.fromkeys(cached, 0)
+        if not any(s.by_worker for s in self._spilled.values()):
+            return out
+        for w, start in cached.items():
+            held = [s.by_worker.get(w, set()) for s in self._spilled.values()]
+            n = 0
+            for h in block_hashes[start:]:
+                if not any(h in blocks for blocks in held):
+                    break
+                n += 1
+            out[w] = n
+        return out
 
     def workers(self) -> set[str]:
         return set(self._exact.by_worker) | set(self._approx.by_worker) | self._reporting

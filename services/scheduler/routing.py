@@ -80,16 +80,18 @@ class KvRouter:
         ceiling = (1 + p.max_load_skew) * mean + 1 / max(1, min(w.max_num_seqs for w in candidates))
         allowed = [w for w in free if load[w.worker_id] <= ceiling] or free
         overlap = self.kv.overlaps(blocks, [w.worker_id for w in allowed])
+        # blocks a worker restores from its spill tiers: cheaper than computing them,
+        # dearer than having them (the engine reports both as cached)
+        restore = self.kv.restorable(blocks, overlap)
         n = max(1, len(blocks))
 
         def cost(w: Worker) -> tuple[float, str]:
-            return (
-                p.load_weight * load[w.worker_id] - p.overlap_weight * overlap[w.worker_id] / n,
-                w.worker_id,
-            )
+            wid = w.worker_id
+            worth = overlap[wid] + p.spill_weight * restore[wid]
+            return p.load_weight * load[wid] - p.overlap_weight * worth / n, wid
 
         best = min(allowed, key=cost)
-        return best, overlap[best.worker_id]
+        return best, overlap[best.worker_id] + restore[best.worker_id]
 
 
 class DynamoRouter:

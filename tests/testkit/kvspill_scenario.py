@@ -91,5 +91,6 @@ async def main(model: str, disk: Path) -> None:
     damage(disk, forge=True)
     await life(model, disk, "from-forged-disk")
 
+
 if __name__ == "__main__":
     asyncio.run(main(sys.argv[1], Path(sys.argv[2])))

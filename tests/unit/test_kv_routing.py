@@ -86,6 +86,42 @@ def test_requests_go_where_their_prefix_is_cached_within_the_load_bound():
     assert status["prefix_blocks_routed"] == 16 and status["prefix_hit_rate"] == 9 / 16
 
 
+def test_spilled_blocks_are_restorable_and_never_taken_for_cached_ones():
+    idx = KvIndex()
+    idx.on_event(KvBlocksStored(worker_id="a", block_hashes=[1]))
+    idx.on_event(KvBlocksStored(worker_id="a", block_hashes=[1, 2], medium="CPU"))
+    idx.on_event(KvBlocksStored(worker_id="a", block_hashes=[3], medium="STORAGE"))
+    idx.on_event(KvBlocksStored(worker_id="b", block_hashes=[1, 2, 3], medium="STORAGE"))
+    cached = idx.overlaps([1, 2, 3, 4], ["a", "b"])
+    assert cached == {"a": 1, "b": 0}  # the engine's cache only
+    assert idx.restorable([1, 2, 3, 4], cached) == {"a": 2, "b": 3}
+    # a host-memory eviction is not an engine eviction, nor a disk one
+    idx.on_event(KvBlocksRemoved(worker_id="a", block_hashes=[1, 2], medium="CPU"))
+    assert idx.overlaps([1], ["a"]) == {"a": 1}
+    assert idx.restorable([1, 2, 3], {"a": 1}) == {"a": 0}  # block 2 is gone everywhere
+    # the engine clearing its cache leaves the tiers; a lost worker takes both
+    idx.on_event(KvAllCleared(worker_id="b"))
+    assert idx.restorable([1, 2, 3], {"b": 0}) == {"b": 3}
+    idx.drop_worker("b")
+    assert idx.restorable([1, 2, 3], {"b": 0}) == {"b": 0}
+
+
+def test_a_worker_that_can_restore_the_prefix_is_preferred_over_recomputing():
+    core = SchedulerCore(SchedulerPolicy(max_load_skew=1.0))
+    for w in ("a", "b", "c"):
+        core.on_heartbeat(hb(w, seqs=4), 0.0)
+    core.on_kv_event(KvBlocksStored(worker_id="b", block_hashes=[1, 2, 3], medium="STORAGE"))
+    core.on_kv_event(KvBlocksStored(worker_id="c", block_hashes=[1, 2], medium="CPU"))
+    core.on_kv_event(KvBlocksStored(worker_id="c", block_hashes=[1, 2]))
+    [first] = core.on_accepted(req("r1", [1, 2, 3, 4]), 0.0)
+    # c has two blocks in its engine's cache (2 x 1), b three on disk (3 x 0.5)
+    assert isinstance(first, Assign) and first.worker_id == "c"
+    core.on_kv_event(KvBlocksStored(worker_id="b", block_hashes=[4, 5, 6, 7], medium="CPU"))
+    [second] = core.on_accepted(req("r2", [1, 2, 3, 4, 5, 6, 7]), 0.0)
+    assert second.worker_id == "b"  # seven restorable (3.5) beat two cached (2)
+    assert second.cached_blocks == 7  # the engine reports restored tokens as cached
+
+
 def test_the_load_bound_wins_over_the_cache():
     core = SchedulerCore(SchedulerPolicy(max_load_skew=0.0, overlap_weight=100.0))
     for w in ("a", "b", "c"):
