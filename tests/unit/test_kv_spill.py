@@ -26,7 +26,7 @@ from inferbus.services.worker.spill.store import (
     decode_block,
     encode_block,
 )
-from inferbus.shared.lruk import LruK
+from inferbus.shared.lruk import AdaptiveLruK, LruK
 
 # -- LRU-K -----------------------------------------------------------------------------
 
@@ -76,6 +76,53 @@ def test_lru_k_remembers_an_evicted_keys_history():
     cache.access("b")  # a miss, but the history counts it
     cache.admit("b", 1)  # b now has two references: d (one) goes
     assert "d" not in cache and {"a", "b"} <= set(cache)
+
+
+def conversations(rng: random.Random, turns: int = 400) -> list[int]:
+    """Each turn re-reads its conversation's blocks and adds two: most blocks are read
+    again soon, once or twice (recency wins: LRU-K evicts the fresh blocks first)."""
+    live: list[list[int]] = []
+    trace: list[int] = []
+    fresh = iter(range(10**6, 10**9))
+    for _ in range(turns):
+        if not live or rng.random() < 0.3:
+            live.append([])
+            live = live[-8:]
+        chat = rng.choice(live)
+        chat += [next(fresh), next(fresh)]
+        trace += chat
+    return trace
+
+
+def test_the_adaptive_policy_follows_the_better_expert():
+    rng = random.Random(5)
+    chats = conversations(rng)
+    lru, lru_k = hit_rate(LruK(40, k=1), chats), hit_rate(LruK(40, k=2), chats)
+    adaptive = AdaptiveLruK(40, k=2)
+    assert lru > lru_k and hit_rate(adaptive, chats) >= 0.97 * lru
+    assert adaptive.leader() == "lru"
+    scans: list[int] = []
+    for _ in range(200):
+        scans += rng.sample(range(50), 10)
+        scans += [rng.randrange(10**6, 10**7) for _ in range(20)]
+    adaptive = AdaptiveLruK(60, k=2)
+    assert hit_rate(adaptive, scans) >= 0.97 * hit_rate(LruK(60, k=2), scans)
+    assert adaptive.leader() == "lru-k"
+
+
+def test_the_adaptive_policy_keeps_its_bound_and_api():
+    cache = AdaptiveLruK(capacity_bytes=100, k=2)
+    assert cache.admit("big", 101) == ["big"]
+    for i in range(10):
+        cache.admit(i, 30)
+        assert cache.used <= 100
+    assert len(cache) == 3 and set(cache) == {7, 8, 9}
+    assert len(cache.victims(40)) == 1 and cache.used == 60
+    gone = next(iter(cache))
+    assert cache.remove(gone) and gone not in cache and not cache.remove(gone)
+    left = set(cache)
+    assert left and set(cache.clear()) == left
+    assert len(cache) == 0 and cache.used == 0
 
 
 def test_lru_k_sizes_and_oversized_items():

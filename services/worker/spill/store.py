@@ -1,5 +1,6 @@
 """The worker's spill tiers: host memory and a local disk directory, each bounded in
-bytes with LRU-K eviction, plus the block codec that makes a damaged block a miss.
+bytes with adaptive LRU-K eviction (shared/lruk.py), plus the block codec that makes
+a damaged block a miss.
 
 Blocks are written through: a saved block goes to host memory at once and to disk
 in a background thread, so a full or failing disk only loses the disk copy. A read
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inferbus.shared.lruk import LruK
+from inferbus.shared.lruk import AdaptiveLruK
 
 HOST, DISK = "host", "disk"
 TIERS = (HOST, DISK)
@@ -121,7 +122,7 @@ class StoreConfig:
 @dataclass
 class _Disk:
     root: Path
-    lru: LruK
+    lru: AdaptiveLruK
     errors_in_row: int = 0
     failing_until: float = 0.0
     queue: queue.Queue[tuple[str, bytes] | None] = field(default_factory=queue.Queue)
@@ -132,14 +133,14 @@ class TieredStore:
         self.config = config
         self._clock = clock
         self._lock = threading.Lock()
-        self._host = LruK(config.host_bytes, k=config.k)
+        self._host = AdaptiveLruK(config.host_bytes, k=config.k)
         self._host_data: dict[str, bytes] = {}
         self._events: list[Event] = []
         self.stats = {t: TierStats() for t in TIERS}
         self._disk: _Disk | None = None
         self._writer: threading.Thread | None = None
         if config.disk_dir and config.disk_bytes > 0:
-            self._disk = _Disk(Path(config.disk_dir), LruK(config.disk_bytes, k=config.k))
+            self._disk = _Disk(Path(config.disk_dir), AdaptiveLruK(config.disk_bytes, k=config.k))
             self._disk.queue = queue.Queue(maxsize=config.write_queue)
             self._open_disk()
 
