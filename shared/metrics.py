@@ -239,11 +239,11 @@ KV_SPILL_RESTORE_SECONDS = Counter(
 )
 KV_SPILL_FAULTS = Counter(
     "inferbus_kv_spill_faults_total",
-    "KV spill faults, each served by computing instead: disk_error (a read or write "
-    "failed), corrupt (a block failed its checksum), dropped (a save not made: the disk "
-    "queue was full or the disk failing), load_failed (a block planned for restore would not "
-    "load: that many blocks were computed)",
-    ["worker", "kind"],
+    "KV spill faults, each served by computing instead: error (a read or write failed), "
+    "corrupt (a block failed its checksum), dropped (a save not made: the write queue "
+    "was full or the tier set aside), load_failed (tier any: a block planned for restore "
+    "would not load, and was computed)",
+    ["worker", "tier", "kind"],
 )
 KV_SPILL_USED = Gauge(
     "inferbus_kv_spill_used_bytes", "Bytes a spill tier holds", ["worker", "tier"]
@@ -251,10 +251,11 @@ KV_SPILL_USED = Gauge(
 KV_SPILL_CAPACITY = Gauge(
     "inferbus_kv_spill_capacity_bytes", "A spill tier's bound in bytes", ["worker", "tier"]
 )
-KV_SPILL_DISK_FAILING = Gauge(
-    "inferbus_kv_spill_disk_failing",
-    "1 while the worker's disk tier is set aside after repeated errors (retried later)",
-    ["worker"],
+KV_SPILL_FAILING = Gauge(
+    "inferbus_kv_spill_tier_failing",
+    "1 while a worker's disk or shared tier is set aside after repeated errors (retried "
+    "after 30 s)",
+    ["worker", "tier"],
 )
 HEARTBEAT_AGE = Gauge(
     "inferbus_worker_heartbeat_age_seconds",

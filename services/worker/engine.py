@@ -173,6 +173,10 @@ class EngineOptions(msgspec.Struct, kw_only=True, frozen=True):
     no folder: no disk tier)."""
     kv_spill_disk_mb: int = 8192
     """Disk tier bound, MiB (0: no disk tier)."""
+    kv_spill_shared_dir: str = ""
+    """The shared tier: a folder every worker of the model reads and writes (one host's,
+    or a network volume), bounded and evicted by the kvspill service. ``inferbus up``
+    sets it; empty: none."""
 
     @property
     def served_name(self) -> str:

@@ -183,26 +183,23 @@ _SPILL_COUNTERS = {
     "restore_bytes": metrics.KV_SPILL_RESTORED_BYTES,
     "restore_s": metrics.KV_SPILL_RESTORE_SECONDS,
 }
-_SPILL_FAULTS = {
-    "disk_errors": "disk_error",
-    "disk_corrupt": "corrupt",
-    "disk_dropped": "dropped",
-    "load_failures": "load_failed",
-}
+_SPILL_FAULTS = {"errors": "error", "corrupt": "corrupt", "dropped": "dropped"}
 
 
 def report_spill(worker_id: str, data: dict[str, Any]) -> None:
     """The KV spill connector's stats for one interval: counter increments per tier,
-    each tier's usage now, and whether the disk is set aside."""
+    each tier's usage now, and whether a tier is set aside."""
     for name, value in data.items():
         tier, _, what = name.partition("_")
         if what in _SPILL_COUNTERS and value > 0:
             _SPILL_COUNTERS[what].labels(worker_id, tier).inc(value)
-        elif name in _SPILL_FAULTS and value > 0:
-            metrics.KV_SPILL_FAULTS.labels(worker_id, _SPILL_FAULTS[name]).inc(value)
+        elif what in _SPILL_FAULTS and value > 0:
+            metrics.KV_SPILL_FAULTS.labels(worker_id, tier, _SPILL_FAULTS[what]).inc(value)
+        elif name == "load_failures" and value > 0:
+            metrics.KV_SPILL_FAULTS.labels(worker_id, "any", "load_failed").inc(value)
         elif what == "used":
             metrics.KV_SPILL_USED.labels(worker_id, tier).set(value)
         elif what == "capacity":
             metrics.KV_SPILL_CAPACITY.labels(worker_id, tier).set(value)
-        elif name == "disk_failing":
-            metrics.KV_SPILL_DISK_FAILING.labels(worker_id).set(value)
+        elif what == "failing":
+            metrics.KV_SPILL_FAILING.labels(worker_id, tier).set(value)

@@ -336,6 +336,7 @@ class VllmEngine:
                 host_bytes=o.kv_spill_host_mb << 20,
                 disk_dir=o.kv_spill_disk_dir if o.kv_spill_disk_mb > 0 else "",
                 disk_bytes=o.kv_spill_disk_mb << 20,
+                shared_dir=o.kv_spill_shared_dir,
             ),
         )
 

@@ -4,6 +4,7 @@ connector's scheduler-side planning of restores and saves."""
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from inferbus.services.worker.spill.plan import (
 from inferbus.services.worker.spill.store import (
     DISK,
     HOST,
+    SHARED,
     CorruptBlock,
     StoreConfig,
     TieredStore,
@@ -245,11 +247,55 @@ def test_a_failing_disk_degrades_to_host_memory_only(tmp_path):
 
 def test_a_full_write_queue_drops_saves_and_never_blocks(tmp_path):
     s = store(tmp_path, write_queue=1)
-    s._disk.queue.put(("blocker", b""))  # type: ignore[union-attr]  # the writer is busy
+    s._queue.put(("blocker", b""))  # the writer is busy
     for i in range(5):
         s.put(key(i), b"q" * 10)
     assert s.stats[DISK].dropped >= 3
     assert all(s.get(key(i), 10) is not None for i in range(5))  # host memory has them
+    s.close()
+
+
+def test_another_worker_restores_from_the_shared_tier(tmp_path):
+    shared = tmp_path / "shared"
+    a = TieredStore(
+        StoreConfig(host_bytes=1000, disk_dir=str(tmp_path / "a"), shared_dir=str(shared))
+    )
+    b = TieredStore(
+        StoreConfig(host_bytes=1000, disk_dir=str(tmp_path / "b"), shared_dir=str(shared))
+    )
+    a.put(key(1), b"s" * 100)
+    a.flush()
+    assert b.shared_holds(key(1)) and not b.holds(key(1))
+    path = block_path(shared, key(1))
+    os.utime(path, (0, path.stat().st_mtime))
+    assert b.get(key(1), 100) == (b"s" * 100, SHARED)
+    assert path.stat().st_atime > 0  # marked: a reference, for the kvspill service
+    assert b.get(key(1), 100) == (b"s" * 100, HOST)  # promoted to b's host memory
+    assert b.stats[SHARED].restores == 1 and a.stats[SHARED].saves == 1
+    # a damaged shared block is a miss, and is deleted for all
+    a.put(key(2), b"t" * 100)
+    a.flush()
+    block_path(shared, key(2)).write_bytes(b"IBKV garbage")
+    assert b.get(key(2), 100) is None and not block_path(shared, key(2)).exists()
+    assert b.stats[SHARED].corrupt == 1
+    # the owner evicted one: a plain miss, no fault
+    a.put(key(3), b"u" * 100)
+    a.flush()
+    block_path(shared, key(3)).unlink()
+    assert b.get(key(3), 100) is None and b.stats[SHARED].errors == 0
+    a.close()
+    b.close()
+
+
+def test_an_unwritable_shared_tier_drops_saves_and_serves_on(tmp_path):
+    (tmp_path / "shared").write_text("a file where the folder goes")
+    s = TieredStore(StoreConfig(host_bytes=1000, shared_dir=str(tmp_path / "shared")))
+    for i in range(4):
+        s.put(key(i), b"v" * 10)
+    s.flush()
+    assert s.stats[SHARED].dropped == 4 and s.stats[SHARED].errors == 3
+    assert s.disk_failing(SHARED)
+    assert s.get(key(0), 10) == (b"v" * 10, HOST)
     s.close()
 
 
@@ -352,6 +398,15 @@ def test_a_block_that_failed_to_load_is_saved_once_computed():
     # the engine computes from block 1 on; once it has, block 1 is saved again
     plan = p.step([("r", h, [1, 2, 3], 13)])
     assert [(s.block_id, s.key) for s in plan.saves] == [(2, block_key("ns", h[1]))]
+
+
+def test_the_planner_restores_from_the_shared_tier_it_can_see(tmp_path):
+    h = hashes(2)
+    on_shared = {block_key("ns", h[0]), block_key("ns", h[1])}
+    p = SpillPlanner(block_size=4, shared=on_shared.__contains__)
+    assert p.match("r", "ns", h, num_tokens=9, num_computed=0) == 8
+    on_shared.discard(block_key("ns", h[1]))  # the kvspill service evicted it
+    assert p.match("r", "ns", h, num_tokens=9, num_computed=0) == 4
 
 
 def test_keys_name_weights_and_hash():

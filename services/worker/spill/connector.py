@@ -40,7 +40,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 
 from .names import NAMESPACE_PARAM, RESTORE_PARAM
 from .plan import Restore, SpillPlanner, StepPlan, Transfer, hash_of, namespace_of
-from .store import DISK, HOST, StoreConfig, TieredStore, stored_on_disk
+from .store import (
+    DISK,
+    HOST,
+    SHARED,
+    StoreConfig,
+    TieredStore,
+    block_path,
+    stored_on_disk,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -52,6 +60,7 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 MEDIUM = {HOST: "CPU", DISK: "STORAGE"}
+"""KV event media of the worker's own tiers (the shared tier is any worker's)."""
 
 
 @dataclass
@@ -109,7 +118,14 @@ class InferbusSpillConnector(KVConnectorBase_V1):
             map(str, (cache.cache_dtype, vllm_config.model_config.dtype, self._block_size))
         )
         self._namespaces: dict[str, str] = {}
-        self._planner = SpillPlanner(self._block_size)
+        shared_dir = str(extra.get("shared_dir", ""))
+        shared_root = Path(shared_dir) if shared_dir else None
+        self._planner = SpillPlanner(
+            self._block_size,
+            shared=None
+            if shared_root is None
+            else lambda key: block_path(shared_root, key).exists(),
+        )
         self._requests: dict[str, Request] = {}
         self._events: list[KVCacheEvent] = []
         self._store: TieredStore | None = None
@@ -137,6 +153,7 @@ class InferbusSpillConnector(KVConnectorBase_V1):
                 StoreConfig(
                     host_bytes=int(extra.get("host_bytes", 1 << 30)),
                     disk_dir=disk_dir,
+                    shared_dir=shared_dir,
                     disk_bytes=int(extra.get("disk_bytes", 0)),
                 )
             )
@@ -319,19 +336,21 @@ class InferbusSpillConnector(KVConnectorBase_V1):
         for tier, s in self._store.stats.items():
             for name in ("saves", "save_bytes", "restores", "restore_bytes", "restore_s", "misses"):
                 now[f"{tier}_{name}"] = getattr(s, name)
-        disk = self._store.stats[DISK]
-        now |= {
-            "disk_errors": disk.errors,
-            "disk_corrupt": disk.corrupt,
-            "disk_dropped": disk.dropped,
-            "load_failures": self._load_failures,
-        }
+        for tier in (DISK, SHARED):
+            t = self._store.stats[tier]
+            now |= {
+                f"{tier}_errors": t.errors,
+                f"{tier}_corrupt": t.corrupt,
+                f"{tier}_dropped": t.dropped,
+            }
+        now["load_failures"] = self._load_failures
         data = {k: v - self._last.get(k, 0) for k, v in now.items() if v != self._last.get(k, 0)}
         self._last = now
         for tier, (used, capacity) in self._store.usage().items():
             data[f"{tier}_used"] = used
             data[f"{tier}_capacity"] = capacity
-        data["disk_failing"] = int(self._store.disk_failing())
+        data["disk_failing"] = int(self._store.disk_failing(DISK))
+        data["shared_failing"] = int(self._store.disk_failing(SHARED))
         return SpillStats(data=data)
 
     def shutdown(self) -> None:

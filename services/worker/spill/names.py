@@ -13,6 +13,13 @@ RESTORE_PARAM = "inferbus_kv_restore"
 """The key of a finished request's ``kv_transfer_params`` that says what it restored."""
 
 
-def extra_config(host_bytes: int, disk_dir: str, disk_bytes: int) -> dict[str, Any]:
+def extra_config(
+    host_bytes: int, disk_dir: str, disk_bytes: int, shared_dir: str = ""
+) -> dict[str, Any]:
     """The connector's ``kv_connector_extra_config``."""
-    return {"host_bytes": host_bytes, "disk_dir": disk_dir, "disk_bytes": disk_bytes}
+    return {
+        "host_bytes": host_bytes,
+        "disk_dir": disk_dir,
+        "disk_bytes": disk_bytes,
+        "shared_dir": shared_dir,
+    }

@@ -13,7 +13,7 @@ block saved under other weights is never loaded.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -87,8 +87,15 @@ class _Request:
 
 
 class SpillPlanner:
-    def __init__(self, block_size: int, pending_steps: int = 64) -> None:
+    def __init__(
+        self,
+        block_size: int,
+        pending_steps: int = 64,
+        shared: Callable[[str], bool] | None = None,
+    ) -> None:
         self.block_size = block_size
+        self._shared = shared
+        """Whether the shared tier holds a key (its owner evicts without telling)."""
         self._tiers: dict[str, set[str]] = {}
         """Key → the tiers that hold it (restorable while not empty)."""
         self._requests: dict[str, _Request] = {}
@@ -98,7 +105,7 @@ class SpillPlanner:
         self._step = 0
 
     def restorable(self, key: str) -> bool:
-        return bool(self._tiers.get(key))
+        return bool(self._tiers.get(key)) or (self._shared is not None and self._shared(key))
 
     def __len__(self) -> int:
         return sum(1 for tiers in self._tiers.values() if tiers)

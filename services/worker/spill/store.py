@@ -2,10 +2,16 @@
 bytes with adaptive LRU-K eviction (shared/lruk.py), plus the block codec that makes
 a damaged block a miss.
 
-Blocks are written through: a saved block goes to host memory at once and to disk
-in a background thread, so a full or failing disk only loses the disk copy. A read
-tries host memory, then disk (promoting the block back to host memory); a block
-whose checksum or length is wrong is deleted and reported as a miss.
+Blocks are written through: a saved block goes to host memory at once, and to disk
+and the shared tier in a background thread, so a full or failing disk only loses
+the disk copy. A read tries host memory, then disk, then the shared tier (promoting
+the block back to host memory); a block whose checksum or length is wrong is deleted
+and reported as a miss.
+
+The shared tier is a folder every worker of the model can read (one host's folder,
+or a network volume), in the same block format. The kvspill service owns it: it
+bounds it and evicts from it. A worker only writes blocks there, and marks the ones
+it restores (their access time), which is what the service's eviction counts.
 
 Every change of what a tier holds is recorded as an event (key, tier, stored or
 removed) for the connector to report to vLLM's scheduler side and to the platform.
@@ -21,13 +27,13 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from inferbus.shared.lruk import AdaptiveLruK
 
-HOST, DISK = "host", "disk"
-TIERS = (HOST, DISK)
+HOST, DISK, SHARED = "host", "disk", "shared"
+TIERS = (HOST, DISK, SHARED)
 
 _MAGIC = b"IBKV"
 _HEADER = struct.Struct("<4sBxxxIQ32s")
@@ -117,15 +123,22 @@ class StoreConfig:
     """Consecutive disk errors that mark the disk failing ..."""
     retry_after_s: float = 30.0
     """... for this long: no disk reads or writes meanwhile."""
+    shared_dir: str = ""
+    """The shared tier's folder (empty: none)."""
+
+
+@dataclass
+class _Faults:
+    """A tier that errs repeatedly is set aside for a while."""
+
+    errors_in_row: int = 0
+    failing_until: float = 0.0
 
 
 @dataclass
 class _Disk:
     root: Path
     lru: AdaptiveLruK
-    errors_in_row: int = 0
-    failing_until: float = 0.0
-    queue: queue.Queue[tuple[str, bytes] | None] = field(default_factory=queue.Queue)
 
 
 class TieredStore:
@@ -137,12 +150,19 @@ class TieredStore:
         self._host_data: dict[str, bytes] = {}
         self._events: list[Event] = []
         self.stats = {t: TierStats() for t in TIERS}
+        self._faults = {DISK: _Faults(), SHARED: _Faults()}
         self._disk: _Disk | None = None
+        self._shared = Path(config.shared_dir) if config.shared_dir else None
+        self._queue: queue.Queue[tuple[str, bytes] | None] = queue.Queue(config.write_queue)
         self._writer: threading.Thread | None = None
         if config.disk_dir and config.disk_bytes > 0:
             self._disk = _Disk(Path(config.disk_dir), AdaptiveLruK(config.disk_bytes, k=config.k))
-            self._disk.queue = queue.Queue(maxsize=config.write_queue)
             self._open_disk()
+        if self._disk is not None or self._shared is not None:
+            self._writer = threading.Thread(
+                target=self._write_loop, name="kv-spill-writer", daemon=True
+            )
+            self._writer.start()
 
     # -- reads and writes (the engine's thread) ---------------------------------------
 
@@ -151,17 +171,17 @@ class TieredStore:
             self._put_host(key, payload)
             self.stats[HOST].saves += 1
             self.stats[HOST].save_bytes += len(payload)
+            if self._writer is None:
+                return
             disk = self._disk
-            if disk is None or key in disk.lru:
-                return
-            if self._disk_failing():
+            if disk is not None and key not in disk.lru and self._failing(DISK):
                 self.stats[DISK].dropped += 1
-                return
         try:
-            disk.queue.put_nowait((key, payload))
+            self._queue.put_nowait((key, payload))
         except queue.Full:
             with self._lock:
-                self.stats[DISK].dropped += 1
+                for tier in (DISK, SHARED):
+                    self.stats[tier].dropped += 1
 
     def get(self, key: str, expected_len: int = 0) -> tuple[bytes, str] | None:
         """The block's payload and the tier it came from, or None (a miss: absent,
@@ -173,27 +193,60 @@ class TieredStore:
                 self._count_restore(HOST, len(payload), start)
                 return payload, HOST
             disk = self._disk
-            if disk is None or key not in disk.lru or self._disk_failing():
-                self.stats[HOST].misses += 1
-                return None
-            disk.lru.access(key)
+            on_disk = disk is not None and key in disk.lru and not self._failing(DISK)
+            if on_disk:
+                assert disk is not None
+                disk.lru.access(key)
+        if on_disk:
+            payload_or_none = self._read(DISK, key, expected_len, start)
+            if payload_or_none is not None:
+                return payload_or_none, DISK
+        if self._shared is not None and not self.disk_failing(SHARED):
+            payload_or_none = self._read(SHARED, key, expected_len, start)
+            if payload_or_none is not None:
+                return payload_or_none, SHARED
+        with self._lock:
+            self.stats[HOST].misses += 1
+        return None
+
+    def _read(self, tier: str, key: str, expected_len: int, start: float) -> bytes | None:
+        path = self._path(key) if tier == DISK else block_path(self._shared_root, key)
         try:
-            payload = decode_block(key, self._path(key).read_bytes(), expected_len)
+            payload = decode_block(key, path.read_bytes(), expected_len)
+            if tier == SHARED:  # a reference, for the kvspill service's eviction
+                os.utime(path, (time.time(), path.stat().st_mtime))
+        except FileNotFoundError:
+            if tier == DISK:
+                with self._lock:
+                    self._drop_disk(key, unlink=False)
+            return None  # the shared tier's owner evicted it: a plain miss
         except CorruptBlock:
             with self._lock:
-                self.stats[DISK].corrupt += 1
-                self._drop_disk(key, unlink=True)
+                self.stats[tier].corrupt += 1
+                if tier == DISK:
+                    self._drop_disk(key, unlink=True)
+            if tier == SHARED:
+                self._unlink_path(path)
             return None
         except OSError:
             with self._lock:
-                self._disk_error()
-                self._drop_disk(key, unlink=False)
+                self._tier_error(tier)
+                if tier == DISK:
+                    self._drop_disk(key, unlink=False)
             return None
         with self._lock:
-            self._disk_ok()
-            self._count_restore(DISK, len(payload), start)
+            self._faults[tier].errors_in_row = 0
+            self._count_restore(tier, len(payload), start)
             self._put_host(key, payload)
-        return payload, DISK
+        return payload
+
+    @property
+    def _shared_root(self) -> Path:
+        assert self._shared is not None
+        return self._shared
+
+    def shared_holds(self, key: str) -> bool:
+        return self._shared is not None and block_path(self._shared, key).exists()
 
     def holds(self, key: str) -> bool:
         with self._lock:
@@ -212,22 +265,20 @@ class TieredStore:
                 out[DISK] = (self._disk.lru.used, self._disk.lru.capacity)
             return out
 
-    def disk_failing(self) -> bool:
+    def disk_failing(self, tier: str = DISK) -> bool:
         with self._lock:
-            return self._disk_failing()
+            return self._failing(tier)
 
     def flush(self, timeout_s: float = 10.0) -> None:
-        """Wait until queued disk writes are done (tests, shutdown)."""
-        if self._disk is None:
-            return
+        """Wait until queued writes are done (tests, shutdown)."""
         deadline = time.monotonic() + timeout_s
-        while self._disk.queue.unfinished_tasks and time.monotonic() < deadline:
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.005)
 
     def close(self) -> None:
-        if self._disk is not None and self._writer is not None:
+        if self._writer is not None:
             self.flush()
-            self._disk.queue.put(None)
+            self._queue.put(None)
             self._writer.join(timeout=5)
 
     # -- internals ---------------------------------------------------------------------
@@ -265,32 +316,56 @@ class TieredStore:
             found = stored_on_disk(disk.root)
         except OSError:
             found = []
-            self._disk_error()
+            self._tier_error(DISK)
         for key, size in found:
             for gone in disk.lru.admit(key, size):
                 self._unlink(str(gone))
             if key in disk.lru:
                 self._events.append(Event(key, DISK, stored=True))
-        self._writer = threading.Thread(target=self._write_loop, name="kv-spill-disk", daemon=True)
-        self._writer.start()
 
     def _write_loop(self) -> None:
-        disk = self._disk
-        assert disk is not None
         while True:
-            item = disk.queue.get()
+            item = self._queue.get()
             try:
                 if item is None:
                     return
-                self._write(*item)
+                if self._disk is not None:
+                    self._write(*item)
+                if self._shared is not None:
+                    self._write_shared(*item)
             finally:
-                disk.queue.task_done()
+                self._queue.task_done()
+
+    def _write_shared(self, key: str, payload: bytes) -> None:
+        path = block_path(self._shared_root, key)
+        with self._lock:
+            if self._failing(SHARED):
+                self.stats[SHARED].dropped += 1
+                return
+        if path.exists():  # another worker saved it first
+            return
+        # a name of this process's own: workers write side by side
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(encode_block(key, payload))
+            os.replace(tmp, path)
+        except OSError:
+            self._unlink_path(tmp)
+            with self._lock:
+                self._tier_error(SHARED)
+                self.stats[SHARED].dropped += 1
+            return
+        with self._lock:
+            self._faults[SHARED].errors_in_row = 0
+            self.stats[SHARED].saves += 1
+            self.stats[SHARED].save_bytes += len(payload)
 
     def _write(self, key: str, payload: bytes) -> None:
         disk = self._disk
         assert disk is not None
         with self._lock:
-            if key in disk.lru or self._disk_failing():
+            if key in disk.lru or self._failing(DISK):
                 return
             evicted = disk.lru.victims(len(payload)) if len(payload) <= disk.lru.capacity else []
             for gone in evicted:
@@ -304,16 +379,13 @@ class TieredStore:
             tmp.write_bytes(encode_block(key, payload))
             os.replace(tmp, path)
         except OSError:
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
+            self._unlink_path(tmp)
             with self._lock:
-                self._disk_error()
+                self._tier_error(DISK)
                 self.stats[DISK].dropped += 1
             return
         with self._lock:
-            self._disk_ok()
+            self._faults[DISK].errors_in_row = 0
             evicted = disk.lru.admit(key, len(payload))
             if evicted == [key]:  # larger than the whole tier
                 evicted = []
@@ -335,26 +407,27 @@ class TieredStore:
             self._unlink(key)
 
     def _unlink(self, key: str) -> None:
+        self._unlink_path(self._path(key))
+
+    @staticmethod
+    def _unlink_path(path: Path) -> None:
         try:
-            self._path(key).unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
         except OSError:
             pass
 
-    def _disk_failing(self) -> bool:
-        return self._disk is not None and self._clock() < self._disk.failing_until
+    def _failing(self, tier: str) -> bool:
+        return self._clock() < self._faults[tier].failing_until
 
-    def _disk_error(self) -> None:
-        disk = self._disk
-        assert disk is not None
-        self.stats[DISK].errors += 1
-        disk.errors_in_row += 1
-        if disk.errors_in_row >= self.config.failing_after:
+    def _tier_error(self, tier: str) -> None:
+        faults = self._faults[tier]
+        self.stats[tier].errors += 1
+        faults.errors_in_row += 1
+        if faults.errors_in_row < self.config.failing_after:
+            return
+        faults.failing_until = self._clock() + self.config.retry_after_s
+        faults.errors_in_row = 0
+        if tier == DISK and self._disk is not None:
             # what the disk holds cannot be trusted to load: it stops being restorable
             # (its files stay; a restart indexes them again)
-            disk.failing_until = self._clock() + self.config.retry_after_s
-            disk.errors_in_row = 0
-            self._events.extend(Event(str(k), DISK, stored=False) for k in disk.lru.clear())
-
-    def _disk_ok(self) -> None:
-        assert self._disk is not None
-        self._disk.errors_in_row = 0
+            self._events.extend(Event(str(k), DISK, stored=False) for k in self._disk.lru.clear())
