@@ -38,6 +38,7 @@ __all__ = [
     "KvBlocksStored",
     "KvBlocksRemoved",
     "KvAllCleared",
+    "KvSpillNamespace",
     "KvEvent",
     "ModelLoad",
     "InputFinding",
@@ -370,6 +371,8 @@ class KvBlocksStored(Event, tag="kv.stored"):
     block_size: int = 0
     lora_name: str | None = None
     medium: str | None = None
+    """Where: the engine's cache (``GPU``, or none), or the worker's KV spill tiers
+    (``CPU``: host memory, ``STORAGE``: its disk), from which it restores blocks."""
 
 
 class KvBlocksRemoved(Event, tag="kv.removed"):
@@ -380,6 +383,16 @@ class KvBlocksRemoved(Event, tag="kv.removed"):
 
 class KvAllCleared(Event, tag="kv.cleared"):
     worker_id: str
+
+
+class KvSpillNamespace(msgspec.Struct, kw_only=True):
+    """What the shared KV spill tier holds of one model's weights (at one KV dtype and
+    block size): the kvspill service's entry ``ns.<namespace>`` in KV_SPILL_INDEX."""
+
+    namespace: str
+    blocks: int = 0
+    bytes: int = 0
+    updated_at: float = 0.0
 
 
 class DecidedRequest(msgspec.Struct, kw_only=True):

@@ -44,6 +44,7 @@ __all__ = [
     "scale_subject",
     "SCALE_DECISIONS",
     "SCALING_STATUS",
+    "KV_SPILL_INDEX",
     "MODEL_REGISTRY",
     "MODEL_ARTIFACTS",
     "delivery_command_subject",
@@ -117,6 +118,11 @@ SCALE_DECISIONS = "ib.scale.decided.*"
 """ScaleDecision: the autoscaler's decisions, per model (JetStream IB_SCALE)."""
 SCALING_STATUS = "ib.scaling.status"
 """ScalingStatus: the models the autoscaler sizes and their targets (core NATS)."""
+
+# the shared KV spill tier (services/kvspill)
+KV_SPILL_INDEX = "ib-kvspill"
+"""JetStream KV bucket: ``ns.<namespace>`` → KvSpillNamespace, what the shared tier
+holds of each model's weights (the kvspill service writes it after each scan)."""
 
 # model delivery (contracts/delivery.py), JetStream IB_DELIVERY
 MODEL_REGISTRY = "ib-models"

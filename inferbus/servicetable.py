@@ -29,6 +29,7 @@ from inferbus.contracts import (
     DELIVERY_LOADS,
     ENDED,
     HEARTBEATS,
+    KV_SPILL_INDEX,
     MODEL_REGISTRY,
     RESIDENCIES,
     ROLLOUTS,
@@ -139,6 +140,10 @@ SERVICES: tuple[ServiceEntry, ...] = (
            permissions=JS_CONSUME + Permissions(
                publish=(SCALE_DECISIONS, SCALING_STATUS, SUPERVISORS),
                subscribe=(HEARTBEATS, STARTED, SCHEDULER_LOAD))),
+    # bounds the shared KV spill tier (a folder the workers read and write) and writes
+    # what it holds per model to its KV bucket
+    _entry("kvspill", "KvSpill", start_order=6, stop_order=1, port_offset=5,
+           permissions=Permissions(publish=(f"$KV.{KV_SPILL_INDEX}.>",))),
     # model versions to workers (deliveries), canary weights to the scheduler; judges
     # each version on the requests' ends; the registry's KV bucket is its to write
     _entry("delivery", "Delivery", start_order=5, stop_order=1, port_offset=4,

@@ -167,6 +167,8 @@ class Platform:
         if entry.name == "autoscaler":
             argv += ["--models", f"{self.model}=worker", "--supervisor", self.o.supervisor]
             argv += ["--max-replicas", str(max(4, self.o.workers))] + self.o.autoscaler_args
+        if entry.name == "kvspill":
+            argv += ["--shared-dir", str(self.shared_kv_dir)]
         if entry.name == "sanitizer":
             if self.o.engine == "vllm" and not any(
                 a.startswith("--tokenizers") for a in self.o.sanitizer_args
@@ -177,6 +179,10 @@ class Platform:
             argv += ["--http-host", self.o.host]
             env = self._gateway_env(argv, env)
         return Command(argv, env, self.logs / f"{spec.name}.log", http_port=port, cpus=cpus)
+
+    @property
+    def shared_kv_dir(self) -> Path:
+        return self.o.state_dir / "kv-spill" / "shared"
 
     def _service_cpus(self) -> set[int] | None:
         return None if self.cpus is None else self.cpus[1]
@@ -197,6 +203,9 @@ class Platform:
     def _engine_args(self) -> list[str]:
         o = self.o
         args = ["--engine", o.engine, "--model", self.model_path, "--state-dir", str(o.state_dir)]
+        if o.engine == "vllm" and not any(a.startswith("--kv-spill") for a in o.worker_args):
+            # every worker reads and writes the shared KV tier; kvspill bounds it
+            args += ["--kv-spill-shared-dir", str(self.shared_kv_dir)]
         if not any(a.startswith("--trusted-keys") for a in o.worker_args):
             args += ["--trusted-keys", str(signing_key(o.state_dir)) + ".pub"]
         if o.engine == "vllm" and o.model is None:

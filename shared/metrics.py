@@ -257,6 +257,24 @@ KV_SPILL_FAILING = Gauge(
     "after 30 s)",
     ["worker", "tier"],
 )
+# -- the shared KV tier (the kvspill service) ------------------------------------------
+KV_SHARED_USED = Gauge("inferbus_kv_shared_used_bytes", "Bytes the shared KV tier holds")
+KV_SHARED_BLOCKS = Gauge("inferbus_kv_shared_blocks", "KV blocks the shared tier holds")
+KV_SHARED_CAPACITY = Gauge(
+    "inferbus_kv_shared_capacity_bytes", "The shared KV tier's bound in bytes"
+)
+KV_SHARED_BLOCK_EVENTS = Counter(
+    "inferbus_kv_shared_block_events_total",
+    "Shared-tier blocks seen per scan: saved (new), restored (read by a worker), evicted "
+    "(deleted to keep the bound), vanished (deleted by someone else)",
+    ["kind"],
+)
+KV_SHARED_SCAN_SECONDS = Gauge(
+    "inferbus_kv_shared_scan_seconds", "How long the last scan of the shared tier took"
+)
+KV_SHARED_SCAN_ERRORS = Counter(
+    "inferbus_kv_shared_scan_errors_total", "Scans of the shared KV tier that failed"
+)
 HEARTBEAT_AGE = Gauge(
     "inferbus_worker_heartbeat_age_seconds",
     "Seconds since the scheduler last heard from each worker it knows",

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from inferbus.contracts import SamplingParams
 from inferbus.services.worker.engine import EngineOptions, EngineRequest
-from inferbus.services.worker.spill.store import encode_block, stored_on_disk
 from inferbus.services.worker.vllm_engine import VllmEngine, prepare_environment
+from inferbus.shared.kvblocks import encode_block, stored_on_disk
 
 PROMPT = " ".join(f"word{i} and more" for i in range(180))
 

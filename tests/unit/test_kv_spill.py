@@ -17,17 +17,8 @@ from inferbus.services.worker.spill.plan import (
     hash_of,
     namespace_of,
 )
-from inferbus.services.worker.spill.store import (
-    DISK,
-    HOST,
-    SHARED,
-    CorruptBlock,
-    StoreConfig,
-    TieredStore,
-    block_path,
-    decode_block,
-    encode_block,
-)
+from inferbus.services.worker.spill.store import DISK, HOST, SHARED, StoreConfig, TieredStore
+from inferbus.shared.kvblocks import CorruptBlock, block_path, decode_block, encode_block
 from inferbus.shared.lruk import AdaptiveLruK, LruK
 
 # -- LRU-K -----------------------------------------------------------------------------

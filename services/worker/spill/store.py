@@ -19,74 +19,25 @@ removed) for the connector to report to vLLM's scheduler side and to the platfor
 
 from __future__ import annotations
 
-import hashlib
 import os
 import queue
-import struct
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from inferbus.shared.kvblocks import (
+    CorruptBlock,
+    block_path,
+    decode_block,
+    encode_block,
+    stored_on_disk,
+)
 from inferbus.shared.lruk import AdaptiveLruK
 
 HOST, DISK, SHARED = "host", "disk", "shared"
 TIERS = (HOST, DISK, SHARED)
-
-_MAGIC = b"IBKV"
-_HEADER = struct.Struct("<4sBxxxIQ32s")
-"""magic, format version, crc32 of the payload, payload length, the block's key."""
-_VERSION = 1
-
-
-class CorruptBlock(Exception):
-    """A stored block failed its checks (length, checksum or key)."""
-
-
-def key_digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode()).digest()
-
-
-def encode_block(key: str, payload: bytes) -> bytes:
-    header = _HEADER.pack(_MAGIC, _VERSION, zlib.crc32(payload), len(payload), key_digest(key))
-    return header + payload
-
-
-def decode_block(key: str, data: bytes, expected_len: int = 0) -> bytes:
-    if len(data) < _HEADER.size:
-        raise CorruptBlock(f"{key}: {len(data)} bytes, shorter than the header")
-    magic, version, crc, length, digest = _HEADER.unpack_from(data)
-    payload = data[_HEADER.size :]
-    if magic != _MAGIC or version != _VERSION:
-        raise CorruptBlock(f"{key}: not a block file (magic {magic!r}, version {version})")
-    if digest != key_digest(key):
-        raise CorruptBlock(f"{key}: the file holds another block")
-    if length != len(payload) or (expected_len and length != expected_len):
-        want = expected_len or length
-        raise CorruptBlock(f"{key}: {len(payload)} payload bytes, expected {want}")
-    if zlib.crc32(payload) != crc:
-        raise CorruptBlock(f"{key}: checksum mismatch")
-    return payload
-
-
-def block_path(root: Path, key: str) -> Path:
-    namespace, _, digest = key.partition(":")
-    return root / namespace / digest[:2] / f"{digest}.kv"
-
-
-def stored_on_disk(root: Path) -> list[tuple[str, int]]:
-    """The blocks a disk tier holds, oldest first: (key, payload bytes)."""
-    found = []
-    for path in root.glob("*/*/*.kv"):
-        try:
-            st = path.stat()
-        except OSError:
-            continue
-        found.append((st.st_mtime, f"{path.parent.parent.name}:{path.stem}", st.st_size))
-    found.sort()
-    return [(key, size - _HEADER.size) for _, key, size in found]
 
 
 @dataclass
