@@ -52,7 +52,7 @@ ARCH_1B = {
     "num_attention_heads": 32,
     "num_key_value_heads": 8,
     "vocab_size": 32768,
-    "max_position_embeddings": 4096,
+    "max_position_embeddings": 16384,
 }
 # The tiny model at twice the depth: another architecture of the same family (a swap
 # to it starts a new engine) that is slower per token, for delivery tests.

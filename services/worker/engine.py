@@ -43,6 +43,9 @@ class KvRestore(msgspec.Struct, kw_only=True, frozen=True):
     tiers: dict[str, int] = {}
     failed: int = 0
     """Blocks that would not load (recomputed instead)."""
+    timed: bool = True
+    """False: it ended in the step that restored it, before the restore's report; the
+    blocks are those planned and the time unknown (the tier metrics have it)."""
 
 
 class EngineOutput(msgspec.Struct, kw_only=True):

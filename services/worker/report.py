@@ -110,6 +110,7 @@ def report_end(
                         t.KV_RESTORED_BYTES: restored.bytes,
                         t.KV_RESTORED_TIERS: sorted(restored.tiers),
                         t.KV_RESTORE_FAILED_BLOCKS: restored.failed,
+                        t.KV_RESTORE_TIMED: restored.timed,
                     },
                 )
             prefill_attrs = dict(common)

@@ -210,6 +210,7 @@ def restored_of(params: dict[str, Any] | None, block_size: int) -> KvRestore | N
         seconds=r["seconds"],
         tiers=r["tiers"],
         failed=r["failed"],
+        timed=r.get("timed", True),
     )
 
 

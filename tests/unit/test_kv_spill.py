@@ -360,8 +360,20 @@ def test_a_finished_request_says_what_it_restored():
         "seconds": 0.5,
         "tiers": {DISK: 2},
         "failed": 1,
+        "timed": True,
     }
     assert p.finished("r") is None
+
+
+def test_a_request_that_ends_in_its_restore_step_still_says_what_was_planned():
+    p = SpillPlanner(block_size=4)
+    h = hashes(2)
+    p.reported([(block_key("ns", x), HOST, True) for x in h], {})
+    assert p.match("r", "ns", h, num_tokens=9, num_computed=0) == 8
+    p.allocated("r", h, [1, 2], external_tokens=8)
+    p.step([("r", h, [1, 2], 9)])
+    done = p.finished("r")  # before the worker side's report of this step
+    assert done is not None and (done.blocks, done.timed) == (2, False)
 
 
 def test_a_save_the_worker_never_confirmed_is_planned_again_later():

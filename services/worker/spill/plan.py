@@ -55,6 +55,10 @@ class Restore:
     seconds: float = 0.0
     tiers: dict[str, int] = field(default_factory=dict)
     failed: int = 0
+    timed: bool = True
+    """False: the request ended in the step that restored it, before the worker side's
+    report (vLLM frees a request before it reads the step's connector output), so
+    only the planned blocks are known; the time is in the tier metrics."""
 
     def merge(self, other: Restore) -> None:
         self.blocks += other.blocks
@@ -71,6 +75,7 @@ class Restore:
             "seconds": self.seconds,
             "tiers": dict(self.tiers),
             "failed": self.failed,
+            "timed": self.timed,
         }
 
 
@@ -83,6 +88,8 @@ class _Request:
     """The first block it restores (-1: none): from there on a failed load is computed
     again, and must then be saved again."""
     loads: list[Transfer] = field(default_factory=list)
+    planned: int = 0
+    """Blocks sent to be restored."""
     restore: Restore | None = None
 
 
@@ -163,6 +170,7 @@ class SpillPlanner:
             if req is None:
                 continue
             plan.loads += req.loads
+            req.planned += len(req.loads)
             req.loads = []
             full = min(computed_after // self.block_size, len(hashes), len(block_ids))
             for i in range(req.saved_upto, full):
@@ -206,7 +214,11 @@ class SpillPlanner:
 
     def finished(self, request_id: str) -> Restore | None:
         req = self._requests.pop(request_id, None)
-        return None if req is None else req.restore
+        if req is None:
+            return None
+        if req.restore is None and req.planned:
+            return Restore(blocks=req.planned, timed=False)
+        return req.restore
 
     def forget_all(self) -> list[tuple[str, str, bool]]:
         """Nothing is restorable any more (the cache was reset): the removals."""
