@@ -32,16 +32,31 @@ def key_digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
-def encode_block(key: str, payload: bytes) -> bytes:
-    header = _HEADER.pack(_MAGIC, _VERSION, zlib.crc32(payload), len(payload), key_digest(key))
-    return header + payload
+Buffer = bytes | bytearray | memoryview
 
 
-def decode_block(key: str, data: bytes, expected_len: int = 0) -> bytes:
-    if len(data) < _HEADER.size:
-        raise CorruptBlock(f"{key}: {len(data)} bytes, shorter than the header")
-    magic, version, crc, length, digest = _HEADER.unpack_from(data)
-    payload = data[_HEADER.size :]
+def block_header(key: str, payload: Buffer) -> bytes:
+    return _HEADER.pack(_MAGIC, _VERSION, zlib.crc32(payload), len(payload), key_digest(key))
+
+
+def encode_block(key: str, payload: Buffer) -> bytes:
+    return block_header(key, payload) + bytes(payload)
+
+
+def write_block(path: Path, key: str, payload: Buffer) -> None:
+    """The block's file, written whole (header, then the payload without a copy)."""
+    with open(path, "wb") as f:
+        f.write(block_header(key, payload))
+        f.write(payload)
+
+
+def decode_block(key: str, data: Buffer, expected_len: int = 0) -> memoryview:
+    """The payload of a block's file contents, checked; a view, not a copy."""
+    view = memoryview(data)
+    if len(view) < _HEADER.size:
+        raise CorruptBlock(f"{key}: {len(view)} bytes, shorter than the header")
+    magic, version, crc, length, digest = _HEADER.unpack_from(view)
+    payload = view[_HEADER.size :]
     if magic != _MAGIC or version != _VERSION:
         raise CorruptBlock(f"{key}: not a block file (magic {magic!r}, version {version})")
     if digest != key_digest(key):

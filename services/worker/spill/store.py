@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferbus.shared.kvblocks import (
+    Buffer,
     CorruptBlock,
     block_path,
     decode_block,
-    encode_block,
     stored_on_disk,
+    write_block,
 )
 from inferbus.shared.lruk import AdaptiveLruK
 
@@ -98,13 +99,13 @@ class TieredStore:
         self._clock = clock
         self._lock = threading.Lock()
         self._host = AdaptiveLruK(config.host_bytes, k=config.k)
-        self._host_data: dict[str, bytes] = {}
+        self._host_data: dict[str, Buffer] = {}
         self._events: list[Event] = []
         self.stats = {t: TierStats() for t in TIERS}
         self._faults = {DISK: _Faults(), SHARED: _Faults()}
         self._disk: _Disk | None = None
         self._shared = Path(config.shared_dir) if config.shared_dir else None
-        self._queue: queue.Queue[tuple[str, bytes] | None] = queue.Queue(config.write_queue)
+        self._queue: queue.Queue[tuple[str, Buffer] | None] = queue.Queue(config.write_queue)
         self._writer: threading.Thread | None = None
         if config.disk_dir and config.disk_bytes > 0:
             self._disk = _Disk(Path(config.disk_dir), AdaptiveLruK(config.disk_bytes, k=config.k))
@@ -117,7 +118,7 @@ class TieredStore:
 
     # -- reads and writes (the engine's thread) ---------------------------------------
 
-    def put(self, key: str, payload: bytes) -> None:
+    def put(self, key: str, payload: Buffer) -> None:
         with self._lock:
             self._put_host(key, payload)
             self.stats[HOST].saves += 1
@@ -134,7 +135,7 @@ class TieredStore:
                 for tier in (DISK, SHARED):
                     self.stats[tier].dropped += 1
 
-    def get(self, key: str, expected_len: int = 0) -> tuple[bytes, str] | None:
+    def get(self, key: str, expected_len: int = 0) -> tuple[Buffer, str] | None:
         """The block's payload and the tier it came from, or None (a miss: absent,
         damaged, or the disk failed reading it)."""
         start = time.perf_counter()
@@ -160,7 +161,7 @@ class TieredStore:
             self.stats[HOST].misses += 1
         return None
 
-    def _read(self, tier: str, key: str, expected_len: int, start: float) -> bytes | None:
+    def _read(self, tier: str, key: str, expected_len: int, start: float) -> Buffer | None:
         path = self._path(key) if tier == DISK else block_path(self._shared_root, key)
         try:
             payload = decode_block(key, path.read_bytes(), expected_len)
@@ -234,7 +235,7 @@ class TieredStore:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _put_host(self, key: str, payload: bytes) -> None:
+    def _put_host(self, key: str, payload: Buffer) -> None:
         if key in self._host:
             self._host.access(key)
             return
@@ -287,7 +288,7 @@ class TieredStore:
             finally:
                 self._queue.task_done()
 
-    def _write_shared(self, key: str, payload: bytes) -> None:
+    def _write_shared(self, key: str, payload: Buffer) -> None:
         path = block_path(self._shared_root, key)
         with self._lock:
             if self._failing(SHARED):
@@ -299,7 +300,7 @@ class TieredStore:
         tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(encode_block(key, payload))
+            write_block(tmp, key, payload)
             os.replace(tmp, path)
         except OSError:
             self._unlink_path(tmp)
@@ -312,7 +313,7 @@ class TieredStore:
             self.stats[SHARED].saves += 1
             self.stats[SHARED].save_bytes += len(payload)
 
-    def _write(self, key: str, payload: bytes) -> None:
+    def _write(self, key: str, payload: Buffer) -> None:
         disk = self._disk
         assert disk is not None
         with self._lock:
@@ -327,7 +328,7 @@ class TieredStore:
         tmp = path.with_suffix(".tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(encode_block(key, payload))
+            write_block(tmp, key, payload)
             os.replace(tmp, path)
         except OSError:
             self._unlink_path(tmp)
