@@ -35,3 +35,7 @@ model=/tmp/llama-1b-random
 timeout 540 python3 bench/vs_vllm_server.py --model "$model" --enforce-eager false \
   --max-model-len 4096 --max-num-seqs 256 --concurrency 16 --input-len 512 --output-len 128 \
   --num-prompts 256 --rounds 1 | tee "$out/vs_vllm_server.txt"
+# KV spill on the GPU: the follow-up turn restored from host memory, disk and the
+# shared folder against recomputing it (bench/kvspill.py; its own engine lives)
+timeout 300 python3 bench/kvspill.py --model "$model" --lengths 2048,8192 \
+  --json "$out/kvspill.json" | tee "$out/kvspill.txt" || echo "kvspill run failed or timed out"
