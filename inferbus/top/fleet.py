@@ -143,6 +143,12 @@ def _detail(inst: Instance) -> str:
     if inst.service == "worker":
         loading = f", loading {s['loading']}" if s.get("loading") else ""
         return f"{s.get('engine', '?')} engine, worker {s.get('worker_id', '?')}{loading}"
+    if inst.service == "kvspill":
+        used, capacity = as_int(s.get("used_bytes")), as_int(s.get("capacity_bytes"))
+        if used is None or not capacity:
+            return ""
+        share, gib = used / capacity, capacity / 2**30
+        return f"shared tier {share:.0%} of {gib:.1f} GiB, {s.get('blocks', 0)} blocks"
     return ""
 
 

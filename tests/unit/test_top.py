@@ -265,7 +265,7 @@ def test_the_fleet_merges_the_schedulers_view_with_the_workers_own():
         ("m", "short", 2, 1.5),
     ]
     assert view.queued == 3 and view.scheduler_inflight == 2
-    assert view.missing_services == ["delivery"]  # the one default service not faked here
+    assert view.missing_services == ["kvspill", "delivery"]  # default services not faked here
     assert [s.service for s in view.services] == ["gateway", "sanitizer", "scheduler", "worker"]
     assert view.services[0].detail == "auth open, 1 model"
     text = rendered(view)
@@ -284,7 +284,9 @@ def test_the_fleet_merges_the_schedulers_view_with_the_workers_own():
 
 def test_nothing_running_is_shown_as_such():
     view = build_view(None, Snapshot(at=0.0))
-    assert view.missing_services == ["gateway", "sanitizer", "scheduler", "worker", "delivery"]
+    assert view.missing_services == [
+        "gateway", "sanitizer", "scheduler", "worker", "kvspill", "delivery"
+    ]  # fmt: skip
     assert view.workers == [] and view.queues == [] and view.queued is None
     text = rendered(view)
     assert "no workers" in text and "no scheduler" in text and "none answered" in text
@@ -305,7 +307,7 @@ def test_an_instance_whose_metrics_cannot_be_read_is_shown_unreachable():
     (row,) = [s for s in view.services if s.service == "worker"]
     assert row.metrics.startswith("unreachable") and row.ready is True
     assert view.workers[0].decode_tokens_per_s is None  # not read: not known, not zero
-    assert view.missing_services == ["gateway", "sanitizer", "delivery"]
+    assert view.missing_services == ["gateway", "sanitizer", "kvspill", "delivery"]
     assert "unreachable" in rendered(view)
 
 
@@ -413,3 +415,12 @@ def test_rollouts_are_shown_in_flight_first_with_their_share():
     text = rendered(view)
     assert "Rollouts" in text and "stepping" in text and "25.0%" in text
     assert "Rollouts" not in rendered(build_view(None, snap(0.0, worker, scheduler)))
+
+
+def test_the_shared_kv_tier_is_shown_with_its_use():
+    worker, scheduler, gateway, sanitizer = platform()
+    kvspill = FakeProcess("kvspill", "k1", used_bytes=2**30, capacity_bytes=4 * 2**30, blocks=256)
+    view = build_view(None, snap(0.0, worker, scheduler, gateway, sanitizer, kvspill))
+    (row,) = [s for s in view.services if s.service == "kvspill"]
+    assert row.detail == "shared tier 25% of 4.0 GiB, 256 blocks"
+    assert "kvspill" not in view.missing_services
