@@ -292,6 +292,12 @@ class WorkerHeartbeat(Event, tag="worker.heartbeat"):
     versions: dict[str, str] = {}
     """Each served name's registry version (``{"llama": "v2", "llama@v2": "v2"}``);
     names without one are absent."""
+    prefill_s_per_token: float = 0.0
+    """Measured: engine prefill seconds per prompt token computed (recent requests'
+    average); 0 until measured."""
+    kv_restore_s_per_token: float = 0.0
+    """Measured: seconds per prompt token restored from a KV spill tier instead; 0 until
+    one was. With ``prefill_s_per_token``, what a restorable block is worth to route to."""
     loading: str = ""
     """What the worker is loading now (``llama@v3 warm``), empty when nothing; it keeps
     serving ``models`` meanwhile (a field, not a ``state``: older readers ignore it)."""

@@ -54,7 +54,8 @@ class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
     times the worker's share of busy slots."""
     spill_weight: float = 0.5
     """Worth of a prefix block a worker would restore from its KV spill tiers, against
-    one in its engine's cache (1): a restore is a copy, not a prefill."""
+    one in its engine's cache (1), until the worker has measured it: then 1 minus its
+    restore cost over its prefill cost per token (``restore_worth``)."""
     load_weight: float = 1.0
     max_load_skew: float = 0.2
     """Never route above (1 + this) times the mean load plus one request, whatever the
@@ -169,6 +170,9 @@ class Worker:
     foreign: set[str] = field(default_factory=set)
     """Requests its heartbeat lists that this scheduler did not place (placed by a
     scheduler before a restart): they take slots all the same."""
+    spill_weight: float | None = None
+    """What a block it would restore from its KV spill tiers is worth against one in
+    its engine's cache, from its measured costs (None: not measured yet)."""
 
     def can_take(self, tokens: int = 0) -> bool:
         if self.state != "ready" or len(self.assigned) + len(self.foreign) >= self.max_num_seqs:
@@ -179,6 +183,14 @@ class Worker:
             or not self.assigned
             or self.assigned_tokens + tokens <= self.kv_capacity_tokens
         )
+
+
+def restore_worth(prefill_s_per_token: float, restore_s_per_token: float) -> float | None:
+    """A restorable block's worth against a cached one: the share of its prefill a
+    restore saves (within 0.05 to 0.95: a restore is never free nor useless)."""
+    if prefill_s_per_token <= 0.0 or restore_s_per_token <= 0.0:
+        return None
+    return min(0.95, max(0.05, 1.0 - restore_s_per_token / prefill_s_per_token))
 
 
 @dataclass
@@ -319,6 +331,7 @@ class SchedulerCore:
                 hb.kv_capacity_tokens,
             )
         w.foreign = {rid for rid in hb.inflight if rid not in w.assigned and rid not in self._ended}
+        w.spill_weight = restore_worth(hb.prefill_s_per_token, hb.kv_restore_s_per_token)
         if hb.kv_block_size:
             self.kv.set_block_size(hb.worker_id, hb.kv_block_size)
         return self._dispatch(now)

@@ -81,13 +81,15 @@ class KvRouter:
         allowed = [w for w in free if load[w.worker_id] <= ceiling] or free
         overlap = self.kv.overlaps(blocks, [w.worker_id for w in allowed])
         # blocks a worker restores from its spill tiers: cheaper than computing them,
-        # dearer than having them (the engine reports both as cached)
+        # dearer than having them (the engine reports both as cached), by what the
+        # worker measured
         restore = self.kv.restorable(blocks, overlap)
         n = max(1, len(blocks))
 
         def cost(w: Worker) -> tuple[float, str]:
             wid = w.worker_id
-            worth = overlap[wid] + p.spill_weight * restore[wid]
+            spill = p.spill_weight if w.spill_weight is None else w.spill_weight
+            worth = overlap[wid] + spill * restore[wid]
             return p.load_weight * load[wid] - p.overlap_weight * worth / n, wid
 
         best = min(allowed, key=cost)

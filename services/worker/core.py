@@ -114,6 +114,37 @@ class RequestStream:
         return StageTimings(first_token_s=first - self.started_at, decode_s=now - first)
 
 
+class CostMeter:
+    """What a prompt token costs this worker to compute and to restore from a KV spill
+    tier, from its requests' ends (moving averages): the scheduler weighs restorable
+    prefixes by it."""
+
+    MIN_TOKENS = 16
+    """Fewer computed tokens than this say more about the step than about prefill."""
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self.prefill_s_per_token = 0.0
+        self.restore_s_per_token = 0.0
+
+    def observe(
+        self, prefill_s: float, prompt_tokens: int, cached_tokens: int, restored: KvRestore | None
+    ) -> None:
+        restore_s = restored.seconds if restored is not None and restored.timed else 0.0
+        computed = prompt_tokens - cached_tokens
+        if computed >= self.MIN_TOKENS and prefill_s > restore_s:
+            self.prefill_s_per_token = self._avg(
+                self.prefill_s_per_token, (prefill_s - restore_s) / computed
+            )
+        if restored is not None and restored.timed and restored.tokens and restore_s > 0:
+            self.restore_s_per_token = self._avg(
+                self.restore_s_per_token, restore_s / restored.tokens
+            )
+
+    def _avg(self, old: float, new: float) -> float:
+        return new if old == 0.0 else old + self.alpha * (new - old)
+
+
 def heartbeat(
     *,
     worker_id: str,
@@ -132,6 +163,7 @@ def heartbeat(
     kv_block_size: int = 0,
     versions: dict[str, str] | None = None,
     loading: str = "",
+    costs: CostMeter | None = None,
 ) -> WorkerHeartbeat:
     return WorkerHeartbeat(
         worker_id=worker_id,
@@ -154,4 +186,6 @@ def heartbeat(
         kv_block_size=kv_block_size,
         versions=versions or {},
         loading=loading,
+        prefill_s_per_token=costs.prefill_s_per_token if costs else 0.0,
+        kv_restore_s_per_token=costs.restore_s_per_token if costs else 0.0,
     )

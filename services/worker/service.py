@@ -26,6 +26,7 @@ from inferbus.contracts import (
     FailureCode,
     RequestCancelled,
     RequestFailed,
+    RequestFinished,
     WorkAssigned,
     WorkerState,
     heartbeat_subject,
@@ -42,7 +43,7 @@ from inferbus.shared.config import ServiceSettings, group
 from inferbus.shared.cpus import parse_cpus, pin_threads
 from inferbus.shared.runtime import Context, Service
 
-from .core import RequestStream, engine_request, heartbeat, served_name
+from .core import CostMeter, RequestStream, engine_request, heartbeat, served_name
 from .delivery import Deliveries, trusted_keys
 from .engine import Engine, EngineError, EngineOptions, EngineOutput
 from .report import report_end, report_spill, report_stats
@@ -142,6 +143,8 @@ class WorkerService(Service[WorkerSettings]):
         self.worker_id = f"{subject_token(settings.instance_id)}.{secrets.token_hex(3)}"
         self.engine = engine or build_engine(settings, self.worker_id, self._publish_kv_events)
         self.holding = initial_holding(settings.engine_options)
+        self.costs = CostMeter()
+        """What a prompt token costs to compute and to restore here (for heartbeats)."""
         self.origin = self.holding
         """What it was started with: a rollback to version "" returns to it."""
         """What it serves, by name and version (swap.py decides how deliveries change it)."""
@@ -428,6 +431,14 @@ class WorkerService(Service[WorkerSettings]):
             )
         if isinstance(terminal, RequestFailed) and stream.served_model:
             terminal.served_model = stream.served_model
+        if isinstance(terminal, RequestFinished):
+            usage = terminal.usage
+            self.costs.observe(
+                terminal.timings.prefill_s,
+                usage.prompt_tokens,
+                usage.cached_prompt_tokens,
+                stream.restored,
+            )
         metrics.ITL.add((self.name, model), itl)
         ended = time.monotonic()
         try:
@@ -518,6 +529,7 @@ class WorkerService(Service[WorkerSettings]):
             adapters=self.holding.adapter_names(),
             versions=self.holding.versions(),
             loading=self.loading,
+            costs=self.costs,
             max_model_len=self.engine.max_model_len,
             kv_capacity_tokens=self.engine.kv_capacity_tokens,
             kv_block_size=self.engine.kv_block_size,

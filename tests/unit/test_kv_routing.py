@@ -122,6 +122,32 @@ def test_a_worker_that_can_restore_the_prefix_is_preferred_over_recomputing():
     assert second.cached_blocks == 7  # the engine reports restored tokens as cached
 
 
+def test_a_restorable_block_is_worth_what_the_worker_measured():
+    from inferbus.services.scheduler.core import restore_worth
+
+    assert restore_worth(0.0, 0.001) is None and restore_worth(0.01, 0.0) is None
+    assert restore_worth(0.010, 0.001) == pytest.approx(0.9)
+    assert restore_worth(0.010, 0.020) == 0.05  # dearer than computing: barely worth it
+    assert restore_worth(0.010, 0.0) is None
+    core = SchedulerCore(SchedulerPolicy(max_load_skew=1.0))
+    for w in ("a", "b"):
+        core.on_heartbeat(hb(w, seqs=4), 0.0)
+    # a: two blocks cached; b: four on disk. At the default worth (0.5) b's 2.0 ties a's
+    # 2.0 and the id decides (a); b measured restores at a tenth of its prefill: 3.6
+    core.on_kv_event(KvBlocksStored(worker_id="a", block_hashes=[1, 2]))
+    core.on_kv_event(KvBlocksStored(worker_id="b", block_hashes=[1, 2, 3, 4], medium="STORAGE"))
+    [first] = core.on_accepted(req("r1", [1, 2, 3, 4, 5]), 0.0)
+    assert isinstance(first, Assign) and first.worker_id == "a"
+    measured = WorkerHeartbeat(
+        worker_id="b", models=["m"], engine="vllm", max_num_seqs=4,
+        prefill_s_per_token=0.010, kv_restore_s_per_token=0.001,
+    )  # fmt: skip
+    core.on_heartbeat(measured, 0.0)
+    assert core.workers["b"].spill_weight == pytest.approx(0.9)
+    [second] = core.on_accepted(req("r2", [1, 2, 3, 4, 6]), 0.0)
+    assert second.worker_id == "b"
+
+
 def test_the_load_bound_wins_over_the_cache():
     core = SchedulerCore(SchedulerPolicy(max_load_skew=0.0, overlap_weight=100.0))
     for w in ("a", "b", "c"):

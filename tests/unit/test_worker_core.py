@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from inferbus.contracts import (
     RequestFinished,
     RequestStarted,
@@ -130,3 +132,27 @@ def test_heartbeat_builder():
         42.0,
         "bye",
     )
+
+
+def test_the_cost_meter_learns_prefill_and_restore_per_token():
+    from inferbus.services.worker.core import CostMeter
+    from inferbus.services.worker.engine import KvRestore
+
+    m = CostMeter(alpha=0.5)
+    m.observe(prefill_s=1.0, prompt_tokens=1000, cached_tokens=0, restored=None)
+    assert m.prefill_s_per_token == pytest.approx(0.001) and m.restore_s_per_token == 0.0
+    # 512 tokens restored in 0.05 s, 488 computed in the rest of the prefill
+    restored = KvRestore(blocks=4, tokens=512, seconds=0.05)
+    m.observe(prefill_s=0.538, prompt_tokens=1000, cached_tokens=512, restored=restored)
+    assert m.restore_s_per_token == pytest.approx(0.05 / 512)
+    assert m.prefill_s_per_token == pytest.approx(0.001)
+    # too few computed tokens say nothing of prefill; an untimed restore nothing of restores
+    m.observe(prefill_s=5.0, prompt_tokens=520, cached_tokens=512,
+              restored=KvRestore(blocks=4, tokens=512, timed=False))  # fmt: skip
+    assert m.prefill_s_per_token == pytest.approx(0.001)
+    assert m.restore_s_per_token == pytest.approx(0.05 / 512)
+    hb = heartbeat(worker_id="w", engine_name="vllm", models=["m"], max_num_seqs=1,
+                   state="ready", stats=EngineStats(), inflight=[], interval_s=1.0, now=0.0,
+                   costs=m)  # fmt: skip
+    assert hb.prefill_s_per_token == pytest.approx(0.001)
+    assert hb.kv_restore_s_per_token == pytest.approx(0.05 / 512)

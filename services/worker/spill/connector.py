@@ -23,6 +23,7 @@ Loaded by vLLM from ``kv_connector_module_path``; settings come in
 
 from __future__ import annotations
 
+import itertools
 import time
 import warnings
 from collections.abc import Iterable
@@ -242,21 +243,23 @@ class InferbusSpillConnector(KVConnectorBase_V1):
         meta = connector_output.kv_connector_worker_meta
         if not isinstance(meta, SpillWorkerMeta):
             return
-        for key, tier, stored in self._planner.reported(meta.events, meta.restores):
-            event: KVCacheEvent
+        changes = self._planner.reported(meta.events, meta.restores)
+        self._events += self._kv_events(changes)
+
+    def _kv_events(self, changes: list[tuple[str, str, bool]]) -> list[KVCacheEvent]:
+        """One event per run of changes of the same kind (a step saves many blocks)."""
+        out: list[KVCacheEvent] = []
+        for (tier, stored), run in itertools.groupby(changes, key=lambda c: (c[1], c[2])):
+            hashes: list[bytes | int] = [hash_of(key) for key, _, _ in run]
             if stored:
-                event = BlockStored(
-                    block_hashes=[hash_of(key)],
-                    parent_block_hash=None,
-                    token_ids=[],
-                    block_size=self._block_size,
-                    lora_id=None,
-                    medium=MEDIUM[tier],
+                out.append(BlockStored(
+                    block_hashes=hashes, parent_block_hash=None, token_ids=[],
+                    block_size=self._block_size, lora_id=None, medium=MEDIUM[tier],
                     lora_name=None,
-                )
+                ))  # fmt: skip
             else:
-                event = BlockRemoved(block_hashes=[hash_of(key)], medium=MEDIUM[tier])
-            self._events.append(event)
+                out.append(BlockRemoved(block_hashes=hashes, medium=MEDIUM[tier]))
+        return out
 
     def take_events(self) -> Iterable[KVCacheEvent]:
         events, self._events = self._events, []
@@ -272,8 +275,7 @@ class InferbusSpillConnector(KVConnectorBase_V1):
         return False, {RESTORE_PARAM: restore.as_dict()}
 
     def reset_cache(self) -> bool | None:
-        for key, tier, _ in self._planner.forget_all():
-            self._events.append(BlockRemoved(block_hashes=[hash_of(key)], medium=MEDIUM[tier]))
+        self._events += self._kv_events(self._planner.forget_all())
         return True
 
     # -- worker side --------------------------------------------------------------------

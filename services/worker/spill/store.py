@@ -120,9 +120,9 @@ class TieredStore:
 
     def put(self, key: str, payload: Buffer) -> None:
         with self._lock:
-            self._put_host(key, payload)
-            self.stats[HOST].saves += 1
-            self.stats[HOST].save_bytes += len(payload)
+            if self._put_host(key, payload):
+                self.stats[HOST].saves += 1
+                self.stats[HOST].save_bytes += len(payload)
             if self._writer is None:
                 return
             disk = self._disk
@@ -132,8 +132,10 @@ class TieredStore:
             self._queue.put_nowait((key, payload))
         except queue.Full:
             with self._lock:
-                for tier in (DISK, SHARED):
-                    self.stats[tier].dropped += 1
+                if self._disk is not None:
+                    self.stats[DISK].dropped += 1
+                if self._shared is not None:
+                    self.stats[SHARED].dropped += 1
 
     def get(self, key: str, expected_len: int = 0) -> tuple[Buffer, str] | None:
         """The block's payload and the tier it came from, or None (a miss: absent,
@@ -235,18 +237,20 @@ class TieredStore:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _put_host(self, key: str, payload: Buffer) -> None:
+    def _put_host(self, key: str, payload: Buffer) -> bool:
+        """Whether host memory took it (it may be larger than the whole tier)."""
         if key in self._host:
             self._host.access(key)
-            return
+            return False
         evicted = self._host.admit(key, len(payload))
-        if evicted == [key]:  # larger than the whole tier
-            return
+        if evicted == [key]:
+            return False
         for gone in evicted:
             del self._host_data[str(gone)]
             self._events.append(Event(str(gone), HOST, stored=False))
         self._host_data[key] = payload
         self._events.append(Event(key, HOST, stored=True))
+        return True
 
     def _count_restore(self, tier: str, size: int, start: float) -> None:
         s = self.stats[tier]
