@@ -292,3 +292,31 @@ async def test_a_drop_is_final_once_nothing_is_open_and_the_grace_is_over():
     t.sampler.sweep()
     t.sampler.decide(key, True)
     assert names(exporter) == []
+
+
+async def test_a_restored_prefix_is_a_kv_restore_span_at_the_start_of_the_prefill():
+    from inferbus.contracts import RequestSubmitted, StageTimings, WorkAssigned
+    from inferbus.services.worker.core import RequestStream
+    from inferbus.services.worker.engine import EngineOutput, KvRestore
+    from inferbus.services.worker.report import report_end
+
+    t, exporter = traced(TracePolicy(keep_ratio=1.0))
+    root = t.start("request r1", attributes={REQUEST_ID: "r1"})
+    ctx = t.parent(t.headers(root))
+    request = RequestSubmitted(request_id="r1", model="m", reply_to="r.r1", prompt="p")
+    stream = RequestStream(WorkAssigned(request=request, worker_id="w1", attempt=1), "w1", 100.0)
+    stream.started(100.1)
+    stream.restored = KvRestore(blocks=4, tokens=512, bytes=4096, seconds=0.02,
+                                tiers={"disk": 3, "host": 1})  # fmt: skip
+    timings = StageTimings(queued_s=0.01, prefill_s=0.09, first_token_s=0.1, decode_s=0.2)
+    out = EngineOutput(text="x", token_ids=[1], prompt_tokens=600, completion_tokens=3,
+                       finish_reason="stop", cached_tokens=512, timings=timings)  # fmt: skip
+    report_end(t, "worker", stream, stream.finished(out, 100.3), ctx, 1000.0, 100.3)
+    root.end()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    restore, prefill = spans["kv restore"], spans["prefill"]
+    assert restore.start_time == prefill.start_time  # the first thing the prefill did
+    assert restore.end_time - restore.start_time == 20_000_000
+    assert restore.attributes["inferbus.kv.restored_tokens"] == 512
+    assert list(restore.attributes["inferbus.kv.restored_tiers"]) == ["disk", "host"]
+    assert restore.attributes["inferbus.kv.restore_timed"] is True
