@@ -24,7 +24,7 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def platform(nats_url: str, log_dir):
     """Sanitizer, scheduler, a zero-cost sim worker, a slow sim worker, the delivery
-    service and the gateway."""
+    and kvspill services and the gateway."""
     procs = [
         ServiceProcess("sanitizer", nats_url, log_dir, "--max-prompt-chars", "2000"),
         ServiceProcess(
@@ -46,6 +46,8 @@ def platform(nats_url: str, log_dir):
             name="slow-worker",
         ),
         ServiceProcess("delivery", nats_url, log_dir),
+        # the sim workers spill no KV; kvspill runs so the platform is the whole table
+        ServiceProcess("kvspill", nats_url, log_dir, "--shared-dir", str(log_dir / "kv-shared")),
         ServiceProcess(
             "gateway", nats_url, log_dir, "--worker-stale-s", "1.5", "--request-timeout-s", "30"
         ),

@@ -35,13 +35,17 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[2]
 OBSERVABILITY = ROOT / "deploy" / "observability"
-# panels the traffic here cannot feed: tracing is off on this platform, and nothing
-# is dead-lettered or routed by cached prefix
+# panels the traffic here cannot feed: tracing is off on this platform, nothing is
+# dead-lettered, and sim workers keep no KV to spill (test_vllm_engine.py checks that a
+# vLLM worker exports the spill series and its KV block counts)
 NEEDS_MORE = {
     "Dead letters",
     "Traces by decision",
     "Share of traces kept",
     "Spans dropped before a decision",
+    "Spill saves and restores by tier (blocks/s)",
+    "Spill tier usage",
+    "Spill faults, engine KV blocks in use",
 }
 
 
@@ -95,6 +99,7 @@ def prometheus(platform, autoscaler, delivered, tmp_path):
         "inferbus-worker": ["worker", "slow-worker", "delivered-worker"],
         "inferbus-autoscaler": ["autoscaler"],
         "inferbus-delivery": ["delivery"],
+        "inferbus-kvspill": ["kvspill"],
     }
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -171,13 +176,13 @@ async def test_every_dashboard_panel_shows_the_running_platform(platform, promet
         while time.monotonic() < deadline:  # up, and a first scrape of every target
             try:
                 up = await query(http, prometheus, "up")
-                if len(up) == 8 and all(s["value"][1] == "1" for s in up):
+                if len(up) == 9 and all(s["value"][1] == "1" for s in up):
                     break
             except aiohttp.ClientError:
                 pass
             await asyncio.sleep(0.5)
         else:
-            pytest.fail("prometheus never scraped the eight processes")
+            pytest.fail("prometheus never scraped the nine processes")
         for _ in range(3):  # rates need two samples of a change
             await traffic(platform["gateway"].base)
             await asyncio.sleep(1.5)
@@ -194,6 +199,8 @@ async def test_every_dashboard_panel_shows_the_running_platform(platform, promet
                 break
             await asyncio.sleep(1.0)
         assert not empty, "panels without data:\n" + "\n".join(empty)
+        # kvspill is scraped: the shared tier's bound is there even with nothing spilled
+        assert await query(http, prometheus, "inferbus_kv_shared_capacity_bytes")
         # the rules load and evaluate: no alert fires on a healthy platform (a worker
         # is never lost here, the error ratio is low)
         async with http.get(f"{prometheus}/api/v1/rules") as r:
