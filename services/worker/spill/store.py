@@ -300,7 +300,15 @@ class TieredStore:
                 return
         if path.exists():  # another worker saved it first
             return
-        # a name of this process's own: workers write side by side
+        if not self._write_file(SHARED, path, key, payload):
+            return
+        with self._lock:
+            self.stats[SHARED].saves += 1
+            self.stats[SHARED].save_bytes += len(payload)
+
+    def _write_file(self, tier: str, path: Path, key: str, payload: Buffer) -> bool:
+        """The block's file, whole or not at all; a failure counts against the tier."""
+        # a name of this process's own: workers write a shared folder side by side
         tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -309,13 +317,12 @@ class TieredStore:
         except OSError:
             self._unlink_path(tmp)
             with self._lock:
-                self._tier_error(SHARED)
-                self.stats[SHARED].dropped += 1
-            return
+                self._tier_error(tier)
+                self.stats[tier].dropped += 1
+            return False
         with self._lock:
-            self._faults[SHARED].errors_in_row = 0
-            self.stats[SHARED].saves += 1
-            self.stats[SHARED].save_bytes += len(payload)
+            self._faults[tier].errors_in_row = 0
+        return True
 
     def _write(self, key: str, payload: Buffer) -> None:
         disk = self._disk
@@ -328,20 +335,9 @@ class TieredStore:
                 self._events.append(Event(str(gone), DISK, stored=False))
         for gone in evicted:
             self._unlink(str(gone))
-        path = self._path(key)
-        tmp = path.with_suffix(".tmp")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_block(tmp, key, payload)
-            os.replace(tmp, path)
-        except OSError:
-            self._unlink_path(tmp)
-            with self._lock:
-                self._tier_error(DISK)
-                self.stats[DISK].dropped += 1
+        if not self._write_file(DISK, self._path(key), key, payload):
             return
         with self._lock:
-            self._faults[DISK].errors_in_row = 0
             evicted = disk.lru.admit(key, len(payload))
             if evicted == [key]:  # larger than the whole tier
                 evicted = []
