@@ -24,18 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import nats  # noqa: E402
+from kvspill import drop_caches  # noqa: E402  (bench/kvspill.py, beside this script)
 
 from inferbus.shared.kvblocks import block_path, decode_block, encode_block  # noqa: E402
 from inferbus.shared.natsserver import NatsServer  # noqa: E402
-
-
-def drop_caches() -> bool:
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
 
 
 async def run(url: str, root: Path, size: int, n: int) -> dict[str, float]:

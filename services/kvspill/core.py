@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import msgspec
 
+from inferbus.contracts import KvSpillNamespace
 from inferbus.shared.lruk import AdaptiveLruK
 
 
@@ -24,13 +25,6 @@ class FileSeen(NamedTuple):
     size: int
     atime: float
     mtime: float
-
-
-class Namespace(msgspec.Struct, kw_only=True):
-    """One model's weights (at one dtype and block size): what the tier holds of it."""
-
-    blocks: int = 0
-    bytes: int = 0
 
 
 class Scan(msgspec.Struct, kw_only=True):
@@ -44,7 +38,8 @@ class Scan(msgspec.Struct, kw_only=True):
     vanished: int = 0
     used_bytes: int = 0
     blocks: int = 0
-    namespaces: dict[str, Namespace] = {}
+    namespaces: dict[str, KvSpillNamespace] = {}
+    """What the tier holds per namespace (``updated_at`` left for the adapter)."""
 
 
 class SharedTier:
@@ -79,7 +74,8 @@ class SharedTier:
         scan.used_bytes = self._policy.used
         scan.blocks = len(self._policy)
         for key, f in now.items():
-            ns = scan.namespaces.setdefault(key.partition(":")[0], Namespace())
+            name = key.partition(":")[0]
+            ns = scan.namespaces.setdefault(name, KvSpillNamespace(namespace=name))
             ns.blocks += 1
             ns.bytes += f.size
         return scan

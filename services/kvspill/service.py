@@ -163,6 +163,7 @@ class KvSpillService(Service[KvSpillSettings]):
         for ns, (blocks, size) in current.items():
             if self._published.get(ns) == (blocks, size):
                 continue
-            entry = KvSpillNamespace(namespace=ns, blocks=blocks, bytes=size, updated_at=now)
+            entry = scan.namespaces.get(ns) or KvSpillNamespace(namespace=ns)
+            entry.updated_at = now
             await self._index.put(f"ns.{ns}", encode(entry))
         self._published = {ns: v for ns, v in current.items() if v != (0, 0)}
