@@ -778,6 +778,35 @@ def creds_revoke(tenant: str, state_dir: Path, nats_url: str) -> None:
     click.echo(f"revoked {tenant}")
 
 
+@creds.command("stack")
+@click.argument("auth_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--replicas", multiple=True, metavar="SERVICE=N",
+              help="Instances of a scalable service (default: the service table's).")  # fmt: skip
+def creds_stack(auth_dir: Path, replicas: tuple[str, ...]) -> None:
+    """The closed bus of a stack whose processes are fixed (compose): the operator and
+    one user per service instance, named as `inferbus up` names them (gateway,
+    worker-0, ...), their credentials in AUTH_DIR/creds/ and the server's users in
+    AUTH_DIR/nats.conf (give it to nats-server with -c). Users already there keep
+    their passwords; run it again after an upgrade to refresh the permissions."""
+    from inferbus.busauth import Registry
+
+    counts = {e.name: e.instances for e in servicetable.SERVICES}
+    for item in replicas:
+        name, _, n = item.partition("=")
+        if name not in counts or not n.isdigit() or int(n) < 1:
+            raise click.BadParameter(f"{item!r}: SERVICE=N with a service of the table "
+                                     "and N >= 1", param_hint="--replicas")  # fmt: skip
+        if int(n) > 1 and not servicetable.get(name).scalable:
+            raise click.BadParameter(f"{name} runs once", param_hint="--replicas")
+        counts[name] = int(n)
+    reg = Registry.open(auth_dir)
+    reg.operator()
+    for entry in servicetable.SERVICES:
+        for i in range(counts[entry.name]):
+            reg.service(entry.name, entry.instance_name(i))
+    click.echo(str(reg.write_server_config(servicetable.permissions())))
+
+
 @creds.command("list")
 @_state_dir_option
 def creds_list(state_dir: Path) -> None:
