@@ -28,6 +28,8 @@ class OtlpSink:
     spans: list[ReceivedSpan] = field(default_factory=list)
     requests: int = 0
     port: int = 0
+    host: str = "127.0.0.1"
+    """Where it listens (0.0.0.0: containers reach it through their gateway too)."""
     _runner: web.AppRunner | None = None
 
     @property
@@ -39,7 +41,7 @@ class OtlpSink:
         app.add_routes([web.post("/v1/traces", self._traces)])
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
         self.port = self._runner.addresses[0][1]
         return self

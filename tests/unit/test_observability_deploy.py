@@ -250,10 +250,14 @@ def _compose() -> dict:
 def _inferbus_services(compose: dict) -> dict[str, dict]:
     """The services that run `inferbus serve NAME` (the x-service anchor)."""
     return {
-        name: s
-        for name, s in compose["services"].items()
-        if s.get("image") == "inferbus:dev" and s.get("command", [None])[0] == "serve"
+        name: s for name, s in compose["services"].items() if s.get("command", [None])[0] == "serve"
     }
+
+
+def _default(value: str) -> str:
+    """A compose ${VAR:-default} as its default."""
+    m = re.fullmatch(r"\$\{[A-Z_]+:-(.*)\}", value)
+    return m.group(1) if m else value
 
 
 def test_compose_wires_every_inferbus_service_to_the_collector():
@@ -262,10 +266,12 @@ def test_compose_wires_every_inferbus_service_to_the_collector():
     assert set(services) == set(servicetable.names())
     for name, s in services.items():
         env = s["environment"]
-        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4318", name
+        # the default: INFERBUS_OTLP_ENDPOINT may name another receiver
+        endpoint = env["OTEL_EXPORTER_OTLP_ENDPOINT"]
+        assert endpoint == "${INFERBUS_OTLP_ENDPOINT:-http://otel-collector:4318}", name
         assert env["OTEL_SERVICE_NAME"] == f"inferbus-{name}"
-        assert float(env["INFERBUS_TRACE_SLOW_S"]) > 0
-        assert 0 <= float(env["INFERBUS_TRACE_KEEP_RATIO"]) <= 1
+        assert float(_default(env["INFERBUS_TRACE_SLOW_S"])) > 0
+        assert 0 <= float(_default(env["INFERBUS_TRACE_KEEP_RATIO"])) <= 1
         assert env["NATS_URL"] == "nats://nats:4222", name  # the anchor still merged
     assert {"prometheus", "grafana", "otel-collector", "jaeger", "nats"} <= set(compose["services"])
     assert compose["services"]["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
