@@ -42,6 +42,9 @@ OPERATOR = "operator"
 """The administrator's user: everything (the CLI's top, canary, scale, creds)."""
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+ANY = "*"
+"""The instance of a service user that stands for all its instances (one token of a
+subject: instance ids are letters, digits, '-' and '_')."""
 RESERVED_TENANTS = {GATEWAY_REPLY_OWNER}
 
 
@@ -232,6 +235,11 @@ class Registry:
 
     def service(self, service: str, instance: str) -> Path:
         return self.ensure(f"svc-{check_name('instance', instance)}", "service", instance, service)
+
+    def service_role(self, service: str) -> Path:
+        """One user for every instance of ``service`` (a Kubernetes Deployment's pods,
+        named at run time, share it): its permissions name any instance's subjects."""
+        return self.ensure(f"svc-{check_name('service', service)}", "service", ANY, service)
 
     def supervisor(self, name: str) -> Path:
         return self.ensure(f"supervisor-{check_name('supervisor', name)}", "supervisor", name)

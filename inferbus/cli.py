@@ -807,6 +807,23 @@ def creds_stack(auth_dir: Path, replicas: tuple[str, ...]) -> None:
     click.echo(str(reg.write_server_config(servicetable.permissions())))
 
 
+@creds.command("k8s")
+@click.argument("auth_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--nats-replicas", default=3, show_default=True,
+              help="The NATS StatefulSet's replicas (deploy/k8s/nats.yaml).")  # fmt: skip
+def creds_k8s(auth_dir: Path, nats_replicas: int) -> None:
+    """The closed bus of a Kubernetes deployment, as Secrets on standard output:
+    `inferbus creds k8s DIR | kubectl -n inferbus apply -f -`. One NATS user per service
+    (its pods share it), the operator, the server's users and its routes' password.
+    Keep AUTH_DIR: run again, it gives the same passwords (after an upgrade, the new
+    permissions)."""
+    from inferbus.k8sbus import bus_secrets
+
+    if nats_replicas < 1:
+        raise click.BadParameter("at least 1", param_hint="--nats-replicas")
+    click.echo(json.dumps(bus_secrets(auth_dir, nats_replicas), indent=2))
+
+
 @creds.command("list")
 @_state_dir_option
 def creds_list(state_dir: Path) -> None:

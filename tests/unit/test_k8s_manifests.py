@@ -5,6 +5,7 @@ what can be checked without one."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -55,3 +56,96 @@ def test_a_bad_manifest_is_caught():
     deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolcy"] = "Always"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, VERSIONS[-1], strict=True)
+
+
+# -- the closed bus on Kubernetes ------------------------------------------------------
+
+
+def _secrets(tmp_path: Path, replicas: int = 3) -> dict[str, dict[str, str]]:
+    from click.testing import CliRunner
+
+    from inferbus.cli import main
+
+    result = CliRunner().invoke(
+        main, ["creds", "k8s", str(tmp_path / "auth"), "--nats-replicas", str(replicas)]
+    )
+    assert result.exit_code == 0, result.output
+    listing = json.loads(result.output)
+    return {s["metadata"]["name"]: s["stringData"] for s in listing["items"]}
+
+
+def test_every_pod_mounts_a_secret_creds_k8s_makes(tmp_path):
+    made = _secrets(tmp_path)
+    objects = kustomize(K8S)
+    mounted = set()
+    for obj in objects:
+        if obj["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        spec = obj["spec"]["template"]["spec"]
+        secrets = {v["name"]: v["secret"]["secretName"] for v in spec.get("volumes", [])
+                   if "secret" in v and not v["secret"].get("optional")}  # fmt: skip
+        (container,) = spec["containers"]
+        if obj["kind"] == "Deployment":  # a service: its own user, nothing else's
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert secrets["bus"] == f"inferbus-bus-{obj['metadata']['name']}"
+            mount = next(m for m in container["volumeMounts"] if m["name"] == "bus")
+            assert env["INFERBUS_NATS_CREDS"] == mount["mountPath"] + "/creds.json"
+        mounted.update(secrets.values())
+    assert mounted <= set(made), mounted - set(made)
+    assert set(made) - mounted == {"inferbus-bus-operator"}  # the CLI's, for people
+    for name, data in made.items():
+        if name.startswith("inferbus-bus-"):
+            creds = json.loads(data["creds.json"])
+            assert creds["user"] == f"svc-{name.removeprefix('inferbus-bus-')}" or (
+                name == "inferbus-bus-operator" and creds["user"] == "operator"
+            )
+
+
+def test_creds_k8s_keeps_passwords_and_refuses_no_nats(tmp_path):
+    from click.testing import CliRunner
+
+    from inferbus.cli import main
+
+    first, again = _secrets(tmp_path), _secrets(tmp_path)
+    assert first == again
+    result = CliRunner().invoke(main, ["creds", "k8s", str(tmp_path / "x"), "--nats-replicas",
+                                       "0"])  # fmt: skip
+    assert result.exit_code == 2 and "--nats-replicas" in result.output
+
+
+def test_a_service_user_acts_for_any_of_its_pods(tmp_path):
+    from inferbus import servicetable
+    from inferbus.busauth import Registry
+
+    _secrets(tmp_path)
+    reg = Registry.open(tmp_path / "auth")
+    worker = reg.permissions(reg.users["svc-worker"], servicetable.permissions())
+    assert "ib.hb.*.*" in worker.publish  # a pod named at run time: worker-7d9f-x2k4q
+    assert not [s for s in worker.publish if s.startswith("ib.submit")]
+    assert "_INBOX.svc-worker.>" in worker.subscribe
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_the_nats_nodes_configuration_is_valid_for_nats_server(tmp_path, replicas):
+    """The ConfigMap's nats.conf with the Secret's files beside it, as the StatefulSet
+    mounts them, passes nats-server's own check (-t)."""
+    from inferbus.shared.natsserver import find_binary
+
+    auth = _secrets(tmp_path, replicas)["inferbus-nats-auth"]
+    (config_map,) = [o for o in kustomize(K8S) if o["kind"] == "ConfigMap"
+                     and o["metadata"]["name"] == "nats-config"]  # fmt: skip
+    etc = tmp_path / "etc"
+    (etc / "auth").mkdir(parents=True)
+    (etc / "nats.conf").write_text(
+        config_map["data"]["nats.conf"].replace("/data", str(tmp_path / "data"))
+    )
+    for name, text in auth.items():
+        (etc / "auth" / name).write_text(text)
+    done = subprocess.run([find_binary(), "-c", str(etc / "nats.conf"), "-t"],
+                          capture_output=True, text=True, timeout=30,
+                          env={"POD_NAME": "nats-0"})  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    if replicas > 1:
+        (statefulset,) = [o for o in kustomize(K8S) if o["kind"] == "StatefulSet"]
+        assert statefulset["spec"]["replicas"] == replicas
+        assert statefulset["spec"]["serviceName"] in auth["cluster.conf"]
