@@ -810,7 +810,7 @@ def creds_stack(auth_dir: Path, replicas: tuple[str, ...]) -> None:
 @creds.command("k8s")
 @click.argument("auth_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--nats-replicas", default=3, show_default=True,
-              help="The NATS StatefulSet's replicas (deploy/k8s/nats.yaml).")  # fmt: skip
+              help="The NATS StatefulSet's replicas (deploy/k8s/base/nats.yaml).")  # fmt: skip
 def creds_k8s(auth_dir: Path, nats_replicas: int) -> None:
     """The closed bus of a Kubernetes deployment, as Secrets on standard output:
     `inferbus creds k8s DIR | kubectl -n inferbus apply -f -`. One NATS user per service

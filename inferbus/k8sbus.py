@@ -3,7 +3,7 @@
 On Kubernetes a Deployment's pods are named at run time, so the users are one per
 service (``Registry.service_role``), not one per instance as under ``inferbus up`` and
 compose; every pod of a service mounts its Secret ``inferbus-bus-<service>``. The NATS
-StatefulSet (deploy/k8s/nats.yaml) includes ``inferbus-nats-auth``: the users and
+StatefulSet (deploy/k8s/base/nats.yaml) includes ``inferbus-nats-auth``: the users and
 their permissions, and its cluster block with the routes' password.
 """
 

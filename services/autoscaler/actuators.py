@@ -5,7 +5,7 @@
 - ``KubernetesActuator``: the Deployment's ``scale`` subresource through
   kubernetes_asyncio (the official client's asyncio build), in-cluster credentials or
   a kubeconfig. It needs ``get`` and ``patch`` on ``deployments/scale`` in its
-  namespace (deploy/k8s/autoscaler.yaml's Role). Kubernetes picks which pods go when a
+  namespace (deploy/k8s/base/autoscaler.yaml's Role). Kubernetes picks which pods go when a
   Deployment shrinks; the workers' preStop and grace period make them drain.
 """
 

@@ -121,7 +121,7 @@ def test_the_k8s_manifests_agree_with_the_platform() -> None:
     from inferbus.services.scheduler.service import ACCEPTED_CONSUMER
 
     root = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
-    docs = list(yaml.safe_load_all((root / "autoscaler.yaml").read_text()))
+    docs = list(yaml.safe_load_all((root / "base" / "autoscaler.yaml").read_text()))
     role = next(d for d in docs if d["kind"] == "Role")
     (rule,) = role["rules"]
     assert rule == {
@@ -134,7 +134,7 @@ def test_the_k8s_manifests_agree_with_the_platform() -> None:
     spec = deployment["spec"]["template"]["spec"]
     assert spec["serviceAccountName"] == "autoscaler"
     args = spec["containers"][0]["args"]
-    assert args[args.index("--models") + 1] == "sim-model=inferbus/worker"
+    assert args[args.index("--models") + 1] == "llm=inferbus/worker"
     assert args[args.index("--actuator") + 1] == "kubernetes"
     keda = yaml.safe_load((root / "keda" / "scaledobject.yaml").read_text())
     assert keda["spec"]["scaleTargetRef"]["name"] == "worker"

@@ -118,14 +118,15 @@ def test_compose_runs_each_service_on_its_port(name: str):
 
 
 def k8s_objects(name: str) -> list[dict[str, Any]]:
-    path = ROOT / "deploy" / "k8s" / f"{name}.yaml"
-    assert path.exists(), f"deploy/k8s/{name}.yaml is missing"
+    path = ROOT / "deploy" / "k8s" / "base" / f"{name}.yaml"
+    assert path.exists(), f"deploy/k8s/base/{name}.yaml is missing"
     return [o for o in yaml.safe_load_all(path.read_text()) if o]
 
 
 @pytest.mark.parametrize("name", sorted(ENTRIES))
 def test_k8s_has_a_deployment_per_service_in_the_kustomization(name: str):
-    kustomization = yaml.safe_load((ROOT / "deploy" / "k8s" / "kustomization.yaml").read_text())
+    base = ROOT / "deploy" / "k8s" / "base"
+    kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
     assert f"{name}.yaml" in kustomization["resources"]
     (deployment,) = [o for o in k8s_objects(name) if o["kind"] == "Deployment"]
     assert deployment["metadata"]["name"] == name
