@@ -141,6 +141,16 @@ def check_name(kind: str, name: str) -> str:
     return name
 
 
+def route_password(folder: Path) -> str:
+    """The password a NATS cluster's nodes route with, kept in ``folder``."""
+    path = folder / "route-secret"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(24))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
 # -- the registry ----------------------------------------------------------------------
 
 
@@ -238,8 +248,10 @@ class Registry:
 
     def service_role(self, service: str) -> Path:
         """One user for every instance of ``service`` (a Kubernetes Deployment's pods,
-        named at run time, share it): its permissions name any instance's subjects."""
-        return self.ensure(f"svc-{check_name('service', service)}", "service", ANY, service)
+        named at run time, share it): its permissions name any instance's subjects.
+        Not ``svc-``: that is an instance's user, and a service that runs once has an
+        instance named as the service."""
+        return self.ensure(f"pods-{check_name('service', service)}", "service", ANY, service)
 
     def supervisor(self, name: str) -> Path:
         return self.ensure(f"supervisor-{check_name('supervisor', name)}", "supervisor", name)

@@ -809,7 +809,7 @@ def creds_stack(auth_dir: Path, replicas: tuple[str, ...]) -> None:
 
 @creds.command("k8s")
 @click.argument("auth_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--nats-replicas", default=3, show_default=True,
+@click.option("--nats-replicas", type=click.IntRange(min=1), default=3, show_default=True,
               help="The NATS StatefulSet's replicas (deploy/k8s/base/nats.yaml).")  # fmt: skip
 def creds_k8s(auth_dir: Path, nats_replicas: int) -> None:
     """The closed bus of a Kubernetes deployment, as Secrets on standard output:
@@ -819,8 +819,6 @@ def creds_k8s(auth_dir: Path, nats_replicas: int) -> None:
     permissions)."""
     from inferbus.k8sbus import bus_secrets
 
-    if nats_replicas < 1:
-        raise click.BadParameter("at least 1", param_hint="--nats-replicas")
     click.echo(json.dumps(bus_secrets(auth_dir, nats_replicas), indent=2))
 
 

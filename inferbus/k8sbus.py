@@ -10,22 +10,17 @@ their permissions, and its cluster block with the routes' password.
 from __future__ import annotations
 
 import json
-import secrets
 from pathlib import Path
 from typing import Any
 
 from inferbus import servicetable
-from inferbus.busauth import OPERATOR, Registry
+from inferbus.busauth import ANY, OPERATOR, Registry, route_password
 
 NATS_STATEFULSET = "nats"
 NATS_PEERS = "nats-cluster"
 """The headless Service the StatefulSet's pods are named under (nats-0.nats-cluster)."""
 ROUTE_PORT = 6222
 ROUTE_USER = "route"
-
-
-def secret_name(user_role: str, service: str = "") -> str:
-    return f"inferbus-bus-{service or user_role}"
 
 
 def make_users(folder: Path) -> Registry:
@@ -36,15 +31,6 @@ def make_users(folder: Path) -> Registry:
     for entry in servicetable.SERVICES:
         reg.service_role(entry.name)
     return reg
-
-
-def route_password(folder: Path) -> str:
-    path = folder / "route-secret"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_urlsafe(24))
-        path.chmod(0o600)
-    return path.read_text().strip()
 
 
 def cluster_block(password: str, replicas: int) -> str:
@@ -74,13 +60,12 @@ def _secret(name: str, data: dict[str, str]) -> dict[str, Any]:
 
 def bus_secrets(folder: Path, nats_replicas: int = 3) -> dict[str, Any]:
     """Every Secret of the bus, as one ``List`` for ``kubectl apply -f -``."""
-    if nats_replicas < 1:
-        raise ValueError("nats_replicas must be at least 1")
     reg = make_users(folder)
     items = []
     for user in reg.users.values():
-        if user.role == "service" or user.user == OPERATOR:
-            name = secret_name(user.role, user.service)
+        # a folder that also served compose has users per instance: not for pods
+        if (user.role == "service" and user.name == ANY) or user.user == OPERATOR:
+            name = f"inferbus-bus-{user.service or OPERATOR}"
             items.append(_secret(name, {"creds.json": reg.creds_path(user.user).read_text()}))
     conf = {"users.conf": reg.server_config(servicetable.permissions())}
     if nats_replicas > 1:

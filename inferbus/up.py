@@ -27,7 +27,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from inferbus import servicetable
-from inferbus.busauth import OPERATOR, Registry
+from inferbus.busauth import OPERATOR, Registry, route_password
 from inferbus.contracts.control import (
     DEFAULT_SUPERVISOR,
     ScaleService,
@@ -502,8 +502,9 @@ async def _run(o: Options) -> int:
             more = free_ports(2 * o.nats_cluster)  # the other nodes', and routes (+1 spare)
             more = [p for p in more if p != o.nats_port][: 2 * o.nats_cluster - 1]
             ports = [o.nats_port, *more[: o.nats_cluster - 1]]
+            routes = route_password(o.state_dir / "auth")
             nats = cluster_of(
-                o.state_dir / "nats", ports, more[o.nats_cluster - 1 :], _route_secret(o),
+                o.state_dir / "nats", ports, more[o.nats_cluster - 1 :], routes,
                 config_file=config, tls=tls,
             )  # fmt: skip
             for i, server in enumerate(nats):
@@ -546,18 +547,6 @@ async def _run(o: Options) -> int:
     finally:
         await up.stop()
     return code
-
-
-def _route_secret(o: Options) -> str:
-    """The password the cluster's nodes route with, kept in the state folder."""
-    import secrets
-
-    path = o.state_dir / "auth" / "route-secret"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_urlsafe(24))
-        path.chmod(0o600)
-    return path.read_text().strip()
 
 
 def run(o: Options) -> int:

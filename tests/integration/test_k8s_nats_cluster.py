@@ -58,7 +58,7 @@ async def main():
     out["messages"] = (await js.stream_info("R3CHECK")).state.messages
     await js.delete_stream("R3CHECK")
     await nc.close()
-    svc = creds("svc-scheduler")
+    svc = creds("pods-scheduler")
     nc = await nats.connect("nats://nats-2.nats-cluster:4222", user=svc["user"],
                             password=svc["password"], inbox_prefix="_INBOX." + svc["user"])
     out["service_connected"] = nc.is_connected

@@ -166,7 +166,7 @@ def test_every_pod_mounts_a_secret_creds_k8s_makes(tmp_path):
     for name, data in made.items():
         if name.startswith("inferbus-bus-"):
             creds = json.loads(data["creds.json"])
-            assert creds["user"] == f"svc-{name.removeprefix('inferbus-bus-')}" or (
+            assert creds["user"] == f"pods-{name.removeprefix('inferbus-bus-')}" or (
                 name == "inferbus-bus-operator" and creds["user"] == "operator"
             )
 
@@ -189,10 +189,10 @@ def test_a_service_user_acts_for_any_of_its_pods(tmp_path):
 
     _secrets(tmp_path)
     reg = Registry.open(tmp_path / "auth")
-    worker = reg.permissions(reg.users["svc-worker"], servicetable.permissions())
+    worker = reg.permissions(reg.users["pods-worker"], servicetable.permissions())
     assert "ib.hb.*.*" in worker.publish  # a pod named at run time: worker-7d9f-x2k4q
     assert not [s for s in worker.publish if s.startswith("ib.submit")]
-    assert "_INBOX.svc-worker.>" in worker.subscribe
+    assert "_INBOX.pods-worker.>" in worker.subscribe
 
 
 @pytest.mark.parametrize("replicas", [1, 3])
@@ -219,3 +219,25 @@ def test_the_nats_nodes_configuration_is_valid_for_nats_server(tmp_path, replica
         (statefulset,) = [o for o in kustomize(K8S) if o["kind"] == "StatefulSet"]
         assert statefulset["spec"]["replicas"] == replicas
         assert statefulset["spec"]["serviceName"] in auth["cluster.conf"]
+
+
+def servicetable_names() -> tuple[str, ...]:
+    from inferbus import servicetable
+
+    return servicetable.names()
+
+
+def test_a_folder_that_also_served_compose_gives_one_secret_per_service(tmp_path):
+    from click.testing import CliRunner
+
+    from inferbus.cli import main
+
+    stack = CliRunner().invoke(main, ["creds", "stack", str(tmp_path / "auth")])
+    assert stack.exit_code == 0, stack.output
+    listing = json.loads(
+        CliRunner().invoke(main, ["creds", "k8s", str(tmp_path / "auth")]).output
+    )  # svc-gateway (compose's instance) and pods-gateway (the pods') are both there
+    names = [s["metadata"]["name"] for s in listing["items"]]
+    assert len(names) == len(set(names)) == len(servicetable_names()) + 2
+    gateway = json.loads(_secrets(tmp_path)["inferbus-bus-gateway"]["creds.json"])
+    assert gateway["user"] == "pods-gateway"
