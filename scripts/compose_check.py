@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from inferbus.shared.natsserver import free_port  # noqa: E402
 from tests.testkit.otlp_sink import OtlpSink  # noqa: E402
 
 SERVICES = ["nats", "gateway", "sanitizer", "scheduler", "worker", "kvspill", "autoscaler",
@@ -150,7 +151,7 @@ def check_metrics(addresses: dict[str, str], timeout: float) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "prometheus.yml"
         config.write_text(prometheus_config(addresses, ports))
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen(
             [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp}/data",
              f"--web.listen-address=127.0.0.1:{port}"],
@@ -197,17 +198,9 @@ def check_closed_bus(stack: Stack) -> None:
         raise CheckFailed(f"the bus took a connection without credentials: {out.strip()}")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def run(args: argparse.Namespace) -> None:
     sink = await OtlpSink(host="0.0.0.0").start()
-    port = args.port or _free_port()
+    port = args.port or free_port()
     env = {**os.environ, "INFERBUS_IMAGE": args.image, "INFERBUS_PORT": str(port),
            "INFERBUS_OTLP_ENDPOINT": f"http://host.docker.internal:{sink.port}",
            "INFERBUS_TRACE_KEEP_RATIO": "1"}  # fmt: skip

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from testkit.containers import docker_available
+from testkit.containers import docker_missing
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -22,18 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("INFERBUS_IMAGE", "inferbus:cpu")
 
 
-def _missing() -> str:
-    if not docker_available():
-        return "no Docker engine runs here (scripts/docker-setup.sh starts one)"
-    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode:
-        return "no Compose v2 (scripts/docker-setup.sh installs it)"
-    if subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True).returncode:
-        return f"no {IMAGE} image (scripts/docker-build.sh builds it)"
-    return ""
-
-
 def test_the_compose_stack_serves_traces_and_meters_a_real_engine_request():
-    missing = _missing()
+    missing = docker_missing(IMAGE, compose=True)
     if missing:
         pytest.skip(missing)
     done = subprocess.run(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from testkit.containers import docker_available
+from testkit.containers import docker_missing
 
 from inferbus.k8sbus import NATS_PEERS, bus_secrets
 
@@ -75,14 +75,6 @@ asyncio.run(main())
 """
 
 
-def _missing() -> str:
-    if not docker_available():
-        return "no Docker engine runs here (scripts/docker-setup.sh starts one)"
-    if subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True).returncode:
-        return f"no {IMAGE} image (scripts/docker-build.sh builds it)"
-    return ""
-
-
 def docker(*args: str, timeout: float = 120) -> str:
     done = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"docker {' '.join(args[:3])}: {done.stderr[-2000:]}"
@@ -90,7 +82,7 @@ def docker(*args: str, timeout: float = 120) -> str:
 
 
 def test_the_statefulsets_nodes_form_a_closed_jetstream_cluster(tmp_path):
-    missing = _missing()
+    missing = docker_missing(IMAGE)
     if missing:
         pytest.skip(missing)
     listing = bus_secrets(tmp_path / "auth", NODES)

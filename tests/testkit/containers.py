@@ -16,6 +16,17 @@ def docker_available() -> bool:
         return False
 
 
+def docker_missing(image: str, compose: bool = False) -> str:
+    """Why a test on ``image`` (and Compose v2) cannot run here; empty when it can."""
+    if not docker_available():
+        return "no Docker engine runs here (scripts/docker-setup.sh starts one)"
+    if compose and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode:
+        return "no Compose v2 (scripts/docker-setup.sh installs it)"
+    if subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode:
+        return f"no {image} image (scripts/docker-build.sh builds it)"
+    return ""
+
+
 def nats_container(available=docker_available):
     """testcontainers' NATS, started, where a Docker engine runs and can provide its
     images; None otherwise (no engine, no testcontainers, or an engine that cannot pull

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from testkit.compose import default
 
 from inferbus import servicetable
 from inferbus.busauth import Registry
@@ -23,12 +24,6 @@ CREDS = "/var/lib/inferbus/auth/creds/"
 
 def _services() -> dict[str, dict]:
     return yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
-
-
-def _default(value: str) -> str:
-    """A compose ${VAR:-default} as its default."""
-    m = re.fullmatch(r"\$\{[A-Z_]+:-(.*)\}", value)
-    return m.group(1) if m else value
 
 
 def _served() -> dict[str, dict]:
@@ -89,15 +84,15 @@ def test_the_worker_gets_the_shared_memory_its_engine_needs():
     worker = _services()["worker"]
     assert _bytes(worker["shm_size"]) >= 1 << 30
     assert worker["command"][worker["command"].index("--engine") + 1] == "vllm"
-    assert _default(worker["environment"]["VLLM_CPU_KVCACHE_SPACE"]) == "1"
+    assert default(worker["environment"]["VLLM_CPU_KVCACHE_SPACE"]) == "1"
 
 
 def test_the_stack_needs_no_image_but_its_own():
     services = _services()
-    image = _default(services["init"]["image"])
+    image = default(services["init"]["image"])
     assert "build" in services["init"]
     for name in ["nats", *_served()]:
-        assert _default(services[name]["image"]) == image, name
+        assert default(services[name]["image"]) == image, name
         assert services[name]["pull_policy"] == "never", name
     for name in _served():
         assert services[name]["depends_on"]["nats"]["condition"] == "service_healthy"

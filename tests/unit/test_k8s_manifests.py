@@ -12,6 +12,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from click.testing import CliRunner
+
+from inferbus import servicetable
+from inferbus.busauth import Registry
+from inferbus.cli import main
+from inferbus.shared.natsserver import find_binary
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
@@ -132,10 +138,6 @@ def test_a_bad_manifest_is_caught():
 
 
 def _secrets(tmp_path: Path, replicas: int = 3) -> dict[str, dict[str, str]]:
-    from click.testing import CliRunner
-
-    from inferbus.cli import main
-
     result = CliRunner().invoke(
         main, ["creds", "k8s", str(tmp_path / "auth"), "--nats-replicas", str(replicas)]
     )
@@ -172,10 +174,6 @@ def test_every_pod_mounts_a_secret_creds_k8s_makes(tmp_path):
 
 
 def test_creds_k8s_keeps_passwords_and_refuses_no_nats(tmp_path):
-    from click.testing import CliRunner
-
-    from inferbus.cli import main
-
     first, again = _secrets(tmp_path), _secrets(tmp_path)
     assert first == again
     result = CliRunner().invoke(main, ["creds", "k8s", str(tmp_path / "x"), "--nats-replicas",
@@ -184,9 +182,6 @@ def test_creds_k8s_keeps_passwords_and_refuses_no_nats(tmp_path):
 
 
 def test_a_service_user_acts_for_any_of_its_pods(tmp_path):
-    from inferbus import servicetable
-    from inferbus.busauth import Registry
-
     _secrets(tmp_path)
     reg = Registry.open(tmp_path / "auth")
     worker = reg.permissions(reg.users["pods-worker"], servicetable.permissions())
@@ -199,8 +194,6 @@ def test_a_service_user_acts_for_any_of_its_pods(tmp_path):
 def test_the_nats_nodes_configuration_is_valid_for_nats_server(tmp_path, replicas):
     """The ConfigMap's nats.conf with the Secret's files beside it, as the StatefulSet
     mounts them, passes nats-server's own check (-t)."""
-    from inferbus.shared.natsserver import find_binary
-
     auth = _secrets(tmp_path, replicas)["inferbus-nats-auth"]
     (config_map,) = [o for o in kustomize(K8S) if o["kind"] == "ConfigMap"
                      and o["metadata"]["name"] == "nats-config"]  # fmt: skip
@@ -221,23 +214,13 @@ def test_the_nats_nodes_configuration_is_valid_for_nats_server(tmp_path, replica
         assert statefulset["spec"]["serviceName"] in auth["cluster.conf"]
 
 
-def servicetable_names() -> tuple[str, ...]:
-    from inferbus import servicetable
-
-    return servicetable.names()
-
-
 def test_a_folder_that_also_served_compose_gives_one_secret_per_service(tmp_path):
-    from click.testing import CliRunner
-
-    from inferbus.cli import main
-
     stack = CliRunner().invoke(main, ["creds", "stack", str(tmp_path / "auth")])
     assert stack.exit_code == 0, stack.output
     listing = json.loads(
         CliRunner().invoke(main, ["creds", "k8s", str(tmp_path / "auth")]).output
     )  # svc-gateway (compose's instance) and pods-gateway (the pods') are both there
     names = [s["metadata"]["name"] for s in listing["items"]]
-    assert len(names) == len(set(names)) == len(servicetable_names()) + 2
+    assert len(names) == len(set(names)) == len(servicetable.names()) + 2
     gateway = json.loads(_secrets(tmp_path)["inferbus-bus-gateway"]["creds.json"])
     assert gateway["user"] == "pods-gateway"

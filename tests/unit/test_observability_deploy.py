@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml  # noqa: E402  (PyYAML, a dev dependency, reads the deploy files)
 from prometheus_client.metrics import MetricWrapperBase
+from testkit.compose import default
 
 from inferbus import servicetable
 from inferbus.shared import metrics
@@ -254,12 +255,6 @@ def _inferbus_services(compose: dict) -> dict[str, dict]:
     }
 
 
-def _default(value: str) -> str:
-    """A compose ${VAR:-default} as its default."""
-    m = re.fullmatch(r"\$\{[A-Z_]+:-(.*)\}", value)
-    return m.group(1) if m else value
-
-
 def test_compose_wires_every_inferbus_service_to_the_collector():
     compose = _compose()
     services = _inferbus_services(compose)
@@ -270,8 +265,8 @@ def test_compose_wires_every_inferbus_service_to_the_collector():
         endpoint = env["OTEL_EXPORTER_OTLP_ENDPOINT"]
         assert endpoint == "${INFERBUS_OTLP_ENDPOINT:-http://otel-collector:4318}", name
         assert env["OTEL_SERVICE_NAME"] == f"inferbus-{name}"
-        assert float(_default(env["INFERBUS_TRACE_SLOW_S"])) > 0
-        assert 0 <= float(_default(env["INFERBUS_TRACE_KEEP_RATIO"])) <= 1
+        assert float(default(env["INFERBUS_TRACE_SLOW_S"])) > 0
+        assert 0 <= float(default(env["INFERBUS_TRACE_KEEP_RATIO"])) <= 1
         assert env["NATS_URL"] == "nats://nats:4222", name  # the anchor still merged
     assert {"prometheus", "grafana", "otel-collector", "jaeger", "nats"} <= set(compose["services"])
     assert compose["services"]["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
