@@ -10,7 +10,9 @@ from .events import *  # noqa: F401,F403
 from .events import __all__ as _events_all
 from .failures import *  # noqa: F401,F403
 from .failures import __all__ as _failures_all
+from .llmservice import *  # noqa: F401,F403
+from .llmservice import __all__ as _llmservice_all
 from .subjects import *  # noqa: F401,F403
 from .subjects import __all__ as _subjects_all
 
-__all__ = [*_delivery_all, *_events_all, *_failures_all, *_subjects_all]
+__all__ = [*_delivery_all, *_events_all, *_failures_all, *_llmservice_all, *_subjects_all]

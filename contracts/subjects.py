@@ -57,6 +57,8 @@ __all__ = [
     "ROLLOUTS",
     "residency_subject",
     "RESIDENCIES",
+    "LLMSERVICES",
+    "llmservice_subject",
     "StreamSpec",
     "STREAMS",
     "HEADER_REQUEST_ID",
@@ -144,6 +146,9 @@ ROLLOUTS = "ib.delivery.rollout.*"
 """RolloutDecision: every decision of every rollout (the audit trail)."""
 _RESIDENCY = "ib.cfg.residency.{model}"
 RESIDENCIES = "ib.cfg.residency.*"
+_LLMSERVICE = "ib.cfg.llmservice.{model}"
+LLMSERVICES = "ib.cfg.llmservice.*"
+"""LLMServiceSettings, per model (contracts/llmservice.py)."""
 
 HEADER_REQUEST_ID = "Ib-Request-Id"
 HEADER_TRACEPARENT = "traceparent"
@@ -233,6 +238,10 @@ def rollout_subject(model: str) -> str:
 
 def residency_subject(model: str) -> str:
     return _RESIDENCY.format(model=subject_token(model))
+
+
+def llmservice_subject(model: str) -> str:
+    return _LLMSERVICE.format(model=subject_token(model))
 
 
 def status_subject(service: str) -> str:

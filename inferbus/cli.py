@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import click
 
-from inferbus import modelcli, servicetable
+from inferbus import modelcli, servicecli, servicetable
 from inferbus.contracts.control import DEFAULT_SUPERVISOR
 from inferbus.shared.buscreds import CREDS_ENV
 from inferbus.shared.config import DEFAULT_NATS_URL
@@ -397,6 +397,7 @@ def model() -> None:
 
 
 modelcli.register(model)
+servicecli.register(main)
 
 
 @model.command("make-tiny")

@@ -36,6 +36,12 @@ class Actuator(Protocol):
 
     async def apply(self, decision: ScaleDecision) -> None: ...
 
+    def set_target(self, model: str, where: str) -> None:
+        """``model``'s workers run in ``where`` from now on (an LLMService's record)."""
+        ...
+
+    def forget(self, model: str) -> None: ...
+
     async def close(self) -> None: ...
 
 
@@ -78,6 +84,12 @@ class LocalActuator:
             ScaleService(service=service, instances=decision.desired, stop_first=stop_first)
         )
 
+    def set_target(self, model: str, where: str) -> None:
+        self.targets[model] = where
+
+    def forget(self, model: str) -> None:
+        self.targets.pop(model, None)
+
     async def close(self) -> None:
         pass
 
@@ -87,14 +99,9 @@ class KubernetesActuator:
     ``targets`` maps a model to ``namespace/deployment``."""
 
     def __init__(self, targets: dict[str, str], kubeconfig: str = "") -> None:
-        self.targets = {}
+        self.targets: dict[str, tuple[str, str]] = {}
         for model, where in targets.items():
-            namespace, sep, name = where.partition("/")
-            if not sep or not namespace or not name:
-                raise ValueError(
-                    f"model {model!r}: a Kubernetes target is namespace/deployment, got {where!r}"
-                )
-            self.targets[model] = (namespace, name)
+            self.set_target(model, where)
         self.kubeconfig = kubeconfig
         self._api: Any = None
         self._client: Any = None
@@ -110,6 +117,17 @@ class KubernetesActuator:
             self._client = client.ApiClient()
             self._api = client.AppsV1Api(self._client)
         return self._api
+
+    def set_target(self, model: str, where: str) -> None:
+        namespace, sep, name = where.partition("/")
+        if not sep or not namespace or not name:
+            raise ValueError(
+                f"model {model!r}: a Kubernetes target is namespace/deployment, got {where!r}"
+            )
+        self.targets[model] = (namespace, name)
+
+    def forget(self, model: str) -> None:
+        self.targets.pop(model, None)
 
     def _target(self, model: str) -> tuple[str, str]:
         try:
@@ -155,6 +173,12 @@ class NoActuator:
         return None
 
     async def apply(self, decision: ScaleDecision) -> None:
+        pass
+
+    def set_target(self, model: str, where: str) -> None:
+        pass
+
+    def forget(self, model: str) -> None:
         pass
 
     async def close(self) -> None:

@@ -39,6 +39,7 @@ from inferbus.contracts import (
     RequestAccepted,
     RequestFinished,
     ScaleDecision,
+    ScalingSettings,
     WorkerHeartbeat,
 )
 
@@ -143,36 +144,78 @@ class _ModelState:
     load_seen: float = -math.inf
 
 
+def _new_state(name: str, spec: ModelScaling, now: float) -> _ModelState:
+    if spec.min_replicas < 0 or spec.max_replicas < max(1, spec.min_replicas):
+        raise ValueError(
+            f"model {name!r}: need 0 <= min_replicas <= max_replicas and "
+            f"max_replicas >= 1 (got {spec.min_replicas}, {spec.max_replicas})"
+        )
+    return _ModelState(
+        spec=spec,
+        forecaster=make_forecaster(
+            spec.forecaster,
+            spec.forecast
+            if spec.forecast.constant_window_s
+            else msgspec.structs.replace(spec.forecast, constant_window_s=spec.stable_window_s),
+        ),
+        target=spec.min_replicas,
+        started=now,
+        capacity=spec.worker_capacity,
+        cap_window_start=now,
+        bucket_at=int(now),
+    )
+
+
+def scaling_for(base: ModelScaling, settings: ScalingSettings) -> ModelScaling:
+    """An LLMService's scaling over the autoscaler's own for the model: its bounds,
+    goals and forecaster; its predictive window is the span the forecasters fit
+    (trend's line, constant's average)."""
+    return msgspec.structs.replace(
+        base,
+        min_replicas=settings.min_replicas,
+        max_replicas=settings.max_replicas,
+        target_utilization=settings.target_utilization,
+        ttft_slo_s=settings.ttft_slo_s,
+        forecaster=settings.forecaster or base.forecaster,
+        forecast=msgspec.structs.replace(
+            base.forecast,
+            trend_window_s=settings.predictive_window_s,
+            constant_window_s=settings.predictive_window_s,
+        ),
+    )
+
+
 class AutoscalerCore:
     def __init__(self, policy: AutoscalerPolicy, now: float) -> None:
         self.policy = policy
         self.models: dict[str, _ModelState] = {}
         for name, spec in policy.models.items():
-            if spec.min_replicas < 0 or spec.max_replicas < max(1, spec.min_replicas):
-                raise ValueError(
-                    f"model {name!r}: need 0 <= min_replicas <= max_replicas and "
-                    f"max_replicas >= 1 (got {spec.min_replicas}, {spec.max_replicas})"
-                )
-            self.models[name] = _ModelState(
-                spec=spec,
-                forecaster=make_forecaster(
-                    spec.forecaster,
-                    spec.forecast
-                    if spec.forecast.constant_window_s
-                    else msgspec.structs.replace(
-                        spec.forecast, constant_window_s=spec.stable_window_s
-                    ),
-                ),
-                target=spec.min_replicas,
-                started=now,
-                capacity=spec.worker_capacity,
-                cap_window_start=now,
-                bucket_at=int(now),
-            )
+            self.models[name] = _new_state(name, spec, now)
         self._flights: dict[str, tuple[str, _Flight]] = {}
         self._workers: dict[str, tuple[WorkerHeartbeat, float]] = {}
         self._first_seen: dict[str, float] = {}
         self._ready_ids: dict[str, set[str]] = {m: set() for m in self.models}
+
+    def configure(self, model: str, spec: ModelScaling, now: float) -> None:
+        """Size ``model`` by ``spec`` from now on (an LLMService's record): a new model
+        starts from ``min_replicas``; a known one keeps what was learned of it (its
+        load, capacity and start-up times), and its next tick applies the new bounds."""
+        m = self.models.get(model)
+        if m is None:
+            self.models[model] = _new_state(model, spec, now)
+            self._ready_ids[model] = set()
+            return
+        fresh = _new_state(model, spec, now)  # checks the bounds before anything changes
+        if (spec.forecaster, spec.forecast) != (m.spec.forecaster, m.spec.forecast):
+            m.forecaster = fresh.forecaster
+        m.spec = spec
+        # a lowered ceiling holds at once, not after the scale-down window
+        m.asked = deque((t, min(n, spec.max_replicas)) for t, n in m.asked)
+
+    def forget(self, model: str) -> None:
+        """Stop sizing ``model`` (its LLMService was removed); its workers stay as they are."""
+        self.models.pop(model, None)
+        self._ready_ids.pop(model, None)
 
     def set_target(self, model: str, replicas: int) -> None:
         """What the platform runs now, as the actuator reports it at start (not a
@@ -388,6 +431,8 @@ class AutoscalerCore:
                     if need
                     else reason
                 )
+        if need > spec.max_replicas:  # a ceiling lowered since (an LLMService): at once
+            need, reason = spec.max_replicas, f"max_replicas is {spec.max_replicas}"
         diag = Diagnostics(
             model=name,
             target=m.target,

@@ -14,9 +14,11 @@ from inferbus.contracts import (
     ACCEPTED,
     ENDED,
     HEARTBEATS,
+    LLMSERVICES,
     SCALING_STATUS,
     SCHEDULER_LOAD,
     STARTED,
+    LLMServiceSettings,
     RequestAccepted,
     RequestFinished,
     RequestStarted,
@@ -29,7 +31,7 @@ from inferbus.contracts import (
 )
 from inferbus.contracts.control import DEFAULT_SUPERVISOR
 from inferbus.shared import logs, metrics
-from inferbus.shared.bus import publish_durable
+from inferbus.shared.bus import publish_durable, replay
 from inferbus.shared.codec import decode_or_none, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
@@ -41,7 +43,7 @@ from .actuators import (
     LocalActuator,
     NoActuator,
 )
-from .core import AutoscalerCore, AutoscalerPolicy, Diagnostics, ModelScaling
+from .core import AutoscalerCore, AutoscalerPolicy, Diagnostics, ModelScaling, scaling_for
 
 log = logs.get("inferbus.autoscaler")
 
@@ -91,8 +93,6 @@ class AutoscalerService(Service[AutoscalerSettings]):
 
     def __init__(self, settings: AutoscalerSettings) -> None:
         super().__init__(settings)
-        if not settings.models:
-            raise ValueError("the autoscaler needs --models (model=where, ...)")
         self.policy = settings.policy()
         self.core = AutoscalerCore(self.policy, now=time.time())
         self.actuator: Actuator | None = None
@@ -102,6 +102,8 @@ class AutoscalerService(Service[AutoscalerSettings]):
         self._unapplied: dict[str, ScaleDecision] = {}
         """The latest decision per model its actuator has not carried out yet."""
         self._diags: dict[str, Diagnostics] = {}
+        self._services: dict[str, LLMServiceSettings] = {}
+        """The latest LLMService record per model (IB_CONFIG ``ib.cfg.llmservice.*``)."""
 
     def _make_actuator(self, ctx: Context[AutoscalerSettings]) -> Actuator:
         s = self.settings
@@ -115,30 +117,15 @@ class AutoscalerService(Service[AutoscalerSettings]):
         self._ctx = ctx
         self.actuator = self._make_actuator(ctx)
         now = time.time()
-        for model in self.policy.models:
-            try:
-                current = await self.actuator.current(model)
-            except ActuationError as exc:
-                log.warning("current size unknown", model=model, error=str(exc))
-                current = None
-            previous = self.core.models[model].target
-            if current is not None:
-                self.core.set_target(model, current)
-            # a record that the model is managed: the gateway and scheduler let its
-            # requests wait for a worker instead of refusing them
-            await self._record(
-                ScaleDecision(
-                    model=model,
-                    desired=self.core.models[model].target,
-                    previous=previous,
-                    reason="autoscaler started: managing this model from its current size",
-                    decided_at=now,
-                )
-            )
-        for model in self.policy.models:  # every series from zero, not from its first event
-            for direction in ("up", "down"):
-                metrics.AUTOSCALER_DECISIONS.labels(model, direction)
-            metrics.AUTOSCALER_ACTUATION_ERRORS.labels(model)
+        # LLMServices' records first: the models they add are managed from the start
+        for data, _ in await replay(ctx.js, "IB_CONFIG", LLMSERVICES, since_s=10 * 365 * 86400):
+            record = decode_or_none(data, LLMServiceSettings)
+            if record is not None:
+                self._follow(record, now)
+        for model in list(self.core.models):
+            await self._manage(model, now)
+        if not self.core.models:
+            log.info("no model to size yet: --models, or an LLMService's record")
         nc, js = ctx.nc, ctx.js
         self._subs = [
             await nc.subscribe(HEARTBEATS, cb=self._on_heartbeat),
@@ -160,8 +147,83 @@ class AutoscalerService(Service[AutoscalerSettings]):
                 deliver_policy=DeliverPolicy.NEW,
             ),
         ]
+        self._subs.append(
+            await js.subscribe(
+                LLMSERVICES,
+                stream="IB_CONFIG",
+                cb=self._on_service,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            )
+        )
         self._tick_task = asyncio.create_task(self._ticks(), name="ticks")
-        log.info("autoscaling", models=sorted(self.policy.models), actuator=self.settings.actuator)
+        log.info("autoscaling", models=sorted(self.core.models), actuator=self.settings.actuator)
+
+    async def _manage(self, model: str, now: float) -> None:
+        """Take ``model`` on from the size it runs at now."""
+        assert self.actuator
+        try:
+            current = await self.actuator.current(model)
+        except ActuationError as exc:
+            log.warning("current size unknown", model=model, error=str(exc))
+            current = None
+        previous = self.core.models[model].target
+        if current is not None:
+            self.core.set_target(model, current)
+        # a record that the model is managed: the gateway and scheduler let its
+        # requests wait for a worker instead of refusing them
+        await self._record(
+            ScaleDecision(
+                model=model,
+                desired=self.core.models[model].target,
+                previous=previous,
+                reason="autoscaler started: managing this model from its current size",
+                decided_at=now,
+            )
+        )
+        for direction in ("up", "down"):  # every series from zero, not from its first event
+            metrics.AUTOSCALER_DECISIONS.labels(model, direction)
+        metrics.AUTOSCALER_ACTUATION_ERRORS.labels(model)
+
+    def _follow(self, record: LLMServiceSettings, now: float) -> bool:
+        """An LLMService's record: size its model by it, or, removed or without
+        scaling, as the flags say (or not at all). True when a model is new to the core."""
+        assert self.actuator
+        model = record.model
+        if self._services.get(model) == record:
+            return False
+        self._services[model] = record
+        if record.removed or record.scaling is None or not record.scale_target:
+            if model in self.policy.models:
+                self.core.configure(model, self.policy.models[model], now)
+                self.actuator.set_target(model, self.settings.models[model])
+            else:
+                self.core.forget(model)
+                self.actuator.forget(model)
+                self._unapplied.pop(model, None)
+                self._diags.pop(model, None)
+            log.info("llmservice record", model=model, service=record.service, sizing="flags")
+            return False
+        new = model not in self.core.models
+        base = self.policy.models.get(model, self.settings.scaling)
+        try:
+            self.actuator.set_target(model, record.scale_target)
+            self.core.configure(model, scaling_for(base, record.scaling), now)
+        except ValueError as exc:
+            log.warning("llmservice record refused", model=model, error=str(exc))
+            return False
+        log.info("llmservice record", model=model, service=record.service,
+                 target=record.scale_target, min=record.scaling.min_replicas,
+                 max=record.scaling.max_replicas)  # fmt: skip
+        return new
+
+    async def _on_service(self, msg: Msg) -> None:
+        record = decode_or_none(msg.data, LLMServiceSettings)
+        if record is None:
+            return
+        now = time.time()
+        if self._follow(record, now):
+            await self._manage(record.model, now)
 
     async def drain(self) -> None:
         if self._tick_task:

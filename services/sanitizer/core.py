@@ -9,6 +9,7 @@ stream passes through on its way to the client.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import cast
 
 import msgspec
@@ -16,6 +17,7 @@ import msgspec
 from inferbus.contracts import (
     FailureCode,
     InputFinding,
+    LLMServiceSettings,
     ReplyEvent,
     RequestFinished,
     RequestRejected,
@@ -109,6 +111,45 @@ class InputPolicies(msgspec.Struct, kw_only=True, frozen=True):
         if request.input_policy in ("block", "flag", "off"):
             return cast(Policy, request.input_policy)  # one of Policy's values: checked above
         return self.by_model.get(request.model, self.default)
+
+
+class ModelSettings(msgspec.Struct, kw_only=True, frozen=True):
+    """An LLMService's checks for its model (its record on the bus), over the flags."""
+
+    input_policy: Policy | None = None
+    mask_output_pii: bool | None = None
+
+
+def model_settings(record: LLMServiceSettings) -> ModelSettings | None:
+    """The sanitizer's part of a record; None when removed (the flags hold again).
+    A policy this sanitizer does not know is refused (ValueError), not guessed."""
+    if record.removed:
+        return None
+    policy = record.input_policy or None
+    if policy is not None and policy not in ("block", "flag", "off"):
+        raise ValueError(f"input policy {policy!r} (choose block, flag or off)")
+    return ModelSettings(input_policy=cast(Policy | None, policy),
+                         mask_output_pii=record.mask_output_pii)  # fmt: skip
+
+
+def with_models(flags: InputPolicies, models: Mapping[str, ModelSettings]) -> InputPolicies:
+    """The flags' policies, each LLMService's policy over its model's."""
+    by_model = dict(flags.by_model)
+    for model, ms in models.items():
+        if ms.input_policy is not None:
+            by_model[model] = ms.input_policy
+    return msgspec.structs.replace(flags, by_model=by_model)
+
+
+def masks_output(request: RequestSubmitted, models: Mapping[str, ModelSettings],
+                 default: bool) -> bool:  # fmt: skip
+    """The API key's (or tenant's) choice, else the model's LLMService's, else the flag."""
+    if request.mask_pii is not None:
+        return request.mask_pii
+    ms = models.get(request.model)
+    if ms is not None and ms.mask_output_pii is not None:
+        return ms.mask_output_pii
+    return default
 
 
 def parse_policies(default: str, by_model: str) -> InputPolicies:

@@ -14,11 +14,13 @@ from inferbus.contracts import (
     ACCEPTED,
     ENDED,
     FILTER_PREFIX,
+    LLMSERVICES,
     SUBMIT,
     TENANT_POLICIES,
     TENANT_SUBMITS,
     FailureCode,
     InputFinding,
+    LLMServiceSettings,
     ReplyEvent,
     RequestAccepted,
     RequestFailed,
@@ -43,7 +45,18 @@ from inferbus.shared.runtime import Context, Service
 from inferbus.shared.streams import ConsumerSpec
 from inferbus.shared.tracing import valid_context
 
-from .core import FilteredStream, InputLimits, blocked, check, inspect, parse_policies
+from .core import (
+    FilteredStream,
+    InputLimits,
+    ModelSettings,
+    blocked,
+    check,
+    inspect,
+    masks_output,
+    model_settings,
+    parse_policies,
+    with_models,
+)
 from .tenants import admit_tenant
 from .tokens import Tokenizers, parse_tokenizers
 
@@ -118,7 +131,11 @@ class SanitizerService(Service[SanitizerSettings]):
         """Tenants' records (IB_CONFIG ``ib.cfg.tenant.*``), for requests on their subjects."""
         self._work = Background()
         self._counts = {"accepted": 0, "rejected": 0, "invalid": 0, "blocked": 0, "flagged": 0}
-        self.policies = parse_policies(settings.input_policy, settings.model_input_policies)
+        self.flag_policies = parse_policies(settings.input_policy, settings.model_input_policies)
+        self.policies = self.flag_policies
+        self._models: dict[str, ModelSettings] = {}
+        """LLMServices' checks per model (IB_CONFIG ``ib.cfg.llmservice.*``)."""
+        self._models_sub: Any = None
         self.filter_id = subject_token(settings.instance_id)
         self._filter_prefix = f"{FILTER_PREFIX}.{self.filter_id}."
         self._streams: dict[str, FilteredStream] = {}
@@ -149,12 +166,22 @@ class SanitizerService(Service[SanitizerSettings]):
             ordered_consumer=True,
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
         )
+        # and the LLMServices' checks per model, the same way
+        for data, _ in await replay(ctx.js, "IB_CONFIG", LLMSERVICES, since_s=10 * 365 * 86400):
+            self._on_model_record_data(data)
+        self._models_sub = await ctx.js.subscribe(
+            LLMSERVICES,
+            stream="IB_CONFIG",
+            cb=self._on_model_record,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        )
         self._sub = await consume(ctx.nc, SUBMITTED_CONSUMER, self._on_submitted)
         self._tenant_sub = await consume(ctx.nc, TENANT_SUBMITTED_CONSUMER, self._on_submitted)
         self._sweeper = asyncio.create_task(self._sweep(), name="filter-sweep")
 
     async def drain(self) -> None:
-        for sub in (self._sub, self._tenant_sub, self._tenants_sub):
+        for sub in (self._sub, self._tenant_sub, self._tenants_sub, self._models_sub):
             if sub is not None:
                 await sub.drain()
         await self._work.wait()
@@ -259,6 +286,28 @@ class SanitizerService(Service[SanitizerSettings]):
     async def _on_tenant_policy(self, msg: Msg) -> None:
         self._on_tenant_policy_data(msg.data)
 
+    def _on_model_record_data(self, data: bytes) -> None:
+        record = decode_or_none(data, LLMServiceSettings)
+        if record is None:
+            log.error("undecodable llmservice record")
+            return
+        try:
+            ms = model_settings(record)
+        except ValueError as exc:
+            log.error("llmservice record refused", model=record.model, error=str(exc))
+            return
+        if ms is None:
+            self._models.pop(record.model, None)
+        else:
+            self._models[record.model] = ms
+        self.policies = with_models(self.flag_policies, self._models)
+        log.info("llmservice record", model=record.model, service=record.service,
+                 input_policy=ms.input_policy if ms else None,
+                 mask_output_pii=ms.mask_output_pii if ms else None)  # fmt: skip
+
+    async def _on_model_record(self, msg: Msg) -> None:
+        self._on_model_record_data(msg.data)
+
     async def _check(self, msg: Msg) -> None:
         assert self._ctx
         js, nc = self._ctx.js, self._ctx.nc
@@ -308,7 +357,7 @@ class SanitizerService(Service[SanitizerSettings]):
                 )
         if rejection is None:
             request = await self.tokenizers.tokenized(request)
-            if request.mask_pii if request.mask_pii is not None else self.settings.mask_output_pii:
+            if masks_output(request, self._models, self.settings.mask_output_pii):
                 # the output comes back through this instance's filter, then to the client
                 client = request.reply_to
                 request = msgspec.structs.replace(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import msgspec
 import pytest
 
 from inferbus.contracts import (
@@ -14,10 +15,16 @@ from inferbus.contracts import (
     RequestFinished,
     RequestSubmitted,
     SamplingParams,
+    ScalingSettings,
     Usage,
     WorkerHeartbeat,
 )
-from inferbus.services.autoscaler.core import AutoscalerCore, AutoscalerPolicy, ModelScaling
+from inferbus.services.autoscaler.core import (
+    AutoscalerCore,
+    AutoscalerPolicy,
+    ModelScaling,
+    scaling_for,
+)
 from inferbus.services.autoscaler.forecast import ForecastSettings, make_forecaster
 
 TRUE_CAPACITY = 1000.0  # work tokens/s a worker sustains within the SLO
@@ -352,3 +359,31 @@ def test_a_burst_is_sized_by_what_the_slo_lets_it_queue() -> None:
     assert rate == pytest.approx(6000.0 / 3.0) and width == 1  # done within 1 s + the SLO
     rate, _ = _burst(spike, slo_s=10.0)
     assert rate == pytest.approx(6000.0 / 11.0)  # a looser SLO lets more of it queue
+
+
+def test_an_llmservice_adds_a_model_and_its_new_bounds_hold_at_the_next_tick() -> None:
+    core = AutoscalerCore(AutoscalerPolicy(models={}), now=0.0)
+    base = ModelScaling(worker_capacity=TRUE_CAPACITY, max_replicas=8)
+    record = ScalingSettings(min_replicas=2, max_replicas=4, target_utilization=0.5,
+                             predictive_window_s=300.0, forecaster="constant")  # fmt: skip
+    spec = scaling_for(base, record)
+    assert (spec.min_replicas, spec.max_replicas, spec.target_utilization) == (2, 4, 0.5)
+    assert spec.forecast.trend_window_s == 300.0 and spec.forecaster == "constant"
+    assert spec.worker_capacity == TRUE_CAPACITY  # the rest is the autoscaler's own
+    core.configure("m", spec, now=0.0)
+    assert core.models["m"].target == 2
+    fleet = Fleet(core, 5.0)
+    fleet.run(lambda t: 20_000.0, 60)  # far above what 4 workers do
+    assert max(d.desired for d in fleet.decisions) == 4
+    learned = core.models["m"].capacity
+    # a lower ceiling: the next tick goes down to it, not after the scale-down window
+    core.configure("m", msgspec.structs.replace(spec, max_replicas=3), now=60.0)
+    assert core.models["m"].capacity == learned  # what was learned is kept
+    fleet.run(lambda t: 20_000.0, 2, start=60)
+    assert fleet.decisions[-1].desired == 3
+    with pytest.raises(ValueError, match="min_replicas <= max_replicas"):
+        core.configure("m", msgspec.structs.replace(spec, min_replicas=5), now=62.0)
+    assert core.models["m"].spec.max_replicas == 3  # a refused record changes nothing
+    core.forget("m")
+    assert "m" not in core.models
+    assert core.tick(63.0) == ([], [])

@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
-from inferbus.contracts import ChatMessage, RequestRejected, RequestSubmitted, SamplingParams
-from inferbus.services.sanitizer.core import InputLimits, check, prompt_chars
+from inferbus.contracts import (
+    ChatMessage,
+    LLMServiceSettings,
+    RequestRejected,
+    RequestSubmitted,
+    SamplingParams,
+)
+from inferbus.services.sanitizer.core import (
+    InputLimits,
+    check,
+    masks_output,
+    model_settings,
+    parse_policies,
+    prompt_chars,
+    with_models,
+)
 
 LIMITS = InputLimits(max_prompt_chars=100, max_tokens=1000, max_messages=4)
 
@@ -227,3 +242,28 @@ def test_chunks_lost_before_the_filter_show_in_the_count():
     events, _ = s.on_event(fin, 0.0)
     got = len([e for e in [*out, *events] if isinstance(e, TokenChunk)])
     assert events[-1].chunks == got + 1  # the client sees one missing
+
+
+def test_an_llmservice_sets_its_models_checks_over_the_flags_and_under_an_api_key():
+    flags = parse_policies("block", "code=flag")
+    record = LLMServiceSettings(service="chat", model="chat", input_policy="off",
+                                mask_output_pii=False)  # fmt: skip
+    ms = model_settings(record)
+    assert ms is not None
+    models = {"chat": ms}
+    policies = with_models(flags, models)
+    assert policies.by_model == {"code": "flag", "chat": "off"}
+    chat = msgspec.structs.replace(prompt_req(), model="chat")
+    assert policies.for_request(chat) == "off"
+    assert policies.for_request(prompt_req()) == "block"  # another model: the flags'
+    # the API key's (or tenant's) choice still wins
+    assert policies.for_request(msgspec.structs.replace(chat, input_policy="block")) == "block"
+    assert masks_output(chat, models, default=True) is False
+    assert masks_output(msgspec.structs.replace(chat, mask_pii=True), models, True) is True
+    assert masks_output(prompt_req(), models, default=True) is True
+    # an empty policy keeps the flags'; a removed record gives the model back to them
+    keep = model_settings(msgspec.structs.replace(record, input_policy=""))
+    assert keep is not None and with_models(flags, {"code": keep}).by_model["code"] == "flag"
+    assert model_settings(msgspec.structs.replace(record, removed=True)) is None
+    with pytest.raises(ValueError, match="choose block, flag or off"):
+        model_settings(msgspec.structs.replace(record, input_policy="allow"))
