@@ -279,3 +279,36 @@ async def replay(
     finally:
         await sub.unsubscribe()
     return out
+
+
+SETTINGS_HISTORY_S = 10 * 365 * 86400.0
+"""Settings (IB_CONFIG) never age out: replayed from as far back as anything can be."""
+
+
+async def follow_settings(
+    js: JetStreamContext, subject: str, on_data: Callable[[bytes], Awaitable[None] | None]
+) -> Any:
+    """Settings records (IB_CONFIG, the latest per subject): each one's latest handed
+    to ``on_data`` before this returns, so the caller starts with them; then every
+    change as it comes (the latest comes once more: handlers are idempotent)."""
+
+    async def handle(data: bytes) -> None:
+        done = on_data(data)
+        if done is not None:
+            await done
+
+    for data, _ in await replay(js, "IB_CONFIG", subject, since_s=SETTINGS_HISTORY_S):
+        await handle(data)
+
+    async def on_msg(msg: Msg) -> None:
+        await handle(msg.data)
+
+    from nats.js.api import DeliverPolicy
+
+    return await js.subscribe(
+        subject,
+        stream="IB_CONFIG",
+        cb=on_msg,
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+    )

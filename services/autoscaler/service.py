@@ -31,7 +31,7 @@ from inferbus.contracts import (
 )
 from inferbus.contracts.control import DEFAULT_SUPERVISOR
 from inferbus.shared import logs, metrics
-from inferbus.shared.bus import publish_durable, replay
+from inferbus.shared.bus import follow_settings, publish_durable
 from inferbus.shared.codec import decode_or_none, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
@@ -103,6 +103,7 @@ class AutoscalerService(Service[AutoscalerSettings]):
         """The latest decision per model its actuator has not carried out yet."""
         self._diags: dict[str, Diagnostics] = {}
         self._services: dict[str, LLMServiceSettings] = {}
+        self._started = False
         """The latest LLMService record per model (IB_CONFIG ``ib.cfg.llmservice.*``)."""
 
     def _make_actuator(self, ctx: Context[AutoscalerSettings]) -> Actuator:
@@ -118,16 +119,14 @@ class AutoscalerService(Service[AutoscalerSettings]):
         self.actuator = self._make_actuator(ctx)
         now = time.time()
         # LLMServices' records first: the models they add are managed from the start
-        for data, _ in await replay(ctx.js, "IB_CONFIG", LLMSERVICES, since_s=10 * 365 * 86400):
-            record = decode_or_none(data, LLMServiceSettings)
-            if record is not None:
-                self._follow(record, now)
+        self._subs.append(await follow_settings(ctx.js, LLMSERVICES, self._on_service))
+        self._started = True  # models new from now on are taken on as they come
         for model in list(self.core.models):
             await self._manage(model, now)
         if not self.core.models:
             log.info("no model to size yet: --models, or an LLMService's record")
         nc, js = ctx.nc, ctx.js
-        self._subs = [
+        self._subs += [
             await nc.subscribe(HEARTBEATS, cb=self._on_heartbeat),
             await nc.subscribe(STARTED, cb=self._on_started),
             await nc.subscribe(SCHEDULER_LOAD, cb=self._on_load),
@@ -147,15 +146,6 @@ class AutoscalerService(Service[AutoscalerSettings]):
                 deliver_policy=DeliverPolicy.NEW,
             ),
         ]
-        self._subs.append(
-            await js.subscribe(
-                LLMSERVICES,
-                stream="IB_CONFIG",
-                cb=self._on_service,
-                ordered_consumer=True,
-                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-            )
-        )
         self._tick_task = asyncio.create_task(self._ticks(), name="ticks")
         log.info("autoscaling", models=sorted(self.core.models), actuator=self.settings.actuator)
 
@@ -217,12 +207,12 @@ class AutoscalerService(Service[AutoscalerSettings]):
                  max=record.scaling.max_replicas)  # fmt: skip
         return new
 
-    async def _on_service(self, msg: Msg) -> None:
-        record = decode_or_none(msg.data, LLMServiceSettings)
+    async def _on_service(self, data: bytes) -> None:
+        record = decode_or_none(data, LLMServiceSettings)
         if record is None:
             return
         now = time.time()
-        if self._follow(record, now):
+        if self._follow(record, now) and self._started:
             await self._manage(record.model, now)
 
     async def drain(self) -> None:

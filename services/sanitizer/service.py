@@ -8,7 +8,6 @@ from typing import Any
 
 import msgspec
 from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy
 
 from inferbus.contracts import (
     ACCEPTED,
@@ -35,8 +34,8 @@ from inferbus.shared import tracing as t
 from inferbus.shared.bus import (
     Background,
     consume,
+    follow_settings,
     publish_durable,
-    replay,
     request_headers,
 )
 from inferbus.shared.codec import DecodeError, decode, decode_or_none, encode
@@ -156,26 +155,11 @@ class SanitizerService(Service[SanitizerSettings]):
         self._filter_sub = await ctx.nc.subscribe(
             self._filter_prefix + ">", cb=self._on_output, pending_msgs_limit=1_000_000
         )
-        # tenants' records before their requests: the latest of each, then every change
-        for data, _ in await replay(ctx.js, "IB_CONFIG", TENANT_POLICIES, since_s=10 * 365 * 86400):
-            self._on_tenant_policy_data(data)
-        self._tenants_sub = await ctx.js.subscribe(
-            TENANT_POLICIES,
-            stream="IB_CONFIG",
-            cb=self._on_tenant_policy,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        # tenants' records and the LLMServices' checks before their requests
+        self._tenants_sub = await follow_settings(
+            ctx.js, TENANT_POLICIES, self._on_tenant_policy_data
         )
-        # and the LLMServices' checks per model, the same way
-        for data, _ in await replay(ctx.js, "IB_CONFIG", LLMSERVICES, since_s=10 * 365 * 86400):
-            self._on_model_record_data(data)
-        self._models_sub = await ctx.js.subscribe(
-            LLMSERVICES,
-            stream="IB_CONFIG",
-            cb=self._on_model_record,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-        )
+        self._models_sub = await follow_settings(ctx.js, LLMSERVICES, self._on_model_record_data)
         self._sub = await consume(ctx.nc, SUBMITTED_CONSUMER, self._on_submitted)
         self._tenant_sub = await consume(ctx.nc, TENANT_SUBMITTED_CONSUMER, self._on_submitted)
         self._sweeper = asyncio.create_task(self._sweep(), name="filter-sweep")
@@ -283,9 +267,6 @@ class SanitizerService(Service[SanitizerSettings]):
         self._tenants[policy.tenant] = policy
         log.info("tenant record", tenant=policy.tenant, revoked=policy.revoked)
 
-    async def _on_tenant_policy(self, msg: Msg) -> None:
-        self._on_tenant_policy_data(msg.data)
-
     def _on_model_record_data(self, data: bytes) -> None:
         record = decode_or_none(data, LLMServiceSettings)
         if record is None:
@@ -304,9 +285,6 @@ class SanitizerService(Service[SanitizerSettings]):
         log.info("llmservice record", model=record.model, service=record.service,
                  input_policy=ms.input_policy if ms else None,
                  mask_output_pii=ms.mask_output_pii if ms else None)  # fmt: skip
-
-    async def _on_model_record(self, msg: Msg) -> None:
-        self._on_model_record_data(msg.data)
 
     async def _check(self, msg: Msg) -> None:
         assert self._ctx

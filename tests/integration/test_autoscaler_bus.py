@@ -6,19 +6,30 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from pathlib import Path
 
+import msgspec
 import nats
 import pytest
 from testkit.faults import Platform
 
-from inferbus.contracts import ScaleDecision
+from inferbus.contracts import (
+    SCALING_STATUS,
+    LLMServiceSettings,
+    ScaleDecision,
+    ScalingSettings,
+    ScalingStatus,
+    llmservice_subject,
+    scale_subject,
+)
 from inferbus.contracts.control import SupervisorQuery, SupervisorState, supervisor_subject
 from inferbus.services.autoscaler.actuators import ActuationError, LocalActuator
-from inferbus.services.autoscaler.service import AutoscalerService, AutoscalerSettings
-from inferbus.shared.bus import connect
+from inferbus.shared.bus import connect, publish_durable
 from inferbus.shared.buscreds import load_credentials
 from inferbus.shared.codec import decode, encode
+
+from .procs import ServiceProcess
 
 pytestmark = pytest.mark.integration
 
@@ -63,6 +74,41 @@ async def test_no_supervisor_answering_is_an_actuation_error(nats_url: str) -> N
         await nc.close()
 
 
-def test_the_service_needs_models() -> None:
-    with pytest.raises(ValueError, match="--models"):
-        AutoscalerService(AutoscalerSettings())
+async def test_started_with_no_models_it_takes_one_from_an_llmservice_record(
+    nats_url: str, log_dir: Path
+) -> None:
+    """It once refused to start without --models; an LLMService's record now brings a
+    model at run time, and a removed record takes it away."""
+    model = f"llms-{uuid.uuid4().hex[:6]}"
+    proc = ServiceProcess("autoscaler", nats_url, log_dir, "--actuator", "none",
+                          name=f"autoscaler-{model}").start().wait_ready()  # fmt: skip
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        decisions: list[ScaleDecision] = []
+        statuses: list[ScalingStatus] = []
+
+        async def on_decision(msg) -> None:
+            decisions.append(decode(msg.data, ScaleDecision))
+
+        async def on_status(msg) -> None:
+            statuses.append(decode(msg.data, ScalingStatus))
+
+        await js.subscribe(scale_subject(model), cb=on_decision, ordered_consumer=True)
+        await nc.subscribe(SCALING_STATUS, cb=on_status)
+        record = LLMServiceSettings(
+            service="chat", model=model, scale_target="anywhere",
+            scaling=ScalingSettings(min_replicas=2, max_replicas=3), set_at=time.time(),
+        )  # fmt: skip
+        await publish_durable(js, llmservice_subject(model), record, request_id="t")
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not any(d.desired == 2 for d in decisions):
+            await asyncio.sleep(0.2)
+        assert any(d.desired == 2 for d in decisions), decisions  # minReplicas, decided
+        removed = msgspec.structs.replace(record, removed=True, set_at=time.time())
+        await publish_durable(js, llmservice_subject(model), removed, request_id="t")
+        await asyncio.sleep(3.0)  # a status or two after the removal
+        assert model not in statuses[-1].targets, statuses[-1]
+    finally:
+        await nc.close()
+        proc.stop()
