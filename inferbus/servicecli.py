@@ -117,7 +117,7 @@ async def _apply(services: list[Any], scale_target: str, rules_dir: Path, by: st
             await asyncio.sleep(max(0.0, HEARTBEAT_WAIT_S - (time.monotonic() - started)))
             if req is not None:
                 delivery = await bus.delivery_view(js, model)
-            st = render.status(svc, _workers(beats, model, svc.spec.model.version), delivery,
+            st = render.status(svc, _workers(beats, model), delivery,
                                "", time.time())  # fmt: skip
             click.echo(f"llmservice {svc.key}: {'configured' if changed else 'unchanged'}; "
                        f"model {model}"
@@ -173,7 +173,7 @@ def delete(path: Path, rules_dir: Path, nats_url: str) -> None:
     asyncio.run(run())
 
 
-def _workers(beats: dict[str, Any], model: str, version: str) -> Any:
+def _workers(beats: dict[str, Any], model: str) -> Any:
     """The workers serving ``model`` as a Deployment's view (ready ones count)."""
     from inferbus.llmservice.render import DeploymentView
 

@@ -197,11 +197,14 @@ class AutoscalerService(Service[AutoscalerSettings]):
         new = model not in self.core.models
         base = self.policy.models.get(model, self.settings.scaling)
         try:
-            self.actuator.set_target(model, record.scale_target)
             self.core.configure(model, scaling_for(base, record.scaling), now)
         except ValueError as exc:
             log.warning("llmservice record refused", model=model, error=str(exc))
             return False
+        try:
+            self.actuator.set_target(model, record.scale_target)
+        except ValueError as exc:  # decided and recorded; carrying out fails, said each tick
+            log.warning("llmservice scale target refused", model=model, error=str(exc))
         log.info("llmservice record", model=model, service=record.service,
                  target=record.scale_target, min=record.scaling.min_replicas,
                  max=record.scaling.max_replicas)  # fmt: skip
