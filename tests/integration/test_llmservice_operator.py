@@ -28,6 +28,7 @@ from inferbus.operator.reconcile import Operator
 from inferbus.shared import modelstore
 from inferbus.shared.bus import connect, replay
 from inferbus.shared.codec import decode
+from inferbus.shared.natsserver import NatsServer
 from inferbus.shared.streams import ensure_streams
 
 pytestmark = pytest.mark.integration
@@ -52,8 +53,19 @@ async def records(js, subject: str, kind):
             LLMServiceSettings else "IB_DELIVERY", subject, since_s=600)]  # fmt: skip
 
 
-async def test_reconcile_applies_sends_and_reports_each_phase(nats_url: str) -> None:
-    model = "op-chat"  # its own subjects on the shared test server
+async def test_reconcile_applies_sends_and_reports_each_phase(tmp_path: Path) -> None:
+    # a server of its own: on the session's, the suite's delivery service takes the
+    # rollout this asks for and rolls it back (no such version), as it should (found
+    # in CI, where that service runs)
+    server = NatsServer(tmp_path / "nats").start()
+    try:
+        await _reconcile_phases(server.url)
+    finally:
+        server.stop()
+
+
+async def _reconcile_phases(nats_url: str) -> None:
+    model = "op-chat"
     nc = await connect(nats_url, "test-operator")
     js = nc.jetstream()
     await ensure_streams(js)
