@@ -420,12 +420,10 @@ def status(
                 "Degraded", "VersionRolledBack", why + "; name another version to try again"
             )
     needed = max(1, svc.spec.scaling.min_replicas)
-    serving = workers.ready >= needed or (
-        workers.exists
-        and workers.replicas == 0
-        and needed == 1
-        and svc.spec.scaling.min_replicas == 0
-    )
+    # scaled to zero by the autoscaler (minReplicas 0) is serving: a request waits for
+    # the worker it starts
+    scaled_to_zero = workers.exists and workers.replicas == 0 and svc.spec.scaling.min_replicas == 0
+    serving = workers.ready >= needed or scaled_to_zero
     if workers.progress_deadline_exceeded:
         return Status(
             "Degraded",
@@ -452,7 +450,7 @@ def status(
             "Provisioning",
             "VersionRequested",
             f"{version} asked of the delivery service; serving "
-            f"{delivery.current or 'the workers own model'}",
+            f"{delivery.current or 'the model its workers started with'}",
         )
     if workers.exists and workers.observed_generation < workers.generation:
         return Status("Provisioning", "WorkersUpdating", "the workers' new spec is rolling out")

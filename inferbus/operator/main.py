@@ -5,6 +5,7 @@ only the fields the schema names. SIGTERM stops it gracefully (kopf's own handli
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -57,7 +58,7 @@ def settings() -> kopf.OperatorSettings:
         prefix=GROUP, key="last-handled-configuration"
     )
     s.persistence.finalizer = f"{GROUP}/operator"
-    s.posting.level = 30  # warnings and errors become the LLMService's events
+    s.posting.level = logging.WARNING  # warnings and errors become the LLMService's events
     return s
 
 
