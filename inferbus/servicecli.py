@@ -33,7 +33,7 @@ HEARTBEAT_WAIT_S = 2.5
 @click.option(
     "--dry-run",
     is_flag=True,
-    help="Print the settings record, rollout and rule files; send nothing.",
+    help="Print the settings record and the rules; send nothing.",
 )
 @nats_option
 def apply(path: Path, scale_target: str, rules_dir: Path, dry_run: bool, nats_url: str) -> None:
@@ -42,12 +42,8 @@ def apply(path: Path, scale_target: str, rules_dir: Path, dry_run: bool, nats_ur
     the delivery service rolls its model version out when another is served, and its
     rule file is written. Prints each service's phase, as the operator would set it."""
     from inferbus.llmservice import render
-    from inferbus.llmservice.spec import SpecError, load_file
 
-    try:
-        services = load_file(path)
-    except SpecError as exc:
-        raise click.ClickException(str(exc)) from None
+    services = _load(path)
     by = f"inferbus apply ({getpass.getuser()})"
     now = time.time()
     if dry_run:
@@ -62,10 +58,9 @@ def apply(path: Path, scale_target: str, rules_dir: Path, dry_run: bool, nats_ur
 
 async def _apply(services: list[Any], scale_target: str, rules_dir: Path, by: str,
                  nats_url: str) -> int:  # fmt: skip
-    import yaml
-
     from inferbus.contracts import HEARTBEATS, WorkerHeartbeat
     from inferbus.llmservice import bus, render
+    from inferbus.llmservice.render import DeploymentView
     from inferbus.shared.bus import connect
     from inferbus.shared.buscreds import credentials_from_env
     from inferbus.shared.codec import decode_or_none
@@ -86,7 +81,6 @@ async def _apply(services: list[Any], scale_target: str, rules_dir: Path, by: st
         sub = await nc.subscribe(HEARTBEATS, cb=on_beat)
         started = time.monotonic()
         for svc in services:
-            now = time.time()
             model = svc.spec.model.name
             existing = await bus.current_settings(js, model)
             taken = render.conflict(svc, existing)
@@ -94,32 +88,21 @@ async def _apply(services: list[Any], scale_target: str, rules_dir: Path, by: st
                 click.echo(f"llmservice {svc.key}: refused: {taken}", err=True)
                 failed += 1
                 continue
-            settings = render.service_settings(svc, scale_target=scale_target, set_by=by, now=now)
-            changed = not bus.same(existing, settings)
-            if changed:
-                await bus.publish_settings(js, settings)
-            delivery = await bus.delivery_view(js, model)
-            # asked already when the record with this version went out (as the operator
-            # asks once per generation): a rolled-back version is asked again by
-            # `inferbus model deploy`, not by applying the same file
-            asked = (render.ask_key(svc) if existing is not None and not existing.removed
-                     and existing.version == svc.spec.model.version else "")  # fmt: skip
-            req = render.deploy_request(svc, delivery, asked, set_by=by, now=now)
-            if req is not None:
-                await bus.ask_deploy(js, req)
-            rules = render.prometheus_rules(svc)
+            synced = await bus.sync(js, svc, existing, scale_target=scale_target, asked=None,
+                                    set_by=by, now=time.time())  # fmt: skip
+            rules = render.rules_text(svc)
             rules_path = rules_dir / f"{svc.metadata.name}.rules.yml"
             if rules is not None:
                 rules_dir.mkdir(parents=True, exist_ok=True)
-                rules_path.write_text(yaml.safe_dump(rules, sort_keys=False))
-            elif rules_path.exists():
-                rules_path.unlink()
+                rules_path.write_text(rules)
+            else:
+                rules_path.unlink(missing_ok=True)
             await asyncio.sleep(max(0.0, HEARTBEAT_WAIT_S - (time.monotonic() - started)))
-            if req is not None:
-                delivery = await bus.delivery_view(js, model)
-            st = render.status(svc, _workers(beats, model), delivery,
-                               "", time.time())  # fmt: skip
-            click.echo(f"llmservice {svc.key}: {'configured' if changed else 'unchanged'}; "
+            req = synced.request
+            delivery = await bus.delivery_view(js, model) if req else synced.delivery
+            workers = DeploymentView.from_heartbeats(beats.values(), model)
+            st = render.status(svc, workers, delivery, "", time.time())
+            click.echo(f"llmservice {svc.key}: {'configured' if synced.changed else 'unchanged'}; "
                        f"model {model}"
                        + (f"; rollout of {req.version} asked" if req else "")
                        + (f"; rules {rules_path}" if rules is not None else "")
@@ -140,16 +123,12 @@ def delete(path: Path, rules_dir: Path, nats_url: str) -> None:
     """Stop serving FILE's LLMServices as declared: the autoscaler and the sanitizer go
     back to their flags for each model, and its rule file is removed. The served
     version and the workers stay as they are."""
-    from inferbus.llmservice import bus, render
-    from inferbus.llmservice.spec import SpecError, load_file
+    from inferbus.llmservice import bus
     from inferbus.shared.bus import connect
     from inferbus.shared.buscreds import credentials_from_env
     from inferbus.shared.streams import ensure_streams
 
-    try:
-        services = load_file(path)
-    except SpecError as exc:
-        raise click.ClickException(str(exc)) from None
+    services = _load(path)
     by = f"inferbus delete ({getpass.getuser()})"
 
     async def run() -> None:
@@ -158,13 +137,9 @@ def delete(path: Path, rules_dir: Path, nats_url: str) -> None:
             js = nc.jetstream()
             await ensure_streams(js)
             for svc in services:
-                model = svc.spec.model.name
-                existing = await bus.current_settings(js, model)
-                if existing is None or existing.removed or existing.service != svc.key:
+                if not await bus.withdraw(js, svc, set_by=by, now=time.time()):
                     click.echo(f"llmservice {svc.key}: not applied")
                     continue
-                record = render.removed_settings(model, svc.key, set_by=by, now=time.time())
-                await bus.publish_settings(js, record)
                 (rules_dir / f"{svc.metadata.name}.rules.yml").unlink(missing_ok=True)
                 click.echo(f"llmservice {svc.key}: deleted")
         finally:
@@ -173,13 +148,14 @@ def delete(path: Path, rules_dir: Path, nats_url: str) -> None:
     asyncio.run(run())
 
 
-def _workers(beats: dict[str, Any], model: str) -> Any:
-    """The workers serving ``model`` as a Deployment's view (ready ones count)."""
-    from inferbus.llmservice.render import DeploymentView
+def _load(path: Path) -> list[Any]:
+    """FILE's LLMServices, or a click error naming the bad field."""
+    from inferbus.llmservice.spec import SpecError, load_file
 
-    serving = [hb for hb in beats.values() if model in hb.models]
-    ready = [hb for hb in serving if hb.state == "ready"]
-    return DeploymentView(exists=bool(beats), replicas=len(serving), ready=len(ready))
+    try:
+        return load_file(path)
+    except SpecError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @click.group()
@@ -207,20 +183,15 @@ def render_cmd(path: Path, image: str) -> None:
     import yaml
 
     from inferbus.llmservice import render
-    from inferbus.llmservice.spec import SpecError, load_file
 
-    try:
-        services = load_file(path)
-    except SpecError as exc:
-        raise click.ClickException(str(exc)) from None
     objects: list[Any] = []
-    for svc in services:
+    for svc in _load(path):
         cluster = render.Cluster(image=image)
         objects.append(render.worker_deployment(svc, cluster, None))
         objects.extend(render.scale_access(svc, cluster.autoscaler_account))
-        rules = render.prometheus_rules(svc)
+        rules = render.rules_text(svc)
         if rules is not None:
-            objects.append(render.rules_configmap(svc, yaml.safe_dump(rules, sort_keys=False)))
+            objects.append(render.rules_configmap(svc, rules))
     click.echo(yaml.safe_dump_all(objects, sort_keys=False), nl=False)
 
 

@@ -4,10 +4,14 @@ the status out. No I/O; time is passed in. The operator (inferbus/operator) and
 
 from __future__ import annotations
 
+import datetime
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from inferbus.contracts import DeployRequest, LLMServiceSettings, ScalingSettings
+import yaml
+
+from inferbus.contracts import DeployRequest, LLMServiceSettings, ScalingSettings, WorkerHeartbeat
 
 from .spec import API_VERSION, KIND, LLMService
 
@@ -47,12 +51,17 @@ def service_settings(
 
 def conflict(svc: LLMService, existing: LLMServiceSettings | None) -> str:
     """Why ``svc`` may not take its model (another LLMService serves it), or ""."""
-    if existing is None or existing.removed or existing.service == svc.key:
+    if existing is None or existing.removed or owns(svc, existing):
         return ""
     return (
         f"model {svc.spec.model.name!r} is served by LLMService {existing.service!r}; "
         "delete that one first"
     )
+
+
+def owns(svc: LLMService, existing: LLMServiceSettings | None) -> bool:
+    """The model's live record is this LLMService's (so deleting it withdraws it)."""
+    return existing is not None and not existing.removed and existing.service == svc.key
 
 
 def removed_settings(model: str, service: str, *, set_by: str, now: float) -> LLMServiceSettings:
@@ -113,6 +122,15 @@ def deploy_request(
 
 def ask_key(svc: LLMService) -> str:
     return f"{svc.metadata.generation}:{svc.spec.model.version}"
+
+
+def asked_by_record(svc: LLMService, existing: LLMServiceSettings | None) -> str:
+    """Where no status remembers the last rollout asked for (``inferbus apply``): it
+    was asked when the live record with this version went out. So a rolled-back version
+    is asked again by ``inferbus model deploy``, not by applying the same file."""
+    if owns(svc, existing) and existing is not None and existing.version == svc.spec.model.version:
+        return ask_key(svc)
+    return ""
 
 
 # -- Kubernetes objects ------------------------------------------------------------
@@ -349,6 +367,12 @@ def prometheus_rules(svc: LLMService) -> dict[str, Any] | None:
     return {"groups": [{"name": f"llmservice-{svc.metadata.name}", "rules": rules}]}
 
 
+def rules_text(svc: LLMService) -> str | None:
+    """The rule file's text; None when the spec asks for no rule."""
+    rules = prometheus_rules(svc)
+    return None if rules is None else yaml.safe_dump(rules, sort_keys=False)
+
+
 def rules_configmap(svc: LLMService, rules_yaml: str) -> dict[str, Any]:
     """The rule file in a ConfigMap labelled for Prometheus' rule loaders."""
     obj = _owned(svc, "ConfigMap", "v1", rules_name(svc))
@@ -370,6 +394,17 @@ class DeploymentView:
     generation: int = 0
     observed_generation: int = 0
     progress_deadline_exceeded: bool = False
+
+    @classmethod
+    def from_heartbeats(cls, beats: Iterable[WorkerHeartbeat], model: str) -> DeploymentView:
+        """Outside Kubernetes: the workers heard serving ``model`` (ready ones count)."""
+        heard = list(beats)
+        serving = [hb for hb in heard if model in hb.models]
+        return cls(
+            exists=bool(heard),
+            replicas=len(serving),
+            ready=sum(1 for hb in serving if hb.state == "ready"),
+        )
 
     @classmethod
     def of(cls, obj: dict[str, Any] | None) -> DeploymentView:
@@ -457,3 +492,33 @@ def status(
     return Status(
         "Ready", "Serving", f"{workers.ready} workers ready" if workers.exists else "served"
     )
+
+
+def status_fields(
+    st: Status, previous: dict[str, Any], generation: int, now: float
+) -> dict[str, Any]:
+    """The LLMService's status fields for ``st``, with a Ready condition that keeps its
+    transition time while its truth holds."""
+    ready = "True" if st.phase == "Ready" else "False"
+    before = next((c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), None)
+    since = (
+        before["lastTransitionTime"]
+        if before and before.get("status") == ready and before.get("lastTransitionTime")
+        else datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    )
+    return {
+        "phase": st.phase,
+        "reason": st.reason,
+        "message": st.message,
+        "observedGeneration": generation,
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": ready,
+                "reason": st.reason,
+                "message": st.message,
+                "lastTransitionTime": since,
+                "observedGeneration": generation,
+            }
+        ],
+    }

@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-import datetime
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
 from nats.js import JetStreamContext
 
 from inferbus.llmservice import bus, render
@@ -34,15 +32,15 @@ class Operator:
         try:
             svc = load(body)
         except SpecError as exc:
-            return _status(previous, render.Status("Degraded", "InvalidSpec", str(exc)),
-                           generation, now)  # fmt: skip
+            st = render.Status("Degraded", "InvalidSpec", str(exc))
+            return render.status_fields(st, previous, generation, now)
         model = svc.spec.model.name
         existing = await bus.current_settings(self.js, model)
         taken = render.conflict(svc, existing)
         if taken:
-            return _status(
-                previous, render.Status("Degraded", "ModelTaken", taken), generation, now
-            )
+            st = render.Status("Degraded", "ModelTaken", taken)
+            return render.status_fields(st, previous, generation, now)
+        # the cluster first: an API error leaves the bus as it was (kopf retries)
         ns = svc.metadata.namespace
         live = await self.kube.read_deployment(ns, render.worker_name(svc))
         workers = await self.kube.apply(
@@ -52,34 +50,33 @@ class Operator:
         )
         for obj in render.scale_access(svc, self.cluster.autoscaler_account):
             await self.kube.apply(obj)
-        rules = render.prometheus_rules(svc)
+        rules = render.rules_text(svc)
         if rules is not None:
-            await self.kube.apply(
-                render.rules_configmap(svc, yaml.safe_dump(rules, sort_keys=False))
-            )
+            await self.kube.apply(render.rules_configmap(svc, rules))
         elif previous.get("rules"):
             await self.kube.delete_config_map(ns, render.rules_name(svc))
-        settings = render.service_settings(
-            svc, scale_target=f"{ns}/{render.worker_name(svc)}", set_by=self.name, now=now
+        synced = await bus.sync(
+            self.js,
+            svc,
+            existing,
+            scale_target=f"{ns}/{render.worker_name(svc)}",
+            asked=str(previous.get("requested") or ""),
+            set_by=self.name,
+            now=now,
         )
-        if not bus.same(existing, settings):
-            await bus.publish_settings(self.js, settings)
+        if synced.changed:
             log.info("settings published", llmservice=svc.key, model=model)
-        delivery = await bus.delivery_view(self.js, model)
-        asked = str(previous.get("requested") or "")
-        req = render.deploy_request(svc, delivery, asked, set_by=self.name, now=now)
-        if req is not None:
-            await bus.ask_deploy(self.js, req)
-            asked = render.ask_key(svc)
-            log.info("rollout asked", llmservice=svc.key, model=model, version=req.version)
+        if synced.request is not None:
+            log.info("rollout asked", llmservice=svc.key, model=model,
+                     version=synced.request.version)  # fmt: skip
         view = render.DeploymentView.of(workers)
-        st = render.status(svc, view, delivery, str(previous.get("phase") or ""), now)
-        out = _status(previous, st, generation, now)
+        st = render.status(svc, view, synced.delivery, str(previous.get("phase") or ""), now)
+        out = render.status_fields(st, previous, generation, now)
         out.update(
             replicas=view.replicas,
             readyReplicas=view.ready,
-            servedVersion=delivery.current,
-            requested=asked,
+            servedVersion=synced.delivery.current,
+            requested=synced.asked,
             rules=rules is not None,
         )
         return out
@@ -91,39 +88,4 @@ class Operator:
             svc = load(body)
         except SpecError:
             return  # never rendered: nothing was published
-        existing = await bus.current_settings(self.js, svc.spec.model.name)
-        if existing is not None and existing.service == svc.key and not existing.removed:
-            await bus.publish_settings(
-                self.js,
-                render.removed_settings(svc.spec.model.name, svc.key, set_by=self.name, now=now),
-            )
-
-
-def _status(
-    previous: dict[str, Any], st: render.Status, generation: int, now: float
-) -> dict[str, Any]:
-    """The status fields, with a Ready condition that keeps its transition time while
-    its truth holds."""
-    ready = "True" if st.phase == "Ready" else "False"
-    before = next((c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), None)
-    since = (
-        before["lastTransitionTime"]
-        if before and before.get("status") == ready and before.get("lastTransitionTime")
-        else datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    )
-    return {
-        "phase": st.phase,
-        "reason": st.reason,
-        "message": st.message,
-        "observedGeneration": generation,
-        "conditions": [
-            {
-                "type": "Ready",
-                "status": ready,
-                "reason": st.reason,
-                "message": st.message,
-                "lastTransitionTime": since,
-                "observedGeneration": generation,
-            }
-        ],
-    }
+        await bus.withdraw(self.js, svc, set_by=self.name, now=now)

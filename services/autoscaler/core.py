@@ -208,9 +208,7 @@ class AutoscalerCore:
         fresh = _new_state(model, spec, now)  # checks the bounds before anything changes
         if (spec.forecaster, spec.forecast) != (m.spec.forecaster, m.spec.forecast):
             m.forecaster = fresh.forecaster
-        m.spec = spec
-        # a lowered ceiling holds at once, not after the scale-down window
-        m.asked = deque((t, min(n, spec.max_replicas)) for t, n in m.asked)
+        m.spec = spec  # a lowered ceiling: tick holds it at once, past the scale-down window
 
     def forget(self, model: str) -> None:
         """Stop sizing ``model`` (its LLMService was removed); its workers stay as they are."""

@@ -292,3 +292,19 @@ def test_render_prints_valid_objects_and_apply_refuses_a_bad_file(tmp_path):
     bad.write_text(EXAMPLE.read_text().replace("maxReplicas: 4", "maxReplicas: 0"))
     done = runner.invoke(main, ["apply", "-f", str(bad), "--nats-url", "nats://127.0.0.1:1"])
     assert done.exit_code == 1 and "$.spec.scaling.maxReplicas" in done.output
+
+
+def test_the_rendered_worker_keeps_in_step_with_the_base_worker():
+    """The operator's worker is written in code, the base's in YAML: what a worker needs
+    (its variables, volumes, mounts and probes) must not drift apart."""
+    base = next(d for d in yaml.safe_load_all((ROOT / "deploy/k8s/base/worker.yaml").read_text())
+                if d["kind"] == "Deployment")  # fmt: skip
+    mine = render.worker_deployment(svc(), render.Cluster(), None)
+    b, m = (d["spec"]["template"]["spec"] for d in (base, mine))
+    (bc,), (mc,) = b["containers"], m["containers"]
+    assert [e["name"] for e in mc["env"]] == [e["name"] for e in bc["env"]]
+    assert mc["volumeMounts"] == bc["volumeMounts"] and mc["args"] == bc["args"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert mc[probe] == bc[probe]
+    assert [v["name"] for v in m["volumes"]] == [v["name"] for v in b["volumes"]]
+    assert m["securityContext"] == b["securityContext"]
