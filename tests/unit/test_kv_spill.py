@@ -4,6 +4,8 @@ connector's scheduler-side planning of restores and saves."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import random
 from pathlib import Path
@@ -20,6 +22,8 @@ from inferbus.services.worker.spill.plan import (
 from inferbus.services.worker.spill.store import DISK, HOST, SHARED, StoreConfig, TieredStore
 from inferbus.shared.kvblocks import CorruptBlock, block_path, decode_block, encode_block
 from inferbus.shared.lruk import AdaptiveLruK, LruK
+
+CORPORA = Path(__file__).resolve().parents[2] / "bench" / "corpora"
 
 # -- LRU-K -----------------------------------------------------------------------------
 
@@ -87,20 +91,67 @@ def conversations(rng: random.Random, turns: int = 400) -> list[int]:
     return trace
 
 
+def loop_with_scans(rng: random.Random) -> list[int]:
+    trace: list[int] = []
+    for _ in range(200):
+        trace += rng.sample(range(50), 10)  # a hot set of 50
+        trace += [rng.randrange(10**6, 10**7) for _ in range(20)]  # one-time scans
+    return trace
+
+
 def test_the_adaptive_policy_follows_the_better_expert():
     rng = random.Random(5)
     chats = conversations(rng)
     lru, lru_k = hit_rate(LruK(40, k=1), chats), hit_rate(LruK(40, k=2), chats)
     adaptive = AdaptiveLruK(40, k=2)
-    assert lru > lru_k and hit_rate(adaptive, chats) >= 0.97 * lru
+    assert lru > lru_k and hit_rate(adaptive, chats) >= 0.99 * lru
     assert adaptive.leader() == "lru"
-    scans: list[int] = []
-    for _ in range(200):
-        scans += rng.sample(range(50), 10)
-        scans += [rng.randrange(10**6, 10**7) for _ in range(20)]
+    scans = loop_with_scans(rng)
     adaptive = AdaptiveLruK(60, k=2)
     assert hit_rate(adaptive, scans) >= 0.97 * hit_rate(LruK(60, k=2), scans)
     assert adaptive.leader() == "lru-k"
+
+
+def test_the_adaptive_policy_holds_what_its_leader_would_after_a_change_of_workload():
+    rng = random.Random(7)
+    cache = AdaptiveLruK(60, k=2)
+    switches, last = 0, cache.leader()
+    for key in conversations(rng) + loop_with_scans(rng):
+        if not cache.access(key):
+            cache.admit(key, 1)
+        switches += cache.leader() != last
+        last = cache.leader()
+    assert cache.leader() == "lru-k" and switches <= 3  # it follows, without flapping
+    follower = LruK(60, k=2)
+    for key in loop_with_scans(random.Random(8)):
+        if not follower.access(key):
+            follower.admit(key, 1)
+    hot = set(range(50))
+    # the hot set survives the scans as it does under LRU-K alone
+    assert len(hot & set(cache)) >= len(hot & set(follower)) - 2
+
+
+def test_the_adaptive_policy_is_never_below_both_experts_on_the_held_out_trace():
+    """Mooncake's synthetic trace at 2% capacity: LeCaR's mix of the two experts'
+    victims (the policy before this one) hit 0.074 of the reads, below LRU (0.076)
+    and LRU-2 (0.080)."""
+    trace = gzip.decompress((CORPORA / "mooncake_synthetic_trace.jsonl.gz").read_bytes())
+    reads = [b for line in trace.decode().splitlines() for b in json.loads(line)["hash_ids"]]
+    capacity = len(set(reads)) // 50
+    adaptive = hit_rate(AdaptiveLruK(capacity, k=2), reads)
+    experts = hit_rate(LruK(capacity, k=1), reads), hit_rate(LruK(capacity, k=2), reads)
+    assert adaptive >= max(experts), (adaptive, experts)
+
+
+def test_room_made_for_a_key_is_made_where_the_leader_would_make_it():
+    cache = AdaptiveLruK(3, k=2)
+    for key in "abc":
+        cache.admit(key, 1)
+    for _ in range(2):
+        cache.access("a")  # LRU-K and LRU both keep a; b is oldest to both
+    assert cache.victims(1, "d") == ["b"] and cache.used == 2
+    assert cache.admit("d", 1) == [] and set(cache) == {"a", "c", "d"}
+    assert cache.victims(4, "huge") == [] and len(cache) == 3  # never fits: nothing goes
 
 
 def test_the_adaptive_policy_keeps_its_bound_and_api():

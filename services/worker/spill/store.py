@@ -330,7 +330,7 @@ class TieredStore:
         with self._lock:
             if key in disk.lru or self._failing(DISK):
                 return
-            evicted = disk.lru.victims(len(payload)) if len(payload) <= disk.lru.capacity else []
+            evicted = disk.lru.victims(len(payload), key)
             for gone in evicted:
                 self._events.append(Event(str(gone), DISK, stored=False))
         for gone in evicted:
