@@ -20,6 +20,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 
 
 @dataclass(slots=True)
@@ -174,19 +175,21 @@ class LruK:
 
 
 class AdaptiveLruK:
-    """LRU-K that follows LRU where recency predicts reuse better.
+    """LRU-K where it predicts reuse better than LRU, LRU where recency does.
 
-    Two shadow caches, LRU-K and LRU (K=1), simulate the whole cache at its capacity
+    Two shadow caches, LRU (K=1) and LRU-K, simulate the whole cache at its capacity
     on the same references: keys and sizes only, no data. The shadow that has hit
-    more bytes lately leads (hits decay with a half-life of ``half_life`` times the
-    entries held), and the real cache holds what the leader holds: its victims are
-    the resident keys the leader's shadow no longer holds, oldest first. Following a
-    shadow that simulates one policy exactly converges to that policy's own hit
-    rate; mixing the two experts' victims (LeCaR, which this replaced) could fall
-    below both, and did on the Mooncake synthetic trace (0.95x the better of LRU and
-    S3-FIFO at 2% capacity; bench/kvspill_policy.py). Scans make LRU's shadow miss
-    its hot set: LRU-K leads. Conversations whose blocks return once, soon, make
-    LRU-K's shadow miss fresh blocks: LRU leads.
+    more often lately leads (hits decay with a half-life of ``half_life`` times the
+    entries held; the challenger must lead by ``z`` standard deviations of the two
+    counts, or noise makes the leader flap), and the real cache holds what the
+    leader holds: its victims are the resident keys the leader's shadow no longer
+    holds, oldest first. Following a shadow that simulates one policy exactly
+    converges to that policy's own hit rate; mixing the two experts' victims (LeCaR,
+    which this replaced) could fall below both, and did on Mooncake's synthetic
+    trace (0.95x the better of LRU and S3-FIFO at 2% capacity;
+    bench/kvspill_policy.py). LRU leads until the evidence says otherwise. Scans
+    make LRU's shadow miss its hot set: LRU-K leads. Conversations whose blocks
+    return once, soon, make LRU-K's shadow miss fresh blocks: LRU leads.
     """
 
     EXPERTS = ("lru", "lru-k")
@@ -264,10 +267,11 @@ class AdaptiveLruK:
                 if key not in shadow:
                     self._shadow_admit(name, key, size)
         evicted = []
-        while self.used + size > self.capacity and self._resident:
-            victim = next(iter(self._doomed), None)
-            if victim is None or victim == key:
-                victim = next(k for k in self._resident if k != key)
+        while self.used + size > self.capacity:
+            # what the leader no longer holds, else the least recently used
+            victim = next((k for k in chain(self._doomed, self._resident) if k != key), None)
+            if victim is None:
+                break
             self._drop(victim)
             evicted.append(victim)
         return evicted
