@@ -8,6 +8,9 @@ import gzip
 import json
 import os
 import random
+import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -284,6 +287,45 @@ def test_a_failing_disk_degrades_to_host_memory_only(tmp_path):
     assert s.get(key(3), 100) == (b"b" * 100, HOST)
     now[0] = 31.0  # after the retry period the disk is tried again
     assert not s.disk_failing()
+    s.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs: a disk that really fills (ENOSPC); mounting needs root."""
+    where = tmp_path / "small"
+    where.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"no tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_full_disk_degrades_to_host_memory_only(small_disk):
+    """The tier's bound (1 MiB) is above what the filesystem holds (64 KiB): writes
+    fail with ENOSPC part-way through a block, and nothing but whole blocks stays."""
+    now = [0.0]
+    s = TieredStore(
+        StoreConfig(
+            host_bytes=1 << 20, disk_dir=str(small_disk), disk_bytes=1 << 20, failing_after=2
+        ),
+        clock=lambda: now[0],
+    )
+    for i in range(12):
+        s.put(key(i), bytes([i]) * 10_000)
+        s.flush()
+    assert s.disk_failing() and s.stats[DISK].errors == 2 and s.stats[DISK].dropped >= 2
+    assert not list(small_disk.rglob("*.tmp"))  # no half-written block left behind
+    assert all(s.get(key(i), 10_000) == (bytes([i]) * 10_000, HOST) for i in range(12))
+    gone = {e.key for e in s.drain_events() if e.tier == DISK and not e.stored}
+    assert gone  # what it held on disk stopped being offered
     s.close()
 
 
