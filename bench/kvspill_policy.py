@@ -10,9 +10,10 @@ its first miss). Capacities are fractions of the trace's distinct blocks.
 
     python bench/kvspill_policy.py [--trace PATH ...] [--capacities 0.02,0.05,0.1,0.2]
 
-By default two traces: the conversation trace of the design brief, which the policy
-was written against, and Mooncake's synthetic trace (bench/corpora/), held out until
-the policy was written. The goal (issue 14): the policy at least the best of LRU and
+By default two traces: the conversation trace of the design brief, which the first
+adaptive policy was written against, and Mooncake's synthetic trace (bench/corpora/),
+which that policy had not seen and failed on; the policy now in shared/lruk.py was
+written and set looking at both. The goal (issue 14): the policy at least the best of LRU and
 S3-FIFO at each capacity, on each trace.
 """
 

@@ -134,7 +134,7 @@ def test_the_adaptive_policy_holds_what_its_leader_would_after_a_change_of_workl
     assert len(hot & set(cache)) >= len(hot & set(follower)) - 2
 
 
-def test_the_adaptive_policy_is_never_below_both_experts_on_the_held_out_trace():
+def test_the_adaptive_policy_is_never_below_both_experts_on_the_synthetic_trace():
     """Mooncake's synthetic trace at 2% capacity: LeCaR's mix of the two experts'
     victims (the policy before this one) hit 0.074 of the reads, below LRU (0.076)
     and LRU-2 (0.080)."""
