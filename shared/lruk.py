@@ -110,27 +110,19 @@ class LruK:
         self.used = 0
         return keys
 
-    def victims(self, size: int) -> list[Hashable]:
-        """Evict until ``size`` more bytes fit; returns the evicted keys."""
-        return self._make_room(size)
-
-    def pop_victim(self, keep: Hashable = None) -> Hashable | None:
+    def _pop_victim(self, keep: Hashable = None) -> Hashable | None:
         """Evict the one entry LRU-K would (never ``keep``); its history is retained."""
         while self._heap:
             _, _, token, key = heapq.heappop(self._heap)
             entry = self._entries.get(key)
             if entry is None or entry.token != token or key == keep:
                 continue  # stale: re-referenced or removed since
-            self.evict(key)
+            del self._entries[key]
+            self.used -= entry.size
+            self._history[key] = entry.refs
+            self._trim_history()
             return key
         return None
-
-    def evict(self, key: Hashable) -> None:
-        """Evict ``key`` (chosen by someone else), retaining its history."""
-        entry = self._entries.pop(key)
-        self.used -= entry.size
-        self._history[key] = entry.refs
-        self._trim_history()
 
     def _reference(self, key: Hashable, entry: _Entry) -> None:
         entry.refs.append(self._tick)
@@ -152,7 +144,7 @@ class LruK:
     def _make_room(self, size: int, keep: Hashable = None) -> list[Hashable]:
         evicted: list[Hashable] = []
         while self.used + size > self.capacity:
-            key = self.pop_victim(keep)
+            key = self._pop_victim(keep)
             if key is None:
                 break
             evicted.append(key)
