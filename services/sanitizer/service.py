@@ -62,17 +62,23 @@ from .tokens import Tokenizers, parse_tokenizers
 log = logs.get("inferbus.sanitizer")
 
 
+CHECK_ACK_WAIT_S = 5.0
+"""A check takes milliseconds: a submit delivered to a sanitizer that died before it
+acked goes to the next one this soon (at the stream's 30 s default it outlasted a
+client's 20 s timeout: found by the fault suite, tests/integration/test_faults.py)."""
 SUBMITTED_CONSUMER = ConsumerSpec(
     durable="sanitizer",
     stream="IB_REQUESTS",
     filter_subject=SUBMIT,
     deliver_subject="ib.deliver.sanitizer",
+    ack_wait_s=CHECK_ACK_WAIT_S,
 )
 TENANT_SUBMITTED_CONSUMER = ConsumerSpec(
     durable="sanitizer-tenants",
     stream="IB_REQUESTS",
     filter_subject=TENANT_SUBMITS,
     deliver_subject="ib.deliver.sanitizer-tenants",
+    ack_wait_s=CHECK_ACK_WAIT_S,
 )
 
 
