@@ -47,6 +47,8 @@ from inferbus.services.scheduler.core import Assign, Fail, Refuse, SchedulerCore
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 BLOCK = 512
+TICK_S = 0.1
+"""The scheduler service's tick (``--tick-interval-s``' default)."""
 
 
 @dataclass
@@ -201,8 +203,13 @@ def simulate(
     failed: dict[str, str] = {}
     """Requests the scheduler refused or failed (queue full, timed out): by code."""
 
+    ticking = False
+    """A tick is pending: the core ticks as the service does (every ``TICK_S``) while
+    anything is queued, so queue timeouts, deadlines and the time-based lane rules act
+    between arrivals and ends too."""
+
     def apply(effects: list[Any], now: float) -> None:
-        nonlocal seq
+        nonlocal seq, ticking
         for e in effects:
             if isinstance(e, Fail | Refuse):
                 failed[e.request.request_id] = e.code
@@ -214,9 +221,17 @@ def simulate(
                     w.busy = True
                     heapq.heappush(events, (now, seq, "step", w.wid))
                     seq += 1
+        if not ticking and any(core.queues.values()):
+            ticking = True
+            heapq.heappush(events, (now + TICK_S, seq, "tick", None))
+            seq += 1
 
     while events:
         now, _, kind, what = heapq.heappop(events)
+        if kind == "tick":
+            ticking = False
+            apply(core.tick(now), now)
+            continue
         if kind == "arrive":
             r = what
             apply(

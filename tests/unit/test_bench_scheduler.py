@@ -25,3 +25,18 @@ def test_refused_requests_are_counted_not_a_crash() -> None:
     assert refused["fcfs"].get("queue_full", 0) > 0 and refused["lanes"].get("queue_full", 0) > 0
     # over 5% never served: the all-request p95 is infinite, and no ratio is claimed
     assert math.isinf(summary["all_ttft_p95_s"]["fcfs"]) and summary["all_ttft_ratio"] is None
+
+
+def test_queued_requests_time_out_as_the_service_would() -> None:
+    """The simulator ticks the core as the service does: with a queue timeout, requests
+    that wait past it end ``queue_timeout`` (counted, never served); before, no tick
+    ran and ``--queue-timeout-s`` changed nothing."""
+    reqs = [Req(f"r{i}", 0.0, 100, 50, []) for i in range(40)]  # 8 slots: most queue
+    patient = argparse.Namespace(
+        short_tokens=2048, queue_timeout_s=1e9, slots=8, cache_blocks=100, policy={}
+    )
+    assert compare(reqs, 1, patient)["failed"]["fcfs"] == {}
+    hasty = argparse.Namespace(**{**vars(patient), "queue_timeout_s": 0.05})
+    timed_out = compare(reqs, 1, hasty)["failed"]
+    assert timed_out["fcfs"].get("queue_timeout", 0) > 0
+    assert timed_out["lanes"].get("queue_timeout", 0) > 0
