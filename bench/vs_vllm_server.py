@@ -129,7 +129,8 @@ def start_inferbus(model: str, a: argparse.Namespace, state: Path) -> tuple[Any,
         # vLLM's random dataset draws the tokenizer's role tags (<|system|>...) into some
         # prompts: blocked as role-tag injections by default, where vLLM's server has no
         # such check. "flag" still runs every check and records what it finds.
-        env={"INFERBUS_INPUT_POLICY": "flag"},
+        *a.up_arg,
+        env={"INFERBUS_INPUT_POLICY": "flag", **dict(e.split("=", 1) for e in a.up_env)},
     )
     return proc, base, nats_url
 
@@ -283,6 +284,19 @@ def main() -> None:
     )
     p.add_argument(
         "--service-cpus", default="", help="e.g. 1: and everything else of both servers to these"
+    )
+    p.add_argument(
+        "--up-arg",
+        action="append",
+        default=[],
+        help="one more flag for inferbus up, for experiments (repeat for more)",
+    )
+    p.add_argument(
+        "--up-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an environment variable for inferbus up alone (vLLM's server never sees it)",
     )
     a = p.parse_args()
 

