@@ -443,7 +443,8 @@ def _banner(o: Options, base: str, up: Up) -> None:
         else f"  cpus      shared by engine and services ({up.platform.placement_off})"
     )
     if o.engine == "vllm":  # on a CPU the worker runs its engine below the services
-        _say("  priority  on a CPU, the engine's processes at the worker's --cpu-nice (19)")
+        _say("  priority  on a CPU, the engine's processes at the worker's --cpu-nice "
+             "(19 unless --worker-arg sets it)")  # fmt: skip
     _say(f"  control   {supervisor_subject(o.supervisor)}   (inferbus ps, inferbus scale)")
     _say(f"  models    signed with {signing_key(o.state_dir)} (inferbus model push finds it); "
          "workers load only what verifies against its .pub")  # fmt: skip

@@ -114,7 +114,7 @@ def check_importable() -> None:
         ) from exc
 
 
-def _children(pid: int | str = "self") -> set[int]:
+def _descendants(pid: int | str = "self") -> set[int]:
     """The child processes of ``pid`` (this process), theirs and so on down (Linux;
     empty elsewhere): vLLM's engine core starts the model's worker processes itself."""
     out: set[int] = set()
@@ -125,7 +125,7 @@ def _children(pid: int | str = "self") -> set[int]:
             continue
         out |= kids
         for kid in kids:
-            out |= _children(kid)
+            out |= _descendants(kid)
     return out
 
 
@@ -303,7 +303,7 @@ class VllmEngine:
         self._loras: dict[str, Any] = {}
         self._lora_ids = 0
         self._processes: set[int] = set()
-        """The engine core's processes (children of the worker made by its start)."""
+        """The engine's processes (the worker's descendants made by its start)."""
         self._nice = 0
         """Their niceness while it serves (``cpu_nice`` on a CPU)."""
         self._on_kv_events = on_kv_events
@@ -382,23 +382,24 @@ class VllmEngine:
             sock, endpoint = self._kv_socket()
             self._kv_task = asyncio.create_task(self._relay_kv_events(sock), name="kv-events")
         args = self.engine_args(endpoint)
+        gpu = on_gpu()
         reserve = cpu_reservation(
             dict(os.environ),
             args.kv_transfer_config is not None,
             args.tensor_parallel_size * args.pipeline_parallel_size,
         )
-        if reserve is not None and not on_gpu():  # read by the engine core it spawns
+        if reserve is not None and not gpu:  # read by the engine core it spawns
             os.environ[RESERVED_CPUS_ENV] = reserve
         # loading takes seconds to minutes: off the event loop, so heartbeats keep going
-        before = _children()
+        before = _descendants()
         self._engine = await asyncio.to_thread(
             AsyncLLM.from_engine_args,
             args,
             stat_loggers=[_stat_logger(self._stats, self._on_spill_stats)],
         )
         self._weights = weights_identity(self.options.model)
-        self._processes = _children() - before
-        self._nice = 0 if on_gpu() else self.options.cpu_nice
+        self._processes = _descendants() - before
+        self._nice = 0 if gpu else self.options.cpu_nice
         self._renice(self._nice)
         self._tokenizer = self._engine.get_tokenizer()
         for name, path in self.options.lora_modules.items():
