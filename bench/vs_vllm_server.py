@@ -13,8 +13,10 @@ dataset, fixed input/output lengths, ignore_eos, the same seed, so the same prom
 backend openai-chat against each server's HTTP API, and for inferbus's NATS client a
 backend registered beside vLLM's own that sends each request through
 ``inferbus.client`` instead (same messages, same timing and percentile code).
-Prints output tokens/s, TTFT and ITL p50/p99 for each and the ratios to vLLM; the
-last line is JSON.
+Prints output tokens/s, TTFT and ITL p50/p99 for each and the ratios to vLLM, then
+each server's CPU seconds per 1000 output tokens by process (vLLM's API server, engine
+core and model process; inferbus's services, nats-server and the same engine
+processes); the last line is JSON.
 
     python bench/vs_vllm_server.py [--model DIR] [--concurrency 16] [--input-len 128]
         [--output-len 64] [--num-prompts 128] [--rounds 2]
@@ -69,6 +71,51 @@ def pin_tree(root: int, engine_cpus: set[int], service_cpus: set[int]) -> None:
                 os.sched_setaffinity(int(tid), cpus)
             except OSError:
                 pass
+
+
+def process_label(proc: Any) -> str:
+    """What a process of a server's tree is: vLLM's engine processes by their names,
+    inferbus's services by module, vLLM's API server, nats-server."""
+    name, cmd = proc.name(), proc.cmdline()
+    if name.startswith("VLLM::") or name == "nats-server":
+        return name
+    for arg in cmd:
+        if arg.startswith("inferbus.services."):
+            return arg.rsplit(".", 1)[1]
+        if arg == "vllm.entrypoints.openai.api_server":
+            return "vLLM API server"
+    return "other"
+
+
+def cpu_seconds(root: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of every process in ``root``'s tree, by
+    ``process_label``."""
+    import psutil
+
+    out: dict[str, float] = {}
+    for proc in [psutil.Process(root), *psutil.Process(root).children(recursive=True)]:
+        try:
+            label, t = process_label(proc), proc.cpu_times()
+        except psutil.Error:  # gone meanwhile
+            continue
+        out[label] = out.get(label, 0.0) + t.user + t.system
+    return out
+
+
+def measured(root: int, *args: Any) -> dict[str, Any]:
+    """``vllm_bench(*args)``'s result with the server's CPU seconds per 1000 output tokens, per
+    process kind (``cpu_s_per_1k_tokens``): unlike latency, a machine whose speed drifts
+    between runs moves it little, and it says which process the time went to."""
+    before = cpu_seconds(root)
+    r = vllm_bench(*args)
+    after = cpu_seconds(root)
+    per_1k = 1000 / r.pop("output_tokens")
+    r["cpu_s_per_1k_tokens"] = {
+        k: round((after[k] - before.get(k, 0.0)) * per_1k, 4)
+        for k in sorted(after, key=lambda k: before.get(k, 0.0) - after[k])
+        if after[k] - before.get(k, 0.0) > 0
+    }
+    return r
 
 
 def stop(proc: subprocess.Popen[Any]) -> None:
@@ -251,6 +298,7 @@ def vllm_bench(
     r = asyncio.run(run())
     assert r["completed"] == n, f"{n - r['completed']} requests failed"
     return {
+        "output_tokens": r["total_output_tokens"],
         "output_tok_s": r["output_throughput"],
         "ttft_p50_ms": r["p50_ttft_ms"],
         "ttft_p99_ms": r["p99_ttft_ms"],
@@ -331,7 +379,7 @@ def main() -> None:
                     try:
                         vllm_bench(base, name, a.model, a, warm)
                         results["vLLM server (HTTP)"].append(
-                            vllm_bench(base, name, a.model, a, a.num_prompts)
+                            measured(proc.pid, base, name, a.model, a, a.num_prompts)
                         )
                     finally:
                         stop(proc)
@@ -342,10 +390,10 @@ def main() -> None:
                     try:
                         vllm_bench(base, name, a.model, a, warm)
                         results["inferbus HTTP gateway"].append(
-                            vllm_bench(base, name, a.model, a, a.num_prompts)
+                            measured(proc.pid, base, name, a.model, a, a.num_prompts)
                         )
                         results["inferbus NATS client"].append(
-                            vllm_bench(base, name, a.model, a, a.num_prompts, nats_url)
+                            measured(proc.pid, base, name, a.model, a, a.num_prompts, nats_url)
                         )
                     finally:
                         stop(proc)
@@ -376,10 +424,16 @@ def main() -> None:
             f"{b['itl_p99_ms']:>9.2f}"
         )
         summary[label] = {
-            **{k: round(v, 3) for k, v in b.items()},
+            **{k: round(v, 3) if isinstance(v, float) else v for k, v in b.items()},
             "throughput_ratio": round(tput_ratio, 3),
             "ttft_p50_ratio": round(ttft_ratio, 3),
         }
+    print("\nserver CPU seconds per 1000 output tokens (the same best round; the client's own")
+    print("process is not counted), by process:")
+    for label, runs in results.items():
+        cpu = best(runs)["cpu_s_per_1k_tokens"]
+        parts = ", ".join(f"{k} {v:.3f}" for k, v in cpu.items())
+        print(f"{label:<24}{sum(cpu.values()):>7.3f}  {parts}")
     print(
         json.dumps(
             {
