@@ -57,14 +57,19 @@ def wait_http(url: str, timeout: float = 600) -> None:
     raise TimeoutError(url)
 
 
+def server_processes(root: int) -> list[Any]:
+    """``root`` and every process under it (psutil)."""
+    import psutil
+
+    top = psutil.Process(root)
+    return [top, *top.children(recursive=True)]
+
+
 def pin_tree(root: int, engine_cpus: set[int], service_cpus: set[int]) -> None:
     """Pin every thread of a server's process tree: vLLM's engine processes (named
     VLLM::*) to ``engine_cpus``, everything else to ``service_cpus``. Applied the same
     way to both servers, so neither's frontend shares a core with its engine."""
-    import psutil
-
-    procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
-    for proc in procs:
+    for proc in server_processes(root):
         cpus = engine_cpus if proc.name().startswith("VLLM::") else service_cpus
         for tid in os.listdir(f"/proc/{proc.pid}/task"):
             try:
@@ -93,7 +98,7 @@ def cpu_seconds(root: int) -> dict[str, float]:
     import psutil
 
     out: dict[str, float] = {}
-    for proc in [psutil.Process(root), *psutil.Process(root).children(recursive=True)]:
+    for proc in server_processes(root):
         try:
             label, t = process_label(proc), proc.cpu_times()
         except psutil.Error:  # gone meanwhile
@@ -108,12 +113,10 @@ def measured(root: int, *args: Any) -> dict[str, Any]:
     between runs moves it little, and it says which process the time went to."""
     before = cpu_seconds(root)
     r = vllm_bench(*args)
-    after = cpu_seconds(root)
-    per_1k = 1000 / r.pop("output_tokens")
+    used = {k: v - before.get(k, 0.0) for k, v in cpu_seconds(root).items()}
+    per_1k = 1000 / r["output_tokens"]
     r["cpu_s_per_1k_tokens"] = {
-        k: round((after[k] - before.get(k, 0.0)) * per_1k, 4)
-        for k in sorted(after, key=lambda k: before.get(k, 0.0) - after[k])
-        if after[k] - before.get(k, 0.0) > 0
+        k: round(v * per_1k, 4) for k, v in sorted(used.items(), key=lambda kv: -kv[1]) if v > 0
     }
     return r
 
