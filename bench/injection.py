@@ -13,6 +13,7 @@ the figures a change reports.
 - PayloadsAllTheThings' SQLi and XSS intruder lists: a second source of payloads,
   by other authors (recall per kind).
 - OWASP's XSS Filter Evasion Cheat Sheet's vectors (recall).
+- SecLists' XSS lists, less what the corpora above hold (recall).
 - awesome-chatgpt-prompts (ordinary prompts, role-play and "act as a SQL terminal"
   ones included): the share of benign prompts blocked, and its jailbreaks found.
 - short inputs, most with no prose in them (Spider's SQL queries and questions,
@@ -42,6 +43,7 @@ from testkit.corpora import (
     crs_attacks,
     owasp_xss_evasion,
     payloads_all_the_things,
+    seclists_xss,
     short_inputs,
 )
 
@@ -84,6 +86,7 @@ def main() -> None:
     short = short_inputs(split)
     patt = payloads_all_the_things(split)
     owasp = owasp_xss_evasion(split)
+    seclists = seclists_xss(split)
     rows = devset()
     payloads = [
         Line(text=r["text"], kind=r["type"], label=1) for r in rows if r["label"] == "payload"
@@ -102,6 +105,7 @@ def main() -> None:
         for kind in ("sqli", "xss"):
             result[name][f"patt_{kind}"] = share([x for x in patt if x["kind"] == kind], detect)
         result[name]["owasp_xss"] = share(owasp, detect)
+        result[name]["seclists_xss"] = share(seclists, detect)
         result[name]["benign_blocked"] = share(benign, detect)
         result[name]["short_blocked"] = share(short, detect)
         result[name]["jailbreaks_found"] = share(jailbreaks, detect)
@@ -113,7 +117,7 @@ def main() -> None:
         f"split {split}: CRS {n_sqli} SQLi + {len(crs) - n_sqli} XSS payloads, "
         f"{len(benign)} ordinary prompts + {len(jailbreaks)} jailbreaks, "
         f"{len(short)} short inputs, {len(patt)} PayloadsAllTheThings payloads, "
-        f"{len(owasp)} OWASP XSS vectors; "
+        f"{len(owasp)} OWASP XSS vectors, {len(seclists)} SecLists XSS payloads; "
         f"dev set {len(payloads)} payloads + {len(dev_benign)} benign"
     )
     print(f"{'':<34}{'inferbus':>10}{'libinjection':>14}{'ratio':>8}")
@@ -125,6 +129,7 @@ def main() -> None:
         ("patt_sqli", "PayloadsAllTheThings SQLi recall"),
         ("patt_xss", "PayloadsAllTheThings XSS recall"),
         ("owasp_xss", "OWASP XSS evasion recall"),
+        ("seclists_xss", "SecLists XSS recall"),
         ("benign_blocked", "ordinary prompts blocked"),
         ("short_blocked", "short inputs blocked"),
         ("jailbreaks_found", "jailbreak prompts found"),

@@ -13,8 +13,8 @@ from .checks.finding import Finding
 from .checks.fragments import fragment_findings
 from .checks.prompt import prompt_findings
 from .checks.sql import sql_findings
-from .checks.xss import xss_findings
-from .normalize import decoded, without_inline_comments
+from .checks.xss import joined_findings, xss_findings
+from .normalize import decoded, joined_literals, without_inline_comments
 
 __all__ = ["Decision", "Finding", "Policy", "decide", "findings"]
 
@@ -29,6 +29,12 @@ def _raw_findings(text: str) -> Iterator[Finding]:
         for f in sql_findings(sql.text):
             yield Finding(f.rule, f.type, *sql.span(f.start, f.end))
     yield from xss_findings(text)
+    js = joined_literals(text)
+    if js is not None:  # "'java'+'script:'", "'ev'+'al'": only what the joining made
+        for f in joined_findings(js.text):
+            start, end = js.span(f.start, f.end)
+            if "+" in text[start:end]:
+                yield Finding(f.rule, f.type, start, end)
     yield from fragment_findings(text)
     yield from prompt_findings(text)
 

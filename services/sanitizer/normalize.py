@@ -5,9 +5,10 @@ mapped back to where it came from, so findings point into the text the user sent
 ``decoded(text)`` undoes, repeatedly (a payload encoded twice is decoded twice):
 percent-encoding (``%27``, ``%u0027``, and ``+`` for a space in a form-encoded text),
 HTML entities (``&lt;``, ``&#x3C``), ``\\uXXXX``, ``\\u{...}`` and ``\\xXX`` escapes
-(runs of ``\\xXX`` and ``%XX`` bytes are read as UTF-8), fullwidth and other
-compatibility forms (NFKC), and removes invisible characters (zero-width spaces,
-joiners, soft hyphens, bidirectional controls).
+(runs of ``\\xXX`` and ``%XX`` bytes are read as UTF-8), CSS escapes where there is
+CSS (``-mo\\z-b\\inding``), fullwidth and other compatibility forms (NFKC), and
+removes invisible characters (zero-width spaces, joiners, soft hyphens, bidirectional
+controls).
 """
 
 from __future__ import annotations
@@ -182,11 +183,30 @@ def _plus(text: str) -> tuple[str, list[int]] | None:
     return _sub(text, _WORD, _form_word) if "+" in text else None
 
 
+_CSS_ESCAPE = re.compile(r"\\(?:([0-9A-Fa-f]{1,6})[ \t]?|([^\n0-9A-Fa-f]))")
+
+
+def _css_escape(m: re.Match[str]) -> str:
+    if m.group(2) is not None:  # "\\z" is "z"
+        return m.group(2)
+    code = int(m.group(1), 16)  # a NUL is dropped, as CRS's removeNulls does
+    return "" if code == 0 or code > 0x10FFFF or 0xD800 <= code <= 0xDFFF else chr(code)
+
+
+def _css(text: str) -> tuple[str, list[int]] | None:
+    """CSS escapes ("-mo\\z-b\\i\\nding", "\\0"), where CSS is read: in a text with a
+    style attribute or element. Elsewhere a backslash is a path's or an escape's."""
+    if "\\" not in text or "style" not in text.lower():
+        return None
+    return _sub(text, _CSS_ESCAPE, _css_escape)
+
+
 _STEPS: tuple[Callable[[str], tuple[str, list[int]] | None], ...] = (
     _plus,  # before percent-decoding, as a form is read: "%2B" is a plus, not a space
     lambda t: _sub(t, _PERCENT, _percent) if "%" in t else None,
     lambda t: _sub(t, _ENTITY, _entity) if "&" in t else None,
     lambda t: _sub(t, _ESCAPE, _escape) if "\\" in t else None,
+    _css,  # after the JavaScript escapes, which it would misread
     _unicode,
 )
 
@@ -222,4 +242,16 @@ def without_inline_comments(text: str) -> Decoded | None:
     if "/*" not in text:
         return None
     done = _sub(text, _INLINE_COMMENT, _comment)
+    return Decoded(*done) if done else None
+
+
+_JOIN = re.compile(r"""(["'])\s*\+\s*\1""")
+
+
+def joined_literals(text: str) -> Decoded | None:
+    """JavaScript as it runs: adjacent string literals joined, ``'java'+'script:'`` read
+    as ``'javascript:'``, so that a name spelled in pieces is the name."""
+    if "+" not in text:
+        return None
+    done = _sub(text, _JOIN, lambda m: "")
     return Decoded(*done) if done else None

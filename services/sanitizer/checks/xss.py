@@ -9,6 +9,8 @@ A mention of ``<script>`` in a question has no body and breaks nothing.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from collections.abc import Iterator
 
@@ -34,7 +36,7 @@ _XSS_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
         "xss.script-body",
         re.compile(  # a body that does something: a call, an assignment
             r"<\s*(?:[\w-]+\s*:\s*)?script\b[^>]{0,200}>[^<]{0,400}?"
-            r"(?:\w\s*\(|=|;|\b(?:document|window)\.)",
+            r"(?:\w\s*\(|=|;|[\w)]`|\b(?:document|window)\.)",  # [\w)]`: alert`1`
             re.IGNORECASE,
         ),
     ),
@@ -47,7 +49,7 @@ _XSS_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
         re.compile(
             # browsers drop tabs and newlines inside a URL's scheme: "jav&#x09;ascript:"
             r"(?:\b(?:href|src|action|formaction|data|xlink:href)\s*=\s*[\"']?\s*|^\s*)"
-            r"(?:j\s*a\s*v\s*a|v\s*b)\s*s\s*c\s*r\s*i\s*p\s*t\s*:"
+            r"(?:j\s*a\s*v\s*a|v\s*b|l\s*i\s*v\s*e)\s*s\s*c\s*r\s*i\s*p\s*t\s*:"
             r"|\b(?:java|vb)script\s*:\s*[\w.]+\s*\(|\burl\s*\(\s*[\"']?\s*(?:java|vb)script\b",
             re.IGNORECASE,
         ),
@@ -60,7 +62,7 @@ _XSS_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
         "xss.frame",
         re.compile(  # an iframe showing a video is not one: srcdoc, plugins
             r"<\s*(?:iframe|frame)\b[^>]{0,200}\bsrcdoc\s*=|"
-            r"<\s*(?:object|embed|base)\b[^>]{0,200}\b(?:src|data|href)\s*=|"
+            r"<\s*(?:object|embed|base)\b[^>]{0,200}\b(?:src|data|href|classid|codebase)\s*=|"
             r"<\s*(?:applet\b|v\s*:\s*\w*frame\b)",
             re.IGNORECASE,
         ),
@@ -72,6 +74,10 @@ _XSS_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("xss.css-expression", re.compile(r"\bstyle\s*=\s*[\"'][^\"']*expression\s*\(", re.IGNORECASE)),
 )
 
+
+_LOW_BYTE_BC = "".join(chr(cp) for cp in range(0x80, 0x800) if cp & 0x3F == 0x3C)
+_LOW_BYTE_BE = "".join(chr(cp) for cp in range(0x80, 0x800) if cp & 0x3F == 0x3E)
+"""The two-byte UTF-8 characters whose last byte is 0xBC ("<" in 7 bits), 0xBE (">")."""
 
 _XSS_ANYWHERE: tuple[tuple[str, re.Pattern[str]], ...] = (
     # CSS that loads code: Firefox's XBL bindings, IE's behaviours
@@ -111,15 +117,28 @@ _XSS_ANYWHERE: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "xss.global-access",
         re.compile(
-            r"\b(?:window|self|top|parent|frames|globalThis|document)\s*\[\s*"
+            r"\b(?:window|self|top|parent|frames|globalThis|document|this)\s*\[\s*"
             r"(?:[\"'`][^\"'`\]]{0,20}[\"'`]\s*\+|[\"'`](?:alert|eval|prompt|confirm|"
             r"location|cookie|Function|constructor)[\"'`])"
         ),
     ),
-    # "<" and ">" as the bytes 0xBC and 0xBE of a malformed US-ASCII decoding
-    ("xss.malformed-encoding", re.compile(r"\u00bc\s*/?\s*(?:script|img|svg|iframe)", re.I)),
-    # tags only old browsers run code from
-    ("xss.legacy-tag", re.compile(r"<\s*\??(?:isindex|bgsound|ilayer|layer|import)\b", re.I)),
+    # "<" as a character whose UTF-8 form ends in the byte 0xBC (¼, м), which a server
+    # reading bytes as 7-bit ASCII turns into 0x3C: "¼script¾", "мscriptо"
+    (
+        "xss.malformed-encoding",
+        re.compile(
+            r"\u00bc\s*/?\s*(?:script|img|svg|iframe)"  # glued, when the lead is a letter:
+            f"|[{_LOW_BYTE_BC}]/?(?:script|img|svg|iframe)[{_LOW_BYTE_BE}]",  # not "Пишем script"
+            re.I,
+        ),
+    ),
+    # tags only old browsers run code from; IE's XML data islands, which load a file
+    (
+        "xss.legacy-tag",
+        re.compile(
+            r"<\s*\??(?:isindex|bgsound|ilayer|layer|import)\b|<\s*xml\b[^>]{0,200}\bsrc\s*=", re.I
+        ),
+    ),
     # an event handler set to a sink, inside a tag or not: " onfocus=alert(1)"
     (
         "xss.handler-sink",
@@ -183,15 +202,52 @@ _XSS_ANYWHERE: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "xss.style-code",
         re.compile(
-            r"<\s*style\b[^>]{0,200}>[^<]{0,400}?(?:@import|expression\s*\(|"
+            # an at-rule's name escaped ("@\\69mport") is there only to hide it
+            r"<\s*style\b[^>]{0,200}>[^<]{0,400}?(?:@import|@[\w-]*\\|expression\s*\(|"
             r"behaviou?r\s*:|-moz-binding|javascript\s*:)",
             re.I,
+        ),
+    ),
+    # a document type that fetches an external entity, or gives every <img> a handler
+    (
+        "xss.xml-entity",
+        re.compile(
+            r"<!ENTITY\s+(?:%\s*)?[\w.-]+\s+(?:SYSTEM|PUBLIC)\s+[\"']"
+            r"|<!ATTLIST\b[^>]{0,300}?\son[a-z]{3,}\s+CDATA\b"
+            r"|<\s*xi\s*:\s*include\b[^>]{0,200}\bhref\s*=",  # XInclude: a file pulled in
+            re.I,
+        ),
+    ),
+    # an XML schema fetched from a callback host (a long random label, as out-of-band
+    # probes use): not a project's pom.xml, whose schemas live at maven.apache.org
+    (
+        "xss.schema-callback",
+        re.compile(
+            r"\bxsi\s*:\s*(?:noNamespaceS|s)chemaLocation\s*=\s*[\"'][^\"']{0,200}?"
+            r"\b(?:https?:)?//(?=[a-z0-9]{20,}\.)(?=(?:[a-z]*\d){3})(?=(?:\d*[a-z]){3})",
+            re.I,
+        ),
+    ),
+    # XML Events: a handler bound to an event by attributes, on any element
+    ("xss.xml-events", re.compile(r"\bev:(?:event|handler)\s*=\s*[\"']?[\w#]", re.I)),
+    # an HTML import: a document loaded, scripts and all, into the page
+    ("xss.html-import", re.compile(r"<\s*link\b[^>]{0,200}\brel\s*=\s*[\"']?import\b", re.I)),
+    # a name built from regular expressions' sources: a=/ev/.source, a+=/al/.source
+    ("xss.regex-source", re.compile(r"(?:/[^/\s]{1,12}/+\s*\.\s*source\b[^\n]{0,60}?){2}")),
+    # out of a JavaScript string into setting the page's location: x";location=...
+    (
+        "xss.js-breakout-location",
+        re.compile(
+            r"""["'`]\s*[;,+|&-]\s*(?:(?:window|self|top|document)\s*\.\s*)?location"""
+            r"""(?:\s*\.\s*href)?\s*=\s*(?:["'`]|name\b|//)"""
         ),
     ),
     # out of a JavaScript string into a call, the rest commented out: x";alert(1)//
     (
         "xss.js-breakout",
-        re.compile(r"""["'][;)]+\s*[\w.$]+\s*\([^()\n]{0,80}\)\s*;?\s*(?://|<!--)"""),
+        re.compile(  # the call's arguments may hold one: alert(String.fromCharCode(88))
+            r"""["'][;)]+\s*[\w.$]+\s*\((?:[^()\n]|\([^()\n]{0,80}\)){0,80}\)\s*;?\s*(?://|<!--)"""
+        ),
     ),
 )
 
@@ -215,7 +271,7 @@ _NEEDLES: dict[str, tuple[str, ...]] = {
     "xss.template-call": ("`", "${"),
     "xss.template-injection": ("{{",),
     "xss.global-access": ("[",),
-    "xss.malformed-encoding": ("\u00bc",),
+    "xss.malformed-encoding": ("script", "img", "svg", "iframe"),
     "xss.legacy-tag": ("<",),
     "xss.handler-sink": ("=",),
     "xss.tag-run": ("<",),
@@ -229,8 +285,51 @@ _NEEDLES: dict[str, tuple[str, ...]] = {
     "xss.global-obfuscated": ("[",),
     "xss.svg-set": ("attributename", "ev:event"),
     "xss.mhtml": ("mhtml",),
+    "xss.xml-entity": ("<!entity", "<!attlist", "include"),
+    "xss.schema-callback": ("schemalocation",),
+    "xss.xml-events": ("ev:",),
+    "xss.html-import": ("import",),
+    "xss.regex-source": ("source",),
+    "xss.js-breakout-location": ("location",),
 }
 
 
 def xss_findings(text: str) -> Iterator[Finding]:
     yield from first_matches(text, (*_XSS_ANYWHERE, *_XSS_RULES), "xss", _NEEDLES)
+    if "base64" in text.lower():
+        yield from _base64_findings(text)
+
+
+_BASE64_BODY = re.compile(r"base64\s*,\s*([A-Za-z0-9+/]{16,}={0,2})", re.I)
+_BASE64_READ = 4096
+"""Characters of a body decoded at most: markup that runs starts near its beginning, and
+a pasted image's megabytes are not read."""
+
+
+def _base64_findings(text: str) -> Iterator[Finding]:
+    """A data: URI's base64 body that is markup which runs ("data:...;base64,PHNjcmlwdD4...",
+    any type named): its span in the text."""
+    for m in _BASE64_BODY.finditer(text):
+        body = m.group(1)[:_BASE64_READ]
+        try:
+            plain = base64.b64decode(body + "=" * (-len(body) % 4)).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            continue
+        if any(True for _ in first_matches(plain, (*_XSS_ANYWHERE, *_XSS_RULES), "xss", _NEEDLES)):
+            yield Finding("xss.base64-markup", "xss", m.start(1), m.end(1))
+            return
+
+
+# a sink's name as one literal: read in the text with its pieces joined ('ev'+'al')
+_JOINED_SINK = re.compile(
+    r"""["'](?:eval|alert|prompt|confirm|(?:java|vb)script:|location|cookie|fromCharCode|"""
+    r"""constructor|inner(?:HTML|Text)|outerHTML|unescape|atob|setTimeout|execScript)["']"""
+)
+
+
+def joined_findings(joined: str) -> Iterator[Finding]:
+    """On a text whose adjacent string literals were joined: the XSS rules, and a
+    sink's name spelled in pieces (which no one writes but to hide it)."""
+    yield from xss_findings(joined)
+    if m := _JOINED_SINK.search(joined):
+        yield Finding("xss.joined-sink", "xss", m.start(), m.end())
