@@ -127,6 +127,11 @@ class RequestSubmitted(Event, tag="request.submitted"):
     """The prompt as the served model's tokenizer reads it (chat template applied),
     set by the sanitizer when it has that tokenizer (a client's value is dropped): the
     scheduler hashes it into the engine's own block hashes, for exact prefix routing."""
+    prompt_tokenizer: str = ""
+    """The fingerprint of the tokenizer that made ``prompt_token_ids``
+    (``shared.prompttokens.tokenizer_fingerprint``), set with them: a worker whose own
+    tokenizer has this fingerprint runs the ids as they are instead of tokenizing the
+    prompt again."""
 
     @property
     def estimated_prompt_tokens(self) -> int:

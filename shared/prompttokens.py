@@ -1,9 +1,12 @@
 """A request's prompt as the served model's tokenizer reads it: one definition for the
 worker (which feeds the ids to its engine) and the sanitizer (which reads every prompt
-first and hands the ids on, for exact prefix routing), so the two cannot drift."""
+first and hands the ids on, for exact prefix routing), so the two cannot drift; and a
+fingerprint of a tokenizer, by which the worker knows the ids it is handed are the ones
+its own tokenizer would make (a canary may bring another)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +32,40 @@ def prompt_token_ids(
             ids = ids["input_ids"]
         return list(ids)
     return list(tokenizer.encode(prompt or ""))
+
+
+_PROBE_TEXT = "Hello, world! 12 +  x\n\tdéjà vu 日本 <b>"
+_PROBE_CHAT = (
+    ChatMessage(role="system", content="Be brief."),
+    ChatMessage(role="user", content="Hi there"),
+)
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """What tokenizing depends on, hashed: the vocabulary and its rules (a fast
+    tokenizer's whole definition), the chat template, the library versions, and the
+    ids of a probe text and chat (which catch how special tokens are added). Equal
+    fingerprints tokenize alike; any doubt gives another fingerprint (and the worker
+    then tokenizes the prompt itself)."""
+    import tokenizers
+    import transformers
+
+    h = hashlib.sha256()
+
+    def part(value: object) -> None:
+        data = value if isinstance(value, bytes) else str(value).encode()
+        h.update(len(data).to_bytes(8, "big") + data)
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    part(backend.to_str() if backend is not None else sorted(tokenizer.get_vocab().items()))
+    part(getattr(tokenizer, "chat_template", None) or "")
+    part(f"transformers {transformers.__version__}, tokenizers {tokenizers.__version__}")
+    part(prompt_token_ids(tokenizer, _PROBE_TEXT, None))
+    try:
+        part(prompt_token_ids(tokenizer, None, _PROBE_CHAT))
+    except TemplateError:
+        part("no chat template")
+    return h.hexdigest()[:32]
 
 
 def load_tokenizer(path: str) -> Any:

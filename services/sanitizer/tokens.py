@@ -13,7 +13,12 @@ import msgspec
 
 from inferbus.contracts import RequestSubmitted
 from inferbus.shared import logs
-from inferbus.shared.prompttokens import TemplateError, load_tokenizer, prompt_token_ids
+from inferbus.shared.prompttokens import (
+    TemplateError,
+    load_tokenizer,
+    prompt_token_ids,
+    tokenizer_fingerprint,
+)
 
 log = logs.get("inferbus.sanitizer")
 
@@ -41,12 +46,15 @@ class Tokenizers:
         self.folders = folders
         self._load = load
         self._loaded: dict[str, Any] = {}
+        self._fingerprints: dict[str, str] = {}
         self.failed: dict[str, str] = {}
 
     async def load_all(self) -> None:
         for model, folder in self.folders.items():
             try:
-                self._loaded[model] = await asyncio.to_thread(self._load, folder)
+                tok = await asyncio.to_thread(self._load, folder)
+                self._fingerprints[model] = await asyncio.to_thread(tokenizer_fingerprint, tok)
+                self._loaded[model] = tok
             except Exception as exc:  # a missing folder or no transformers: route on text
                 self.failed[model] = f"{type(exc).__name__}: {exc}"
                 log.error("tokenizer not loaded", model=model, folder=folder, error=str(exc))
@@ -61,9 +69,10 @@ class Tokenizers:
         return sorted(self._loaded)
 
     async def tokenized(self, request: RequestSubmitted) -> RequestSubmitted:
-        """``request`` with ``prompt_token_ids`` (and ``prompt_tokens``) from its model's
-        tokenizer; with none, or a template that refuses it (the worker says why), with
-        no ids: what a client put there is never passed on."""
+        """``request`` with ``prompt_token_ids`` (and ``prompt_tokens``, and the
+        tokenizer's fingerprint) from its model's tokenizer; with none, or a template
+        that refuses it (the worker says why), with no ids: what a client put there is
+        never passed on, or the worker would run ids other than the text checked."""
         tok = self._loaded.get(request.model)
         ids: list[int] = []
         if tok is not None:
@@ -78,7 +87,12 @@ class Tokenizers:
             except TemplateError:
                 ids = []
         if not ids:
-            if not request.prompt_token_ids:
+            if not request.prompt_token_ids and not request.prompt_tokenizer:
                 return request
-            return msgspec.structs.replace(request, prompt_token_ids=[])
-        return msgspec.structs.replace(request, prompt_token_ids=ids, prompt_tokens=len(ids))
+            return msgspec.structs.replace(request, prompt_token_ids=[], prompt_tokenizer="")
+        return msgspec.structs.replace(
+            request,
+            prompt_token_ids=ids,
+            prompt_tokens=len(ids),
+            prompt_tokenizer=self._fingerprints[request.model],
+        )

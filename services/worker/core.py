@@ -34,6 +34,8 @@ def engine_request(
         sampling=r.sampling,
         weights=weights,
         adapter_weights=adapter_weights,
+        prompt_token_ids=r.prompt_token_ids,
+        prompt_tokenizer=r.prompt_tokenizer,
     )
 
 
@@ -52,6 +54,7 @@ class RequestStream:
         "started_at",
         "served_model",
         "restored",
+        "prompt_ids_given",
     )
 
     def __init__(
@@ -66,6 +69,8 @@ class RequestStream:
         self.first_token_at: float | None = None
         self.restored: KvRestore | None = None
         """What its prefix restored from a KV spill tier (set at its end)."""
+        self.prompt_ids_given = False
+        """The engine ran the sanitizer's prompt ids rather than tokenizing again."""
 
     @property
     def request_id(self) -> str:

@@ -25,6 +25,10 @@ class EngineRequest(msgspec.Struct, kw_only=True):
     engine's own folder. KV saved under other weights is never restored for it."""
     adapter_weights: str = ""
     """The adapter's registry version, or its folder."""
+    prompt_token_ids: list[int] = []
+    prompt_tokenizer: str = ""
+    """The prompt's ids as the sanitizer tokenized it, and its tokenizer's fingerprint:
+    an engine whose tokenizer has that fingerprint runs the ids as they are."""
 
 
 class EngineError(Exception):
@@ -61,6 +65,9 @@ class EngineOutput(msgspec.Struct, kw_only=True):
     """Set on the last output when the engine knows them."""
     restored: KvRestore | None = None
     """On the last output: what the request's prefix restored from a KV spill tier."""
+    prompt_ids_given: bool = False
+    """The engine ran the prompt's ids as the request carried them (the sanitizer's,
+    by a tokenizer alike) rather than tokenizing the prompt itself."""
 
 
 class EngineStats(msgspec.Struct, kw_only=True):

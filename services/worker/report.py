@@ -146,6 +146,7 @@ def report_end(
         prompt_tokens=usage.prompt_tokens if usage else None,
         cached_tokens=usage.cached_prompt_tokens if usage else None,
         restored_tokens=stream.restored.tokens if stream.restored else None,
+        prompt_ids="sanitizer" if stream.prompt_ids_given else "worker",
         completion_tokens=usage.completion_tokens if usage else None,
         chunks=stream.seq,
         e2e_s=round(end_wall - created, 6),

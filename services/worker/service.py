@@ -394,6 +394,7 @@ class WorkerService(Service[WorkerSettings]):
                     last_chunk_at = now
                 if out.finish_reason is not None:
                     stream.restored = out.restored
+                    stream.prompt_ids_given = out.prompt_ids_given
                     terminal = stream.finished(out, time.monotonic())
                     break  # finished: a deadline or cancel from here on changes nothing
         except asyncio.CancelledError:

@@ -28,7 +28,7 @@ from inferbus.contracts import (
 )
 from inferbus.shared import logs
 from inferbus.shared.prefixhash import event_hash
-from inferbus.shared.prompttokens import TemplateError, prompt_token_ids
+from inferbus.shared.prompttokens import TemplateError, prompt_token_ids, tokenizer_fingerprint
 
 from .engine import (
     EngineError,
@@ -300,6 +300,8 @@ class VllmEngine:
         self._stats = EngineStats()
         self._engine: Any = None
         self._tokenizer: Any = None
+        self._tokenizer_id = ""
+        """The tokenizer's fingerprint: a request tokenized by one alike is not again."""
         self._loras: dict[str, Any] = {}
         self._lora_ids = 0
         self._processes: set[int] = set()
@@ -402,6 +404,7 @@ class VllmEngine:
         self._nice = 0 if gpu else self.options.cpu_nice
         self._renice(self._nice)
         self._tokenizer = self._engine.get_tokenizer()
+        self._tokenizer_id = await asyncio.to_thread(tokenizer_fingerprint, self._tokenizer)
         for name, path in self.options.lora_modules.items():
             self._lora_ids += 1
             self._loras[name] = LoRARequest(
@@ -498,7 +501,14 @@ class VllmEngine:
             return int(self._engine.model_config.max_model_len)
         return self.options.max_model_len
 
+    def _given_ids(self, request: EngineRequest) -> bool:
+        """Whether the request's ids were made by a tokenizer alike this engine's."""
+        by = request.prompt_tokenizer
+        return bool(request.prompt_token_ids and by and by == self._tokenizer_id)
+
     def _prompt(self, request: EngineRequest) -> dict[str, Any]:
+        if self._given_ids(request):
+            return {"prompt_token_ids": request.prompt_token_ids}
         try:
             ids = prompt_token_ids(self._tokenizer, request.prompt, request.messages)
         except TemplateError as exc:
@@ -514,6 +524,7 @@ class VllmEngine:
                 FailureCode.MODEL_NOT_FOUND, f"this worker has no adapter {request.adapter!r}"
             )
         prompt = self._prompt(request)
+        given = self._given_ids(request)
         max_len = self._engine.model_config.max_model_len
         n_prompt = len(prompt["prompt_token_ids"])
         if n_prompt + request.sampling.max_tokens > max_len:
@@ -544,6 +555,7 @@ class VllmEngine:
                     restored=restored_of(out.kv_transfer_params, self.kv_block_size)
                     if out.finished
                     else None,
+                    prompt_ids_given=given,
                 )
         except request_errors() as exc:  # vLLM refusing a request it cannot take
             raise EngineError(FailureCode.INVALID_REQUEST, str(exc)) from None

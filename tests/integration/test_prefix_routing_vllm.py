@@ -110,6 +110,16 @@ async def _exact_hits(p: Platform) -> None:
         assert cached2 == second["prefix_blocks_cached"] * size
         # and the worker was told what to expect: exactly what its engine then had
         assert list(expected.values())[-1] == cached2
+        # and it ran the sanitizer's ids (its tokenizer has the same fingerprint) rather
+        # than tokenizing each prompt again
+        ended = [
+            json.loads(line)
+            for f in (p.state / "logs").glob("worker*")
+            for line in f.read_text().splitlines()
+            if '"request ended"' in line
+        ]
+        mine = [e for e in ended if e.get("request_id") in expected]
+        assert mine and all(e["prompt_ids"] == "sanitizer" for e in mine), mine
     finally:
         await client.close()
         await nc.close()

@@ -18,7 +18,7 @@ from inferbus.services.sanitizer.tokens import Tokenizers, parse_tokenizers
 from inferbus.services.scheduler.core import Assign, SchedulerCore, SchedulerPolicy
 from inferbus.services.scheduler.kvindex import prefix_blocks, text_blocks
 from inferbus.shared.prefixhash import DEFAULT_SEED, block_hashes, event_hash
-from inferbus.shared.prompttokens import load_tokenizer, prompt_token_ids
+from inferbus.shared.prompttokens import load_tokenizer, prompt_token_ids, tokenizer_fingerprint
 from inferbus.tinymodel import make_tiny
 
 
@@ -112,6 +112,7 @@ async def test_the_sanitizer_tokenizes_as_the_worker_does_and_drops_a_clients_id
     )
     assert done.prompt_token_ids == prompt_token_ids(tok, prompt, None) == tok.encode(prompt)
     assert done.prompt_tokens == len(done.prompt_token_ids)
+    assert done.prompt_tokenizer == tokenizer_fingerprint(tok)  # the worker's check
     chat = [ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content="Hi")]
     done = await toks.tokenized(
         RequestSubmitted(request_id="b", model="m", reply_to="r", messages=chat)
@@ -124,14 +125,45 @@ async def test_the_sanitizer_tokenizes_as_the_worker_does_and_drops_a_clients_id
     )
     assert done.prompt_token_ids == tok.encode(long)
     # a model with no tokenizer: what the client claimed its ids were is not passed on
+    # nor the fingerprint it claimed they were made with: a worker would run them
+    claim = tokenizer_fingerprint(tok)
     forged = RequestSubmitted(
-        request_id="d", model="other", reply_to="r", prompt="hi", prompt_token_ids=[1, 2, 3]
+        request_id="d",
+        model="other",
+        reply_to="r",
+        prompt="hi",
+        prompt_token_ids=[1, 2, 3],
+        prompt_tokenizer=claim,
     )
-    assert (await toks.tokenized(forged)).prompt_token_ids == []
+    out = await toks.tokenized(forged)
+    assert out.prompt_token_ids == [] and out.prompt_tokenizer == ""
     forged = RequestSubmitted(
-        request_id="e", model="m", reply_to="r", prompt="hi", prompt_token_ids=[1, 2, 3]
+        request_id="e",
+        model="m",
+        reply_to="r",
+        prompt="hi",
+        prompt_token_ids=[1, 2, 3],
+        prompt_tokenizer="0" * 32,
     )
-    assert (await toks.tokenized(forged)).prompt_token_ids == tok.encode("hi")
+    out = await toks.tokenized(forged)
+    assert out.prompt_token_ids == tok.encode("hi") and out.prompt_tokenizer == claim
+
+
+def test_tokenizer_fingerprints_are_equal_exactly_where_tokenizing_is(tiny):
+    """The sanitizer's tokenizer (transformers') and the worker's (vLLM's wrapper of
+    it) of one folder agree; a changed chat template or special-token rule does not."""
+    vllm_tokenizers = pytest.importorskip("vllm.tokenizers")
+    ours = load_tokenizer(str(tiny))
+    assert tokenizer_fingerprint(ours) == tokenizer_fingerprint(
+        vllm_tokenizers.get_tokenizer(str(tiny))
+    )
+    other = load_tokenizer(str(tiny))
+    other.chat_template = (other.chat_template or "") + "{{ ' ' }}"
+    assert tokenizer_fingerprint(other) != tokenizer_fingerprint(ours)
+    bos = load_tokenizer(str(tiny))
+    bos.add_bos_token = not ours.add_bos_token
+    assert bos.encode("x") != ours.encode("x")
+    assert tokenizer_fingerprint(bos) != tokenizer_fingerprint(ours)
 
 
 def test_a_malformed_tokenizers_setting_is_refused_by_name():
