@@ -9,7 +9,8 @@ Corpora (bench/corpora/, README there), each split in two by a hash of the text
 the figures a change reports.
 
 - OWASP CRS's own regression payloads for its SQLi (942xxx) and XSS (941xxx) rules:
-  recall per kind, on every line and on lines of 8 characters or more.
+  recall per kind, on every line and on lines of 8 characters or more; and those of
+  its tests (now and in their git history) that corpus lacks ("unseen").
 - PayloadsAllTheThings' SQLi and XSS intruder lists: a second source of payloads,
   by other authors (recall per kind).
 - OWASP's XSS Filter Evasion Cheat Sheet's vectors (recall).
@@ -41,6 +42,7 @@ from testkit.corpora import (
     Split,
     chatgpt_prompts,
     crs_attacks,
+    crs_unseen,
     owasp_xss_evasion,
     payloads_all_the_things,
     seclists_xss,
@@ -80,6 +82,7 @@ def main() -> None:
     split: Split = a.split
     result: dict[str, dict[str, float]] = {name: {} for name in DETECTORS}
     crs = crs_attacks(split)
+    unseen = crs_unseen(split)
     prompts = chatgpt_prompts(split)
     benign = [x for x in prompts if x["label"] == 0]
     jailbreaks = [x for x in prompts if x["label"] == 1]
@@ -103,6 +106,9 @@ def main() -> None:
                 [x for x in lines if len(x["text"]) >= 8], detect
             )
         for kind in ("sqli", "xss"):
+            lines = [x for x in unseen if x["kind"] == kind]
+            result[name][f"crs_unseen_{kind}"] = share(lines, detect)
+        for kind in ("sqli", "xss"):
             result[name][f"patt_{kind}"] = share([x for x in patt if x["kind"] == kind], detect)
         result[name]["owasp_xss"] = share(owasp, detect)
         result[name]["seclists_xss"] = share(seclists, detect)
@@ -114,7 +120,9 @@ def main() -> None:
     seconds = time.perf_counter() - t0
     n_sqli = sum(x["kind"] == "sqli" for x in crs)
     print(
-        f"split {split}: CRS {n_sqli} SQLi + {len(crs) - n_sqli} XSS payloads, "
+        f"split {split}: CRS {n_sqli} SQLi + {len(crs) - n_sqli} XSS payloads "
+        f"(unseen: {sum(x['kind'] == 'sqli' for x in unseen)} + "
+        f"{sum(x['kind'] == 'xss' for x in unseen)}), "
         f"{len(benign)} ordinary prompts + {len(jailbreaks)} jailbreaks, "
         f"{len(short)} short inputs, {len(patt)} PayloadsAllTheThings payloads, "
         f"{len(owasp)} OWASP XSS vectors, {len(seclists)} SecLists XSS payloads; "
@@ -126,6 +134,8 @@ def main() -> None:
         ("crs_sqli_len8", "CRS SQLi recall (len >= 8)"),
         ("crs_xss", "CRS XSS recall"),
         ("crs_xss_len8", "CRS XSS recall (len >= 8)"),
+        ("crs_unseen_sqli", "CRS unseen SQLi recall"),
+        ("crs_unseen_xss", "CRS unseen XSS recall"),
         ("patt_sqli", "PayloadsAllTheThings SQLi recall"),
         ("patt_xss", "PayloadsAllTheThings XSS recall"),
         ("owasp_xss", "OWASP XSS evasion recall"),

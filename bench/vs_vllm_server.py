@@ -9,7 +9,10 @@ the other, never both at once (they would share the machine's cores):
    worker (vLLM AsyncLLM) over NATS JetStream.
 
 Every load is vLLM's own serving benchmark (``vllm.benchmarks.serve``: random
-dataset, fixed input/output lengths, ignore_eos, the same seed, so the same prompts):
+dataset, fixed input/output lengths, ignore_eos, seeded): vLLM's server and inferbus's
+gateway get the same prompts, the NATS client another seed's (the gateway's run left
+every prompt it sent in the prefix cache), the warm-up a third's, so no measured run
+finds its prompts cached;
 backend openai-chat against each server's HTTP API, and for inferbus's NATS client a
 backend registered beside vLLM's own that sends each request through
 ``inferbus.client`` instead (same messages, same timing and percentile code).
@@ -236,6 +239,10 @@ class _NatsBackend:
         return out
 
 
+WARM_SEED, NATS_SEED = 1000, 1
+"""Offsets from ``--seed`` of the warm-up's prompts and the NATS client's."""
+
+
 def vllm_bench(
     base: str,
     name: str,
@@ -243,6 +250,7 @@ def vllm_bench(
     a: argparse.Namespace,
     n: int,
     nats_url: str | None = None,
+    seed_offset: int = 0,
 ) -> dict[str, Any]:
     """vLLM's serving benchmark against ``base`` over HTTP, or with ``nats_url`` through
     inferbus's NATS client (``base`` still answers the benchmark's tokenizer check)."""
@@ -281,7 +289,7 @@ def vllm_bench(
             "--metric-percentiles",
             "50,99",
             "--seed",
-            str(a.seed),
+            str(a.seed + seed_offset),
             "--disable-tqdm",
         ]
     )
@@ -380,7 +388,7 @@ def main() -> None:
                     if all(pinning):
                         pin_tree(proc.pid, *pinning)
                     try:
-                        vllm_bench(base, name, a.model, a, warm)
+                        vllm_bench(base, name, a.model, a, warm, None, WARM_SEED)
                         results["vLLM server (HTTP)"].append(
                             measured(proc.pid, base, name, a.model, a, a.num_prompts)
                         )
@@ -391,12 +399,14 @@ def main() -> None:
                     if all(pinning):
                         pin_tree(proc.pid, *pinning)
                     try:
-                        vllm_bench(base, name, a.model, a, warm)
+                        vllm_bench(base, name, a.model, a, warm, None, WARM_SEED)
                         results["inferbus HTTP gateway"].append(
                             measured(proc.pid, base, name, a.model, a, a.num_prompts)
                         )
                         results["inferbus NATS client"].append(
-                            measured(proc.pid, base, name, a.model, a, a.num_prompts, nats_url)
+                            measured(
+                                proc.pid, base, name, a.model, a, a.num_prompts, nats_url, NATS_SEED
+                            )
                         )
                     finally:
                         stop(proc)
@@ -446,6 +456,7 @@ def main() -> None:
                 "input_len": a.input_len,
                 "output_len": a.output_len,
                 "num_prompts": a.num_prompts,
+                "seeds": {"http": a.seed, "nats": a.seed + NATS_SEED, "warm": a.seed + WARM_SEED},
                 "results": summary,
             }
         )

@@ -82,3 +82,13 @@ def seclists_xss(split: Split) -> list[Line]:
     with gzip.open(CORPORA / "seclists_xss.jsonl.gz", "rt", encoding="utf-8") as f:
         rows = [json.loads(x) for x in f if x.strip()]
     return _take([Line(text=r["text"], kind=r["kind"], label=1) for r in rows], split)
+
+
+def crs_unseen(split: Split) -> list[Line]:
+    """CRS's regression payloads that ``crs_attacks`` lacks: its tests as they are now
+    and in every earlier version of each file (git history), the same extraction.
+    Added on 2026-12-03, unread: a held-out set for the CRS goal, whose own final
+    split is spent."""
+    with open(CORPORA / "crs_unseen.jsonl", encoding="utf-8") as f:
+        rows = [json.loads(x) for x in f if x.strip()]
+    return _take([Line(text=r["text"], kind=r["kind"], label=1) for r in rows], split)

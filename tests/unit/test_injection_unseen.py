@@ -11,7 +11,14 @@ from pathlib import Path
 
 import libinjection
 import pytest
-from testkit.corpora import chatgpt_prompts, crs_attacks, seclists_xss, short_inputs, split_of
+from testkit.corpora import (
+    chatgpt_prompts,
+    crs_attacks,
+    crs_unseen,
+    seclists_xss,
+    short_inputs,
+    split_of,
+)
 
 from inferbus.services.sanitizer.injection import findings
 from inferbus.services.sanitizer.normalize import decoded
@@ -207,6 +214,16 @@ def test_crs_payloads_dev_split_at_least_twice_libinjections_recall(kind):
     lines = [x for x in crs_attacks("dev") if x["kind"] == kind]
     ours, theirs = _recall(lines, findings), _recall(lines, _libinjection)
     assert ours >= 2 * theirs, (ours, theirs)
+
+
+@pytest.mark.parametrize("kind, margin", [("sqli", 2.0), ("xss", 1.5)])
+def test_crs_unseen_dev_split_above_libinjections_recall(kind, margin):
+    """CRS payloads from its test history that the first corpus lacks (unread when the
+    rules were written): the dev half keeps a margin over libinjection."""
+    lines = [x for x in crs_unseen("dev") if x["kind"] == kind]
+    assert len(lines) > 25
+    ours, theirs = _recall(lines, findings), _recall(lines, _libinjection)
+    assert ours >= margin * theirs, (ours, theirs)
 
 
 def test_seclists_xss_dev_split_above_libinjections_recall():
