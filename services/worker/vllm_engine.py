@@ -501,19 +501,17 @@ class VllmEngine:
             return int(self._engine.model_config.max_model_len)
         return self.options.max_model_len
 
-    def _given_ids(self, request: EngineRequest) -> bool:
-        """Whether the request's ids were made by a tokenizer alike this engine's."""
+    def _prompt(self, request: EngineRequest) -> tuple[dict[str, Any], bool]:
+        """The prompt as vLLM takes it, and whether it is the ids the request carried
+        (made by a tokenizer alike this engine's) rather than tokenized here."""
         by = request.prompt_tokenizer
-        return bool(request.prompt_token_ids and by and by == self._tokenizer_id)
-
-    def _prompt(self, request: EngineRequest) -> dict[str, Any]:
-        if self._given_ids(request):
-            return {"prompt_token_ids": request.prompt_token_ids}
+        if request.prompt_token_ids and by and by == self._tokenizer_id:
+            return {"prompt_token_ids": request.prompt_token_ids}, True
         try:
             ids = prompt_token_ids(self._tokenizer, request.prompt, request.messages)
         except TemplateError as exc:
             raise EngineError(FailureCode.INVALID_REQUEST, str(exc)) from None
-        return {"prompt_token_ids": ids}
+        return {"prompt_token_ids": ids}, False
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         if self._engine is None:
@@ -523,8 +521,7 @@ class VllmEngine:
             raise EngineError(
                 FailureCode.MODEL_NOT_FOUND, f"this worker has no adapter {request.adapter!r}"
             )
-        prompt = self._prompt(request)
-        given = self._given_ids(request)
+        prompt, given = self._prompt(request)
         max_len = self._engine.model_config.max_model_len
         n_prompt = len(prompt["prompt_token_ids"])
         if n_prompt + request.sampling.max_tokens > max_len:

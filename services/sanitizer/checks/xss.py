@@ -3,7 +3,9 @@
 A tag after an attribute break (``">``), event-handler attributes, ``<script>`` with
 a body, ``javascript:`` URLs (with the whitespace browsers drop inside a scheme),
 frames and plugins, CSS that loads code, server-side includes, tag names spelled out
-with spaces, UTF-7, JSFuck, tagged-template calls, break-outs of a JavaScript string.
+with spaces, UTF-7, JSFuck, tagged-template calls, break-outs of a JavaScript string,
+XML that fetches or binds (external entities, XInclude, schemas from callback hosts,
+XML Events), markup hidden in a data: URI's base64, sink names spelled in pieces.
 A mention of ``<script>`` in a question has no body and breaks nothing.
 """
 
@@ -36,7 +38,7 @@ _XSS_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
         "xss.script-body",
         re.compile(  # a body that does something: a call, an assignment
             r"<\s*(?:[\w-]+\s*:\s*)?script\b[^>]{0,200}>[^<]{0,400}?"
-            r"(?:\w\s*\(|=|;|[\w)]`|\b(?:document|window)\.)",  # [\w)]`: alert`1`
+            r"(?:\w\s*\(|=|;|[\w)]`|\b(?:document|window)\.)",  # [\w)]`: a tagged template
             re.IGNORECASE,
         ),
     ),
@@ -127,8 +129,10 @@ _XSS_ANYWHERE: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "xss.malformed-encoding",
         re.compile(
-            r"\u00bc\s*/?\s*(?:script|img|svg|iframe)"  # glued, when the lead is a letter:
-            f"|[{_LOW_BYTE_BC}]/?(?:script|img|svg|iframe)[{_LOW_BYTE_BE}]",  # not "Пишем script"
+            # "¼" may stand apart from the name; a letter ("м") only glued to it and
+            # closed, since a Russian sentence may say "Пишем script"
+            r"\u00bc\s*/?\s*(?:script|img|svg|iframe)"
+            f"|[{_LOW_BYTE_BC}]/?(?:script|img|svg|iframe)[{_LOW_BYTE_BE}]",
             re.I,
         ),
     ),
@@ -315,7 +319,7 @@ def _base64_findings(text: str) -> Iterator[Finding]:
             plain = base64.b64decode(body + "=" * (-len(body) % 4)).decode("utf-8")
         except (binascii.Error, UnicodeDecodeError):
             continue
-        if any(True for _ in first_matches(plain, (*_XSS_ANYWHERE, *_XSS_RULES), "xss", _NEEDLES)):
+        if next(first_matches(plain, (*_XSS_ANYWHERE, *_XSS_RULES), "xss", _NEEDLES), None):
             yield Finding("xss.base64-markup", "xss", m.start(1), m.end(1))
             return
 
