@@ -45,16 +45,15 @@ class Tokenizers:
     def __init__(self, folders: dict[str, str], load: Callable[[str], Any] = load_tokenizer):
         self.folders = folders
         self._load = load
-        self._loaded: dict[str, Any] = {}
-        self._fingerprints: dict[str, str] = {}
+        self._loaded: dict[str, tuple[Any, str]] = {}
+        """Per model, its tokenizer and that tokenizer's fingerprint."""
         self.failed: dict[str, str] = {}
 
     async def load_all(self) -> None:
         for model, folder in self.folders.items():
             try:
                 tok = await asyncio.to_thread(self._load, folder)
-                self._fingerprints[model] = await asyncio.to_thread(tokenizer_fingerprint, tok)
-                self._loaded[model] = tok
+                self._loaded[model] = tok, await asyncio.to_thread(tokenizer_fingerprint, tok)
             except Exception as exc:  # a missing folder or no transformers: route on text
                 self.failed[model] = f"{type(exc).__name__}: {exc}"
                 log.error("tokenizer not loaded", model=model, folder=folder, error=str(exc))
@@ -73,7 +72,7 @@ class Tokenizers:
         tokenizer's fingerprint) from its model's tokenizer; with none, or a template
         that refuses it (the worker says why), with no ids: what a client put there is
         never passed on, or the worker would run ids other than the text checked."""
-        tok = self._loaded.get(request.model)
+        tok, fingerprint = self._loaded.get(request.model, (None, ""))
         ids: list[int] = []
         if tok is not None:
             chars = len(request.prompt or "") + sum(len(m.content) for m in request.messages or ())
@@ -94,5 +93,5 @@ class Tokenizers:
             request,
             prompt_token_ids=ids,
             prompt_tokens=len(ids),
-            prompt_tokenizer=self._fingerprints[request.model],
+            prompt_tokenizer=fingerprint,
         )

@@ -298,8 +298,11 @@ _NEEDLES: dict[str, tuple[str, ...]] = {
 }
 
 
+_ALL_RULES = (*_XSS_ANYWHERE, *_XSS_RULES)
+
+
 def xss_findings(text: str) -> Iterator[Finding]:
-    yield from first_matches(text, (*_XSS_ANYWHERE, *_XSS_RULES), "xss", _NEEDLES)
+    yield from first_matches(text, _ALL_RULES, "xss", _NEEDLES)
     if "base64" in text.lower():
         yield from _base64_findings(text)
 
@@ -319,7 +322,7 @@ def _base64_findings(text: str) -> Iterator[Finding]:
             plain = base64.b64decode(body + "=" * (-len(body) % 4)).decode("utf-8")
         except (binascii.Error, UnicodeDecodeError):
             continue
-        if next(first_matches(plain, (*_XSS_ANYWHERE, *_XSS_RULES), "xss", _NEEDLES), None):
+        if next(first_matches(plain, _ALL_RULES, "xss", _NEEDLES), None):
             yield Finding("xss.base64-markup", "xss", m.start(1), m.end(1))
             return
 
