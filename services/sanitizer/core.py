@@ -209,6 +209,12 @@ def blocked(request: RequestSubmitted, found: list[InputFinding]) -> RequestReje
 # -- the output filter -----------------------------------------------------------------
 
 
+END_GRACE_S = 5.0
+"""How long after a request's deadline its end may still be on the way: the platform
+ends a request at its deadline (the scheduler's queue, the worker's stream), so an end
+not here by then was lost (a bus outage drops core NATS messages)."""
+
+
 class FilteredStream:
     """One request's output on its way to the client: chunks masked and renumbered,
     a terminal event after the held-back text."""
@@ -216,6 +222,7 @@ class FilteredStream:
     __slots__ = (
         "request_id",
         "client_reply_to",
+        "deadline",
         "attempt",
         "masker",
         "seq",
@@ -226,9 +233,13 @@ class FilteredStream:
         "busy_s",
     )
 
-    def __init__(self, request_id: str, client_reply_to: str, now: float) -> None:
+    def __init__(
+        self, request_id: str, client_reply_to: str, now: float, deadline: float = 0.0
+    ) -> None:
         self.request_id = request_id
         self.client_reply_to = client_reply_to
+        self.deadline = deadline
+        """The request's deadline, Unix seconds (0: none)."""
         self.attempt = 0
         self.masker = StreamMasker()
         self.seq = 0
@@ -241,6 +252,14 @@ class FilteredStream:
         """Chunks that never arrived (the count the client is told goes up by these)."""
         self.busy_s = 0.0
         """Time spent filtering it (the adapter measures)."""
+
+    def live(self, now: float, wall: float, quiet_s: float) -> bool:
+        """Whether more of it may still come: heard from within ``quiet_s`` and not
+        past its request's deadline by ``END_GRACE_S``. ``now`` is the clock of
+        ``last_seen``; ``wall`` the Unix time."""
+        if now - self.last_seen > quiet_s:
+            return False
+        return not self.deadline or wall <= self.deadline + END_GRACE_S
 
     def on_event(self, event: ReplyEvent, now: float) -> tuple[list[ReplyEvent], bool]:
         """(events for the client, whether the stream is over)."""

@@ -96,7 +96,12 @@ class SanitizerSettings(ServiceSettings, kw_only=True):
     mask_output_pii: bool = True
     """Mask PII in every output stream unless the request (its API key) says not to."""
     filter_idle_s: float = 900.0
-    """A filtered stream silent this long is forgotten (its worker and scheduler died)."""
+    """A filtered stream silent this long is forgotten (its worker and scheduler died);
+    one past its request's deadline sooner (its end was lost on the way)."""
+    drain_quiet_s: float = 10.0
+    """Stopping, the sanitizer waits for the streams it filters to end, but not for one
+    silent this long: its end was lost or it waits in a queue (decoding streams send
+    every few milliseconds), and an instance with the same id filters what comes later."""
     tokenizers: str = ""
     """Per model, the folder of the tokenizer its prompts are read with, e.g.
     "tiny-llama=/models/tiny-llama": accepted requests carry their token ids, and the
@@ -177,7 +182,10 @@ class SanitizerService(Service[SanitizerSettings]):
         await self._work.wait()
         # streams in flight still pass through here: let them end
         deadline = time.monotonic() + max(0.0, self.settings.drain_timeout_s - 2.0)
-        while self._streams and time.monotonic() < deadline:
+        quiet_s = self.settings.drain_quiet_s
+        while time.monotonic() < deadline and any(
+            s.live(time.monotonic(), time.time(), quiet_s) for s in self._streams.values()
+        ):
             await asyncio.sleep(0.05)
         if self._sweeper:
             self._sweeper.cancel()
@@ -231,13 +239,16 @@ class SanitizerService(Service[SanitizerSettings]):
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(min(60.0, self.settings.filter_idle_s / 2))
-            now = time.monotonic()
+            now, wall = time.monotonic(), time.time()
             for key, s in list(self._streams.items()):
-                if now - s.last_seen > self.settings.filter_idle_s:
+                if not s.live(now, wall, self.settings.filter_idle_s):
                     del self._streams[key]
                     self._filter_traces.pop(key, None)
                     log.warning(
-                        "filtered stream forgotten: silent too long", request_id=s.request_id
+                        "filtered stream forgotten: its end never came",
+                        request_id=s.request_id,
+                        silent_s=round(now - s.last_seen, 1),
+                        past_deadline_s=round(wall - s.deadline, 1) if s.deadline else None,
                     )
 
     async def _on_submitted(self, msg: Msg) -> None:
@@ -349,7 +360,9 @@ class SanitizerService(Service[SanitizerSettings]):
                 )
                 # keyed by the client's subject: another request reusing the id (or a
                 # redelivery of this one) never shares or resets this stream
-                self._streams.setdefault(client, FilteredStream(rid, client, time.monotonic()))
+                self._streams.setdefault(
+                    client, FilteredStream(rid, client, time.monotonic(), request.deadline)
+                )
                 if parent is not None:
                     self._filter_traces.setdefault(client, _FilterTrace(parent))
             accepted = RequestAccepted(request=request, accepted_at=time.time(), findings=found)

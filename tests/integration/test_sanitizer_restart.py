@@ -11,6 +11,7 @@ import time
 import pytest
 
 from inferbus.client import Client
+from inferbus.contracts import ACCEPTED
 from inferbus.shared.natsserver import NatsServer
 
 from .procs import ServiceProcess, start_all
@@ -56,3 +57,33 @@ async def test_a_request_held_by_a_dead_sanitizer_is_checked_by_the_next_one(fle
         assert done.text and took < 15.0, took
     finally:
         await c.close()
+
+
+async def test_stopping_waits_for_no_stream_whose_end_will_not_come(tmp_path):
+    """After a bus outage some streams' ends are lost on the way; the sanitizer still
+    filtered them, and stopping waited its whole drain budget (28 s) for them. A
+    stream silent past ``--drain-quiet-s`` is not waited for."""
+    server = NatsServer(tmp_path / "nats", log_file=tmp_path / "nats.log").start()
+    sanitizer = ServiceProcess(
+        "sanitizer", server.url, tmp_path, "--drain-quiet-s", "1", name="quiet-sanitizer"
+    )
+    c = await Client.connect(server.url)
+    pending = None
+    try:
+        sanitizer.start().wait_ready()
+        accepted = await c.nc.subscribe(ACCEPTED)
+        # no scheduler: accepted, filtered, and never ended
+        pending = asyncio.ensure_future(c.generate(MODEL, "hello", max_tokens=2, timeout=60))
+        await accepted.next_msg(timeout=10)
+        await accepted.unsubscribe()
+        await asyncio.sleep(1.5)
+        began = time.monotonic()
+        assert sanitizer.stop(timeout=25) == 0, sanitizer.logs()
+        took = time.monotonic() - began
+        assert took < 5.0, (took, sanitizer.logs())
+    finally:
+        if pending is not None:
+            pending.cancel()
+        await c.close()
+        sanitizer.kill()
+        server.stop()

@@ -151,6 +151,7 @@ async def test_cancel_mid_stream_stops_and_frees_the_sequence(vllm_worker, clien
             break
     else:
         pytest.fail("the engine kept running the cancelled sequence")
+    await hbs.unsubscribe()  # unread heartbeats would hold the client's drain 30 s
 
 
 async def test_lora_changes_the_output(vllm_worker, client):
@@ -290,6 +291,8 @@ async def test_kv_events_heartbeat_stats_and_metrics(vllm_worker, client):
         assert line in text, line
     saves = next(x for x in text.splitlines() if x.startswith("inferbus_kv_spill_saves_total"))
     assert float(saves.split()[-1]) > 0
+    for sub in (kv, hbs):  # what is left unread would hold the client's drain 30 s
+        await sub.unsubscribe()
 
 
 def _descendants(pid: int) -> list[int]:
@@ -365,6 +368,9 @@ async def test_unloadable_model_reports_failed_and_exits(nats_url, log_dir, clie
         assert await asyncio.to_thread(bad.proc.wait, 60) != 0
     finally:
         bad.kill()
+        # the module's worker keeps beating: unread heartbeats would hold the client's
+        # drain 30 s
+        await hbs.unsubscribe()
 
 
 async def test_the_engine_stages_are_traced_and_its_logs_are_json(vllm_worker, client, traces):

@@ -267,3 +267,22 @@ def test_an_llmservice_sets_its_models_checks_over_the_flags_and_under_an_api_ke
     assert model_settings(msgspec.structs.replace(record, removed=True)) is None
     with pytest.raises(ValueError, match="choose block, flag or off"):
         model_settings(msgspec.structs.replace(record, input_policy="allow"))
+
+
+def test_a_stream_is_live_until_silent_too_long_or_past_its_deadline():
+    from inferbus.services.sanitizer.core import END_GRACE_S
+
+    wall = 1_000_000.0
+    s = FilteredStream("r", "c", 100.0, deadline=wall + 30)
+    assert s.live(100.0, wall, quiet_s=10)
+    s.on_event(chunk(0, "hi "), 108.0)  # a chunk resets the silence
+    assert s.live(117.0, wall + 17, quiet_s=10)
+    assert not s.live(118.5, wall + 18.5, quiet_s=10)  # silent past quiet_s
+    # past its deadline the platform has ended it: an end not here after the grace was
+    # lost on the way, however recently a chunk came
+    assert s.live(108.0, wall + 30 + END_GRACE_S, quiet_s=900)
+    assert not s.live(108.0, wall + 30 + END_GRACE_S + 0.1, quiet_s=900)
+    # no deadline: only the silence counts
+    forever = FilteredStream("r", "c", 0.0)
+    assert forever.live(899.0, wall + 10**6, quiet_s=900)
+    assert not forever.live(901.0, wall, quiet_s=900)
