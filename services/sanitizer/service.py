@@ -99,9 +99,10 @@ class SanitizerSettings(ServiceSettings, kw_only=True):
     """A filtered stream silent this long is forgotten (its worker and scheduler died);
     one past its request's deadline sooner (its end was lost on the way)."""
     drain_quiet_s: float = 10.0
-    """Stopping, the sanitizer waits for the streams it filters to end, but not for one
-    silent this long: its end was lost or it waits in a queue (decoding streams send
-    every few milliseconds), and an instance with the same id filters what comes later."""
+    """When it stops, the sanitizer lets the streams it filters end, but does not wait
+    for one silent this long: its end was lost, or it waits in a queue (a decoding
+    stream sends every few milliseconds); an instance with the same id filters what
+    comes later."""
     tokenizers: str = ""
     """Per model, the folder of the tokenizer its prompts are read with, e.g.
     "tiny-llama=/models/tiny-llama": accepted requests carry their token ids, and the
