@@ -163,7 +163,7 @@ def test_shape_errors_come_before_size_errors():
 # -- the output filter ------------------------------------------------------------------
 
 from inferbus.contracts import RequestFailed, RequestFinished, TokenChunk, Usage  # noqa: E402
-from inferbus.services.sanitizer.core import FilteredStream  # noqa: E402
+from inferbus.services.sanitizer.core import END_GRACE_S, FilteredStream  # noqa: E402
 
 
 def chunk(seq: int, text: str, attempt: int = 1) -> TokenChunk:
@@ -270,8 +270,6 @@ def test_an_llmservice_sets_its_models_checks_over_the_flags_and_under_an_api_ke
 
 
 def test_a_stream_is_live_until_silent_too_long_or_past_its_deadline():
-    from inferbus.services.sanitizer.core import END_GRACE_S
-
     wall = 1_000_000.0
     s = FilteredStream("r", "c", 100.0, deadline=wall + 30)
     assert s.live(100.0, wall, quiet_s=10)
