@@ -12,7 +12,16 @@ from .failures import *  # noqa: F401,F403
 from .failures import __all__ as _failures_all
 from .llmservice import *  # noqa: F401,F403
 from .llmservice import __all__ as _llmservice_all
+from .replies import *  # noqa: F401,F403
+from .replies import __all__ as _replies_all
 from .subjects import *  # noqa: F401,F403
 from .subjects import __all__ as _subjects_all
 
-__all__ = [*_delivery_all, *_events_all, *_failures_all, *_llmservice_all, *_subjects_all]
+__all__ = [
+    *_delivery_all,
+    *_events_all,
+    *_failures_all,
+    *_llmservice_all,
+    *_replies_all,
+    *_subjects_all,
+]

@@ -229,6 +229,10 @@ class RequestFailed(Event, tag="request.failed"):
     retryable: bool = False
     served_model: str = ""
     """Set when a worker's engine failed it: the version it ran on (``name@version``)."""
+    attempt: int = 0
+    """The attempt a worker failed (0: not tied to one, as the scheduler's and the
+    sanitizer's failures are): a reader ignores a failure of an attempt older than
+    the newest it has seen (contracts/replies.py)."""
 
 
 class InputFinding(msgspec.Struct, kw_only=True):
@@ -255,6 +259,8 @@ class RequestRejected(Event, tag="request.rejected"):
 class RequestCancelled(Event, tag="request.cancelled"):
     request_id: str
     reason: str = "cancelled by client"
+    attempt: int = 0
+    """The attempt a worker stopped (0: the scheduler's, before any worker)."""
 
 
 class CancelRequest(Event, tag="request.cancel"):

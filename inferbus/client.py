@@ -35,6 +35,7 @@ from inferbus.contracts import (
     ChatMessage,
     FailureCode,
     ReplyEvent,
+    ReplyReader,
     RequestCancelled,
     RequestFailed,
     RequestFinished,
@@ -100,7 +101,7 @@ class Stream:
         self._replies: asyncio.Queue[Any] = asyncio.Queue()
         """The reply subject's messages, or a failure the client itself puts here (the
         bus was lost: what came meanwhile is gone)."""
-        self._attempt: int | None = None
+        self._reader = ReplyReader(request.request_id)
         self._done = False
         self.submitted_at = 0.0
         self.first_token_at: float | None = None
@@ -175,25 +176,24 @@ class Stream:
                 await self._close()
                 raise
             ev = got if isinstance(got, RequestFailed) else decode(got, ReplyEvent)
-            if isinstance(ev, TokenChunk):
-                self._attempt = self._attempt or ev.attempt
-                if ev.attempt != self._attempt:
-                    continue
+            reading = self._reader.read(ev)
+            if reading.restarted:  # the chunks handed out are void: they can't be taken back
+                await self.cancel("the output restarted")
+                failed = self._reader.interrupted()
+                raise RequestError(failed, failed.reason)
+            if reading.chunk is not None:
                 if self.first_token_at is None:
                     self.first_token_at = time.monotonic()
-                self.chunks.append(ev)
-                return ev
+                self.chunks.append(reading.chunk)
+                return reading.chunk
+            end = reading.end
+            if end is None:
+                continue
             await self._close()
-            if isinstance(ev, RequestFinished) and ev.chunks > len(self.chunks):
-                ev = request_failed(
-                    self.request_id, FailureCode.STREAM_INTERRUPTED,
-                    f"{ev.chunks - len(self.chunks)} of the stream's {ev.chunks} chunks were "
-                    "lost on the way (a service on the reply path restarted)",
-                )  # fmt: skip
-            if isinstance(ev, RequestFinished):
-                self.outcome = ev
+            if isinstance(end, RequestFinished):
+                self.outcome = end
                 raise StopAsyncIteration
-            raise RequestError(ev, f"{ev.__struct_config__.tag}: {getattr(ev, 'reason', '')}")
+            raise RequestError(end, f"{end.__struct_config__.tag}: {getattr(end, 'reason', '')}")
 
     async def cancel(self, reason: str = "cancelled by client") -> None:
         await self._client.nc.publish(

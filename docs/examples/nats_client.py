@@ -92,6 +92,43 @@ def build_request(args: argparse.Namespace, request_id: str, reply_to: str) -> d
     return request
 
 
+class Replies:
+    """The reading rule of docs/nats-api.md on decoded JSON events: keep the newest
+    attempt seen; ignore an older attempt's chunks and its end. A port of
+    ``inferbus.contracts.ReplyReader``, which tests/unit/test_reply_reader.py holds
+    it to, event order by event order."""
+
+    def __init__(self) -> None:
+        self.attempt = 0  # the newest attempt seen
+        self.next_seq = 0  # the chunk expected next from it
+        self.lost = 0  # its chunks that never arrived
+        self.passed = 0  # chunks handed on since the output (re)started
+
+    def read(self, event: dict) -> tuple[str, bool]:
+        """(what to do, whether the output restarts): "text" to write the chunk's
+        text, "end" for a terminal event, "skip" for anything else."""
+        kind = event.get("type")
+        if kind not in ("token.chunk", *TERMINAL):
+            return "skip", False  # a type added later
+        attempt = event.get("attempt", 1 if kind in ("token.chunk", "request.finished") else 0)
+        if 0 < attempt < self.attempt:
+            return "skip", False  # a superseded attempt's chunk or end
+        restarted = False
+        if attempt > self.attempt:
+            restarted = self.passed > 0
+            self.attempt, self.next_seq, self.lost, self.passed = attempt, 0, 0, 0
+        if kind != "token.chunk":
+            self.lost += max(0, event.get("chunks", 0) - self.next_seq)
+            return "end", restarted
+        self.lost += max(0, event["seq"] - self.next_seq)
+        self.next_seq = max(self.next_seq, event["seq"] + 1)
+        self.passed += 1
+        return "text", restarted
+
+
+TERMINAL = ("request.finished", "request.failed", "request.rejected", "request.cancelled")
+
+
 def fail(code: str, reason: str, retryable: bool = False) -> int:
     print(f"error: {code}: {reason}" + (" (retryable)" if retryable else ""), file=sys.stderr)
     return EXIT_FAILED
@@ -180,7 +217,7 @@ async def run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGINT, on_sigint)
 
         # 4. read events: token.chunk × n, then exactly one terminal event
-        attempt, next_seq = 0, 0
+        replies = Replies()
         while True:
             wait = None if give_up_at is None else max(0.0, give_up_at - loop.time())
             try:
@@ -196,38 +233,27 @@ async def run(args: argparse.Namespace) -> int:
                 event = json.loads(msg.data)
             except ValueError:
                 continue
-            kind = event.get("type")
             if event.get("request_id") != request_id:
                 continue
-            if kind == "token.chunk":
-                # a request reassigned after its worker was lost before streaming runs
-                # again as attempt + 1: keep the newest attempt, drop older ones
-                chunk_attempt = event.get("attempt", 1)
-                if chunk_attempt < attempt:
-                    continue
-                if chunk_attempt > attempt:
-                    if written:
-                        print(
-                            f"\nwarning: attempt {chunk_attempt} restarts the output",
-                            file=sys.stderr,
-                        )
-                    attempt, next_seq = chunk_attempt, 0
-                if event["seq"] != next_seq:
-                    print(
-                        f"\nwarning: expected chunk {next_seq}, got {event['seq']}", file=sys.stderr
-                    )
-                next_seq = event["seq"] + 1
+            action, restarted = replies.read(event)
+            if action == "skip":
+                continue
+            if restarted:
+                # a request reassigned after its worker was presumed lost runs again as
+                # attempt + 1, from the start: what was written belongs to the older one
+                print(f"\nwarning: attempt {replies.attempt} restarts the output", file=sys.stderr)
+            kind = event.get("type")
+            if action == "text":
                 sys.stdout.write(event["text"])
                 sys.stdout.flush()
                 written = True
             elif kind == "request.finished":
-                if event.get("attempt", 1) < attempt:
-                    continue  # the end of a superseded attempt
                 usage = event.get("usage", {})
                 timings = event.get("timings", {})
-                if event.get("chunks", next_seq) != next_seq:
+                if replies.lost:
                     print(
-                        f"warning: {event['chunks']} chunks sent, {next_seq} read", file=sys.stderr
+                        f"warning: {event['chunks']} chunks sent, {replies.lost} of them lost",
+                        file=sys.stderr,
                     )
                 end_line()
                 print(
@@ -251,7 +277,6 @@ async def run(args: argparse.Namespace) -> int:
                 end_line()
                 print(f"cancelled: {event.get('reason', '')}", file=sys.stderr)
                 return EXIT_CANCELLED
-            # anything else (a type added later) is ignored
     finally:
         end_line()
         loop.remove_signal_handler(signal.SIGINT)

@@ -25,17 +25,17 @@ from inferbus.contracts import (
     CancelRequest,
     ChatMessage,
     FailureCode,
+    Reading,
     ReplyEvent,
+    ReplyReader,
     RequestFailed,
     RequestFinished,
     RequestSubmitted,
     ScalingStatus,
     SchedulerLoad,
-    TokenChunk,
     WorkerHeartbeat,
     heartbeat_subject,
     reply_subject,
-    request_failed,
     subject_token,
 )
 from inferbus.shared import logs, metrics
@@ -364,13 +364,13 @@ class GatewayService(Service[GatewaySettings]):
             )
             shapes = Shapes(chat=chat, request_id=rid, model=req.model, created=int(time.time()))
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            events = self._submit(event, timeout_s, flow, trace)
+            readings = self._submit(event, timeout_s, flow, trace, restartable=not req.stream)
             ended = False
             try:
                 if req.stream:
-                    resp = await self._stream(http, rid, events, shapes, include_usage, now)
+                    resp = await self._stream(http, rid, readings, shapes, include_usage, now)
                 else:
-                    resp = await self._complete(rid, events, shapes, now)
+                    resp = await self._complete(rid, readings, shapes, now)
                 ended = True
                 return resp
             except _Ended as e:
@@ -422,8 +422,11 @@ class GatewayService(Service[GatewaySettings]):
         timeout_s: float | None,
         flow: _Flow,
         trace: HttpTrace | NoTrace,
-    ) -> AsyncIterator[Any]:
-        """Register for replies, publish, then yield chunks until the terminal event."""
+        restartable: bool,
+    ) -> AsyncIterator[Reading]:
+        """Register for replies, publish, then yield what the replies mean until the
+        terminal event. ``restartable``: the caller buffers the text, so a newer
+        attempt's restart is passed on rather than ending the request."""
         assert self._ctx
         rid = event.request_id
         queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -453,9 +456,7 @@ class GatewayService(Service[GatewaySettings]):
         if timeout_s is not None and timeout_s + _DEADLINE_GRACE_S < limit:
             limit, own = timeout_s + _DEADLINE_GRACE_S, True
         deadline = time.monotonic() + limit
-        attempt = None
-        received = 0
-        """Chunks of the attempt that arrived: fewer than its end counts is a gap."""
+        reader = ReplyReader(rid)
         while True:
             remaining = deadline - time.monotonic()
             try:
@@ -475,53 +476,42 @@ class GatewayService(Service[GatewaySettings]):
                     failure_error(FailureCode.TIMEOUT, f"no answer within {limit:g}s"),
                     settled=False,
                 )
-            if isinstance(ev, TokenChunk):
-                attempt = attempt or ev.attempt
-                if ev.attempt != attempt:
-                    continue
-                # under load, send what piled up as one chunk: fewer events, same text
-                terminal = None
-                received += 1
-                while not queue.empty() and terminal is None:
-                    nxt = queue.get_nowait()
-                    if not isinstance(nxt, TokenChunk):
-                        terminal = nxt
-                    elif nxt.attempt == attempt:
-                        ev = merge_chunks(ev, nxt)
-                        received += 1
-                flow.completion_tokens += ev.tokens
+            # under load, pass what piled up on as one chunk: fewer events, same text
+            batch = [ev]
+            while not queue.empty():
+                batch.append(queue.get_nowait())
+            reading = reader.read_all(batch)
+            if reading.restarted and not restartable:  # the text that went out is void
+                raise _Ended(error_for(reader.interrupted()), settled=False)
+            if reading.chunk is not None:
+                flow.completion_tokens += reading.chunk.tokens
                 trace.on_first_token()
-                yield ev
-                if terminal is None:
-                    continue
-                ev = terminal
-            if isinstance(ev, RequestFinished) and ev.chunks > received:
-                ev = request_failed(
-                    rid, FailureCode.STREAM_INTERRUPTED,
-                    f"{ev.chunks - received} of the stream's {ev.chunks} chunks were lost on "
-                    "the way (a service on the reply path restarted); submit it again",
-                )  # fmt: skip
-            if isinstance(ev, RequestFinished):
-                flow.usage = ev.usage.total_tokens
-                trace.on_finished(ev)
-            yield ev
-            return
+            if isinstance(reading.end, RequestFinished):
+                flow.usage = reading.end.usage.total_tokens
+                trace.on_finished(reading.end)
+            yield reading
+            if reading.end is not None:
+                return
 
     async def _complete(
-        self, rid: str, events: AsyncIterator[Any], shapes: Shapes, started: float
+        self, rid: str, readings: AsyncIterator[Reading], shapes: Shapes, started: float
     ) -> web.Response:
         parts: list[str] = []
-        async for ev in events:
-            if isinstance(ev, TokenChunk):
-                parts.append(ev.text)
-            elif isinstance(ev, RequestFinished):
+        async for reading in readings:
+            if reading.restarted:
+                parts.clear()
+            if reading.chunk is not None:
+                parts.append(reading.chunk.text)
+            ev = reading.end
+            if ev is None:
+                continue
+            if isinstance(ev, RequestFinished):
                 self._observe(shapes.model, started, "request.finished")
                 return web.json_response(
                     shapes.complete("".join(parts), ev), headers={"x-request-id": rid}
                 )
-            else:
-                self._observe(shapes.model, started, ev.__struct_config__.tag)
-                raise _Ended(error_for(ev))
+            self._observe(shapes.model, started, str(ev.__struct_config__.tag))
+            raise _Ended(error_for(ev))
         raise _Ended(
             ApiError(
                 500,
@@ -535,13 +525,13 @@ class GatewayService(Service[GatewaySettings]):
         self,
         http: web.Request,
         rid: str,
-        events: AsyncIterator[Any],
+        readings: AsyncIterator[Reading],
         shapes: Shapes,
         include_usage: bool,
         started: float,
     ) -> web.StreamResponse:
         try:
-            return await self._stream_events(http, rid, events, shapes, include_usage, started)
+            return await self._stream_events(http, rid, readings, shapes, include_usage, started)
         except _Ended as e:
             resp = e.answered or self._streaming.pop(rid, None)
             if resp is None:
@@ -560,24 +550,26 @@ class GatewayService(Service[GatewaySettings]):
         self,
         http: web.Request,
         rid: str,
-        events: AsyncIterator[Any],
+        readings: AsyncIterator[Reading],
         shapes: Shapes,
         include_usage: bool,
         started: float,
     ) -> web.StreamResponse:
         resp: web.StreamResponse | None = None
-        async for ev in events:
-            if isinstance(ev, TokenChunk):
+        async for reading in readings:
+            if reading.chunk is not None:
                 if resp is None:
                     # headers go out with the first token, so early failures keep their status
                     resp = web.StreamResponse(headers={**_SSE_HEADERS, "x-request-id": rid})
                     await resp.prepare(http)
                     self._streaming[rid] = resp
                     metrics.TTFT.labels(self.name, shapes.model).observe(time.monotonic() - started)
-                await resp.write(shapes.chunk_event(ev.text))
+                await resp.write(shapes.chunk_event(reading.chunk.text))
+            ev = reading.end
+            if ev is None:
                 continue
             if resp is None and not isinstance(ev, RequestFinished):
-                self._observe(shapes.model, started, ev.__struct_config__.tag)
+                self._observe(shapes.model, started, str(ev.__struct_config__.tag))
                 raise _Ended(error_for(ev))
             if resp is None:
                 resp = web.StreamResponse(headers={**_SSE_HEADERS, "x-request-id": rid})
@@ -588,7 +580,7 @@ class GatewayService(Service[GatewaySettings]):
                     await resp.write(sse(shapes.usage_chunk(ev)))
             else:
                 await resp.write(sse(error_for(ev).body()))
-            self._observe(shapes.model, started, ev.__struct_config__.tag)
+            self._observe(shapes.model, started, str(ev.__struct_config__.tag))
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp
@@ -611,17 +603,6 @@ class GatewayService(Service[GatewaySettings]):
             await self._ctx.nc.publish(CANCEL, encode(CancelRequest(request_id=rid, reason=reason)))
         except Exception:
             log.exception("cancel publish failed", request_id=rid)
-
-
-def merge_chunks(a: TokenChunk, b: TokenChunk) -> TokenChunk:
-    return TokenChunk(
-        request_id=a.request_id,
-        seq=a.seq,
-        text=a.text + b.text,
-        token_ids=a.token_ids + b.token_ids,
-        attempt=a.attempt,
-        n_tokens=a.n_tokens + b.n_tokens,
-    )
 
 
 class _Flow:

@@ -19,6 +19,7 @@ from inferbus.contracts import (
     InputFinding,
     LLMServiceSettings,
     ReplyEvent,
+    ReplyReader,
     RequestFinished,
     RequestRejected,
     RequestSubmitted,
@@ -217,7 +218,8 @@ not here by then was lost (a bus outage drops core NATS messages)."""
 
 class FilteredStream:
     """One request's output on its way to the client: chunks masked and renumbered,
-    a terminal event after the held-back text."""
+    a terminal event after the held-back text. The worker's events are read by the
+    newest-attempt rule (``ReplyReader``); a new attempt restarts the masked text."""
 
     __slots__ = (
         "request_id",
@@ -228,8 +230,7 @@ class FilteredStream:
         "seq",
         "tokens",
         "last_seen",
-        "upstream_seq",
-        "lost",
+        "reader",
         "busy_s",
     )
 
@@ -246,12 +247,15 @@ class FilteredStream:
         self.tokens = 0
         """Tokens received and not yet sent on (they go with the next chunk out)."""
         self.last_seen = now
-        self.upstream_seq = 0
-        """The next chunk number expected from the worker."""
-        self.lost = 0
-        """Chunks that never arrived (the count the client is told goes up by these)."""
+        self.reader = ReplyReader(request_id, whole=False)
+        """The worker's side: attempts, and chunks lost before they reached us."""
         self.busy_s = 0.0
         """Time spent filtering it (the adapter measures)."""
+
+    @property
+    def lost(self) -> int:
+        """Chunks that never arrived (the count the client is told goes up by these)."""
+        return self.reader.lost
 
     def live(self, now: float, wall: float, quiet_s: float) -> bool:
         """Whether more of it may still come: heard from within ``quiet_s`` and not
@@ -264,36 +268,28 @@ class FilteredStream:
     def on_event(self, event: ReplyEvent, now: float) -> tuple[list[ReplyEvent], bool]:
         """(events for the client, whether the stream is over)."""
         self.last_seen = now
-        if isinstance(event, TokenChunk):
-            if event.attempt != self.attempt:
-                if event.attempt < self.attempt:
-                    return [], False  # a lost attempt's straggler
-                # a new attempt restarts the text (the client drops the older attempt)
-                self.attempt, self.masker, self.seq, self.tokens = (
-                    event.attempt,
-                    StreamMasker(),
-                    0,
-                    0,
-                )
-                self.upstream_seq = self.lost = 0
-            if event.seq != self.upstream_seq:  # a chunk was lost on the way here
-                self.lost += max(0, event.seq - self.upstream_seq)
-            self.upstream_seq = event.seq + 1
-            self.tokens += event.tokens
-            text = self.masker.feed(event.text)
-            return ([self._chunk(text)] if text else []), False
-        if isinstance(event, RequestFinished) and self.attempt and event.attempt < self.attempt:
-            return [], False  # a lost worker's late word: the stream goes on
+        reading = self.reader.read(event)
+        if self.reader.attempt != self.attempt:
+            # a new attempt restarts the text (the client drops the older attempt)
+            self.attempt, self.masker, self.seq, self.tokens = (
+                self.reader.attempt, StreamMasker(), 0, 0,
+            )  # fmt: skip
         out: list[ReplyEvent] = []
+        if reading.chunk is not None:
+            self.tokens += reading.chunk.tokens
+            text = self.masker.feed(reading.chunk.text)
+            if text:
+                out.append(self._chunk(text))
+        end = reading.end
+        if end is None:
+            return out, False
         rest = self.masker.flush()
         if rest or self.tokens:
             out.append(self._chunk(rest))
-        if isinstance(event, RequestFinished):
-            if event.chunks > self.upstream_seq:
-                self.lost += event.chunks - self.upstream_seq
+        if isinstance(end, RequestFinished):
             # what the client got, plus what was lost: a gap it can see
-            event = msgspec.structs.replace(event, chunks=self.seq + self.lost)
-        out.append(event)
+            end = msgspec.structs.replace(end, chunks=self.seq + self.lost)
+        out.append(end)
         return out, True
 
     def _chunk(self, text: str) -> TokenChunk:

@@ -432,6 +432,8 @@ class WorkerService(Service[WorkerSettings]):
             )
         if isinstance(terminal, RequestFailed) and stream.served_model:
             terminal.served_model = stream.served_model
+        if isinstance(terminal, RequestFailed | RequestCancelled):
+            terminal.attempt = assignment.attempt  # a newer attempt's reader ignores it
         if isinstance(terminal, RequestFinished):
             usage = terminal.usage
             self.costs.observe(
@@ -445,7 +447,7 @@ class WorkerService(Service[WorkerSettings]):
         try:
             await nc.publish(reply, encode(terminal), headers=request_headers(rid))
             if req.client_reply_to and req.client_reply_to != reply:
-                self._backup_end(req.client_reply_to, rid)
+                self._backup_end(req.client_reply_to, rid, assignment.attempt)
             await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=f"{rid}:end")
         finally:  # counted and logged even when the record of its end could not be made
             report_end(self._ctx.tracing, self.name, stream, terminal, parent, received, ended)
@@ -474,18 +476,20 @@ class WorkerService(Service[WorkerSettings]):
             async for out in outputs:
                 yield out
 
-    def _backup_end(self, client: str, rid: str) -> None:
+    def _backup_end(self, client: str, rid: str, attempt: int) -> None:
         """The stream's end went through the output filter. Should that sanitizer have
         restarted meanwhile, the client would wait for its timeout: once it has had time
         to pass the end on, tell the client directly. A client that got its end has
         stopped listening, so this reaches only the ones still waiting."""
         assert self._ctx
         nc = self._ctx.nc
-        note = encode(request_failed(
+        failed = request_failed(
             rid, FailureCode.STREAM_INTERRUPTED,
             "the output filter did not pass this stream's end on (it may have restarted): "
             "the text may be incomplete; submit the request again",
-        ))  # fmt: skip
+        )  # fmt: skip
+        failed.attempt = attempt
+        note = encode(failed)
 
         def send() -> None:
             if not nc.is_closed:

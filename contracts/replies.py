@@ -1,0 +1,154 @@
+"""Reading a request's reply stream: one rule for every reader.
+
+A request's replies are token chunks, then one terminal event. When the scheduler
+reassigns a request, the new worker's events carry ``attempt`` + 1 with ``seq``
+restarting at 0, and a worker presumed lost may still be talking. So a reader keeps
+the newest attempt it has seen: an older attempt's chunks, its ``request.finished``
+and its worker's failure are ignored. A terminal event tied to no attempt (the
+scheduler's, the sanitizer's: ``attempt`` 0) ends the stream whatever came before.
+
+Pure (msgspec and the standard library), so a client can vendor it with the rest of
+the contracts; the gateway, the Python client, the sanitizer's output filter and
+docs/examples/nats_client.py all read replies through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from .events import (
+    ReplyEvent,
+    RequestCancelled,
+    RequestFailed,
+    RequestFinished,
+    RequestRejected,
+    TokenChunk,
+)
+from .failures import FailureCode, request_failed
+
+__all__ = ["Reading", "ReplyReader", "ReplyEnd", "merge_chunks"]
+
+ReplyEnd = RequestFinished | RequestFailed | RequestCancelled | RequestRejected
+
+
+class Reading(msgspec.Struct, kw_only=True, frozen=True):
+    """What one or more reply events mean for the reader's client."""
+
+    chunk: TokenChunk | None = None
+    """Text to pass on (several chunks merged into one when read together)."""
+    end: ReplyEnd | None = None
+    """The stream is over: pass this on after ``chunk``."""
+    restarted: bool = False
+    """A newer attempt began after an older one's text was passed on: that text is
+    void and the newer attempt's starts over. A reader that can take it back (a
+    buffer) clears it; one that cannot (a stream already sent on) fails the request
+    as ``stream_interrupted``: ``ReplyReader.interrupted`` builds that event."""
+
+
+def merge_chunks(a: TokenChunk, b: TokenChunk) -> TokenChunk:
+    """``b`` appended to ``a``: one chunk with both texts and token counts."""
+    return TokenChunk(
+        request_id=a.request_id,
+        seq=a.seq,
+        text=a.text + b.text,
+        token_ids=a.token_ids + b.token_ids,
+        attempt=a.attempt,
+        n_tokens=a.n_tokens + b.n_tokens,
+    )
+
+
+class ReplyReader:
+    """One request's reply stream, read by the newest-attempt rule.
+
+    ``whole``: a finished stream that lost chunks on the way ends as
+    ``stream_interrupted`` (what a client wants); without it the finish passes on
+    and ``lost`` says how many went missing (what a relay such as the sanitizer's
+    filter wants, to tell its own reader)."""
+
+    __slots__ = ("request_id", "whole", "attempt", "next_seq", "received", "lost",
+                 "passed", "ended")  # fmt: skip
+
+    def __init__(self, request_id: str, *, whole: bool = True) -> None:
+        self.request_id = request_id
+        self.whole = whole
+        self.attempt = 0
+        """The newest attempt seen (0: none yet)."""
+        self.next_seq = 0
+        """The chunk number expected next from that attempt."""
+        self.received = 0
+        """That attempt's chunks that arrived."""
+        self.lost = 0
+        """That attempt's chunks that never arrived (gaps in ``seq``, and chunks its
+        ``request.finished`` counts that never came)."""
+        self.passed = 0
+        """Chunks passed on since the reader started or last restarted."""
+        self.ended = False
+
+    def read(self, event: ReplyEvent) -> Reading:
+        return self.read_all((event,))
+
+    def read_all(self, events: Iterable[ReplyEvent]) -> Reading:
+        """Events in arrival order, as one ``Reading``: the current attempt's chunks
+        merged, then its end if one came. Whatever follows the end is ignored."""
+        chunk: TokenChunk | None = None
+        restarted = False
+        for event in events:
+            if self.ended:
+                break
+            attempt = getattr(event, "attempt", 0)
+            if 0 < attempt < self.attempt:
+                continue  # a lost attempt's straggler, or its worker's late end
+            if attempt > self.attempt:
+                # text of the older attempt not yet passed on is simply dropped
+                restarted = restarted or self.passed > 0
+                self._restart(attempt)
+                chunk = None
+            if isinstance(event, TokenChunk):
+                self._count(event)
+                chunk = event if chunk is None else merge_chunks(chunk, event)
+                continue
+            self.ended = True
+            if chunk is not None:
+                self.passed += 1
+            return Reading(chunk=chunk, end=self._end(event), restarted=restarted)
+        if chunk is not None:
+            self.passed += 1
+        return Reading(chunk=chunk, restarted=restarted)
+
+    def interrupted(self) -> RequestFailed:
+        """The end for a reader that cannot take text back when the output restarted."""
+        self.ended = True
+        return request_failed(
+            self.request_id,
+            FailureCode.STREAM_INTERRUPTED,
+            f"the output restarted on attempt {self.attempt} after part of an earlier "
+            "attempt's had been sent; submit the request again",
+        )
+
+    def _restart(self, attempt: int) -> None:
+        self.attempt, self.next_seq, self.received, self.lost, self.passed = (
+            attempt, 0, 0, 0, 0,
+        )  # fmt: skip
+
+    def _count(self, chunk: TokenChunk) -> None:
+        if chunk.seq > self.next_seq:
+            self.lost += chunk.seq - self.next_seq
+        self.next_seq = max(self.next_seq, chunk.seq + 1)
+        self.received += 1
+
+    def _end(self, event: ReplyEvent) -> ReplyEnd:
+        assert not isinstance(event, TokenChunk)
+        if not isinstance(event, RequestFinished):
+            return event
+        if event.chunks > self.next_seq:
+            self.lost += event.chunks - self.next_seq
+        if self.whole and self.lost:
+            return request_failed(
+                self.request_id,
+                FailureCode.STREAM_INTERRUPTED,
+                f"{self.lost} of the stream's {event.chunks} chunks were lost on the way "
+                "(a service on the reply path restarted); submit it again",
+            )
+        return event

@@ -1,0 +1,170 @@
+"""The one rule for reading a reply stream (contracts/replies.py): the newest attempt
+wins, its chunks merged and counted; the docs example's port agrees with it."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from inferbus.contracts import (
+    FailureCode,
+    ReplyEvent,
+    ReplyReader,
+    RequestCancelled,
+    RequestFailed,
+    RequestFinished,
+    TokenChunk,
+    Usage,
+)
+
+RID = "r1"
+
+
+def chunk(attempt: int, seq: int, text: str = "", ids: list[int] | None = None) -> TokenChunk:
+    return TokenChunk(
+        request_id=RID, seq=seq, text=text or f"a{attempt}s{seq} ", attempt=attempt,
+        token_ids=ids if ids is not None else [seq],
+    )  # fmt: skip
+
+
+def finished(attempt: int, chunks: int) -> RequestFinished:
+    return RequestFinished(
+        request_id=RID, finish_reason="stop", chunks=chunks, attempt=attempt,
+        usage=Usage(prompt_tokens=3, completion_tokens=chunks),
+    )  # fmt: skip
+
+
+def read(events: list[ReplyEvent], whole: bool = True) -> tuple[str, object, bool]:
+    """What a buffering client ends with: (text, end, whether it restarted)."""
+    reader = ReplyReader(RID, whole=whole)
+    text, restarted = "", False
+    for ev in events:
+        r = reader.read(ev)
+        if r.restarted:
+            text, restarted = "", True
+        if r.chunk is not None:
+            text += r.chunk.text
+        if r.end is not None:
+            return text, r.end, restarted
+    return text, None, restarted
+
+
+def test_a_newer_attempt_replaces_the_older_ones_text_and_ends_on_its_own_finish():
+    # the defect: the gateway and the client returned attempt 1's text ended by
+    # attempt 2's finish
+    text, end, restarted = read([chunk(1, 0), chunk(2, 0), chunk(2, 1), finished(2, 2)])
+    assert text == "a2s0 a2s1 "
+    assert end == finished(2, 2)
+    assert restarted
+
+
+def test_an_older_attempts_finish_does_not_end_the_newer_one():
+    # the defect: both readers ended on attempt 1's finish
+    events = [chunk(2, 0), finished(1, 5), chunk(2, 1), finished(2, 2)]
+    text, end, restarted = read(events)
+    assert (text, end, restarted) == ("a2s0 a2s1 ", finished(2, 2), False)
+
+
+def test_an_older_attempts_chunks_after_the_newer_began_are_dropped():
+    events = [chunk(2, 0), chunk(1, 0), chunk(1, 1), chunk(2, 1), finished(2, 2)]
+    assert read(events) == ("a2s0 a2s1 ", finished(2, 2), False)
+
+
+def test_an_older_attempts_worker_failure_is_ignored_but_one_of_no_attempt_ends_it():
+    worker_failed = RequestFailed(
+        request_id=RID, code=FailureCode.WORKER_SHUTDOWN, reason="x", attempt=1
+    )
+    scheduler_failed = RequestFailed(request_id=RID, code=FailureCode.WORKER_LOST, reason="y")
+    text, end, _ = read([chunk(2, 0), worker_failed, chunk(2, 1), scheduler_failed])
+    assert text == "a2s0 a2s1 " and end == scheduler_failed
+    cancelled = RequestCancelled(request_id=RID, attempt=1)
+    assert read([chunk(2, 0), cancelled, finished(2, 1)])[1] == finished(2, 1)
+
+
+def test_a_newer_attempts_finish_with_no_chunk_still_restarts_the_text():
+    text, end, restarted = read([chunk(1, 0), finished(2, 0)])
+    assert (text, end, restarted) == ("", finished(2, 0), True)
+
+
+def test_chunks_lost_on_the_way_end_a_whole_reading_as_stream_interrupted():
+    events = [chunk(1, 0), chunk(1, 2), finished(1, 4)]
+    _, end, _ = read(events)
+    assert isinstance(end, RequestFailed) and end.code == FailureCode.STREAM_INTERRUPTED
+    assert "2 of the stream's 4 chunks" in end.reason and end.retryable
+    reader = ReplyReader(RID, whole=False)  # a relay passes the finish on and counts
+    assert [reader.read(e).end for e in events][-1] == finished(1, 4)
+    assert reader.lost == 2 and reader.received == 2
+
+
+def test_a_gap_in_an_older_attempt_is_forgotten_when_a_newer_one_starts():
+    events = [chunk(1, 0), chunk(1, 3), chunk(2, 0), finished(2, 1)]
+    assert read(events)[1] == finished(2, 1)
+
+
+def test_chunks_read_together_are_merged_and_an_unsent_older_attempt_is_no_restart():
+    reader = ReplyReader(RID)
+    r = reader.read_all([chunk(1, 0, "a", [1]), chunk(2, 0, "b", [2]), chunk(2, 1, "c", [3])])
+    assert not r.restarted  # attempt 1's text never went out
+    assert r.chunk is not None and r.chunk.text == "bc" and r.chunk.token_ids == [2, 3]
+    r = reader.read_all([chunk(2, 2, "d"), finished(2, 3), chunk(2, 3, "late")])
+    assert r.chunk is not None and r.chunk.text == "d" and r.end == finished(2, 3)
+    assert reader.ended and reader.read(chunk(2, 4)) == reader.read(finished(2, 5))
+
+
+def test_merged_chunks_count_filtered_tokens():
+    a = TokenChunk(request_id=RID, seq=0, text="x", n_tokens=2)
+    b = TokenChunk(request_id=RID, seq=1, text="y", n_tokens=3)
+    r = ReplyReader(RID).read_all([a, b])
+    assert r.chunk is not None and r.chunk.tokens == 5 and r.chunk.text == "xy"
+
+
+def test_a_reader_that_cannot_take_text_back_gets_a_retryable_interruption():
+    reader = ReplyReader(RID)
+    reader.read(chunk(1, 0))
+    assert reader.read(chunk(2, 0)).restarted
+    failed = reader.interrupted()
+    assert failed.code == FailureCode.STREAM_INTERRUPTED and failed.retryable
+    assert reader.ended
+
+
+# -- the docs example's port ------------------------------------------------------------
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "nats_client.py"
+
+
+@pytest.fixture(scope="module")
+def example_replies() -> type:
+    spec = importlib.util.spec_from_file_location("nats_client_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Replies
+
+
+EVENTS: list[ReplyEvent] = [
+    chunk(1, 0),
+    chunk(1, 1),
+    chunk(2, 0),
+    chunk(2, 2),
+    finished(1, 2),
+    finished(2, 3),
+    RequestFailed(request_id=RID, code=FailureCode.WORKER_SHUTDOWN, reason="x", attempt=1),
+]
+
+
+def test_the_docs_example_reads_every_ordering_as_the_reader_does(example_replies):
+    as_json = [msgspec.json.decode(msgspec.json.encode(ev)) for ev in EVENTS]
+    for order in itertools.permutations(range(len(EVENTS)), 5):
+        reader, port = ReplyReader(RID, whole=False), example_replies()
+        for i in order:
+            r = reader.read(EVENTS[i])
+            action, restarted = port.read(as_json[i])
+            expected = "end" if r.end else ("text" if r.chunk else "skip")
+            assert (action, restarted) == (expected, r.restarted), (order, i)
+            assert (port.attempt, port.lost) == (reader.attempt, reader.lost), (order, i)
+            if r.end is not None:
+                break
