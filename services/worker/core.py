@@ -1,8 +1,14 @@
-"""The worker's decisions, free of I/O: how engine outputs become request-path events."""
+"""The worker's decisions, free of I/O: which assignments to serve, how engine outputs
+become request-path events, and which terminal event ends a request."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from inferbus.contracts import (
+    FailureCode,
+    RequestCancelled,
+    RequestFailed,
     RequestFinished,
     RequestStarted,
     StageTimings,
@@ -11,6 +17,7 @@ from inferbus.contracts import (
     WorkAssigned,
     WorkerHeartbeat,
     WorkerState,
+    request_failed,
 )
 
 from .engine import EngineOutput, EngineRequest, EngineStats, KvRestore
@@ -37,6 +44,36 @@ def engine_request(
         prompt_token_ids=r.prompt_token_ids,
         prompt_tokenizer=r.prompt_tokenizer,
     )
+
+
+class ServedAssignments:
+    """The assignments this worker took, so that one delivered again (its ack was lost
+    when a NATS node went away, or JetStream redelivered it) is served once."""
+
+    def __init__(self, remember: int = 100_000) -> None:
+        self.remember = remember
+        self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
+
+    def take(self, assignment: WorkAssigned, running: bool) -> bool:
+        """Whether to serve it: not while its request runs here, nor an attempt this
+        worker served already (the oldest are forgotten past ``remember``)."""
+        key = (assignment.request.request_id, assignment.attempt)
+        if running or key in self._seen:
+            return False
+        self._seen[key] = None
+        if len(self._seen) > self.remember:
+            self._seen.popitem(last=False)
+        return True
+
+
+def expires_in(assignment: WorkAssigned, wall: float) -> float | None:
+    """Seconds until the request's deadline (0 when past; None: it has none). The
+    worker ends it then, whoever else is watching the clock."""
+    deadline = assignment.request.deadline
+    return max(0.0, deadline - wall) if deadline else None
+
+
+Terminal = RequestFinished | RequestFailed | RequestCancelled
 
 
 class RequestStream:
@@ -111,6 +148,43 @@ class RequestStream:
             attempt=self.assignment.attempt,
             timings=out.timings or self.timings(now),
             served_model=self.served_model,
+        )
+
+    def stopped(self, *, expired: bool, cancel_reason: str | None) -> Terminal:
+        """The end of a generation stopped before it finished: its deadline passed
+        (first: the timer fired, whatever else came), a cancel, else the worker's own
+        shutdown (retryable)."""
+        if expired:
+            return self.failed(
+                FailureCode.DEADLINE_EXCEEDED,
+                f"the request's deadline passed after {self.seq} chunks",
+            )
+        if cancel_reason is None:
+            return self.failed(
+                FailureCode.WORKER_SHUTDOWN,
+                "the worker shut down before the request finished; retry it",
+            )
+        return RequestCancelled(
+            request_id=self.request_id, reason=cancel_reason, attempt=self.assignment.attempt
+        )
+
+    def failed(self, code: str, reason: str) -> RequestFailed:
+        """A failure of this attempt, naming the version it ran on."""
+        failed = request_failed(self.request_id, code, reason)
+        failed.attempt = self.assignment.attempt  # a newer attempt's reader ignores it
+        failed.served_model = self.served_model
+        return failed
+
+    def unfinished(self) -> RequestFailed:
+        """The engine's outputs ended without a finish reason."""
+        return self.failed(FailureCode.ENGINE_ERROR, "engine ended without a finish reason")
+
+    def backup_end(self) -> RequestFailed:
+        """What the client hears directly when the output filter may have lost the end."""
+        return self.failed(
+            FailureCode.STREAM_INTERRUPTED,
+            "the output filter did not pass this stream's end on (it may have restarted): "
+            "the text may be incomplete; submit the request again",
         )
 
     def timings(self, now: float) -> StageTimings:

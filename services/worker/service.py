@@ -8,7 +8,6 @@ import re
 import secrets
 import tempfile
 import time
-from collections import OrderedDict
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -24,14 +23,12 @@ from inferbus.contracts import (
     TENANT_CANCELS,
     CancelRequest,
     FailureCode,
-    RequestCancelled,
     RequestFailed,
     RequestFinished,
     WorkAssigned,
     WorkerState,
     heartbeat_subject,
     kv_subject,
-    request_failed,
     subject_token,
     tenant_of_subject,
     work_subject,
@@ -43,7 +40,15 @@ from inferbus.shared.config import ServiceSettings, group
 from inferbus.shared.cpus import parse_cpus, pin_threads
 from inferbus.shared.runtime import Context, Service
 
-from .core import CostMeter, RequestStream, engine_request, heartbeat, served_name
+from .core import (
+    CostMeter,
+    RequestStream,
+    ServedAssignments,
+    engine_request,
+    expires_in,
+    heartbeat,
+    served_name,
+)
 from .delivery import Deliveries, trusted_keys
 from .engine import Engine, EngineError, EngineOptions, EngineOutput
 from .report import report_end, report_spill, report_stats
@@ -51,9 +56,6 @@ from .sim import SimEngine, SimTiming
 from .swap import Held, Holding
 
 log = logs.get("inferbus.worker")
-
-
-_REMEMBER_SERVED = 100_000
 
 
 class WorkerSettings(ServiceSettings, kw_only=True):
@@ -159,8 +161,7 @@ class WorkerService(Service[WorkerSettings]):
         self.state: WorkerState = "starting"
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel_reasons: dict[str, str] = {}
-        self._served: OrderedDict[str, None] = OrderedDict()
-        """Assignments (request:attempt) taken lately: a redelivered one is not run again."""
+        self._served = ServedAssignments()
         self._tenants: dict[str, str] = {}
         """Each running request's tenant, for tenants' cancels."""
         self._expired: set[str] = set()
@@ -347,14 +348,8 @@ class WorkerService(Service[WorkerSettings]):
         await msg.ack()
         rid = assignment.request.request_id
         metrics.EVENTS_HANDLED.labels(self.name, "work.assigned").inc()
-        if rid in self._tasks:
-            return  # a redelivery of what we already serve
-        key = f"{rid}:{assignment.attempt}"
-        if key in self._served:  # served already: its ack was lost (a NATS node went away)
-            return
-        self._served[key] = None
-        if len(self._served) > _REMEMBER_SERVED:
-            self._served.popitem(last=False)
+        if not self._served.take(assignment, running=rid in self._tasks):
+            return  # delivered again: it runs here, or ran
         parent = self._ctx.tracing.parent(msg.headers)
         self._tenants[rid] = assignment.request.tenant
         self._tasks[rid] = asyncio.create_task(self._serve(assignment, parent), name=f"req-{rid}")
@@ -373,9 +368,9 @@ class WorkerService(Service[WorkerSettings]):
         outputs = self._generate(assignment, stream)
         terminal: Any = None
         expiry = None
-        if req.deadline:
-            left = req.deadline - time.time()
-            expiry = asyncio.get_running_loop().call_later(max(0.0, left), self._expire, rid)
+        left = expires_in(assignment, time.time())
+        if left is not None:
+            expiry = asyncio.get_running_loop().call_later(left, self._expire, rid)
         try:
             async for out in outputs:
                 started = stream.started(time.monotonic())
@@ -398,26 +393,14 @@ class WorkerService(Service[WorkerSettings]):
                     terminal = stream.finished(out, time.monotonic())
                     break  # finished: a deadline or cancel from here on changes nothing
         except asyncio.CancelledError:
-            reason = self._cancel_reasons.pop(rid, None)
-            if rid in self._expired:
-                terminal = request_failed(
-                    rid,
-                    FailureCode.DEADLINE_EXCEEDED,
-                    f"the request's deadline passed after {stream.seq} chunks",
-                )
-            elif reason is None:
-                terminal = request_failed(
-                    rid,
-                    FailureCode.WORKER_SHUTDOWN,
-                    "the worker shut down before the request finished; retry it",
-                )
-            else:
-                terminal = RequestCancelled(request_id=rid, reason=reason)
+            terminal = stream.stopped(
+                expired=rid in self._expired, cancel_reason=self._cancel_reasons.pop(rid, None)
+            )
         except EngineError as exc:
-            terminal = request_failed(rid, exc.code, str(exc))
+            terminal = stream.failed(exc.code, str(exc))
         except Exception as exc:
             log.exception("engine failed", request_id=rid)
-            terminal = request_failed(rid, FailureCode.ENGINE_ERROR, f"engine error: {exc}")
+            terminal = stream.failed(FailureCode.ENGINE_ERROR, f"engine error: {exc}")
         finally:
             if expiry is not None:
                 expiry.cancel()
@@ -427,13 +410,7 @@ class WorkerService(Service[WorkerSettings]):
             self._tenants.pop(rid, None)
             metrics.INFLIGHT.labels(self.name).set(len(self._tasks))
         if terminal is None:
-            terminal = request_failed(
-                rid, FailureCode.ENGINE_ERROR, "engine ended without a finish reason"
-            )
-        if isinstance(terminal, RequestFailed) and stream.served_model:
-            terminal.served_model = stream.served_model
-        if isinstance(terminal, RequestFailed | RequestCancelled):
-            terminal.attempt = assignment.attempt  # a newer attempt's reader ignores it
+            terminal = stream.unfinished()
         if isinstance(terminal, RequestFinished):
             usage = terminal.usage
             self.costs.observe(
@@ -447,7 +424,7 @@ class WorkerService(Service[WorkerSettings]):
         try:
             await nc.publish(reply, encode(terminal), headers=request_headers(rid))
             if req.client_reply_to and req.client_reply_to != reply:
-                self._backup_end(req.client_reply_to, rid, assignment.attempt)
+                self._backup_end(req.client_reply_to, rid, stream.backup_end())
             await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=f"{rid}:end")
         finally:  # counted and logged even when the record of its end could not be made
             report_end(self._ctx.tracing, self.name, stream, terminal, parent, received, ended)
@@ -476,19 +453,13 @@ class WorkerService(Service[WorkerSettings]):
             async for out in outputs:
                 yield out
 
-    def _backup_end(self, client: str, rid: str, attempt: int) -> None:
+    def _backup_end(self, client: str, rid: str, failed: RequestFailed) -> None:
         """The stream's end went through the output filter. Should that sanitizer have
         restarted meanwhile, the client would wait for its timeout: once it has had time
         to pass the end on, tell the client directly. A client that got its end has
         stopped listening, so this reaches only the ones still waiting."""
         assert self._ctx
         nc = self._ctx.nc
-        failed = request_failed(
-            rid, FailureCode.STREAM_INTERRUPTED,
-            "the output filter did not pass this stream's end on (it may have restarted): "
-            "the text may be incomplete; submit the request again",
-        )  # fmt: skip
-        failed.attempt = attempt
         note = encode(failed)
 
         def send() -> None:

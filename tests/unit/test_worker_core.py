@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from inferbus.contracts import (
+    FailureCode,
+    RequestCancelled,
+    RequestFailed,
     RequestFinished,
     RequestStarted,
     RequestSubmitted,
@@ -14,7 +17,13 @@ from inferbus.contracts import (
     Usage,
     WorkAssigned,
 )
-from inferbus.services.worker.core import RequestStream, engine_request, heartbeat
+from inferbus.services.worker.core import (
+    RequestStream,
+    ServedAssignments,
+    engine_request,
+    expires_in,
+    heartbeat,
+)
 from inferbus.services.worker.engine import EngineOutput, EngineStats
 
 
@@ -156,3 +165,44 @@ def test_the_cost_meter_learns_prefill_and_restore_per_token():
                    costs=m)  # fmt: skip
     assert hb.prefill_s_per_token == pytest.approx(0.001)
     assert hb.kv_restore_s_per_token == pytest.approx(0.05 / 512)
+
+
+def test_a_stopped_generation_ends_on_its_deadline_first_then_a_cancel_then_shutdown():
+    s = RequestStream(assignment(attempt=3), "w1", now=0.0, served_model="m@v2")
+    s.chunk(out("a ", 1))
+    late = s.stopped(expired=True, cancel_reason="cancelled by client")
+    assert isinstance(late, RequestFailed) and late.code == FailureCode.DEADLINE_EXCEEDED
+    assert "after 1 chunks" in late.reason and not late.retryable
+    assert (late.attempt, late.served_model) == (3, "m@v2")
+    cancelled = s.stopped(expired=False, cancel_reason="client went away")
+    assert cancelled == RequestCancelled(request_id="r1", reason="client went away", attempt=3)
+    down = s.stopped(expired=False, cancel_reason=None)
+    assert isinstance(down, RequestFailed) and down.code == FailureCode.WORKER_SHUTDOWN
+    assert down.retryable and down.attempt == 3
+
+
+def test_every_failure_names_its_attempt_so_a_newer_ones_reader_ignores_it():
+    s = RequestStream(assignment(attempt=2), "w1", now=0.0)
+    for failed in (s.failed(FailureCode.ENGINE_ERROR, "boom"), s.unfinished(), s.backup_end()):
+        assert failed.request_id == "r1" and failed.attempt == 2
+    assert s.backup_end().code == FailureCode.STREAM_INTERRUPTED and s.backup_end().retryable
+
+
+def test_the_deadline_timer_is_set_from_the_request_and_never_negative():
+    a = assignment()
+    assert expires_in(a, wall=100.0) is None  # no deadline
+    a.request.deadline = 130.0
+    assert expires_in(a, wall=100.0) == 30.0
+    assert expires_in(a, wall=200.0) == 0.0
+
+
+def test_an_assignment_delivered_again_is_served_once():
+    served = ServedAssignments(remember=2)
+    first = assignment(attempt=1)
+    assert served.take(first, running=False)
+    assert not served.take(first, running=False)  # its ack was lost: redelivered
+    assert served.take(assignment(attempt=2), running=False)  # a new attempt runs
+    # one running under another attempt's key is not started twice either
+    assert not served.take(assignment(attempt=4), running=True)
+    assert served.take(assignment(attempt=3), running=False)
+    assert served.take(first, running=False)  # forgotten past ``remember``

@@ -1,0 +1,112 @@
+"""A worker on its own: assignments published straight to it (no gateway, no scheduler
+watching the clock) end at their deadline, and one delivered twice is served once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from inferbus.contracts import (
+    HEARTBEATS,
+    FailureCode,
+    RequestFailed,
+    RequestFinished,
+    RequestSubmitted,
+    SamplingParams,
+    TokenChunk,
+    WorkAssigned,
+    WorkerHeartbeat,
+    work_subject,
+)
+from inferbus.shared.codec import decode, encode
+
+from .conftest import MODEL, SLOW_MODEL
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
+
+
+async def worker_for(nc, model: str) -> str:
+    found: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def on_beat(msg) -> None:
+        hb = decode(msg.data, WorkerHeartbeat)
+        if model in hb.models and hb.state == "ready" and not found.done():
+            found.set_result(hb.worker_id)
+
+    sub = await nc.subscribe(HEARTBEATS, cb=on_beat)
+    try:
+        return await asyncio.wait_for(found, 10)
+    finally:
+        await sub.unsubscribe()
+
+
+class Replies:
+    def __init__(self) -> None:
+        self.events: list[object] = []
+        self.ended = asyncio.Event()
+
+    async def on_msg(self, msg) -> None:
+        ev = decode(msg.data, TokenChunk | RequestFailed | RequestFinished)
+        self.events.append(ev)
+        if not isinstance(ev, TokenChunk):
+            self.ended.set()
+
+    @property
+    def ends(self) -> list[object]:
+        return [e for e in self.events if not isinstance(e, TokenChunk)]
+
+
+def assigned(rid: str, model: str, worker_id: str, reply_to: str, *, max_tokens: int,
+             deadline: float = 0.0) -> WorkAssigned:  # fmt: skip
+    request = RequestSubmitted(
+        request_id=rid, model=model, reply_to=reply_to, prompt="count slowly",
+        sampling=SamplingParams(max_tokens=max_tokens), deadline=deadline,
+    )  # fmt: skip
+    return WorkAssigned(request=request, worker_id=worker_id, attempt=1)
+
+
+async def test_the_worker_ends_a_request_at_its_deadline_on_its_own(client):
+    # the slow sim worker takes 0.02 s a token: 2000 tokens would run 40 s
+    worker_id = await worker_for(client.nc, SLOW_MODEL)
+    replies = Replies()
+    reply_to = client.nc.new_inbox()
+    sub = await client.nc.subscribe(reply_to, cb=replies.on_msg)
+    began = time.time()
+    work = assigned("deadline-1", SLOW_MODEL, worker_id, reply_to, max_tokens=2000,
+                    deadline=began + 0.8)  # fmt: skip
+    await client.js.publish(work_subject(worker_id), encode(work))
+    await asyncio.wait_for(replies.ended.wait(), 10)
+    ended = time.time()
+    await asyncio.sleep(0.3)  # nothing follows the end
+    await sub.unsubscribe()
+    assert 0.7 < ended - began < 3.0
+    [end] = replies.ends
+    assert isinstance(end, RequestFailed) and end.code == FailureCode.DEADLINE_EXCEEDED
+    assert end.attempt == 1
+    assert any(isinstance(e, TokenChunk) for e in replies.events)  # it had been streaming
+
+
+@pytest.mark.parametrize(
+    ("model", "max_tokens", "again"),
+    [(SLOW_MODEL, 2000, "while it runs"), (MODEL, 4, "after it ended")],
+)
+async def test_an_assignment_delivered_twice_is_served_once(client, model, max_tokens, again):
+    # delivered again: its ack was lost (a NATS node went away) or JetStream resent it
+    worker_id = await worker_for(client.nc, model)
+    replies = Replies()
+    reply_to = client.nc.new_inbox()
+    sub = await client.nc.subscribe(reply_to, cb=replies.on_msg)
+    work = assigned(f"twice-{model}", model, worker_id, reply_to, max_tokens=max_tokens,
+                    deadline=time.time() + 1.0)  # fmt: skip
+    await client.js.publish(work_subject(worker_id), encode(work))
+    if again == "after it ended":
+        await asyncio.wait_for(replies.ended.wait(), 10)
+    await client.js.publish(work_subject(worker_id), encode(work))
+    await asyncio.wait_for(replies.ended.wait(), 10)
+    await asyncio.sleep(1.5)  # a second run would have streamed and ended by now
+    await sub.unsubscribe()
+    assert len(replies.ends) == 1, replies.ends
+    seqs = [e.seq for e in replies.events if isinstance(e, TokenChunk)]
+    assert seqs and seqs == list(range(len(seqs)))  # one stream, not two interleaved
