@@ -23,11 +23,13 @@ from inferbus.contracts import (
     RequestFinished,
     RequestRejected,
     RequestSubmitted,
+    TenantPolicy,
     TokenChunk,
 )
 
 from .injection import Policy, decide, findings
 from .pii import StreamMasker
+from .tenants import admit_tenant
 
 # dot-separated tokens without whitespace or wildcards
 _PUBLISH_SUBJECT = re.compile(r"[^.\s*>]+(\.[^.\s*>]+)*")
@@ -204,6 +206,72 @@ def blocked(request: RequestSubmitted, found: list[InputFinding]) -> RequestReje
         reason=f"the input looks like a {first.type.replace('_', ' ')} payload "
         f"(rule {first.rule}); blocked by policy ({rules})",
         findings=found,
+    )
+
+
+# -- the input decision: every check, in order, in one call ------------------------------
+
+
+class InputVerdict(msgspec.Struct, kw_only=True, frozen=True):
+    """What the sanitizer does with a submitted request."""
+
+    request: RequestSubmitted
+    """The request as it goes on: a tenant's as its record makes it."""
+    rejection: RequestRejected | None = None
+    """Why it ends here (None: it goes on, to be tokenized and accepted)."""
+    decision: str = "pass"
+    """The injection checks' word: pass, flag or block."""
+    findings: list[InputFinding] = []
+    mask_output: bool = False
+    """Its output comes back through this sanitizer's PII filter."""
+
+
+class InputRules(msgspec.Struct, kw_only=True, frozen=True):
+    """Everything an input decision depends on besides the request: the deployment's
+    limits and policies, and the tenants' and LLMServices' records as last read."""
+
+    limits: InputLimits = InputLimits()
+    policies: InputPolicies = InputPolicies()
+    models: dict[str, ModelSettings] = {}
+    tenants: dict[str, TenantPolicy] = {}
+    mask_output_default: bool = True
+
+    def decide(self, request: RequestSubmitted, tenant: str | None) -> InputVerdict:
+        """The checks in order: the tenant's record (``tenant``: the tenant whose
+        subject it came on), the request's shape and sizes, then the injection checks
+        under its policy. Tokenizing, the one step with I/O, comes after, in the
+        adapter, for the requests that go on."""
+        if tenant:
+            admitted = admit_tenant(request, tenant, self.tenants.get(tenant))
+            if isinstance(admitted, RequestRejected):
+                return InputVerdict(request=request, rejection=admitted)
+            request = admitted
+        rejection = check(request, self.limits)
+        if rejection is not None:
+            return InputVerdict(request=request, rejection=rejection)
+        decision, found = inspect(request, self.policies.for_request(request))
+        if decision == "block":
+            return InputVerdict(
+                request=request,
+                rejection=blocked(request, found),
+                decision=decision,
+                findings=found,
+            )
+        return InputVerdict(
+            request=request,
+            decision=decision,
+            findings=found,
+            mask_output=masks_output(request, self.models, self.mask_output_default),
+        )
+
+
+def through_filter(request: RequestSubmitted, filter_prefix: str) -> RequestSubmitted:
+    """The request with its output sent to this sanitizer's filter first; the
+    client's subject is kept in ``client_reply_to``."""
+    return msgspec.structs.replace(
+        request,
+        client_reply_to=request.reply_to,
+        reply_to=filter_prefix + request.reply_to,
     )
 
 

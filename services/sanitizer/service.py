@@ -18,12 +18,10 @@ from inferbus.contracts import (
     TENANT_POLICIES,
     TENANT_SUBMITS,
     FailureCode,
-    InputFinding,
     LLMServiceSettings,
     ReplyEvent,
     RequestAccepted,
     RequestFailed,
-    RequestRejected,
     RequestSubmitted,
     TenantPolicy,
     subject_token,
@@ -47,16 +45,12 @@ from inferbus.shared.tracing import valid_context
 from .core import (
     FilteredStream,
     InputLimits,
-    ModelSettings,
-    blocked,
-    check,
-    inspect,
-    masks_output,
+    InputRules,
     model_settings,
     parse_policies,
+    through_filter,
     with_models,
 )
-from .tenants import admit_tenant
 from .tokens import Tokenizers, parse_tokenizers
 
 log = logs.get("inferbus.sanitizer")
@@ -131,21 +125,22 @@ class SanitizerService(Service[SanitizerSettings]):
 
     def __init__(self, settings: SanitizerSettings) -> None:
         super().__init__(settings)
-        self.limits = InputLimits(
-            max_prompt_chars=settings.max_prompt_chars, max_tokens=settings.max_tokens
+        self.flag_policies = parse_policies(settings.input_policy, settings.model_input_policies)
+        self.rules = InputRules(
+            limits=InputLimits(
+                max_prompt_chars=settings.max_prompt_chars, max_tokens=settings.max_tokens
+            ),
+            policies=self.flag_policies,
+            mask_output_default=settings.mask_output_pii,
         )
+        """What every input decision depends on; tenants' and LLMServices' records
+        (IB_CONFIG ``ib.cfg.tenant.*``, ``ib.cfg.llmservice.*``) update it."""
         self._ctx: Context[SanitizerSettings] | None = None
         self._sub: Any = None
         self._tenant_sub: Any = None
         self._tenants_sub: Any = None
-        self._tenants: dict[str, TenantPolicy] = {}
-        """Tenants' records (IB_CONFIG ``ib.cfg.tenant.*``), for requests on their subjects."""
         self._work = Background()
         self._counts = {"accepted": 0, "rejected": 0, "invalid": 0, "blocked": 0, "flagged": 0}
-        self.flag_policies = parse_policies(settings.input_policy, settings.model_input_policies)
-        self.policies = self.flag_policies
-        self._models: dict[str, ModelSettings] = {}
-        """LLMServices' checks per model (IB_CONFIG ``ib.cfg.llmservice.*``)."""
         self._models_sub: Any = None
         self.filter_id = subject_token(settings.instance_id)
         self._filter_prefix = f"{FILTER_PREFIX}.{self.filter_id}."
@@ -199,7 +194,7 @@ class SanitizerService(Service[SanitizerSettings]):
         return {
             **self._counts,
             "filtering": len(self._streams),
-            "input_policy": self.policies.default,
+            "input_policy": self.rules.policies.default,
             "tokenizers": self.tokenizers.loaded(),
         }
 
@@ -282,7 +277,9 @@ class SanitizerService(Service[SanitizerSettings]):
         if policy is None:
             log.error("undecodable tenant record")
             return
-        self._tenants[policy.tenant] = policy
+        self.rules = msgspec.structs.replace(
+            self.rules, tenants={**self.rules.tenants, policy.tenant: policy}
+        )
         log.info("tenant record", tenant=policy.tenant, revoked=policy.revoked)
 
     def _on_model_record_data(self, data: bytes) -> None:
@@ -295,11 +292,12 @@ class SanitizerService(Service[SanitizerSettings]):
         except ValueError as exc:
             log.error("llmservice record refused", model=record.model, error=str(exc))
             return
-        if ms is None:
-            self._models.pop(record.model, None)
-        else:
-            self._models[record.model] = ms
-        self.policies = with_models(self.flag_policies, self._models)
+        models = {m: v for m, v in self.rules.models.items() if m != record.model}
+        if ms is not None:
+            models[record.model] = ms
+        self.rules = msgspec.structs.replace(
+            self.rules, models=models, policies=with_models(self.flag_policies, models)
+        )
         log.info("llmservice record", model=record.model, service=record.service,
                  input_policy=ms.input_policy if ms else None,
                  mask_output_pii=ms.mask_output_pii if ms else None)  # fmt: skip
@@ -313,10 +311,8 @@ class SanitizerService(Service[SanitizerSettings]):
             await self._invalid(msg, str(exc))
             return
         rid = request.request_id
-        tenant = tenant_of_subject(msg.subject, SUBMIT)
-        admitted = admit_tenant(request, tenant, self._tenants.get(tenant)) if tenant else request
-        if isinstance(admitted, RequestSubmitted):
-            request = admitted
+        verdict = self.rules.decide(request, tenant_of_subject(msg.subject, SUBMIT))
+        request, rejection, found = verdict.request, verdict.rejection, verdict.findings
         tracing = self._ctx.tracing
         trace = valid_context(msg.headers or {})
         span = None
@@ -334,31 +330,20 @@ class SanitizerService(Service[SanitizerSettings]):
             if not trace:
                 trace = tracing.headers(span)
         parent = tracing.parent(trace)
-        rejection = admitted if isinstance(admitted, RequestRejected) else None
-        rejection = rejection or check(request, self.limits)
-        found: list[InputFinding] = []
-        if rejection is None:
-            decision, found = inspect(request, self.policies.for_request(request))
-            for f in found:
-                metrics.INPUT_FINDINGS.labels(f.type, f.rule, decision).inc()
-            if decision == "block":
-                rejection = blocked(request, found)
-                self._counts["blocked"] += 1
-            elif decision == "flag":
-                self._counts["flagged"] += 1
-                log.warning(
-                    "input flagged",
-                    request_id=rid,
-                    findings=[msgspec.to_builtins(f) for f in found],
-                )
+        for f in found:
+            metrics.INPUT_FINDINGS.labels(f.type, f.rule, verdict.decision).inc()
+        if verdict.decision in ("block", "flag"):
+            self._counts["blocked" if verdict.decision == "block" else "flagged"] += 1
+        if verdict.decision == "flag":
+            log.warning(
+                "input flagged", request_id=rid, findings=[msgspec.to_builtins(f) for f in found]
+            )
         if rejection is None:
             request = await self.tokenizers.tokenized(request)
-            if masks_output(request, self._models, self.settings.mask_output_pii):
+            if verdict.mask_output:
                 # the output comes back through this instance's filter, then to the client
-                client = request.reply_to
-                request = msgspec.structs.replace(
-                    request, client_reply_to=client, reply_to=self._filter_prefix + client
-                )
+                request = through_filter(request, self._filter_prefix)
+                client = request.client_reply_to
                 # keyed by the client's subject: another request reusing the id (or a
                 # redelivery of this one) never shares or resets this stream
                 self._streams.setdefault(

@@ -284,3 +284,57 @@ def test_a_stream_is_live_until_silent_too_long_or_past_its_deadline():
     forever = FilteredStream("r", "c", 0.0)
     assert forever.live(899.0, wall + 10**6, quiet_s=900)
     assert not forever.live(901.0, wall, quiet_s=900)
+
+
+# -- the input decision in one call ---------------------------------------------------
+
+from inferbus.contracts import TenantPolicy  # noqa: E402
+from inferbus.services.sanitizer.core import (  # noqa: E402
+    InputPolicies,
+    InputRules,
+    ModelSettings,
+    through_filter,
+)
+
+RULES = InputRules(limits=LIMITS, tenants={"acme": TenantPolicy(tenant="acme", models=["m"])})
+PAYLOAD = "' OR 1=1 --"
+
+
+def test_the_input_decision_checks_the_tenant_then_the_shape_then_injections():
+    tenant_req = msgspec.structs.replace(prompt_req(PAYLOAD, max_tokens=0),
+                                         reply_to="ib.reply.tenant.acme.r1")  # fmt: skip
+    # a tenant with no record is refused before its (also bad) shape is looked at
+    verdict = RULES.decide(tenant_req, "nobody")
+    rejected(verdict.rejection, "permission_denied", None)
+    # a known tenant's bad shape is refused before its payload is inspected
+    verdict = RULES.decide(tenant_req, "acme")
+    rejected(verdict.rejection, "invalid_request", "max_tokens")
+    assert verdict.findings == [] and verdict.request.tenant == "acme"
+    # a good shape: the payload blocks under the default policy
+    verdict = RULES.decide(prompt_req(PAYLOAD), None)
+    rejected(verdict.rejection, "input_blocked", "prompt")
+    assert verdict.decision == "block" and verdict.findings
+    assert not verdict.mask_output
+
+
+def test_a_request_that_goes_on_carries_its_findings_and_whether_its_output_is_masked():
+    flagging = msgspec.structs.replace(
+        RULES,
+        policies=InputPolicies(default="flag"),
+        models={"m": ModelSettings(mask_output_pii=False)},
+    )
+    verdict = flagging.decide(prompt_req(PAYLOAD), None)
+    assert verdict.rejection is None and verdict.decision == "flag" and verdict.findings
+    assert not verdict.mask_output  # the model's LLMService turned masking off
+    clean = RULES.decide(prompt_req("Tell me a story."), None)
+    assert (clean.rejection, clean.decision, clean.mask_output) == (None, "pass", True)
+    # a tenant's record, not its payload, says what its request may do
+    tenant_req = msgspec.structs.replace(prompt_req(), reply_to="ib.reply.tenant.acme.r1",
+                                         tenant="someone-else", mask_pii=False)  # fmt: skip
+    verdict = RULES.decide(tenant_req, "acme")
+    assert verdict.request.tenant == "acme" and verdict.mask_output
+
+
+def test_a_masked_request_replies_through_the_filter():
+    req = through_filter(prompt_req(), "ib.filter.s1.")
+    assert (req.reply_to, req.client_reply_to) == ("ib.filter.s1.ib.reply.t.r1", "ib.reply.t.r1")
