@@ -18,7 +18,7 @@ from typing import Literal
 
 import msgspec
 
-from .core import ApiError
+from .errors import ApiError
 
 Priority = Literal["interactive", "standard", "batch"]
 

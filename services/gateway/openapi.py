@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from .core import ChatCompletionRequest, CompletionRequest
+from .protocol import ChatCompletionRequest, CompletionRequest
 
 # -- response shapes, as documentation (the handlers build them in core.Shapes) -----------
 

@@ -44,16 +44,14 @@ from inferbus.shared.codec import decode_or_none, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
 
+from .admission import Gates, LoadView, ModelRegistry
 from .auth import AccessControl, ApiKey, estimate_prompt_tokens, load_keys
-from .core import (
-    ApiError,
+from .errors import ApiError, error_for, failure_error
+from .openapi import openapi_document
+from .protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    LoadView,
-    ModelRegistry,
     Shapes,
-    error_for,
-    failure_error,
     parse_chat,
     parse_completion,
     prompt_chars,
@@ -61,7 +59,6 @@ from .core import (
     sse,
     submitted,
 )
-from .openapi import openapi_document
 from .trace import HttpTrace, NoTrace, http_trace
 
 log = logs.get("inferbus.gateway")
@@ -120,6 +117,7 @@ class GatewayService(Service[GatewaySettings]):
         )
         self.load = LoadView()
         self.access = AccessControl(load_keys(settings.api_keys_file, settings.api_keys))
+        self.gates = Gates(self.access, self.registry, self.load)
         self._pending: dict[str, asyncio.Queue[Any]] = {}
         self._ctx: Context[GatewaySettings] | None = None
         self._subs: list[Any] = []
@@ -335,16 +333,15 @@ class GatewayService(Service[GatewaySettings]):
         timeout_s = request_timeout(http.headers.get("X-Request-Timeout"))
         now = time.monotonic()
         trace.describe(req.model, sampling, key.tenant_id, bool(req.stream))
-        self.access.authorize_model(key, req.model)  # first: no probing for other models
-        self.registry.admit(req.model, now, sampling.max_tokens)
-        if rid in self._pending:
-            raise failure_error(
-                FailureCode.DUPLICATE_REQUEST, f"request {rid} is already in flight"
-            )
-        self.load.admit(req.model, now)  # before charging the key: a full queue costs nothing
         chars = prompt_chars(prompt, messages)
-        admission = self.access.admit(
-            key, model=req.model, max_tokens=sampling.max_tokens, prompt_chars=chars, now=now
+        admission = self.gates.admit(
+            key,
+            request_id=rid,
+            model=req.model,
+            max_tokens=sampling.max_tokens,
+            prompt_chars=chars,
+            in_flight=rid in self._pending,
+            now=now,
         )
         flow = _Flow()
         try:

@@ -22,7 +22,7 @@ from inferbus.contracts import (
     is_retryable,
     request_failed,
 )
-from inferbus.services.gateway.core import error_for
+from inferbus.services.gateway.errors import error_for
 from inferbus.services.sanitizer.core import InputLimits, check
 from inferbus.services.scheduler.core import Fail, SchedulerCore, SchedulerPolicy
 

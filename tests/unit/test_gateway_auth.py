@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from inferbus.contracts import ModelLoad, SchedulerLoad
+from inferbus.services.gateway.admission import LoadView, retry_after
 from inferbus.services.gateway.auth import (
     OPEN_KEY,
     AccessControl,
@@ -16,8 +17,9 @@ from inferbus.services.gateway.auth import (
     load_keys,
     new_key,
 )
-from inferbus.services.gateway.core import ApiError, LoadView, request_timeout, retry_after
+from inferbus.services.gateway.errors import ApiError
 from inferbus.services.gateway.openapi import openapi_document
+from inferbus.services.gateway.protocol import request_timeout
 
 SECRET = "ib-test-secret"
 

@@ -15,15 +15,9 @@ from inferbus.contracts import (
     Usage,
     WorkerHeartbeat,
 )
-from inferbus.services.gateway.core import (
-    ApiError,
-    ModelRegistry,
-    Shapes,
-    error_for,
-    parse_chat,
-    parse_completion,
-    submitted,
-)
+from inferbus.services.gateway.admission import ModelRegistry
+from inferbus.services.gateway.errors import ApiError, error_for
+from inferbus.services.gateway.protocol import Shapes, parse_chat, parse_completion, submitted
 
 
 def body(**fields) -> bytes:

@@ -13,7 +13,8 @@ from inferbus.contracts import (
     WorkerHeartbeat,
 )
 from inferbus.services.autoscaler.service import AutoscalerSettings
-from inferbus.services.gateway.core import ApiError, ModelRegistry
+from inferbus.services.gateway.admission import ModelRegistry
+from inferbus.services.gateway.errors import ApiError
 from inferbus.services.scheduler.core import Assign, Fail, SchedulerCore, SchedulerPolicy
 from inferbus.shared.config import load_settings
 
