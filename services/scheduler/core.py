@@ -11,10 +11,6 @@ from __future__ import annotations
 
 import zlib
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Literal
-
-import msgspec
 
 from inferbus.contracts import (
     FailureCode,
@@ -22,211 +18,27 @@ from inferbus.contracts import (
     ModelLoad,
     RequestSubmitted,
     WorkerHeartbeat,
-    is_retryable,
 )
-from inferbus.shared.prefixhash import DEFAULT_SEED
 
+from .effects import Assign, Cancel, Effect, Fail, Refuse
 from .kvindex import KvIndex, prefix_blocks
 from .lanes import ModelQueue, cost_tokens, prompt_tokens
 from .routing import Router, make_router
+from .state import Inflight, Queued, SchedulerPolicy, Worker, restore_worth
 
-
-class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
-    worker_timeout_s: float = 3.0
-    """A worker silent this long is lost (at least three heartbeat intervals)."""
-    queue_timeout_s: float = 30.0
-    """A request no worker could take for this long fails with ``no_worker``."""
-    cold_start_wait_s: float = 180.0
-    """For a model the autoscaler is starting a worker for (none ready yet), requests
-    wait up to this long instead (and never past their deadline)."""
-    max_attempts: int = 3
-    remember_ended: int = 100_000
-    max_queue_per_model: int = 1000
-    """Past this many queued requests for a model, new ones end ``queue_full`` (HTTP 429);
-    the gateways see the depth in SchedulerLoad and push back before that."""
-    routing: Literal["kv", "round_robin", "dynamo"] = "kv"
-    """kv: weigh each worker's cached share of the request's prefix against its load,
-    within ``max_load_skew``. dynamo: NVIDIA Dynamo's KV router cost (blocks still to
-    prefill, times ``overlap_weight``, plus the worker's active blocks), for
-    comparison. round_robin: ignore caches."""
-    overlap_weight: float = 1.0
-    """Worth of the request's share of cached prefix blocks, against ``load_weight``
-    times the worker's share of busy slots."""
-    spill_weight: float = 0.5
-    """Worth of a prefix block a worker would restore from its KV spill tiers, against
-    one in its engine's cache (1), until the worker has measured it: then 1 minus its
-    restore cost over its prefill cost per token (``restore_worth``)."""
-    load_weight: float = 1.0
-    max_load_skew: float = 0.2
-    """Never route above (1 + this) times the mean load plus one request, whatever the
-    cache says: hit rate may not buy imbalance."""
-    kv_block_chars: int = 256
-    block_tokens: int = 64
-    """Tokens a prefix block stands for (about ``kv_block_chars`` / 4 for text blocks;
-    the engine's block size for hashes the client sends)."""
-    approx_cache_blocks: int = 4096
-    kv_hash_seed: str = DEFAULT_SEED
-    """The seed of the engines' prefix block hashes: vLLM's default, or the
-    ``PYTHONHASHSEED`` the workers run with when one is set."""
-    lanes: bool = True
-    """Short prompts before long ones (within the bound), tenants by fair share."""
-    short_prompt_tokens: int = 2048
-    long_wait_bound_s: float = 10.0
-    """A long request waits at most this long for short ones: past it, it goes first,
-    to any worker with room."""
-    short_reserve: float = 0.25
-    """Share of the workers kept free of long prompts (at least one, with two or more
-    workers), so short requests never wait behind a long prefill."""
-    long_per_worker: int = 1
-    """Long prompts a worker prefills at once, whatever their size..."""
-    long_prefill_tokens: int = 12288
-    """...or, when set, more while the long prompts it prefills, a new one included,
-    come to at most this many tokens (a worker with none takes any one): the prefill a
-    short request landing there can wait behind is bounded in work, not in count, so
-    prompts of a few engine steps do not hold a worker to one at a time."""
-    reserve_release_s: float = 4.0
-    """The reserved share is kept only while no long prompt has waited this long: a
-    backlog of long prompts needs every worker's prefill (short ones still go first,
-    and wait at most one long prefill's chunks)."""
-    reserve_above_tokens: int = 8192
-    """Only prompts at least this long stay off the reserved workers: a shorter long
-    prompt prefills in a few engine steps, about what a short request behind it can
-    wait, and keeping it off would idle the reserved share under load."""
-
-
-# -- effects ---------------------------------------------------------------------------
-
-
-class Assign(msgspec.Struct, kw_only=True, frozen=True):
-    worker_id: str
-    request: RequestSubmitted
-    attempt: int
-    served_model: str = ""
-    """Set when a canary sends the request to another model name."""
-    # diagnostics, for the trace and metrics
-    lane: str = ""
-    queued_s: float = 0.0
-    """How long it waited in this scheduler's queue (this attempt)."""
-    prefix_blocks: int = 0
-    cached_blocks: int = 0
-    """Of its prefix blocks, how many the chosen worker was known to hold (in its
-    engine's cache or, to restore, in a KV spill tier)."""
-    cached_tokens: int = 0
-    """The prompt tokens those blocks stand for."""
-
-
-class Fail(msgspec.Struct, kw_only=True, frozen=True):
-    request: RequestSubmitted
-    code: str
-    """A ``FailureCode``."""
-    reason: str
-    retryable: bool = False
-    served_model: str = ""
-    """The name it ran under when its worker was lost (a canary's version counts it)."""
-
-    @classmethod
-    def of(
-        cls, request: RequestSubmitted, code: FailureCode, reason: str, served_model: str = ""
-    ) -> Fail:
-        """Retryable as the contract's table says for ``code``."""
-        return cls(request=request, code=code, reason=reason, retryable=is_retryable(code),
-                   served_model=served_model)  # fmt: skip
-
-
-class Cancel(msgspec.Struct, kw_only=True, frozen=True):
-    request: RequestSubmitted
-    reason: str
-
-
-class Refuse(msgspec.Struct, kw_only=True, frozen=True):
-    """Answer only this copy's sender: another request with the same id lives or lived
-    (its record is not touched)."""
-
-    request: RequestSubmitted
-    code: str
-    reason: str
-
-
-Effect = Assign | Fail | Cancel | Refuse
-
-
-# -- state -----------------------------------------------------------------------------
-
-
-@dataclass
-class Worker:
-    worker_id: str
-    models: list[str]
-    max_num_seqs: int
-    state: str
-    last_seen: float
-    engine: str = ""
-    kv_capacity_tokens: int = 0
-    assigned: set[str] = field(default_factory=set)
-    assigned_tokens: int = 0
-    """Prompt + max output tokens of what it holds: against ``kv_capacity_tokens``."""
-    prefilling_long: dict[str, int] = field(default_factory=dict)
-    """Long prompts assigned here whose first token has not come yet, and their tokens."""
-    foreign: set[str] = field(default_factory=set)
-    """Requests its heartbeat lists that this scheduler did not place (placed by a
-    scheduler before a restart): they take slots all the same."""
-    spill_weight: float | None = None
-    """What a block it would restore from its KV spill tiers is worth against one in
-    its engine's cache, from its measured costs (None: not measured yet)."""
-
-    def can_take(self, tokens: int = 0) -> bool:
-        if self.state != "ready" or len(self.assigned) + len(self.foreign) >= self.max_num_seqs:
-            return False
-        # a request bigger than the whole cache still goes to an idle worker
-        return (
-            not self.kv_capacity_tokens
-            or not self.assigned
-            or self.assigned_tokens + tokens <= self.kv_capacity_tokens
-        )
-
-
-def restore_worth(prefill_s_per_token: float, restore_s_per_token: float) -> float | None:
-    """A restorable block's worth against a cached one: the share of its prefill a
-    restore saves (within 0.05 to 0.95: a restore is never free nor useless)."""
-    if prefill_s_per_token <= 0.0 or restore_s_per_token <= 0.0:
-        return None
-    return min(0.95, max(0.05, 1.0 - restore_s_per_token / prefill_s_per_token))
-
-
-@dataclass
-class Queued:
-    request: RequestSubmitted
-    since: float
-    order: int
-    """Arrival order, kept across reassignment so re-queued work stays FIFO."""
-    attempt: int = 1
-    deadline: float = float("inf")
-    """The request's deadline on the core's clock."""
-    blocks: list[int] | None = None
-    """Its prefix block hashes, computed once."""
-    exact_blocks: bool = False
-    """``blocks`` are the engine's hashes (KV events will name them), not text blocks."""
-    block_tokens: int = 0
-    """Tokens each of ``blocks`` stands for."""
-    target: str | None = None
-    """The model name it runs on (its own, or a canary's), chosen once and kept."""
-    cached_blocks: int = 0
-    """Prefix blocks the worker it was last routed to held."""
-
-
-@dataclass
-class Inflight:
-    request: RequestSubmitted
-    worker_id: str
-    attempt: int
-    assigned_at: float
-    order: int
-    started: bool = False
-    deadline: float = float("inf")
-    tokens: int = 0
-    long: bool = False
-    target: str = ""
-    """The model name it was routed under (its own, or a canary's version)."""
+__all__ = [
+    "Assign",
+    "Cancel",
+    "Effect",
+    "Fail",
+    "Refuse",
+    "Inflight",
+    "Queued",
+    "SchedulerCore",
+    "SchedulerPolicy",
+    "Worker",
+    "restore_worth",
+]
 
 
 class SchedulerCore:

@@ -20,12 +20,10 @@ round robin, of the strategy's own rotation).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 from .kvindex import KvIndex
-
-if TYPE_CHECKING:
-    from .core import SchedulerPolicy, Worker
+from .state import SchedulerPolicy, Worker
 
 
 class Router(Protocol):

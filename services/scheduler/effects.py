@@ -1,0 +1,60 @@
+"""What the scheduler's core asks its adapter to do: assign, fail, cancel, refuse."""
+
+from __future__ import annotations
+
+import msgspec
+
+from inferbus.contracts import FailureCode, RequestSubmitted, is_retryable
+
+
+class Assign(msgspec.Struct, kw_only=True, frozen=True):
+    worker_id: str
+    request: RequestSubmitted
+    attempt: int
+    served_model: str = ""
+    """Set when a canary sends the request to another model name."""
+    # diagnostics, for the trace and metrics
+    lane: str = ""
+    queued_s: float = 0.0
+    """How long it waited in this scheduler's queue (this attempt)."""
+    prefix_blocks: int = 0
+    cached_blocks: int = 0
+    """Of its prefix blocks, how many the chosen worker was known to hold (in its
+    engine's cache or, to restore, in a KV spill tier)."""
+    cached_tokens: int = 0
+    """The prompt tokens those blocks stand for."""
+
+
+class Fail(msgspec.Struct, kw_only=True, frozen=True):
+    request: RequestSubmitted
+    code: str
+    """A ``FailureCode``."""
+    reason: str
+    retryable: bool = False
+    served_model: str = ""
+    """The name it ran under when its worker was lost (a canary's version counts it)."""
+
+    @classmethod
+    def of(
+        cls, request: RequestSubmitted, code: FailureCode, reason: str, served_model: str = ""
+    ) -> Fail:
+        """Retryable as the contract's table says for ``code``."""
+        return cls(request=request, code=code, reason=reason, retryable=is_retryable(code),
+                   served_model=served_model)  # fmt: skip
+
+
+class Cancel(msgspec.Struct, kw_only=True, frozen=True):
+    request: RequestSubmitted
+    reason: str
+
+
+class Refuse(msgspec.Struct, kw_only=True, frozen=True):
+    """Answer only this copy's sender: another request with the same id lives or lived
+    (its record is not touched)."""
+
+    request: RequestSubmitted
+    code: str
+    reason: str
+
+
+Effect = Assign | Fail | Cancel | Refuse
