@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 import nats.errors
@@ -32,12 +33,14 @@ from inferbus.contracts import (
 from inferbus.contracts import RESIDENCIES as RESIDENCY_SUBJECTS
 from inferbus.shared import logs, metrics, modelstore
 from inferbus.shared.codec import encode
+from inferbus.shared.runtime import Context
 from inferbus.shared.signing import SignatureError, preload, verify_folder
 
 from .engine import Engine, EngineError
 from .swap import (
     CURRENT,
     Held,
+    Holding,
     Plan,
     Skip,
     apply_residency,
@@ -47,9 +50,6 @@ from .swap import (
     with_path,
     worth_prefetching,
 )
-
-if TYPE_CHECKING:
-    from .service import WorkerService
 
 log = logs.get("inferbus.worker.delivery")
 
@@ -75,9 +75,39 @@ class Verified(msgspec.Struct, kw_only=True, frozen=True):
     verify_s: float
 
 
+class SwapTarget(Protocol):
+    """What delivery needs of the worker whose models it changes."""
+
+    worker_id: str
+    engine: Engine
+    holding: Holding
+    """What it serves now; delivery sets it when a swap is done."""
+    origin: Holding
+    """What it was started with: a rollback to version "" returns to it."""
+    loading: str
+    """What it is loading, for its heartbeats ("" when nothing)."""
+
+    def held_back(self) -> AbstractAsyncContextManager[None]:
+        """New requests wait while those in flight finish; the body runs idle."""
+        ...
+
+    async def replace_engine(self, after: Holding) -> None:
+        """A cold swap: a new engine for ``after.model``."""
+        ...
+
+    async def send_heartbeat(self) -> None: ...
+
+    def fail(self, reason: str) -> None:
+        """Stop serving, saying why."""
+        ...
+
+
 class Deliveries:
-    def __init__(self, worker: WorkerService, cache_dir: Path, keys: list[Path]) -> None:
+    def __init__(
+        self, worker: SwapTarget, ctx: Context[Any], cache_dir: Path, keys: list[Path]
+    ) -> None:
         self.worker = worker
+        self.ctx = ctx
         self.cache_dir = cache_dir
         self.keys = keys
         self.policies: dict[str, ModelResidency] = {}
@@ -91,8 +121,7 @@ class Deliveries:
 
     @property
     def js(self) -> Any:
-        assert self.worker._ctx
-        return self.worker._ctx.js
+        return self.ctx.js
 
     # -- start -----------------------------------------------------------------------------
 
@@ -144,8 +173,7 @@ class Deliveries:
 
     async def start(self) -> None:
         await asyncio.to_thread(preload)
-        ctx = self.worker._ctx
-        assert ctx
+        ctx = self.ctx
         name = "delivery-" + self.worker.worker_id.replace(".", "-")
         self._subs.append(await ctx.js.subscribe(
             DELIVERY_LOADS, stream="IB_DELIVERY", cb=self._on_delivery, manual_ack=True,
@@ -172,8 +200,7 @@ class Deliveries:
     # -- deliveries ------------------------------------------------------------------------
 
     async def _on_delivery(self, msg: Msg) -> None:
-        ctx = self.worker._ctx
-        assert ctx
+        ctx = self.ctx
         delivery = await ctx.dead_letters.decode(msg, ModelDelivery, ack=True)
         if delivery is None:
             return
@@ -316,14 +343,12 @@ class Deliveries:
 
     async def _kv_cleared(self) -> None:
         """Every prefix the scheduler saw on this worker was computed by the old weights."""
-        ctx = self.worker._ctx
-        assert ctx
+        ctx = self.ctx
         wid = self.worker.worker_id
         await ctx.nc.publish(kv_subject(wid), encode(KvAllCleared(worker_id=wid)))
 
     async def _report(self, delivery_id: str, ref: str, role: str, **fields: Any) -> ModelSwapped:
-        ctx = self.worker._ctx
-        assert ctx
+        ctx = self.ctx
         ev = ModelSwapped(delivery_id=delivery_id, worker_id=self.worker.worker_id, model=ref,
                           role=role, at=time.time(), **fields)  # fmt: skip
         try:
@@ -339,8 +364,7 @@ class Deliveries:
         return residency_at(policy, time.time()) if policy else "hot"
 
     async def _on_residency(self, msg: Msg) -> None:
-        ctx = self.worker._ctx
-        assert ctx
+        ctx = self.ctx
         policy = await ctx.dead_letters.decode(msg, ModelResidency, ack=True)
         if policy is None:
             return

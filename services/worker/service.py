@@ -145,11 +145,11 @@ class WorkerService(Service[WorkerSettings]):
         self.worker_id = f"{subject_token(settings.instance_id)}.{secrets.token_hex(3)}"
         self.engine = engine or build_engine(settings, self.worker_id, self._publish_kv_events)
         self.holding = initial_holding(settings.engine_options)
+        """What it serves, by name and version (swap.py decides how deliveries change it)."""
         self.costs = CostMeter()
         """What a prompt token costs to compute and to restore here (for heartbeats)."""
         self.origin = self.holding
         """What it was started with: a rollback to version "" returns to it."""
-        """What it serves, by name and version (swap.py decides how deliveries change it)."""
         self.loading = ""
         self._serving = asyncio.Event()
         """Clear while a cold swap with ``replace`` has no engine up: requests wait."""
@@ -179,7 +179,7 @@ class WorkerService(Service[WorkerSettings]):
         await self.send_heartbeat()
         if self.settings.follow_registry:
             keys = trusted_keys(self.settings.trusted_keys)
-            self.deliveries = Deliveries(self, self._cache_dir(), keys)
+            self.deliveries = Deliveries(self, ctx, self._cache_dir(), keys)
             current = await self.deliveries.current_version(self.holding.model.name)
             if current is not None:  # the registry's version, not the folder it was given
                 mv, verified = current
