@@ -38,15 +38,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from inferbus.contracts import SamplingParams  # noqa: E402
-from inferbus.services.worker.engine import EngineOptions  # noqa: E402
-from inferbus.services.worker.vllm_engine import (  # noqa: E402
+from inferbus.contracts import SamplingParams
+from inferbus.services.worker.engine import EngineOptions
+from inferbus.services.worker.vllm_engine import (
     VllmEngine,
     prepare_environment,
     restored_of,
     sampling_params,
 )
-from inferbus.shared.kvblocks import scan_blocks  # noqa: E402
+from inferbus.shared.kvblocks import scan_blocks
 
 
 def drop_caches() -> bool:

@@ -29,7 +29,7 @@ from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from inferbus.shared.lruk import AdaptiveLruK, LruK  # noqa: E402
+from inferbus.shared.lruk import AdaptiveLruK, LruK
 
 TRACES = [
     Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_conversation_trace.jsonl",

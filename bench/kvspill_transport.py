@@ -23,11 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import nats  # noqa: E402
-from kvspill import drop_caches  # noqa: E402  (bench/kvspill.py, beside this script)
+import nats
+from kvspill import drop_caches
 
-from inferbus.shared.kvblocks import block_path, decode_block, encode_block  # noqa: E402
-from inferbus.shared.natsserver import NatsServer  # noqa: E402
+from inferbus.shared.kvblocks import block_path, decode_block, encode_block
+from inferbus.shared.natsserver import NatsServer
 
 
 async def run(url: str, root: Path, size: int, n: int) -> dict[str, float]:

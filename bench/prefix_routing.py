@@ -27,20 +27,21 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import testkit_path  # noqa: E402, F401  (before testkit)
-from platform_up import new_tenant, start_up  # noqa: E402
-from testkit.delivery import ready_workers  # noqa: E402
+import testkit_path  # noqa: F401  (before testkit)
+from platform_up import new_tenant, start_up
+from testkit.delivery import ready_workers
 
-from inferbus.client import Client  # noqa: E402
-from inferbus.contracts import WorkAssigned, status_subject  # noqa: E402
-from inferbus.shared.bus import connect  # noqa: E402
-from inferbus.shared.buscreds import load_credentials  # noqa: E402
-from inferbus.shared.codec import decode_or_none  # noqa: E402
+from inferbus.client import Client
+from inferbus.contracts import WorkAssigned, status_subject
+from inferbus.shared.bus import connect
+from inferbus.shared.buscreds import load_credentials
+from inferbus.shared.codec import decode_or_none
 
 MODEL = "tiny-llama"
 TOPICS = ["compilers", "tides", "bread", "orbits", "chess", "glaciers", "radio", "ferns"]
@@ -92,7 +93,7 @@ async def run_workload(client: Client, run: Run, systems: list[str], turns: int,
     queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
     for item in order:
         queue.put_nowait(item)
-    busy: set[int] = set()
+    turns: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
 
     async def one(t: int, c: int) -> None:
         msgs = [*histories[c], {"role": "user", "content": f"Question {t}: and then?"}]
@@ -119,13 +120,8 @@ async def run_workload(client: Client, run: Run, systems: list[str], turns: int,
     async def lane() -> None:
         while not queue.empty():
             t, c = queue.get_nowait()
-            while c in busy:  # a conversation's turns run one after another
-                await asyncio.sleep(0.01)
-            busy.add(c)
-            try:
+            async with turns[c]:  # a conversation's turns run one after another
                 await one(t, c)
-            finally:
-                busy.discard(c)
 
     await asyncio.gather(*(lane() for _ in range(conc)))
 

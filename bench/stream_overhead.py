@@ -75,9 +75,13 @@ async def bare_publisher(url: str) -> None:
     nc = await nats.connect(url, pending_size=64 * 1024 * 1024, **nats_auth())
     stop = asyncio.Event()
 
+    serving: set[asyncio.Task[None]] = set()
+
     async def on_trigger(msg) -> None:
         t = msgspec.json.decode(msg.data, type=Trigger)
-        asyncio.create_task(serve(t))
+        task = asyncio.create_task(serve(t))
+        serving.add(task)
+        task.add_done_callback(serving.discard)
 
     async def serve(t: Trigger) -> None:
         request = EngineRequest(

@@ -4,17 +4,17 @@ subjects, streams.
 Imports msgspec and the standard library alone, so a client can vendor it.
 """
 
-from .delivery import *  # noqa: F401,F403
+from .delivery import *  # noqa: F403
 from .delivery import __all__ as _delivery_all
-from .events import *  # noqa: F401,F403
+from .events import *  # noqa: F403
 from .events import __all__ as _events_all
-from .failures import *  # noqa: F401,F403
+from .failures import *  # noqa: F403
 from .failures import __all__ as _failures_all
-from .llmservice import *  # noqa: F401,F403
+from .llmservice import *  # noqa: F403
 from .llmservice import __all__ as _llmservice_all
-from .replies import *  # noqa: F401,F403
+from .replies import *  # noqa: F403
 from .replies import __all__ as _replies_all
-from .subjects import *  # noqa: F401,F403
+from .subjects import *  # noqa: F403
 from .subjects import __all__ as _subjects_all
 
 __all__ = [

@@ -13,14 +13,14 @@ import msgspec
 from .events import Event
 
 __all__ = [
-    "ScaleService",
-    "SupervisorQuery",
-    "SupervisorCommand",
+    "DEFAULT_SUPERVISOR",
+    "SUPERVISORS",
     "ProcessState",
+    "ScaleService",
+    "SupervisorCommand",
+    "SupervisorQuery",
     "SupervisorState",
     "supervisor_subject",
-    "SUPERVISORS",
-    "DEFAULT_SUPERVISOR",
 ]
 
 DEFAULT_SUPERVISOR = "local"

@@ -18,20 +18,20 @@ import msgspec
 from .events import Event
 
 __all__ = [
-    "ModelFile",
-    "ModelVersion",
+    "DELIVERY_EVENTS",
+    "DeployRequest",
     "ModelCurrent",
     "ModelDelivery",
-    "ModelSwapped",
-    "ResidencyWindow",
+    "ModelFile",
     "ModelResidency",
-    "DeployRequest",
+    "ModelSwapped",
+    "ModelVersion",
+    "ResidencyWindow",
     "RollbackRequest",
-    "VersionOutcomes",
     "RolloutDecision",
-    "DELIVERY_EVENTS",
-    "versioned_name",
+    "VersionOutcomes",
     "split_versioned",
+    "versioned_name",
 ]
 
 

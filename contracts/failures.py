@@ -25,9 +25,9 @@ import msgspec
 from .events import RequestFailed
 
 __all__ = [
-    "FailureCode",
-    "Failure",
     "FAILURES",
+    "Failure",
+    "FailureCode",
     "failure",
     "http_status",
     "is_retryable",

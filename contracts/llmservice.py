@@ -13,7 +13,7 @@ import msgspec
 
 from .events import Event
 
-__all__ = ["ScalingSettings", "LLMServiceSettings"]
+__all__ = ["LLMServiceSettings", "ScalingSettings"]
 
 
 class ScalingSettings(msgspec.Struct, kw_only=True, frozen=True):

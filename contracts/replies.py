@@ -28,7 +28,7 @@ from .events import (
 )
 from .failures import FailureCode, request_failed
 
-__all__ = ["Reading", "ReplyReader", "ReplyEnd", "merge_chunks"]
+__all__ = ["Reading", "ReplyEnd", "ReplyReader", "merge_chunks"]
 
 ReplyEnd = RequestFinished | RequestFailed | RequestCancelled | RequestRejected
 
@@ -67,8 +67,16 @@ class ReplyReader:
     and ``lost`` says how many went missing (what a relay such as the sanitizer's
     filter wants, to tell its own reader)."""
 
-    __slots__ = ("request_id", "whole", "attempt", "next_seq", "received", "lost",
-                 "passed", "ended")  # fmt: skip
+    __slots__ = (
+        "attempt",
+        "ended",
+        "lost",
+        "next_seq",
+        "passed",
+        "received",
+        "request_id",
+        "whole",
+    )  # fmt: skip
 
     def __init__(self, request_id: str, *, whole: bool = True) -> None:
         self.request_id = request_id

@@ -82,13 +82,13 @@ JS_CONSUME = Permissions(
              "$JS.API.CONSUMER.INFO.>", "$JS.API.CONSUMER.DELETE.>", "$JS.ACK.>", "$JS.FC.>"),
 )  # fmt: skip
 
-REGISTRY_READ: tuple[str, ...] = tuple(
+REGISTRY_READ: tuple[str, ...] = (*(
     f"$JS.API.{api}.{stream}{tail}"
     for stream in (f"KV_{MODEL_REGISTRY}", f"OBJ_{MODEL_ARTIFACTS}")
     for api, tail in (("STREAM.MSG.GET", ""), ("DIRECT.GET", ".>"), ("CONSUMER.CREATE", ""),
                       ("CONSUMER.CREATE", ".>"), ("CONSUMER.INFO", ".>"),
                       ("CONSUMER.DELETE", ".>"))
-) + ("$JS.FC.>",)  # fmt: skip
+), "$JS.FC.>")  # fmt: skip
 """Reading the model registry and artifacts (the KV bucket and Object Store behind them):
 get, and the ordered consumers the Object Store streams chunks through."""
 

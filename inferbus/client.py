@@ -53,7 +53,7 @@ from inferbus.shared.buscreds import BusCredentials, credentials_from_env, load_
 from inferbus.shared.codec import decode, encode
 from inferbus.shared.config import DEFAULT_NATS_URL
 
-__all__ = ["Client", "Stream", "RequestError"]
+__all__ = ["Client", "RequestError", "Stream"]
 
 
 class RequestError(Exception):

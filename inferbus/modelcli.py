@@ -99,10 +99,13 @@ def push(folder: Path, name: str, version: str, key: str | None, base: str, stor
         sign_folder(folder, sig, key)
         signature = sig.read_bytes()
 
+    location = location or str(folder.resolve())
+
     async def run() -> Any:
         async with _bus(nats_url, "inferbus-model-push") as js:
-            return await modelstore.push(js, folder, manifest, signature, store=store,
-                                         location=location or str(folder.resolve()))  # fmt: skip
+            return await modelstore.push(
+                js, folder, manifest, signature, store=store, location=location
+            )
 
     try:
         pushed = asyncio.run(run())

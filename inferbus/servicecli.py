@@ -92,11 +92,7 @@ async def _apply(services: list[Any], scale_target: str, rules_dir: Path, by: st
                                     set_by=by, now=time.time())  # fmt: skip
             rules = render.rules_text(svc)
             rules_path = rules_dir / f"{svc.metadata.name}.rules.yml"
-            if rules is not None:
-                rules_dir.mkdir(parents=True, exist_ok=True)
-                rules_path.write_text(rules)
-            else:
-                rules_path.unlink(missing_ok=True)
+            await asyncio.to_thread(write_rules, rules_path, rules)
             await asyncio.sleep(max(0.0, HEARTBEAT_WAIT_S - (time.monotonic() - started)))
             req = synced.request
             delivery = await bus.delivery_view(js, model) if req else synced.delivery
@@ -229,3 +225,12 @@ def register(main: click.Group) -> None:
     main.add_command(apply)
     main.add_command(delete)
     main.add_command(llmservice)
+
+
+def write_rules(path: Path, rules: str | None) -> None:
+    """An LLMService's alert rules beside the others (None: it has none: removed)."""
+    if rules is None:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(rules)

@@ -12,7 +12,7 @@ the CLI starts without importing every service.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inferbus.busauth import (
@@ -71,7 +71,7 @@ class ServiceEntry:
     """Processes ``inferbus up`` starts by default."""
     scalable: bool = False
     """``inferbus scale`` (up's control subject) may change how many run."""
-    permissions: Permissions = Permissions()
+    permissions: Permissions = field(default_factory=Permissions)
     """What its NATS user may publish and subscribe on a closed bus, beyond what every
     service does (busauth.SERVICE_BASE); ``{instance}`` is its instance id."""
 
@@ -130,8 +130,7 @@ SERVICES: tuple[ServiceEntry, ...] = (
                         "$JS.API.CONSUMER.DELETE.IB_DELIVERY.*",
                         "$JS.API.CONSUMER.DELETE.IB_CONFIG.*",
                         "$JS.ACK.IB_DELIVERY.>", "$JS.ACK.IB_CONFIG.>",
-                        "ib.delivery.swapped.{instance}.*")
-                       + REGISTRY_READ,
+                        "ib.delivery.swapped.{instance}.*", *REGISTRY_READ),
                subscribe=(CANCEL, TENANT_CANCELS))),
     # off by default (`inferbus up --autoscale`); stops with the gateway, so the others'
     # shutdown is not load it reacts to
@@ -148,8 +147,8 @@ SERVICES: tuple[ServiceEntry, ...] = (
     # each version on the requests' ends; the registry's KV bucket is its to write
     _entry("delivery", "Delivery", start_order=5, stop_order=1, port_offset=4,
            permissions=JS_CONSUME + Permissions(
-               publish=(CANARIES, DELIVERY_LOADS, ROLLOUTS, f"$KV.{MODEL_REGISTRY}.>")
-                       + REGISTRY_READ,
+               publish=(CANARIES, DELIVERY_LOADS, ROLLOUTS, f"$KV.{MODEL_REGISTRY}.>",
+                        *REGISTRY_READ),
                subscribe=(HEARTBEATS, "ib.deliver.delivery-commands",
                           "ib.deliver.delivery-swapped"))),
 )  # fmt: skip

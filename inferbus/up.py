@@ -166,7 +166,7 @@ class Platform:
                 cpus = None
         if entry.name == "autoscaler":
             argv += ["--models", f"{self.model}=worker", "--supervisor", self.o.supervisor]
-            argv += ["--max-replicas", str(max(4, self.o.workers))] + self.o.autoscaler_args
+            argv += ["--max-replicas", str(max(4, self.o.workers)), *self.o.autoscaler_args]
         if entry.name == "kvspill":
             argv += ["--shared-dir", str(self.shared_kv_dir)]
         if entry.name == "sanitizer":

@@ -40,7 +40,7 @@ class BatchedHistogram(Collector):
     ) -> None:
         self.name, self.documentation = name, documentation
         self.labelnames = tuple(labelnames)
-        self.bounds = tuple(float(b) for b in buckets) + (float("inf"),)
+        self.bounds = (*tuple(float(b) for b in buckets), float("inf"))
         self._series: dict[tuple[str, ...], list[float]] = {}
         self._lock = threading.Lock()
         if _ON:
@@ -94,7 +94,7 @@ if not _ON:
         inc = dec = set = observe = remove = _noop
 
     # the stand-in replaces prometheus_client's classes (mypy sees two definitions)
-    Counter = Gauge = Histogram = _Off  # type: ignore[misc,assignment]  # noqa: F811
+    Counter = Gauge = Histogram = _Off  # type: ignore[misc,assignment]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 

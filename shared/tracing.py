@@ -101,7 +101,7 @@ def verdict(
 class TraceParent:
     """A W3C trace context: the trace, the parent span, the vendors' ``tracestate``."""
 
-    __slots__ = ("trace_id", "span_id", "state", "remote", "flags")
+    __slots__ = ("flags", "remote", "span_id", "state", "trace_id")
 
     def __init__(
         self, trace_id: int, span_id: int, state: str = "", remote: bool = True, flags: str = "01"
@@ -144,18 +144,18 @@ class Span:
     OpenTelemetry SDK's objects are built for kept traces alone."""
 
     __slots__ = (
-        "name",
-        "trace_id",
-        "span_id",
-        "parent",
-        "start_ns",
-        "end_ns",
+        "_sink",
         "attributes",
+        "end_ns",
         "error",
         "kind",
-        "request_id",
         "live",
-        "_sink",
+        "name",
+        "parent",
+        "request_id",
+        "span_id",
+        "start_ns",
+        "trace_id",
     )
 
     def __init__(

@@ -129,6 +129,11 @@ class Replies:
 TERMINAL = ("request.finished", "request.failed", "request.rejected", "request.cancelled")
 
 
+def read_json(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
 def fail(code: str, reason: str, retryable: bool = False) -> int:
     print(f"error: {code}: {reason}" + (" (retryable)" if retryable else ""), file=sys.stderr)
     return EXIT_FAILED
@@ -143,8 +148,7 @@ async def run(args: argparse.Namespace) -> int:
     auth: dict = {}
     tenant = ""
     if args.creds:
-        with open(args.creds) as f:
-            creds = json.load(f)
+        creds = await asyncio.to_thread(read_json, args.creds)
         auth = {"user": creds["user"], "password": creds["password"],
                 "inbox_prefix": f"_INBOX.{creds['user']}"}  # fmt: skip
         tenant = creds.get("tenant", "")
@@ -199,6 +203,7 @@ async def run(args: argparse.Namespace) -> int:
             else None
         )
         cancelling = False
+        sending: set[asyncio.Task] = set()  # the cancel, held until the loop ends
 
         def on_sigint() -> None:
             nonlocal give_up_at, cancelling
@@ -210,7 +215,7 @@ async def run(args: argparse.Namespace) -> int:
                 "request_id": request_id,
                 "reason": "cancelled by client",
             }
-            loop.create_task(nc.publish(cancel_subject, json.dumps(cancel).encode()))
+            sending.add(loop.create_task(nc.publish(cancel_subject, json.dumps(cancel).encode())))
             give_up_at = loop.time() + CANCEL_GRACE_S
             inbox.put_nowait(None)  # wake the reader so it sees the new limit
 

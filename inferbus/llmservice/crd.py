@@ -116,7 +116,7 @@ def crd() -> dict[str, Any]:
                             "name": "Age",
                             "type": "date",
                             "jsonPath": ".metadata.creationTimestamp",
-                        },  # fmt: skip
+                        },
                     ],
                     "schema": {
                         "openAPIV3Schema": {

@@ -92,8 +92,7 @@ class Processes:
         self._commands[spec.name] = cmd
         log = self._logs.get(spec.name)
         if log is None:
-            cmd.log_path.parent.mkdir(parents=True, exist_ok=True)
-            log = self._logs[spec.name] = open(cmd.log_path, "ab")  # noqa: SIM115
+            log = self._logs[spec.name] = await asyncio.to_thread(open_log, cmd.log_path)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *cmd.argv, env=cmd.env, stdout=log, stderr=asyncio.subprocess.STDOUT,
@@ -151,3 +150,9 @@ class Processes:
         for log in self._logs.values():
             log.close()
         self._logs.clear()
+
+
+def open_log(path: Path) -> IO[bytes]:
+    """A process's log, appended to across its restarts."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "ab")

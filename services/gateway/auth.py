@@ -98,7 +98,7 @@ def load_keys(path: str = "", inline: str = "") -> list[ApiKey]:
 class Bucket:
     """A token bucket: ``rate`` per second, holding at most ``capacity``."""
 
-    __slots__ = ("rate", "capacity", "level", "at")
+    __slots__ = ("at", "capacity", "level", "rate")
 
     def __init__(self, rate: float, capacity: float, now: float) -> None:
         self.rate, self.capacity, self.level, self.at = rate, capacity, capacity, now

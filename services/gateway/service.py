@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import secrets
 import time
@@ -119,6 +120,8 @@ class GatewayService(Service[GatewaySettings]):
         self.access = AccessControl(load_keys(settings.api_keys_file, settings.api_keys))
         self.gates = Gates(self.access, self.registry, self.load)
         self._pending: dict[str, asyncio.Queue[Any]] = {}
+        self._none_pending = asyncio.Event()
+        """Set when the last request in flight ends: a drain waits for it."""
         self._ctx: Context[GatewaySettings] | None = None
         self._subs: list[Any] = []
         self._draining = False
@@ -169,8 +172,12 @@ class GatewayService(Service[GatewaySettings]):
     async def drain(self) -> None:
         self._draining = True
         deadline = time.monotonic() + max(0.0, self.settings.drain_timeout_s - 2.0)
-        while self._pending and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        if self._pending:
+            self._none_pending.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._none_pending.wait(), max(0.0, deadline - time.monotonic())
+                )
         for sub in self._subs:
             await sub.unsubscribe()
 
@@ -377,6 +384,8 @@ class GatewayService(Service[GatewaySettings]):
                 raise e.error from None
             finally:
                 self._pending.pop(rid, None)
+                if not self._pending:
+                    self._none_pending.set()
                 if not ended:  # client gone, or we gave up waiting: stop the work
                     await self._cancel(rid, "client disconnected or timed out")
         finally:

@@ -16,17 +16,17 @@ _NS = 1_000_000_000
 
 class HttpTrace:
     __slots__ = (
-        "tracing",
-        "op",
-        "root",
         "context",
-        "headers",
-        "t0",
-        "submitted_ns",
         "first_ns",
+        "headers",
         "model",
-        "submitted",
+        "op",
         "request_id",
+        "root",
+        "submitted",
+        "submitted_ns",
+        "t0",
+        "tracing",
     )
 
     def __init__(

@@ -290,16 +290,16 @@ class FilteredStream:
     newest-attempt rule (``ReplyReader``); a new attempt restarts the masked text."""
 
     __slots__ = (
-        "request_id",
+        "attempt",
+        "busy_s",
         "client_reply_to",
         "deadline",
-        "attempt",
+        "last_seen",
         "masker",
+        "reader",
+        "request_id",
         "seq",
         "tokens",
-        "last_seen",
-        "reader",
-        "busy_s",
     )
 
     def __init__(

@@ -262,8 +262,7 @@ def _card_shape(text: str) -> bool:
         if len(groups) > 1 and all(g.isdigit() for g in groups):
             sizes = [len(g) for g in groups]
             return (
-                sizes[:-1] == [4] * (len(sizes) - 1)
-                and 1 <= sizes[-1] <= 4
+                (sizes[:-1] == [4] * (len(sizes) - 1) and 1 <= sizes[-1] <= 4)
                 or sizes == [4, 6, 5]
                 or sizes == [4, 6, 4]
             )
@@ -453,7 +452,7 @@ class StreamMasker:
     ``flush`` the rest at the end of the stream. The concatenated output equals
     ``mask(whole text)`` however the text was split."""
 
-    __slots__ = ("_buf", "_folded", "_pos", "_resume", "_offset", "_window", "_done", "entities")
+    __slots__ = ("_buf", "_done", "_folded", "_offset", "_pos", "_resume", "_window", "entities")
 
     def __init__(self) -> None:
         self._buf = ""

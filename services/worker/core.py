@@ -85,13 +85,13 @@ class RequestStream:
 
     __slots__ = (
         "assignment",
-        "worker_id",
-        "seq",
         "first_token_at",
-        "started_at",
-        "served_model",
-        "restored",
         "prompt_ids_given",
+        "restored",
+        "seq",
+        "served_model",
+        "started_at",
+        "worker_id",
     )
 
     def __init__(

@@ -169,6 +169,8 @@ class WorkerService(Service[WorkerSettings]):
         self._hb_task: asyncio.Task[None] | None = None
         self._ctx: Context[WorkerSettings] | None = None
         self._subs: list[Any] = []
+        self._notes: set[asyncio.Future[None]] = set()
+        """Backup ends on their way to clients."""
         self._stats_seen = (0, 0)
 
     async def start(self, ctx: Context[WorkerSettings]) -> None:
@@ -464,7 +466,9 @@ class WorkerService(Service[WorkerSettings]):
 
         def send() -> None:
             if not nc.is_closed:
-                asyncio.ensure_future(nc.publish(client, note, headers=request_headers(rid)))
+                task = asyncio.ensure_future(nc.publish(client, note, headers=request_headers(rid)))
+                self._notes.add(task)  # held until sent: the loop keeps only weak references
+                task.add_done_callback(self._notes.discard)
 
         asyncio.get_running_loop().call_later(self.settings.filter_backup_s, send)
 

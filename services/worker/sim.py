@@ -63,16 +63,16 @@ def token_id(prompt_hash: int, index: int) -> int:
 
 class _Sequence:
     __slots__ = (
-        "request",
-        "prompt_tokens",
-        "prompt_hash",
-        "outputs",
-        "generated",
-        "text",
-        "emitted",
-        "holdback",
         "aborted",
         "echo",
+        "emitted",
+        "generated",
+        "holdback",
+        "outputs",
+        "prompt_hash",
+        "prompt_tokens",
+        "request",
+        "text",
     )
 
     def __init__(self, request: EngineRequest, weights: str = "") -> None:
@@ -164,6 +164,9 @@ class SimEngine:
         self.kv_block_size = 0  # no prefix cache
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
+        self._idle = asyncio.Event()
+        """Set while no sequence runs: a weights reload waits for it."""
+        self._idle.set()
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._paused = False
@@ -203,8 +206,7 @@ class SimEngine:
         # the old weights, then the rest runs on the new
         self._paused = True
         try:
-            while self._running:
-                await asyncio.sleep(0.005)
+            await self._idle.wait()
             self.weights = path
         finally:
             self._paused = False
@@ -255,6 +257,7 @@ class SimEngine:
                 if not seq.aborted:
                     admitted.append(seq)
             if admitted:
+                self._idle.clear()
                 await sleep(self.timing.prefill_seconds(sum(s.prompt_tokens for s in admitted)))
                 self._running.extend(admitted)
             await sleep(self.timing.decode_step_seconds(len(self._running)))
@@ -267,3 +270,5 @@ class SimEngine:
                 if out.finish_reason is None:
                     still.append(seq)
             self._running = still
+            if not still:
+                self._idle.set()

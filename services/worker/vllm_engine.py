@@ -377,7 +377,7 @@ class VllmEngine:
         from vllm.lora.request import LoRARequest
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        if not Path(self.options.model).exists():
+        if not await asyncio.to_thread(Path(self.options.model).exists):
             raise EngineError(FailureCode.MODEL_NOT_FOUND, f"no model at {self.options.model!r}")
         endpoint = ""
         if self.options.kv_events and self._on_kv_events is not None:

@@ -55,7 +55,7 @@ async def test_local_actuator_against_inferbus_up(tmp_path: Path) -> None:
         while time.monotonic() < deadline and await workers() != ["worker-0", "worker-2"]:
             await asyncio.sleep(0.2)
         assert await workers() == ["worker-0", "worker-2"]
-        with pytest.raises(ActuationError, match="within 0..90"):
+        with pytest.raises(ActuationError, match=r"within 0\.\.90"):
             await act.apply(ScaleDecision(model="sim-model", desired=91, previous=2))
         with pytest.raises(ActuationError, match="no local service"):
             await act.apply(ScaleDecision(model="x", desired=1, previous=0))

@@ -15,21 +15,21 @@ import pytest
 
 pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip install -e '.[cpu]')")
 
-from testkit.delivery import (  # noqa: E402
+from testkit.delivery import (
     SteadyLoad,
     canary_instance,
     cli,
     ready_workers,
     throttle,
 )
-from testkit.faults import Platform  # noqa: E402
+from testkit.faults import Platform
 
-from inferbus.contracts import SWAPPED, ModelSwapped  # noqa: E402
-from inferbus.quantize import awq_quantize  # noqa: E402
-from inferbus.shared.bus import connect  # noqa: E402
-from inferbus.shared.buscreds import load_credentials  # noqa: E402
-from inferbus.shared.codec import decode_or_none  # noqa: E402
-from inferbus.tinymodel import make_tiny, make_tiny_lora  # noqa: E402
+from inferbus.contracts import SWAPPED, ModelSwapped
+from inferbus.quantize import awq_quantize
+from inferbus.shared.bus import connect
+from inferbus.shared.buscreds import load_credentials
+from inferbus.shared.codec import decode_or_none
+from inferbus.tinymodel import make_tiny, make_tiny_lora
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -16,15 +16,15 @@ import pytest
 
 pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip install -e '.[cpu]')")
 
-from testkit.delivery import ready_workers  # noqa: E402
-from testkit.faults import Platform  # noqa: E402
+from testkit.delivery import ready_workers
+from testkit.faults import Platform
 
-from inferbus.client import Client  # noqa: E402
-from inferbus.contracts import KV_SPILL_INDEX, KvSpillNamespace, WorkAssigned  # noqa: E402
-from inferbus.shared.bus import connect  # noqa: E402
-from inferbus.shared.buscreds import load_credentials  # noqa: E402
-from inferbus.shared.codec import decode, decode_or_none  # noqa: E402
-from inferbus.shared.kvblocks import scan_blocks  # noqa: E402
+from inferbus.client import Client
+from inferbus.contracts import KV_SPILL_INDEX, KvSpillNamespace, WorkAssigned
+from inferbus.shared.bus import connect
+from inferbus.shared.buscreds import load_credentials
+from inferbus.shared.codec import decode, decode_or_none
+from inferbus.shared.kvblocks import scan_blocks
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip install -e '.[cpu]')")
 
-from inferbus.tinymodel import make_tiny  # noqa: E402
+from inferbus.tinymodel import make_tiny
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -14,22 +14,22 @@ import pytest
 
 pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip install -e '.[cpu]')")
 
-from testkit.delivery import ready_workers  # noqa: E402
-from testkit.faults import Platform  # noqa: E402
+from testkit.delivery import ready_workers
+from testkit.faults import Platform
 
-from inferbus.client import Client  # noqa: E402
-from inferbus.contracts import (  # noqa: E402
+from inferbus.client import Client
+from inferbus.contracts import (
     KV_EVENTS,
     ChatMessage,
     KvBlocksStored,
     WorkAssigned,
     status_subject,
 )
-from inferbus.shared.bus import connect  # noqa: E402
-from inferbus.shared.buscreds import load_credentials  # noqa: E402
-from inferbus.shared.codec import decode_or_none  # noqa: E402
-from inferbus.shared.prefixhash import block_hashes  # noqa: E402
-from inferbus.shared.prompttokens import load_tokenizer, prompt_token_ids  # noqa: E402
+from inferbus.shared.bus import connect
+from inferbus.shared.buscreds import load_credentials
+from inferbus.shared.codec import decode_or_none
+from inferbus.shared.prefixhash import block_hashes
+from inferbus.shared.prompttokens import load_tokenizer, prompt_token_ids
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -93,7 +93,7 @@ async def _exact_hits(p: Platform) -> None:
             assert done.outcome is not None and done.outcome.usage.prompt_tokens == len(ids)
             return ids, delta, done.outcome.usage.cached_prompt_tokens
 
-        ids, first, cached = await turn("What is a block?")
+        ids, _first, _cached = await turn("What is a block?")
         # the first turn: hashed exactly (the engine's block size was learned from events
         # of the platform's self-test probe, or it is hashed as text before any came)
         await until(lambda: _has(stored, ids))

@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip install -e '.[cpu]')")
 
-from inferbus.quantize import awq_quantize  # noqa: E402
-from inferbus.tinymodel import make_tiny  # noqa: E402
+from inferbus.quantize import awq_quantize
+from inferbus.tinymodel import make_tiny
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -19,10 +19,10 @@ import pytest
 
 pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip install -e '.[cpu]')")
 
-from testkit.otlp_sink import OtlpSink  # noqa: E402
+from testkit.otlp_sink import OtlpSink
 
-from inferbus.client import RequestError  # noqa: E402
-from inferbus.contracts import (  # noqa: E402
+from inferbus.client import RequestError
+from inferbus.contracts import (
     CANCEL,
     HEARTBEATS,
     KV_EVENTS,
@@ -31,10 +31,10 @@ from inferbus.contracts import (  # noqa: E402
     RequestCancelled,
     WorkerHeartbeat,
 )
-from inferbus.shared.codec import decode, encode  # noqa: E402
-from inferbus.tinymodel import make_tiny, make_tiny_lora  # noqa: E402
+from inferbus.shared.codec import decode, encode
+from inferbus.tinymodel import make_tiny, make_tiny_lora
 
-from .procs import ServiceProcess  # noqa: E402
+from .procs import ServiceProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.usefixtures("platform")]
 

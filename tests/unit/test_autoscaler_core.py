@@ -3,6 +3,7 @@ to bring a worker up and misses the TTFT SLO when its load passes what it sustai
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -146,7 +147,7 @@ class Fleet:
     def reversals(self) -> int:
         """How often the target changed direction (a flap is up-down-up)."""
         dirs = [1 if d.desired > d.previous else -1 for d in self.decisions]
-        return sum(1 for a, b in zip(dirs, dirs[1:], strict=False) if a != b)
+        return sum(1 for a, b in itertools.pairwise(dirs) if a != b)
 
 
 def make(

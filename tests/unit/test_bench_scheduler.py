@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
 
-from scheduler import Req, compare  # noqa: E402
+from scheduler import Req, compare
 
 
 def test_refused_requests_are_counted_not_a_crash() -> None:

@@ -555,7 +555,7 @@ def test_engine_refusals_are_client_errors():
 
 
 def test_integral_floats_are_taken_as_integers_but_strings_are_not():
-    req, sampling, _ = parse_chat(
+    _req, sampling, _ = parse_chat(
         body(
             model="m",
             max_tokens=16.0,

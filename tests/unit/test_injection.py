@@ -15,7 +15,7 @@ from inferbus.services.sanitizer.core import blocked, inspect, parse_policies
 from inferbus.services.sanitizer.injection import decide, findings
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
-from injection_devset import devset  # noqa: E402
+from injection_devset import devset
 
 PAYLOADS = {
     "' OR 1=1 --": "sqli.tautology",

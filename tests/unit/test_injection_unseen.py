@@ -24,7 +24,7 @@ from inferbus.services.sanitizer.injection import findings
 from inferbus.services.sanitizer.normalize import decoded
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
-from injection_devset import devset  # noqa: E402
+from injection_devset import devset
 
 MISSED_BEFORE = {
     # percent-encoded as in query strings and form bodies: quotes, brackets, spaces

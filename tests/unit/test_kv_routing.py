@@ -224,7 +224,7 @@ def test_the_policy_names_exactly_the_registered_strategies():
 
 def test_an_unknown_routing_name_fails_clearly():
     policy = SchedulerPolicy(routing="fastest")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="unknown routing policy 'fastest'.*dynamo, kv"):
+    with pytest.raises(ValueError, match=r"unknown routing policy 'fastest'.*dynamo, kv"):
         make_router(policy, KvIndex())
     with pytest.raises(ValueError, match="fastest"):
         SchedulerCore(policy)

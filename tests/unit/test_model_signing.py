@@ -43,7 +43,7 @@ def test_manifest_same_shape_for_new_weights_other_for_a_new_tokenizer(tiny, tmp
 
 
 def test_manifest_refuses_what_is_not_a_model_and_adapters_without_a_base(tiny, tmp_path):
-    m1, _, root = tiny
+    m1, _, _root = tiny
     lora = make_tiny_lora(m1, tmp_path / "lora")
     with pytest.raises(modelstore.RegistryError, match="--base"):
         modelstore.manifest_of(lora, "ad", "a1")
@@ -51,7 +51,7 @@ def test_manifest_refuses_what_is_not_a_model_and_adapters_without_a_base(tiny, 
     assert ad.kind == "adapter" and ad.base_model == "m"
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "x.bin").write_bytes(b"x")
-    with pytest.raises(modelstore.RegistryError, match="config.json"):
+    with pytest.raises(modelstore.RegistryError, match=r"config\.json"):
         modelstore.manifest_of(tmp_path / "junk", "m", "v1")
     for name, version in (("a.b", "v1"), ("m@x", "v1"), ("m", "v 1"), ("m", "")):
         with pytest.raises(modelstore.RegistryError):
@@ -80,7 +80,7 @@ def test_a_signed_folder_verifies_and_every_change_to_it_is_refused(tiny, keys, 
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1  # one bit of the weights
     weights.write_bytes(bytes(data))
-    with pytest.raises(SignatureError, match="model.safetensors"):
+    with pytest.raises(SignatureError, match=r"model\.safetensors"):
         verify_folder(folder, sig, [release])
 
 

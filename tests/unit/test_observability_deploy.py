@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml  # noqa: E402  (PyYAML, a dev dependency, reads the deploy files)
+import yaml
 from prometheus_client.metrics import MetricWrapperBase
 from testkit.compose import default
 

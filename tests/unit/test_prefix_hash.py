@@ -39,7 +39,7 @@ def test_the_hashes_are_vllms_own_chain():
 
 def test_a_block_hash_names_its_whole_prefix_and_the_seed():
     ids = list(range(64))
-    other = [1000] + ids[1:]
+    other = [1000, *ids[1:]]
     assert len(block_hashes(ids, 16)) == 4 and len(block_hashes(ids[:63], 16)) == 3
     # one token changed in the first block: every later block's hash changes with it
     assert not set(block_hashes(ids, 16)) & set(block_hashes(other, 16))
@@ -77,7 +77,7 @@ def test_token_ids_are_routed_on_the_engines_hashes_at_the_block_size_its_events
     assert (assign.prefix_blocks, assign.cached_blocks, assign.cached_tokens) == (5, 4, 64)
     # what was routed is remembered until the engine's events speak: its evictions
     # name the same hashes, so an evicted prefix is not predicted
-    other_ids = [7] + ids[1:]
+    other_ids = [7, *ids[1:]]
     [other] = core.on_accepted(tokens_req("r2", other_ids), 0.0)
     assert isinstance(other, Assign) and other.cached_blocks == 0
     where = other.worker_id

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 from hypothesis import HealthCheck, example, given, settings
@@ -69,7 +70,7 @@ def test_round_robin_across_two_workers_of_the_same_model():
     workers = [w for _, w, _ in placed]
     assert len(placed) == 6
     # strictly alternating, and both used equally
-    assert all(a != b for a, b in zip(workers, workers[1:], strict=False)), workers
+    assert all(a != b for a, b in itertools.pairwise(workers)), workers
     assert Counter(workers) == {"w1": 3, "w2": 3}
 
 
@@ -85,7 +86,7 @@ def test_round_robin_within_one_dispatch_of_a_backlog():
     placed = assigns(effects)
     assert sorted(r for r, _, _ in placed) == ["r0", "r1", "r2", "r3"]
     workers = [w for _, w, _ in placed]
-    assert all(a != b for a, b in zip(workers, workers[1:], strict=False)), workers
+    assert all(a != b for a, b in itertools.pairwise(workers)), workers
     assert Counter(workers) == {"w2": 2, "w3": 2}
     assert all(attempt == 2 for _, _, attempt in placed)
 

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("tokenizers")
 pytest.importorskip("safetensors")
 
-from inferbus.tinymodel import ARCH, make_tiny, make_tiny_lora  # noqa: E402
+from inferbus.tinymodel import ARCH, make_tiny, make_tiny_lora
 
 
 @pytest.fixture(scope="module")

@@ -209,7 +209,7 @@ def test_a_process_seen_once_has_no_rate_and_a_new_series_starts_from_zero():
 
 
 def test_ttft_prefers_what_the_gateway_saw_and_falls_back_to_the_workers():
-    worker, scheduler, gateway, sanitizer = platform()
+    worker, _scheduler, gateway, _sanitizer = platform()
     before = snap(0.0, worker, gateway)
     for v in (0.02, 0.02, 0.02, 0.3):
         worker.ttft.labels("worker", "m").observe(v)
@@ -299,7 +299,7 @@ def test_nats_unreachable_is_shown_as_the_problem():
 
 
 def test_an_instance_whose_metrics_cannot_be_read_is_shown_unreachable():
-    worker, scheduler, gateway, sanitizer = platform()
+    worker, scheduler, _gateway, _sanitizer = platform()
     before = snap(0.0, worker, scheduler)
     worker.tokens.labels("worker", "m", "decode").inc(10)
     now = Snapshot(at=1.0, instances=(worker.read(reachable=False), scheduler.read()))

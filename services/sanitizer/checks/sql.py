@@ -13,6 +13,7 @@ comments, what injection tools leave behind.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -123,7 +124,7 @@ def _always_true(a: _Tok, op: _Tok, b: _Tok) -> bool:
     la, lb = _literal(a), _literal(b)
     if la is None or lb is None:
         return a.kind == b.kind == "word" and a.low == b.low and op.text == "="
-    if b.kind == "string" and b.text[-1] != b.text[0] or len(b.text) == 1:
+    if (b.kind == "string" and b.text[-1] != b.text[0]) or len(b.text) == 1:
         # left open for the application's own closing quote: "' OR '1'='1"
         lb = lb[: len(la)] if lb.startswith(la) and not lb[len(la) : len(la) + 1].isalnum() else lb
     if op.text in ("=", "==", "<=>", ">=", "<=") and la == lb:
@@ -171,7 +172,7 @@ def _after_value(text: str, at: int) -> int:
 
 def _subquery(toks: list[_Tok]) -> bool:
     """A parenthesised SELECT among ``toks``: "' AND 1 IN (SELECT ..."."""
-    return any(a.text == "(" and b.low == "select" for a, b in zip(toks, toks[1:], strict=False))
+    return any(a.text == "(" and b.low == "select" for a, b in itertools.pairwise(toks))
 
 
 def _shape(text: str, toks: list[_Tok], broke_out: bool) -> str | None:
@@ -200,9 +201,7 @@ def _shape(text: str, toks: list[_Tok], broke_out: bool) -> str | None:
             and rest[0].value
             and (
                 _always_true(rest[0], rest[1], rest[2])
-                or rest[2].text == "("
-                and len(rest) > 3
-                and rest[3].low == "select"
+                or (rest[2].text == "(" and len(rest) > 3 and rest[3].low == "select")
             )
         ):
             return "sqli.tautology"
