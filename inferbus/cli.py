@@ -14,12 +14,23 @@ from inferbus import modelcli, servicecli, servicetable
 from inferbus.contracts.control import DEFAULT_SUPERVISOR
 from inferbus.shared.buscreds import CREDS_ENV
 from inferbus.shared.config import DEFAULT_NATS_URL
+from inferbus.shared.errors import ConfigError
 
 DEFAULT_OPERATOR_CREDS = Path(".inferbus") / "auth" / "creds" / "operator.json"
 """Where `inferbus up` (default state folder) leaves the operator's credentials."""
 
 
-@click.group()
+class _Commands(click.Group):
+    """The one place a wrong setting (``ConfigError``) becomes a command's error."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+@click.group(cls=_Commands)
 @click.version_option(package_name="inferbus")
 @click.option(
     "--creds",

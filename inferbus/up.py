@@ -40,6 +40,7 @@ from inferbus.shared.bus import BusAuthError, connect, wait_accepted
 from inferbus.shared.buscreds import CREDS_ENV, TLS_CA_ENV, load_credentials
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.cpus import format_cpus, split, why_not
+from inferbus.shared.errors import ConfigError
 from inferbus.shared.natsserver import (
     NatsServer,
     cluster_of,
@@ -484,7 +485,7 @@ async def _run(o: Options) -> int:
     nats_url = o.nats_url or os.environ.get("NATS_URL")
     if not nats_url:
         if port_open("127.0.0.1", o.nats_port):
-            raise SystemExit(
+            raise ConfigError(
                 f"port {o.nats_port} is in use: pass --nats-port, or --nats-url "
                 "to use a running NATS server"
             )

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import msgspec
 
+from inferbus.shared.errors import ConfigError
+
 CREDS_ENV = "INFERBUS_NATS_CREDS"
 """Where clients and the CLI look for a credentials file when none is named."""
 TLS_CA_ENV = "INFERBUS_NATS_TLS_CA"
@@ -46,9 +48,9 @@ def load_credentials(path: str | os.PathLike[str]) -> BusCredentials:
     try:
         return msgspec.json.decode(Path(path).read_bytes(), type=BusCredentials)
     except OSError as exc:
-        raise SystemExit(f"cannot read NATS credentials {path}: {exc.strerror}") from None
+        raise ConfigError(f"cannot read NATS credentials {path}: {exc.strerror}") from None
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise SystemExit(f"malformed NATS credentials {path}: {exc}") from None
+        raise ConfigError(f"malformed NATS credentials {path}: {exc}") from None
 
 
 def write_credentials(path: Path, creds: BusCredentials) -> Path:

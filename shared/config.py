@@ -15,14 +15,21 @@ error at start-up, not a silent copy.
 from __future__ import annotations
 
 import argparse
+import ast
+import functools
+import inspect
+import itertools
 import os
 import socket
+import textwrap
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 import msgspec
+
+from inferbus.shared.errors import ConfigError
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 """Where ``inferbus up`` puts its embedded server."""
@@ -32,22 +39,26 @@ ENV_PREFIX = "INFERBUS_"
 
 class ServiceSettings(msgspec.Struct, kw_only=True):
     nats_url: str = DEFAULT_NATS_URL
+    """The NATS server (``NATS_URL`` is read too); a cluster: comma-separated URLs."""
     nats_creds: str = ""
     """Its credentials file on a closed bus (``inferbus creds``); empty: none."""
     nats_tls_ca: str = ""
     """A CA file to verify the NATS server's TLS certificate (with a tls:// URL)."""
     http_host: str = "127.0.0.1"
+    """The address its HTTP port binds (``0.0.0.0`` in a container)."""
     http_port: int = 0
     """Port of /healthz, /readyz and /metrics; 0 picks a free one."""
     instance_id: str = ""
     """Unique per process; defaults to <hostname>-<pid>."""
     log_level: str = "info"
+    """debug, info, warning or error (JSON lines on stderr)."""
     http_idle_timeout_s: float = 30.0
     """An HTTP connection that sends no request (or only part of its headers) for this
     long is closed, from its first byte on: idle and slow-header connections go."""
     http_max_connections: int = 4096
     """Open HTTP connections past this are closed as they arrive."""
     drain_timeout_s: float = 30.0
+    """On SIGTERM, how long it may take to finish its work in flight before it exits."""
     # tail sampling of traces (tracing is on when an OTLP endpoint is configured)
     trace_slow_s: float = 1.0
     """Keep every trace of a request slower than this end to end (and every failed one)."""
@@ -85,6 +96,8 @@ class Setting:
     path: tuple[str, ...]
     type: Any
     default: Any
+    doc: str = ""
+    """The field's docstring in its Struct (``--help`` shows it)."""
 
     @property
     def flag(self) -> str:
@@ -115,6 +128,7 @@ def settings_of(cls: type[msgspec.Struct]) -> list[Setting]:
 
     def walk(struct: type[msgspec.Struct], prefix: str, path: tuple[str, ...]) -> None:
         hints = typing.get_type_hints(struct, include_extras=True)
+        docs = field_docs(struct)
         for f in msgspec.structs.fields(struct):
             nested = _group_of(hints[f.name])
             if nested is not None:
@@ -123,7 +137,11 @@ def settings_of(cls: type[msgspec.Struct]) -> list[Setting]:
             default = f.default
             if default is msgspec.NODEFAULT and f.default_factory is not msgspec.NODEFAULT:
                 default = f.default_factory()
-            out.append(Setting(prefix + f.name, (*path, f.name), hints[f.name], default))
+            out.append(
+                Setting(
+                    prefix + f.name, (*path, f.name), hints[f.name], default, docs.get(f.name, "")
+                )
+            )
 
     walk(cls, "", ())
     seen: dict[str, Setting] = {}
@@ -137,6 +155,31 @@ def settings_of(cls: type[msgspec.Struct]) -> list[Setting]:
     return out
 
 
+@functools.cache
+def field_docs(cls: type[msgspec.Struct]) -> dict[str, str]:
+    """The docstrings under a Struct's fields (its bases' too), read from its source:
+    Python keeps no attribute docstrings, and they are where settings are explained."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not issubclass(klass, msgspec.Struct) or klass is msgspec.Struct:
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue  # no source (a frozen build): the help says less
+        body = tree.body[0].body if isinstance(tree.body[0], ast.ClassDef) else []
+        for field, after in itertools.pairwise(body):
+            if (
+                isinstance(field, ast.AnnAssign)
+                and isinstance(field.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                docs[field.target.id] = " ".join(inspect.cleandoc(after.value.value).split())
+    return docs
+
+
 def _parse_pairs(name: str, text: str) -> dict[str, str]:
     """``a=/x,b=/y`` (or a JSON object) for a ``dict[str, str]`` setting."""
     if text.lstrip().startswith("{"):
@@ -145,7 +188,7 @@ def _parse_pairs(name: str, text: str) -> dict[str, str]:
     for item in filter(None, (x.strip() for x in text.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key or not value:
-            raise SystemExit(f"--{name.replace('_', '-')} wants name=value pairs, got {item!r}")
+            raise ConfigError(f"--{name.replace('_', '-')} wants name=value pairs, got {item!r}")
         out[key] = value
     return out
 
@@ -163,7 +206,8 @@ def parser_for(cls: type[ServiceSettings], prog: str | None = None) -> argparse.
     parser = argparse.ArgumentParser(prog=prog, description=(cls.__doc__ or "").strip())
     for s in settings_of(cls):
         default = s.default if s.default is not msgspec.NODEFAULT else None
-        help = f"env {s.env} (default: {default!r})"
+        about = f"{s.doc} " if s.doc else ""
+        help = f"{about}(env {s.env}; default: {default!r})".replace("%", "%%")
         parser.add_argument(s.flag, dest=s.name, default=argparse.SUPPRESS, help=help)
     return parser
 
@@ -197,4 +241,4 @@ def load_settings(
         # strict=False lets "0.5" from env or flags become a float, "true" a bool, and so on.
         return msgspec.convert(raw, cls, strict=False)
     except (msgspec.ValidationError, ValueError) as exc:
-        raise SystemExit(f"invalid {cls.__name__}: {exc}") from None
+        raise ConfigError(f"invalid {cls.__name__}: {exc}") from None

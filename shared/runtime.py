@@ -30,6 +30,7 @@ from inferbus.shared import logs, metrics, tracing
 from inferbus.shared.bus import ConnectionWatch, DeadLetterer, connect
 from inferbus.shared.buscreds import load_credentials
 from inferbus.shared.config import ServiceSettings, load_settings
+from inferbus.shared.errors import ConfigError
 from inferbus.shared.streams import ConsumerSpec, ensure_consumers, ensure_streams
 
 S = TypeVar("S", bound=ServiceSettings)
@@ -270,10 +271,12 @@ def main(
     """The ``main`` of every service: settings from env and flags, then serve until signalled."""
     import sys
 
-    settings = load_settings(settings_cls, sys.argv[1:] if argv is None else argv)
-    logs.configure(service_cls.name, settings.log_level, settings.instance_id)
     try:
+        settings = load_settings(settings_cls, sys.argv[1:] if argv is None else argv)
+        logs.configure(service_cls.name, settings.log_level, settings.instance_id)
         run_loop(serve(service_cls(settings)))
+    except ConfigError as exc:  # the one place a wrong setting becomes an exit
+        sys.exit(f"inferbus {service_cls.name}: {exc}")
     except KeyboardInterrupt:
         pass
 

@@ -50,7 +50,9 @@ class ModelScaling(msgspec.Struct, kw_only=True, frozen=True):
     """How one model's workers are sized (the service's ``--models`` settings)."""
 
     min_replicas: int = 1
+    """Workers kept at least (0: scaled to zero when idle, see ``idle_to_zero_s``)."""
     max_replicas: int = 8
+    """Workers at most."""
     ttft_slo_s: float = 2.0
     """Time to first token the model's requests should meet (at the 95th percentile)."""
     target_utilization: float = 0.8
@@ -68,12 +70,19 @@ class ModelScaling(msgspec.Struct, kw_only=True, frozen=True):
     extrapolates bursts; Holt anticipates smooth ramps sooner."""
     forecast: ForecastSettings = ForecastSettings()
     stable_window_s: float = 60.0
+    """The window a scale-down is judged over (and the constant forecast's)."""
     panic_window_s: float = 6.0
+    """A short window: load over ``panic_threshold`` times what the ready fleet sustains in it
+    scales up at once."""
     panic_threshold: float = 2.0
+    """How far load in ``panic_window_s`` must exceed what the fleet sustains to scale up at
+    once."""
     scale_down_cooldown_s: float = 60.0
+    """A target is lowered only to the highest asked for in this long."""
     idle_to_zero_s: float = 300.0
     """With ``min_replicas`` 0: no request for this long scales the model to zero."""
     history_s: float = 300.0
+    """Seconds of arrived work kept for the forecaster."""
     burst_window_s: float = 300.0
     """Keep room for the bursts seen in this window (0: off): bursts from a quiet fleet
     outrun any forecast and any cold start, and what came lately may come again. A

@@ -60,6 +60,8 @@ class AutoscalerSettings(ServiceSettings, kw_only=True):
     model_overrides: str = ""
     """JSON: ``{"model": {"max_replicas": 4, "ttft_slo_s": 1.0}}``."""
     actuator: Literal["local", "kubernetes", "none"] = "local"
+    """What carries decisions out: local (``inferbus up``'s processes), kubernetes (a
+    Deployment's scale) or none (decisions only)."""
     supervisor: str = DEFAULT_SUPERVISOR
     """local: the ``inferbus up`` whose workers it scales (``ib.sup.<name>.control``)."""
     kubeconfig: str = ""
@@ -67,6 +69,7 @@ class AutoscalerSettings(ServiceSettings, kw_only=True):
     budget_replicas: int = 0
     """Workers of all models together, at most (0: each model's max only)."""
     tick_s: float = 1.0
+    """How often the core decides."""
     status_interval_s: float = 2.0
     """How often the models and targets go out on ``ib.scaling.status``."""
 

@@ -61,6 +61,7 @@ class DeliverySettings(ServiceSettings, kw_only=True):
     policy: DeliveryPolicy = DeliveryPolicy()
     """Rules every rollout follows (``--window-s``, ``--breach-min-samples``...)."""
     tick_s: float = 1.0
+    """How often rollouts are judged and stepped."""
 
 
 class DeliveryService(Service[DeliverySettings]):

@@ -18,6 +18,8 @@ from typing import Literal
 
 import msgspec
 
+from inferbus.shared.errors import ConfigError
+
 from .errors import ApiError
 
 Priority = Literal["interactive", "standard", "batch"]
@@ -85,13 +87,13 @@ def load_keys(path: str = "", inline: str = "") -> list[ApiKey]:
         if inline.strip():
             keys += msgspec.json.decode(inline, type=list[ApiKey])
     except (OSError, ValueError, msgspec.ValidationError, tomllib.TOMLDecodeError) as exc:
-        raise SystemExit(f"cannot load API keys: {exc}") from None
+        raise ConfigError(f"cannot load API keys: {exc}") from None
     if (path or inline.strip()) and not keys:
         # a typo must not turn authentication off
-        raise SystemExit("cannot load API keys: keys were configured but none was found")
+        raise ConfigError("cannot load API keys: keys were configured but none was found")
     for k in keys:
         if len(k.sha256) != 64 or any(c not in "0123456789abcdef" for c in k.sha256):
-            raise SystemExit(f"API key {k.name!r}: sha256 must be 64 lowercase hex digits")
+            raise ConfigError(f"API key {k.name!r}: sha256 must be 64 lowercase hex digits")
     return keys
 
 

@@ -77,9 +77,12 @@ class GatewaySettings(ServiceSettings, kw_only=True):
 
     http_port: int = 8000
     default_max_tokens: int = 256
+    """max_tokens for a request that names none (within its key's cap): the scheduler budgets
+    each request's tokens, so an unbounded one cannot be placed."""
     request_timeout_s: float = 600.0
     """The longest any request may take, whatever its own timeout says."""
     worker_stale_s: float = 3.0
+    """A worker whose heartbeat is older than this no longer counts as serving its models."""
     api_keys_file: str = ""
     """TOML or JSON file of API keys (``[[keys]]`` with name, sha256, scopes); see
     ``inferbus keys new``. With no keys at all the gateway runs open."""

@@ -23,6 +23,7 @@ from inferbus.contracts import KV_SPILL_INDEX, KvSpillNamespace
 from inferbus.shared import logs, metrics
 from inferbus.shared.codec import encode
 from inferbus.shared.config import ServiceSettings
+from inferbus.shared.errors import ConfigError
 from inferbus.shared.kvblocks import block_path, scan_blocks
 from inferbus.shared.runtime import Context, Service
 
@@ -40,6 +41,7 @@ class KvSpillSettings(ServiceSettings, kw_only=True):
     shared_dir: str = ""
     """The shared tier's folder, as the workers' ``--kv-spill-shared-dir`` (required)."""
     capacity_mb: int = 16384
+    """The shared tier's size in MiB: past it, the policy evicts."""
     scan_interval_s: float = 2.0
     """The tier may exceed its bound by what workers write in one interval."""
 
@@ -50,7 +52,7 @@ class KvSpillService(Service[KvSpillSettings]):
     def __init__(self, settings: KvSpillSettings) -> None:
         super().__init__(settings)
         if not settings.shared_dir:
-            raise SystemExit("kvspill needs --shared-dir (the workers' --kv-spill-shared-dir)")
+            raise ConfigError("kvspill needs --shared-dir (the workers' --kv-spill-shared-dir)")
         self.root = Path(settings.shared_dir)
         self.core = SharedTier(settings.capacity_mb << 20)
         self._ctx: Context[KvSpillSettings] | None = None

@@ -26,6 +26,7 @@ from inferbus.contracts import (
     TenantPolicy,
     TokenChunk,
 )
+from inferbus.shared.errors import ConfigError
 
 from .injection import Policy, decide, findings
 from .pii import StreamMasker
@@ -164,7 +165,7 @@ def parse_policies(default: str, by_model: str) -> InputPolicies:
     try:
         return msgspec.convert({"default": default, "by_model": pairs}, InputPolicies)
     except msgspec.ValidationError as exc:
-        raise SystemExit(f"input policy: {exc} (choose block, flag or off)") from None
+        raise ConfigError(f"input policy: {exc} (choose block, flag or off)") from None
 
 
 _TRUSTED_ROLES = frozenset({"system", "developer", "assistant"})

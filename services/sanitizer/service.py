@@ -81,7 +81,10 @@ class SanitizerSettings(ServiceSettings, kw_only=True):
     masks PII in the output streams that pass through it."""
 
     max_prompt_chars: int = 32_768
+    """The largest prompt taken, in characters (all messages together): ``prompt_too_long`` past
+    it."""
     max_tokens: int = 32_768
+    """The largest max_tokens a request may ask for."""
     input_policy: str = "block"
     """Injection findings: block (HTTP 400 naming the rule), flag (let through, logged
     and recorded on the accepted event) or off; an API key's policy wins."""

@@ -13,6 +13,7 @@ import msgspec
 
 from inferbus.contracts import RequestSubmitted
 from inferbus.shared import logs
+from inferbus.shared.errors import ConfigError
 from inferbus.shared.prompttokens import (
     TemplateError,
     load_tokenizer,
@@ -28,12 +29,12 @@ longer ones in a thread, so other requests' checks and streams go on meanwhile."
 
 
 def parse_tokenizers(spec: str) -> dict[str, str]:
-    """``model=folder,...`` as a mapping; SystemExit naming a malformed item."""
+    """``model=folder,...`` as a mapping; ConfigError naming a malformed item."""
     out: dict[str, str] = {}
     for item in filter(None, (x.strip() for x in spec.split(","))):
         model, sep, folder = item.partition("=")
         if not sep or not model.strip() or not folder.strip():
-            raise SystemExit(f"--tokenizers: {item!r} is not model=folder")
+            raise ConfigError(f"--tokenizers: {item!r} is not model=folder")
         out[model.strip()] = folder.strip()
     return out
 

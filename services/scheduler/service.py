@@ -85,6 +85,7 @@ class SchedulerSettings(ServiceSettings, kw_only=True):
     """The core's decisions (routing, lanes, timeouts, queue limits): each of its fields
     is a flag of the same name (``--routing``, ``--max-queue-per-model``...)."""
     tick_interval_s: float = 0.1
+    """How often the core looks at time: queue timeouts, deadlines, lost workers."""
     load_interval_s: float = 0.25
     """How often the queue state goes to the gateways (``ib.sched.load``)."""
     restore_window_s: float = 900.0

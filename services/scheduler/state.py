@@ -22,7 +22,9 @@ class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
     """For a model the autoscaler is starting a worker for (none ready yet), requests
     wait up to this long instead (and never past their deadline)."""
     max_attempts: int = 3
+    """Times a request is assigned before a lost worker fails it ``worker_lost``."""
     remember_ended: int = 100_000
+    """Ended request ids kept, so a resend of one is refused ``duplicate_request``."""
     max_queue_per_model: int = 1000
     """Past this many queued requests for a model, new ones end ``queue_full`` (HTTP 429);
     the gateways see the depth in SchedulerLoad and push back before that."""
@@ -39,20 +41,24 @@ class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
     one in its engine's cache (1), until the worker has measured it: then 1 minus its
     restore cost over its prefill cost per token (``restore_worth``)."""
     load_weight: float = 1.0
+    """Worth of a worker's share of busy slots against its cached prefix (``overlap_weight``)."""
     max_load_skew: float = 0.2
     """Never route above (1 + this) times the mean load plus one request, whatever the
     cache says: hit rate may not buy imbalance."""
     kv_block_chars: int = 256
+    """Characters of text a prefix block covers when the prompt has no token ids."""
     block_tokens: int = 64
     """Tokens a prefix block stands for (about ``kv_block_chars`` / 4 for text blocks;
     the engine's block size for hashes the client sends)."""
     approx_cache_blocks: int = 4096
+    """Prefix blocks remembered per worker for text prompts (no KV events name them)."""
     kv_hash_seed: str = DEFAULT_SEED
     """The seed of the engines' prefix block hashes: vLLM's default, or the
     ``PYTHONHASHSEED`` the workers run with when one is set."""
     lanes: bool = True
     """Short prompts before long ones (within the bound), tenants by fair share."""
     short_prompt_tokens: int = 2048
+    """Prompts up to this many tokens go in the short lane."""
     long_wait_bound_s: float = 10.0
     """A long request waits at most this long for short ones: past it, it goes first,
     to any worker with room."""

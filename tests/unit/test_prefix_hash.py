@@ -17,6 +17,7 @@ from inferbus.contracts import (
 from inferbus.services.sanitizer.tokens import Tokenizers, parse_tokenizers
 from inferbus.services.scheduler.core import Assign, SchedulerCore, SchedulerPolicy
 from inferbus.services.scheduler.kvindex import prefix_blocks, text_blocks
+from inferbus.shared.errors import ConfigError
 from inferbus.shared.prefixhash import DEFAULT_SEED, block_hashes, event_hash
 from inferbus.shared.prompttokens import load_tokenizer, prompt_token_ids, tokenizer_fingerprint
 from inferbus.tinymodel import make_tiny
@@ -168,7 +169,7 @@ def test_tokenizer_fingerprints_are_equal_exactly_where_tokenizing_is(tiny):
 
 def test_a_malformed_tokenizers_setting_is_refused_by_name():
     assert parse_tokenizers(" a=/x , b=/y ") == {"a": "/x", "b": "/y"}
-    with pytest.raises(SystemExit, match="'a' is not model=folder"):
+    with pytest.raises(ConfigError, match="'a' is not model=folder"):
         parse_tokenizers("a")
 
 

@@ -149,3 +149,29 @@ def test_prometheus_scrapes_each_service(name: str):
     assert job is not None, f"prometheus.yml has no job inferbus-{name}"
     (sd,) = job["dns_sd_configs"]
     assert sd["names"] == [name] and sd["port"] == ENTRIES[name].container_port
+
+
+def test_every_setting_of_every_service_is_explained_in_its_help():
+    from inferbus.shared.config import parser_for, settings_of
+
+    for entry in servicetable.SERVICES:
+        cls = entry.settings_class()
+        undocumented = [s.name for s in settings_of(cls) if not s.doc]
+        assert undocumented == [], f"{entry.name}: give these a docstring: {undocumented}"
+        # argparse wraps lines, at hyphens too: compare without whitespace
+        text = "".join(parser_for(cls).format_help().split())
+        for s in settings_of(cls):
+            assert "".join(s.doc.split()) in text, (entry.name, s.name)
+
+
+def test_a_wrong_setting_exits_with_the_reason_not_a_traceback():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "inferbus.services.kvspill", "--nats-url", "nats://127.0.0.1:1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 1
+    assert "inferbus kvspill: kvspill needs --shared-dir" in out.stderr
+    assert "Traceback" not in out.stderr

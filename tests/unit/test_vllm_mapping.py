@@ -11,6 +11,7 @@ from inferbus.services.worker.engine import EngineError
 from inferbus.services.worker.service import WorkerSettings
 from inferbus.services.worker.vllm_engine import kv_events_of, timings_of
 from inferbus.shared.config import load_settings
+from inferbus.shared.errors import ConfigError
 
 
 def _named(name: str, **fields):
@@ -63,7 +64,7 @@ def test_lora_modules_parse_and_refuse_bad_pairs():
     assert lora_modules("a=/x, b=/y") == {"a": "/x", "b": "/y"}
     assert lora_modules("") == {}
     assert lora_modules('{"a": "/x"}') == {"a": "/x"}
-    with pytest.raises(SystemExit, match="name=value"):
+    with pytest.raises(ConfigError, match="name=value"):
         lora_modules("just-a-path")
 
 
@@ -114,5 +115,5 @@ def test_the_spill_connector_keeps_vllms_core_reservation() -> None:
 def test_the_engine_niceness_is_a_bounded_setting() -> None:
     assert load_settings(WorkerSettings, []).engine_options.cpu_nice == 19
     assert load_settings(WorkerSettings, ["--cpu-nice", "0"]).engine_options.cpu_nice == 0
-    with pytest.raises(SystemExit):
+    with pytest.raises(ConfigError):
         load_settings(WorkerSettings, ["--cpu-nice", "20"])
