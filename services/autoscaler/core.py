@@ -42,6 +42,7 @@ from inferbus.contracts import (
     ScalingSettings,
     WorkerHeartbeat,
 )
+from inferbus.shared.fleet import FleetView
 
 from .forecast import Forecaster, ForecastSettings, make_forecaster
 
@@ -201,7 +202,8 @@ class AutoscalerCore:
         for name, spec in policy.models.items():
             self.models[name] = _new_state(name, spec, now)
         self._flights: dict[str, tuple[str, _Flight]] = {}
-        self._workers: dict[str, tuple[WorkerHeartbeat, float]] = {}
+        self.fleet = FleetView(stale_after_s=3.0, interval_factor=3.0)
+        """Lost past three of a worker's own heartbeat intervals (3 s at least)."""
         self._first_seen: dict[str, float] = {}
         self._ready_ids: dict[str, set[str]] = {m: set() for m in self.models}
 
@@ -282,10 +284,7 @@ class AutoscalerCore:
         first_seen = self._first_seen.setdefault(hb.worker_id, now)
         if len(self._first_seen) > 10_000:  # workers come and go for months
             self._first_seen.pop(next(iter(self._first_seen)))
-        if hb.state in ("stopped", "failed"):
-            self._workers.pop(hb.worker_id, None)
-        else:
-            self._workers[hb.worker_id] = (hb, now)
+        self.fleet.on_heartbeat(hb, now)
         for model in hb.models:
             m = self.models.get(model)
             if m is None:
@@ -304,15 +303,11 @@ class AutoscalerCore:
     # -- decisions ----------------------------------------------------------------------
 
     def ready(self, model: str, now: float) -> list[WorkerHeartbeat]:
-        out = []
-        for wid in list(self._ready_ids.get(model, ())):
-            hb, seen = self._workers.get(wid, (None, 0.0))
-            if hb is None or now - seen > max(3.0, 3 * hb.interval_s):
-                self._ready_ids[model].discard(wid)
-                self._workers.pop(wid, None)
-                continue
-            out.append(hb)
-        return out
+        """The ready workers serving ``model`` now (none for a model it does not size)."""
+        for wid in self.fleet.expire(now):
+            for ids in self._ready_ids.values():
+                ids.discard(wid)
+        return self.fleet.ready(model) if model in self._ready_ids else []
 
     def lead_time(self, model: str) -> float:
         m = self.models[model]

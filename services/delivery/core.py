@@ -35,6 +35,7 @@ from inferbus.contracts import (
     split_versioned,
     versioned_name,
 )
+from inferbus.shared.fleet import FleetView, busy
 
 SLO_KEYS = ("ttft_p95", "itl_p95", "error_rate")
 RATIO_KEYS = tuple(f"{k}_ratio" for k in SLO_KEYS)
@@ -117,14 +118,6 @@ def check_slo(slo: dict[str, float]) -> None:
             raise ValueError(f"SLO {key}={value}: must be 0 or more")
 
 
-class WorkerView(msgspec.Struct, kw_only=True):
-    models: list[str]
-    versions: dict[str, str]
-    ready: bool
-    busy: int
-    last_seen: float
-
-
 class Rollout(msgspec.Struct, kw_only=True):
     """One rollout's state (the adapter keeps a copy in the registry, to resume)."""
 
@@ -189,20 +182,14 @@ class DeliveryCore:
     def __init__(self, policy: DeliveryPolicy | None = None) -> None:
         self.policy = policy or DeliveryPolicy()
         self.rollouts: dict[str, Rollout] = {}
-        self.workers: dict[str, WorkerView] = {}
+        self.fleet = FleetView(self.policy.worker_timeout_s)
         self.outcomes: dict[str, deque[Outcome]] = {}
         """Served name (``name@version`` or ``name``) → its recent requests' outcomes."""
 
     # -- inputs ----------------------------------------------------------------------------
 
     def on_heartbeat(self, hb: WorkerHeartbeat, now: float) -> None:
-        if hb.state in ("stopped", "failed"):
-            self.workers.pop(hb.worker_id, None)
-            return
-        self.workers[hb.worker_id] = WorkerView(
-            models=list(hb.models), versions=dict(hb.versions), ready=hb.state == "ready",
-            busy=hb.running + hb.waiting, last_seen=now,
-        )  # fmt: skip
+        self.fleet.on_heartbeat(hb, now)
 
     def on_ended(self, ev: RequestFinished | RequestFailed, now: float) -> None:
         if not ev.served_model:
@@ -352,9 +339,7 @@ class DeliveryCore:
 
     def tick(self, now: float) -> Effects:
         effects = Effects()
-        for wid in [w for w, v in self.workers.items()
-                    if now - v.last_seen > self.policy.worker_timeout_s]:  # fmt: skip
-            del self.workers[wid]
+        self.fleet.expire(now)
         horizon = now - max(self.policy.window_s, *(r.interval_s for r in self.rollouts.values()
                                                     if r.active), 0.0)  # fmt: skip
         for q in self.outcomes.values():
@@ -373,8 +358,7 @@ class DeliveryCore:
 
     def _serving(self, model: str) -> list[str]:
         """Ready workers serving ``model`` under its plain name (the current version)."""
-        return [w for w, v in self.workers.items()
-                if v.ready and model in v.models]  # fmt: skip
+        return [hb.worker_id for hb in self.fleet.ready(model)]
 
     def _place(self, rollout: Rollout, now: float) -> Effects:
         rollout.delivery_id = _delivery_id()
@@ -382,8 +366,10 @@ class DeliveryCore:
         if rollout.candidate.kind == "adapter":
             rollout.workers = []  # every worker of the base loads it beside the current one
         else:
-            serving = sorted(self._serving(rollout.model),
-                             key=lambda w: (self.workers[w].busy, w))  # fmt: skip
+            by_load = sorted(
+                self.fleet.ready(rollout.model), key=lambda hb: (busy(hb), hb.worker_id)
+            )
+            serving = [hb.worker_id for hb in by_load]
             n = min(rollout.canary_workers, len(serving) - 1)
             rollout.workers = serving[:n]
         delivery = ModelDelivery(
@@ -406,7 +392,7 @@ class DeliveryCore:
 
     def _canary_ready(self, rollout: Rollout) -> list[str]:
         """Workers that serve the candidate now (by heartbeat)."""
-        return [w for w, v in self.workers.items() if v.ready and rollout.ref in v.models]
+        return [hb.worker_id for hb in self.fleet.ready(rollout.ref)]
 
     def _maybe_start_steps(self, rollout: Rollout, now: float) -> Effects:
         if rollout.phase != "placing":
@@ -488,9 +474,9 @@ class DeliveryCore:
         )  # fmt: skip
 
     def _check_promoted(self, rollout: Rollout, now: float) -> Effects:
-        serving = [v for v in self.workers.values() if v.ready and rollout.model in v.models]
+        serving = self.fleet.ready(rollout.model)
         done = serving and all(
-            v.versions.get(rollout.model) == rollout.candidate.version for v in serving
+            hb.versions.get(rollout.model) == rollout.candidate.version for hb in serving
         )
         late = now - rollout.phase_since > self.policy.promote_timeout_s
         if not (done or late):

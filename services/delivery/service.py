@@ -111,7 +111,7 @@ class DeliveryService(Service[DeliverySettings]):
                     "weight": r.weight, "workers": r.workers}
                 for m, r in self.core.rollouts.items()
             },
-            "workers": len(self.core.workers),
+            "workers": len(self.core.fleet),
         }  # fmt: skip
 
     async def _restore(self) -> None:

@@ -12,6 +12,7 @@ from inferbus.contracts import (
     SchedulerLoad,
     WorkerHeartbeat,
 )
+from inferbus.shared.fleet import FleetView
 
 from .auth import AccessControl, Admission, ApiKey
 from .errors import failure_error
@@ -32,7 +33,7 @@ class ModelRegistry:
         self.remember_s = remember_s
         """A model served this recently is known: without a live worker (all lost, or
         their heartbeats held up by a NATS outage) it is 503, retryable, not 404."""
-        self._workers: dict[str, tuple[WorkerHeartbeat, float]] = {}
+        self.fleet = FleetView(stale_after_s)
         self._known: dict[str, float] = {}
         self._scaled: dict[str, float] = {}
         """Models the autoscaler sizes → until when its word holds."""
@@ -48,10 +49,7 @@ class ModelRegistry:
     def on_heartbeat(self, hb: WorkerHeartbeat, now: float) -> None:
         for m in hb.models:
             self._known[m] = now
-        if hb.state in ("stopped", "failed"):
-            self._workers.pop(hb.worker_id, None)
-        else:
-            self._workers[hb.worker_id] = (hb, now)
+        self.fleet.on_heartbeat(hb, now)
 
     def known(self, model: str, now: float) -> bool:
         """Whether ``model`` may exist: served lately, or too early to tell."""
@@ -88,23 +86,15 @@ class ModelRegistry:
 
     def max_model_len(self, model: str) -> int:
         """The smallest context of the workers serving ``model`` (0 when unknown)."""
-        lens = [
-            hb.max_model_len
-            for hb, _ in self._workers.values()
-            if model in hb.models and hb.max_model_len
-        ]
-        return min(lens, default=0)
+        return self.fleet.max_model_len(model)
 
     def models(self, now: float) -> dict[str, int]:
         """Model → number of ready workers (0 when all are draining or starting, or
         when the autoscaler has it at zero: it is served on request)."""
+        self.fleet.expire(now)
         out: dict[str, int] = {m: 0 for m in self._scaled if self.scaled(m, now)}
-        for wid, (hb, seen) in list(self._workers.items()):
-            if now - seen > self.stale_after_s:
-                del self._workers[wid]
-                continue
-            for m in hb.models:
-                out[m] = out.get(m, 0) + (hb.state == "ready")
+        for m, ready in self.fleet.counts().items():
+            out[m] = out.get(m, 0) + ready
         return out
 
 

@@ -79,7 +79,11 @@ def placed(core: DeliveryCore, now: float = 0.0):
 def test_a_deploy_places_the_candidate_on_the_least_busy_worker_and_keeps_others_on_current():
     core = DeliveryCore()
     fleet(core, 0.0)
-    core.workers["w0"].busy = 5
+    core.on_heartbeat(  # w0 is the busiest: running 3, waiting 2
+        WorkerHeartbeat(worker_id="w0", models=["m", "m@v1"], engine="sim", running=3,
+                        waiting=2, versions={"m": "v1", "m@v1": "v1"}),
+        0.0,
+    )  # fmt: skip
     rollout, effects = deploy(core, 0.0)
     assert rollout.workers == ["w1"] and rollout.phase == "placing"
     assert [d.action for d in effects.decisions] == ["start", "place"]
