@@ -1,19 +1,15 @@
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import urllib.error
 import urllib.request
 
 import pytest
+from testkit.platform import MODEL, SLOW_MODEL
+from testkit.procs import ServiceProcess, start_all
 
 from inferbus.client import Client
-
-from .procs import ServiceProcess, start_all
-
-MODEL = "sim-model"
-SLOW_MODEL = "slow-model"
 
 
 @pytest.fixture(scope="session")
@@ -82,37 +78,3 @@ async def client(nats_url: str):
     c = await Client.connect(nats_url)
     yield c
     await c.close()
-
-
-async def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(interval)
-    return False
-
-
-async def scheduler_status(nc) -> dict:
-    """The scheduler's live state (its $SRV status endpoint)."""
-    from inferbus.contracts import status_subject
-
-    reply = await nc.request(status_subject("scheduler"), b"", timeout=2)
-    return json.loads(reply.data)
-
-
-async def wait_for_status(nc, predicate, timeout: float = 15.0) -> dict:
-    """Until the scheduler's state satisfies ``predicate``: the condition itself, not a
-    sleep standing in for it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        status = await scheduler_status(nc)
-        if predicate(status):
-            return status
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the scheduler never got there: {status}")
-        await asyncio.sleep(0.05)
-
-
-def ready_workers(status: dict, model: str) -> int:
-    return sum(model in w["models"] and w["state"] == "ready" for w in status["workers"].values())

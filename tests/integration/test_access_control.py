@@ -11,13 +11,12 @@ import urllib.request
 import openai
 import pytest
 from openai import OpenAI
+from testkit.platform import MODEL, SLOW_MODEL
+from testkit.procs import ServiceProcess, start_all
 
 from inferbus.contracts import SUBMIT, RequestSubmitted
 from inferbus.services.gateway.auth import digest
 from inferbus.shared.codec import decode
-
-from .conftest import MODEL, SLOW_MODEL
-from .procs import ServiceProcess, start_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 

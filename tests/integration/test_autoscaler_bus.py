@@ -13,6 +13,7 @@ import msgspec
 import nats
 import pytest
 from testkit.faults import Platform
+from testkit.procs import ServiceProcess
 
 from inferbus.contracts import (
     SCALING_STATUS,
@@ -28,8 +29,6 @@ from inferbus.services.autoscaler.actuators import ActuationError, LocalActuator
 from inferbus.shared.bus import connect, publish_durable
 from inferbus.shared.buscreds import load_credentials
 from inferbus.shared.codec import decode, encode
-
-from .procs import ServiceProcess
 
 pytestmark = pytest.mark.integration
 

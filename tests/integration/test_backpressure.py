@@ -10,14 +10,13 @@ import urllib.request
 
 import aiohttp
 import pytest
+from testkit.platform import wait_for_status
+from testkit.procs import ServiceProcess, start_all
 
 from inferbus.client import Client, RequestError
 from inferbus.contracts import SCHEDULER_LOAD, SchedulerLoad
 from inferbus.shared.codec import decode
 from inferbus.shared.natsserver import NatsServer
-
-from .conftest import wait_for_status
-from .procs import ServiceProcess, start_all
 
 pytestmark = [pytest.mark.integration]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from testkit.platform import MODEL
 
 from inferbus.client import RequestError
 from inferbus.contracts import (
@@ -13,8 +14,6 @@ from inferbus.contracts import (
     dead_letter_subject,
 )
 from inferbus.shared.codec import decode
-
-from .conftest import MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-
-from .conftest import MODEL
-from .procs import ServiceProcess
+from testkit.platform import MODEL
+from testkit.procs import ServiceProcess
 
 pytestmark = pytest.mark.integration
 

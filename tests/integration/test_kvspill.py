@@ -10,12 +10,11 @@ import time
 import urllib.request
 
 import pytest
+from testkit.procs import ServiceProcess
 
 from inferbus.contracts import KV_SPILL_INDEX, KvSpillNamespace
 from inferbus.shared.codec import decode
 from inferbus.shared.kvblocks import block_path, encode_block, scan_blocks
-
-from .procs import ServiceProcess
 
 pytestmark = [pytest.mark.integration]
 

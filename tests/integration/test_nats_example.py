@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from .conftest import MODEL, SLOW_MODEL
+from testkit.platform import MODEL, SLOW_MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 

@@ -16,13 +16,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
+from testkit.platform import MODEL, SLOW_MODEL
+from testkit.procs import ServiceProcess, start_all
 
 from inferbus.shared.natsserver import free_port
 from inferbus.shared.signing import generate_key
 from inferbus.tinymodel import make_tiny
-
-from .conftest import MODEL, SLOW_MODEL
-from .procs import ServiceProcess, start_all
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = [

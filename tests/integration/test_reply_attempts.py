@@ -18,6 +18,7 @@ from pathlib import Path
 import aiohttp
 import nats
 import pytest
+from testkit.procs import ServiceProcess
 
 from inferbus.contracts import (
     SUBMIT,
@@ -31,8 +32,6 @@ from inferbus.contracts import (
 from inferbus.shared.codec import decode, encode
 from inferbus.shared.natsserver import NatsServer
 from inferbus.shared.streams import ensure_streams
-
-from .procs import ServiceProcess
 
 pytestmark = pytest.mark.integration
 MODEL = "attempts-model"

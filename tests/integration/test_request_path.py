@@ -8,6 +8,7 @@ import time
 
 import aiohttp
 import pytest
+from testkit.platform import MODEL, SLOW_MODEL
 
 from inferbus.client import RequestError
 from inferbus.contracts import (
@@ -23,8 +24,6 @@ from inferbus.contracts import (
     TokenChunk,
 )
 from inferbus.shared.codec import decode, encode
-
-from .conftest import MODEL, SLOW_MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 

@@ -8,12 +8,11 @@ import json
 
 import aiohttp
 import pytest
+from testkit.platform import MODEL
 
 from inferbus.client import RequestError
 from inferbus.contracts import ACCEPTED, RequestAccepted, WorkAssigned
 from inferbus.shared.codec import decode
-
-from .conftest import MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 

@@ -9,12 +9,11 @@ import signal
 import time
 
 import pytest
+from testkit.procs import ServiceProcess, start_all
 
 from inferbus.client import Client
 from inferbus.contracts import ACCEPTED
 from inferbus.shared.natsserver import NatsServer
-
-from .procs import ServiceProcess, start_all
 
 pytestmark = [pytest.mark.integration]
 

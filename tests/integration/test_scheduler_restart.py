@@ -8,13 +8,12 @@ import collections
 import time
 
 import pytest
+from testkit.procs import ServiceProcess, start_all
 
 from inferbus.client import Client, RequestError
 from inferbus.contracts import ENDED, Terminal, WorkAssigned
 from inferbus.shared.codec import decode
 from inferbus.shared.natsserver import NatsServer
-
-from .procs import ServiceProcess, start_all
 
 pytestmark = [pytest.mark.integration]
 

@@ -14,13 +14,12 @@ from pathlib import Path
 import aiohttp
 import nats
 import pytest
+from testkit.procs import ServiceProcess
 
 from inferbus.contracts import SUBMIT, RequestSubmitted, TokenChunk, WorkerHeartbeat
 from inferbus.shared.codec import decode, encode
 from inferbus.shared.natsserver import NatsServer
 from inferbus.shared.streams import ensure_streams
-
-from .procs import ServiceProcess
 
 pytestmark = pytest.mark.integration
 MODEL = "silent-model"

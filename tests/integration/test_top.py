@@ -9,12 +9,11 @@ import sys
 
 import aiohttp
 import pytest
+from testkit.platform import MODEL, SLOW_MODEL
 
 from inferbus.shared.natsserver import free_port
 from inferbus.top.collect import Collector
 from inferbus.top.view import build_view
-
-from .conftest import MODEL, SLOW_MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 

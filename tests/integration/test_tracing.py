@@ -15,13 +15,12 @@ import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from testkit.otlp_sink import OtlpSink
+from testkit.procs import ServiceProcess, start_all
 
 from inferbus.contracts import TRACE_DECIDED, TraceDecided
 from inferbus.shared.codec import decode
 from inferbus.shared.natsserver import NatsServer
 from inferbus.shared.tracing import REQUEST_ID, TracePolicy, Tracing
-
-from .procs import ServiceProcess, start_all
 
 pytestmark = [pytest.mark.integration]
 

@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip install -e '.[cpu]')")
 
 from testkit.otlp_sink import OtlpSink
+from testkit.procs import ServiceProcess
 
 from inferbus.client import RequestError
 from inferbus.contracts import (
@@ -33,8 +34,6 @@ from inferbus.contracts import (
 )
 from inferbus.shared.codec import decode, encode
 from inferbus.tinymodel import make_tiny, make_tiny_lora
-
-from .procs import ServiceProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.usefixtures("platform")]
 

@@ -7,6 +7,7 @@ import asyncio
 import time
 
 import pytest
+from testkit.platform import MODEL, SLOW_MODEL
 
 from inferbus.contracts import (
     HEARTBEATS,
@@ -21,8 +22,6 @@ from inferbus.contracts import (
     work_subject,
 )
 from inferbus.shared.codec import decode, encode
-
-from .conftest import MODEL, SLOW_MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 

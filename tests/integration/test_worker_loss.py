@@ -6,13 +6,12 @@ import asyncio
 import time
 
 import pytest
+from testkit.platform import ready_workers, wait_for_status
+from testkit.procs import ServiceProcess, start_all
 
 from inferbus.client import RequestError
 from inferbus.contracts import STARTED, RequestStarted, WorkAssigned
 from inferbus.shared.codec import decode
-
-from .conftest import ready_workers, wait_for_status
-from .procs import ServiceProcess, start_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from inferbus.contracts import WorkerHeartbeat
+from inferbus.contracts import WorkerHeartbeat, WorkerState
 from inferbus.shared.fleet import FleetView, busy
 
 
-def beat(wid: str, models: list[str], state: str = "ready", **kw) -> WorkerHeartbeat:
-    return WorkerHeartbeat(worker_id=wid, models=models, engine="sim", state=state, **kw)  # type: ignore[arg-type]
+def beat(wid: str, models: list[str], state: WorkerState = "ready", **kw) -> WorkerHeartbeat:
+    return WorkerHeartbeat(worker_id=wid, models=models, engine="sim", state=state, **kw)
 
 
 def test_ready_workers_and_counts_per_model():
