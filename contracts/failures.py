@@ -19,6 +19,7 @@ the same.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import cast
 
 import msgspec
 
@@ -165,7 +166,7 @@ FAILURES: dict[FailureCode, Failure] = {
 def failure(code: str) -> Failure | None:
     """The table's row for ``code`` (a ``FailureCode`` or its string), None when unknown."""
     # a FailureCode hashes and compares as its string: the table answers either
-    return FAILURES.get(code)  # type: ignore[call-overload]
+    return FAILURES.get(cast(FailureCode, code))
 
 
 def http_status(code: str, default: int = 500) -> int:

@@ -76,10 +76,12 @@ class ServiceEntry:
     service does (busauth.SERVICE_BASE); ``{instance}`` is its instance id."""
 
     def service_class(self) -> type[Service[Any]]:
-        return _load(self.service)
+        cls: type[Service[Any]] = _load(self.service)
+        return cls
 
     def settings_class(self) -> type[ServiceSettings]:
-        return _load(self.settings)
+        cls: type[ServiceSettings] = _load(self.settings)
+        return cls
 
     def instance_name(self, index: int) -> str:
         return f"{self.name}-{index}" if self.scalable else self.name

@@ -9,7 +9,6 @@ import typing
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -62,7 +61,7 @@ async def connect(
     """Connect with unlimited reconnects; the runtime drains on shutdown. With
     ``creds``, as that NATS user, its inboxes under ``_INBOX.<user>``."""
 
-    nc = nats.NATS()
+    nc = Client()
 
     connected = False
 

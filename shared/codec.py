@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import msgspec
 
@@ -15,11 +15,18 @@ encode = _encoder.encode
 DecodeError = (msgspec.DecodeError, msgspec.ValidationError)
 
 
+T = TypeVar("T")
+
+
 @lru_cache(maxsize=64)
-def _decoder(target: Any) -> msgspec.json.Decoder:
+def _decoder(target: Any) -> msgspec.json.Decoder[Any]:
     return msgspec.json.Decoder(target)
 
 
+@overload
+def decode(data: bytes, target: type[T]) -> T: ...
+@overload
+def decode(data: bytes, target: Any) -> Any: ...
 def decode(data: bytes, target: Any) -> Any:
     """Decode ``data`` as ``target`` (an Event type or a union of them)."""
     return _decoder(target).decode(data)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
@@ -60,7 +61,7 @@ def stdlib_formatter(**fields: str) -> logging.Formatter:
     )
 
 
-def vllm_logging_config(service: str, instance: str, level: str = "INFO") -> dict:
+def vllm_logging_config(service: str, instance: str, level: str = "INFO") -> dict[str, Any]:
     """A logging dictConfig for vLLM (``VLLM_LOGGING_CONFIG_PATH``): its loggers write
     our JSON lines, in the worker and in the engine-core process vLLM spawns."""
     return {
@@ -85,7 +86,8 @@ def vllm_logging_config(service: str, instance: str, level: str = "INFO") -> dic
 
 
 def get(name: str) -> structlog.stdlib.BoundLogger:
-    return structlog.get_logger(name)
+    logger: structlog.stdlib.BoundLogger = structlog.get_logger(name)
+    return logger
 
 
 def bind(**values: object) -> None:

@@ -29,7 +29,8 @@ def find_binary() -> str:
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -94,16 +95,16 @@ class NatsServer:
 
     def __init__(
         self,
-        store_dir: str | os.PathLike,
+        store_dir: str | os.PathLike[str],
         port: int | None = None,
         host: str = "127.0.0.1",
         monitor_port: int | None = None,
-        log_file: str | os.PathLike | None = None,
-        config_file: str | os.PathLike | None = None,
-        pid_file: str | os.PathLike | None = None,
+        log_file: str | os.PathLike[str] | None = None,
+        config_file: str | os.PathLike[str] | None = None,
+        pid_file: str | os.PathLike[str] | None = None,
         cluster: Cluster | None = None,
-        tls_cert: str | os.PathLike | None = None,
-        tls_key: str | os.PathLike | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)

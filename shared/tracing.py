@@ -46,7 +46,8 @@ from inferbus.shared.codec import DecodeError, decode, encode
 
 if TYPE_CHECKING:  # the SDK is imported only where tracing is on: no start-up cost off
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace.export import SpanExporter, SpanProcessor
+    from opentelemetry.sdk.trace import SpanProcessor
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 log = logs.get("inferbus.tracing")
 

@@ -75,7 +75,9 @@ class AutoscalerSettings(ServiceSettings, kw_only=True):
 
     def policy(self) -> AutoscalerPolicy:
         try:
-            overrides = msgspec.json.decode(self.model_overrides or "{}", type=dict[str, dict])
+            overrides = msgspec.json.decode(
+                self.model_overrides or "{}", type=dict[str, dict[str, Any]]
+            )
         except msgspec.DecodeError as exc:
             raise ValueError(f"model_overrides is not a JSON object of objects: {exc}") from exc
         unknown = set(overrides) - set(self.models)

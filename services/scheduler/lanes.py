@@ -14,6 +14,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from .state import Queued
+
 
 class Item(Protocol):
     request: Any
@@ -27,7 +29,8 @@ def prompt_tokens(request: Any) -> int:
 
 
 def cost_tokens(request: Any) -> int:
-    return prompt_tokens(request) + request.sampling.max_tokens
+    max_tokens: int = request.sampling.max_tokens
+    return prompt_tokens(request) + max_tokens
 
 
 class ModelQueue:
@@ -79,7 +82,7 @@ class ModelQueue:
     def __len__(self) -> int:
         return self._n
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Queued]:
         for lane in self._lanes.values():
             for q in lane.values():
                 yield from q
