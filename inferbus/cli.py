@@ -15,6 +15,7 @@ from inferbus.contracts.control import DEFAULT_SUPERVISOR
 from inferbus.shared.buscreds import CREDS_ENV
 from inferbus.shared.config import DEFAULT_NATS_URL
 from inferbus.shared.errors import ConfigError
+from inferbus.upoptions import Options, click_options
 
 DEFAULT_OPERATOR_CREDS = Path(".inferbus") / "auth" / "creds" / "operator.json"
 """Where `inferbus up` (default state folder) leaves the operator's credentials."""
@@ -50,183 +51,12 @@ def main(creds: str | None) -> None:
 
 
 @main.command()
-@click.option(
-    "--engine",
-    type=click.Choice(["vllm", "sim"]),
-    default="vllm",
-    show_default=True,
-    help="vllm: the real engine. sim: a timing model, for scale tests.",
-)
-@click.option(
-    "--model",
-    default=None,
-    help="vllm: a model folder (default: a tiny local Llama, built on first use). sim: any name.",
-)
-@click.option(
-    "--port", default=8000, show_default=True, help="Gateway HTTP port (0: any free one)."
-)
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option(
-    "--nats-url",
-    envvar="NATS_URL",
-    default=None,
-    help="Use this NATS server instead of starting one.",
-)
-@click.option(
-    "--nats-port", default=4222, show_default=True, help="Embedded NATS port (0: any free one)."
-)
-@click.option(
-    "--state-dir",
-    type=click.Path(path_type=Path),
-    default=Path(".inferbus"),
-    show_default=True,
-    help="NATS store and logs.",
-)
-@click.option("--workers", default=1, show_default=True)
-@click.option("--metrics-port-base", default=9100, show_default=True)
-@click.option("--no-selftest", is_flag=True, help="Skip the request served at start-up.")
-@click.option("--check", is_flag=True, help="Start, serve the self-test request, stop, exit.")
-@click.option(
-    "--worker-arg",
-    "worker_args",
-    multiple=True,
-    help="Extra flag for each worker, e.g. --worker-arg=--max-num-seqs=64",
-)
-@click.option(
-    "--api-keys-file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="Require API keys (TOML from 'inferbus keys new'); without it the gateway is open.",
-)
-@click.option(
-    "--trace-slow-s",
-    type=click.FloatRange(min=0),
-    default=1.0,
-    show_default=True,
-    help="Tail sampling: keep the trace of every request slower than this "
-    "(and of every failed one). Tracing is on when OTEL_EXPORTER_OTLP_ENDPOINT "
-    "is set.",
-)
-@click.option(
-    "--trace-keep-ratio",
-    type=click.FloatRange(0, 1),
-    default=0.001,
-    show_default=True,
-    help="Tail sampling: the share of other requests' traces kept.",
-)
-@click.option(
-    "--nats-tls-dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    default=None,
-    help="Serve the embedded NATS over TLS with this folder's server-cert.pem and "
-    "server-key.pem; every client verifies it against its ca.pem (inferbus certs make).",
-)
-@click.option(
-    "--nats-cluster",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Embedded nats-servers: 3 runs a cluster (loopback routes) whose streams keep "
-    "3 copies, so the platform serves on when one node is lost.",
-)
-@click.option(
-    "--open-bus",
-    is_flag=True,
-    help="Run the embedded NATS without users and permissions (anyone who reaches it "
-    "may do anything). By default the bus is closed: every service, the operator and "
-    "each tenant connect with their own credentials.",
-)
-@click.option(
-    "--supervisor",
-    default=DEFAULT_SUPERVISOR,
-    show_default=True,
-    help="Its name on the control subject ib.sup.<name>.control (inferbus ps / scale).",
-)
-@click.option(
-    "--cpu-placement",
-    type=click.Choice(["auto", "on", "off"]),
-    default="auto",
-    show_default=True,
-    help="With the vllm engine on a CPU: the engine on its own cores, the services on "
-    "the others (a quarter, at least one), so the request path's hops do not wait for "
-    "cores the engine's threads hold. auto: with four cores or more; on: with two.",
-)
-@click.option(
-    "--autoscale",
-    is_flag=True,
-    help="Run the autoscaler: it starts and drains workers as the load asks "
-    "(from --workers, between its --min-replicas and --max-replicas).",
-)
-@click.option(
-    "--autoscaler-arg",
-    "autoscaler_args",
-    multiple=True,
-    help="Extra flag for the autoscaler, e.g. --autoscaler-arg=--max-replicas=4",
-)
-@click.option(
-    "--sanitizer-arg",
-    "sanitizer_args",
-    multiple=True,
-    help="Extra flag for the sanitizer, e.g. --sanitizer-arg=--input-policy=flag "
-    "(--sanitizer-arg=--tokenizers= turns exact prefix routing off)",
-)
-def up(
-    engine: str,
-    model: str | None,
-    port: int,
-    host: str,
-    nats_url: str | None,
-    nats_port: int,
-    state_dir: Path,
-    workers: int,
-    metrics_port_base: int,
-    no_selftest: bool,
-    check: bool,
-    worker_args: tuple[str, ...],
-    api_keys_file: Path | None,
-    trace_slow_s: float,
-    trace_keep_ratio: float,
-    nats_tls_dir: Path | None,
-    nats_cluster: int,
-    open_bus: bool,
-    supervisor: str,
-    cpu_placement: str,
-    autoscale: bool,
-    autoscaler_args: tuple[str, ...],
-    sanitizer_args: tuple[str, ...],
-) -> None:
+@click_options
+def up(**given: Any) -> None:
     """Start the whole platform on this machine."""
-    from inferbus.up import Options, run
+    from inferbus.up import run
 
-    sys.exit(
-        run(
-            Options(
-                engine=engine,
-                model=model,
-                port=port,
-                host=host,
-                nats_url=nats_url,
-                nats_port=nats_port,
-                state_dir=state_dir,
-                workers=workers,
-                metrics_port_base=metrics_port_base,
-                selftest=not no_selftest,
-                check=check,
-                worker_args=list(worker_args),
-                api_keys_file=api_keys_file,
-                trace_slow_s=trace_slow_s,
-                trace_keep_ratio=trace_keep_ratio,
-                supervisor=supervisor,
-                open_bus=open_bus,
-                nats_cluster=nats_cluster,
-                nats_tls_dir=nats_tls_dir,
-                cpu_placement=cpu_placement,
-                autoscale=autoscale,
-                autoscaler_args=list(autoscaler_args),
-                sanitizer_args=list(sanitizer_args),
-            )
-        )
-    )
+    sys.exit(run(Options.from_flags(given)))
 
 
 @main.command()

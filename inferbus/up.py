@@ -18,7 +18,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,6 @@ from nats.aio.msg import Msg
 from inferbus import servicetable
 from inferbus.busauth import OPERATOR, Registry, route_password
 from inferbus.contracts.control import (
-    DEFAULT_SUPERVISOR,
     ScaleService,
     SupervisorCommand,
     SupervisorState,
@@ -49,51 +47,13 @@ from inferbus.shared.natsserver import (
     port_open,
 )
 from inferbus.shared.streams import ensure_streams
-from inferbus.supervisor.core import ProcessSpec, RestartPolicy, SupervisorCore
+from inferbus.supervisor.core import ProcessSpec, SupervisorCore
 from inferbus.supervisor.processes import Command, Processes
+from inferbus.upoptions import Options
 
 TINY_MODEL = "tiny-llama"
 NATS = "nats"
 """The embedded server's process name; it stops last."""
-
-
-@dataclass
-class Options:
-    engine: str = "vllm"
-    model: str | None = None
-    port: int = 8000
-    host: str = "127.0.0.1"
-    nats_url: str | None = None
-    nats_port: int = 4222
-    state_dir: Path = Path(".inferbus")
-    workers: int = 1
-    metrics_port_base: int = 9100
-    selftest: bool = True
-    check: bool = False
-    worker_args: list[str] = field(default_factory=list)
-    api_keys_file: Path | None = None
-    probe_key: str = ""
-    """With API keys on, up's own key for its readiness probe and self-test."""
-    trace_slow_s: float = 1.0
-    trace_keep_ratio: float = 0.001
-    supervisor: str = DEFAULT_SUPERVISOR
-    """Its name on the control subject ``ib.sup.<name>.control``."""
-    open_bus: bool = False
-    """Run the embedded NATS without users (anyone on the machine may do anything)."""
-    nats_tls_dir: Path | None = None
-    """Serve the embedded NATS over TLS with this folder's server-cert.pem and
-    server-key.pem; clients verify it against its ca.pem (``inferbus certs make``)."""
-    nats_cluster: int = 1
-    """Embedded nats-servers: 3 makes a cluster whose streams keep 3 copies, so the
-    platform serves on when one node is lost."""
-    restart: RestartPolicy = field(default_factory=RestartPolicy)
-    autoscale: bool = False
-    """Run the autoscaler, scaling this platform's workers through the supervisor."""
-    autoscaler_args: list[str] = field(default_factory=list)
-    sanitizer_args: list[str] = field(default_factory=list)
-    cpu_placement: str = "auto"
-    """vllm on a CPU: the engine on its own cores, the services on the others: auto
-    (with four cores or more), on, off (shared/cpus.py)."""
 
 
 def _say(text: str) -> None:
