@@ -5,8 +5,12 @@ of the wheel (tests/unit/test_service_table.py builds one and checks)."""
 
 from setuptools import find_packages, setup
 
-ROOTS = {"inferbus": "inferbus", "inferbus.contracts": "contracts",
-         "inferbus.shared": "shared", "inferbus.services": "services"}  # fmt: skip
+ROOTS = {
+    "inferbus": "inferbus",
+    "inferbus.contracts": "contracts",
+    "inferbus.shared": "shared",
+    "inferbus.services": "services",
+}
 
 
 def packages() -> list[str]:

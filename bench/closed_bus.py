@@ -75,10 +75,15 @@ def main() -> None:
         os.environ.pop(CREDS_ENV, None)  # each client below says who it is
         opened, open_nats, open_http = start_up(open_state, "--engine", "sim", "--open-bus")
         try:
-            results = asyncio.run(measure(args, {
-                "closed": (closed_nats, closed_http, tenant),
-                "open": (open_nats, open_http, ""),
-            }))  # fmt: skip
+            results = asyncio.run(
+                measure(
+                    args,
+                    {
+                        "closed": (closed_nats, closed_http, tenant),
+                        "open": (open_nats, open_http, ""),
+                    },
+                )
+            )
         finally:
             for proc in (closed, opened):
                 proc.send_signal(2)
@@ -99,14 +104,24 @@ def main() -> None:
             "throughput": round(closed_r.tokens_per_s / open_r.tokens_per_s, 3),
             "ttft_p50_added_ms": round(closed_r.pct(0.5) - open_r.pct(0.5), 3),
         }
-        print(f"closed/open {path:<12} throughput {ratios[path]['throughput']:.3f}x, "
-              f"TTFT p50 {ratios[path]['ttft_p50_added_ms']:+.2f} ms")  # fmt: skip
-    print(json.dumps({
-        "bench": "closed_bus", "concurrency": args.concurrency, "tokens": args.tokens,
-        "results": {k: {"tokens_per_s": round(v.tokens_per_s), "ttft_p50_ms": round(v.pct(0.5), 3)}
-                    for k, v in results.items()},
-        "closed_over_open": ratios,
-    }))  # fmt: skip
+        print(
+            f"closed/open {path:<12} throughput {ratios[path]['throughput']:.3f}x, "
+            f"TTFT p50 {ratios[path]['ttft_p50_added_ms']:+.2f} ms"
+        )
+    print(
+        json.dumps(
+            {
+                "bench": "closed_bus",
+                "concurrency": args.concurrency,
+                "tokens": args.tokens,
+                "results": {
+                    k: {"tokens_per_s": round(v.tokens_per_s), "ttft_p50_ms": round(v.pct(0.5), 3)}
+                    for k, v in results.items()
+                },
+                "closed_over_open": ratios,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

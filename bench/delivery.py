@@ -78,8 +78,11 @@ class Deliveries:
 
 
 def first_token_on(load: SteadyLoad, ref: str, after: float) -> float | None:
-    firsts = [a.first_token for a in load.answers
-              if a.kind == "ok" and a.served_model == ref and a.first_token >= after]  # fmt: skip
+    firsts = [
+        a.first_token
+        for a in load.answers
+        if a.kind == "ok" and a.served_model == ref and a.first_token >= after
+    ]
     return min(firsts) if firsts else None
 
 
@@ -102,33 +105,63 @@ async def restart_reference(p: Platform, prober: SteadyLoad, ref: str) -> float:
 
 
 async def swaps(args: argparse.Namespace, root: Path) -> dict:
-    extra = ("--worker-arg=--enable-lora=true", "--worker-arg=--max-lora-rank=8",
-             f"--worker-arg=--cold-swap={args.cold_swap}")  # fmt: skip
+    extra = (
+        "--worker-arg=--enable-lora=true",
+        "--worker-arg=--max-lora-rank=8",
+        f"--worker-arg=--cold-swap={args.cold_swap}",
+    )
     p = Platform(root / "swaps", workers=1, engine="vllm", extra=extra)
     out: dict = {}
     try:
         base, key = p.state / "models" / MODEL, str(p.state / "signing" / "release.key")
-        folders = {(LORA, "a1"): make_tiny_lora(base, root / "a1", seed=3),
-                   (MODEL, "v2"): make_tiny(root / "v2", seed=1),
-                   (MODEL, "deep"): make_tiny(root / "deep", arch="tiny-deep")}  # fmt: skip
+        folders = {
+            (LORA, "a1"): make_tiny_lora(base, root / "a1", seed=3),
+            (MODEL, "v2"): make_tiny(root / "v2", seed=1),
+            (MODEL, "deep"): make_tiny(root / "deep", arch="tiny-deep"),
+        }
         for (name, version), folder in folders.items():
             more = ("--base", MODEL) if name == LORA else ()
-            cli(p.nats_url, p.operator, "model", "push", str(folder), "--name", name,
-                "--version", version, "--key", key, *more)  # fmt: skip
+            cli(
+                p.nats_url,
+                p.operator,
+                "model",
+                "push",
+                str(folder),
+                "--name",
+                name,
+                "--version",
+                version,
+                "--key",
+                key,
+                *more,
+            )
         events = await Deliveries().open(p)
         async with SteadyLoad(p.nats_url, str(p.tenant), MODEL, clients=args.clients) as load:
             await asyncio.sleep(3)
-            for mode, ref in (("hot", f"{LORA}@a1"), ("warm", f"{MODEL}@v2"),
-                              ("cold", f"{MODEL}@deep")):  # fmt: skip
+            for mode, ref in (
+                ("hot", f"{LORA}@a1"),
+                ("warm", f"{MODEL}@v2"),
+                ("cold", f"{MODEL}@deep"),
+            ):
                 name = ref.split("@")[0]
                 began = time.monotonic()
                 if mode == "hot":  # a caller for the adapter, waiting from before the deploy
-                    async with SteadyLoad(p.nats_url, str(p.tenant), LORA, clients=0,
-                                          tokens=4) as probe:  # fmt: skip
+                    async with SteadyLoad(
+                        p.nats_url, str(p.tenant), LORA, clients=0, tokens=4
+                    ) as probe:
                         asked = asyncio.create_task(probe.one("hot probe"))
                         await asyncio.sleep(0.5)
-                        await asyncio.to_thread(cli, p.nats_url, p.operator, "model", "deploy",
-                                                ref, "--wait", "--timeout", "120s")  # fmt: skip
+                        await asyncio.to_thread(
+                            cli,
+                            p.nats_url,
+                            p.operator,
+                            "model",
+                            "deploy",
+                            ref,
+                            "--wait",
+                            "--timeout",
+                            "120s",
+                        )
                         answer = await asked
                     first = answer.first_token if answer.served_model == ref else None
                 else:
@@ -140,22 +173,34 @@ async def swaps(args: argparse.Namespace, root: Path) -> dict:
                 swap_s = None if first is None else first - event
                 failed = failed_between(load, began, time.monotonic())
                 await asyncio.sleep(2)
-                async with SteadyLoad(p.nats_url, str(p.tenant), name, clients=0,
-                                      tokens=4) as prober:  # fmt: skip
+                async with SteadyLoad(
+                    p.nats_url, str(p.tenant), name, clients=0, tokens=4
+                ) as prober:
                     restart_s = await restart_reference(p, prober, ref)
                 await asyncio.sleep(3)
                 w = events.swapped.get(ref)
                 parts = {}
                 if w is not None:  # the worker's own account of its swap
-                    parts = {"fetch_s": w.fetch_s, "verify_s": w.verify_s,
-                             "engine_s": w.swap_s, "worker_total_s": w.total_s}  # fmt: skip
-                out[mode] = {"swap_s": swap_s, "restart_s": restart_s,
-                             "ratio": None if swap_s is None else swap_s / restart_s,
-                             "failed_during_swap": failed, **parts}  # fmt: skip
+                    parts = {
+                        "fetch_s": w.fetch_s,
+                        "verify_s": w.verify_s,
+                        "engine_s": w.swap_s,
+                        "worker_total_s": w.total_s,
+                    }
+                out[mode] = {
+                    "swap_s": swap_s,
+                    "restart_s": restart_s,
+                    "ratio": None if swap_s is None else swap_s / restart_s,
+                    "failed_during_swap": failed,
+                    **parts,
+                }
                 worker = "  ".join(f"{k} {v:.3f}" for k, v in parts.items())
-                print(f"{mode:<5} swap {swap_s:.3f} s   restart {restart_s:.2f} s   ratio "
-                      f"{out[mode]['ratio']:.4f}   failed during swap {failed}   worker: "
-                      f"{worker}", flush=True)  # fmt: skip
+                print(
+                    f"{mode:<5} swap {swap_s:.3f} s   restart {restart_s:.2f} s   ratio "
+                    f"{out[mode]['ratio']:.4f}   failed during swap {failed}   worker: "
+                    f"{worker}",
+                    flush=True,
+                )
         out["restart_failures"] = len(load.failures()) - sum(
             v["failed_during_swap"] for v in out.values() if isinstance(v, dict)
         )
@@ -167,21 +212,54 @@ async def swaps(args: argparse.Namespace, root: Path) -> dict:
 
 async def rollback(args: argparse.Namespace, root: Path) -> dict:
     engine = args.rollback_engine
-    p = Platform(root / "rollback", workers=2, engine=engine,
-                 extra=("--worker-arg=--sim-prefill-s-per-token=0.0005",) if engine == "sim"
-                 else ())  # fmt: skip
+    p = Platform(
+        root / "rollback",
+        workers=2,
+        engine=engine,
+        extra=("--worker-arg=--sim-prefill-s-per-token=0.0005",) if engine == "sim" else (),
+    )
     try:
         name = MODEL if engine == "vllm" else "sim-model"
         make_tiny(root / "slow", seed=7)
-        cli(p.nats_url, p.operator, "model", "push", str(root / "slow"), "--name", name,
-            "--version", "v-slow", "--key", str(p.state / "signing" / "release.key"))  # fmt: skip
+        cli(
+            p.nats_url,
+            p.operator,
+            "model",
+            "push",
+            str(root / "slow"),
+            "--name",
+            name,
+            "--version",
+            "v-slow",
+            "--key",
+            str(p.state / "signing" / "release.key"),
+        )
         await ready_workers(p.nats_url, p.operator, name, 2)  # a canary needs both
         async with SteadyLoad(p.nats_url, str(p.tenant), name, clients=3) as load:
             await asyncio.sleep(3)
-            cmd = asyncio.create_task(asyncio.to_thread(
-                cli, p.nats_url, p.operator, "model", "deploy", f"{name}@v-slow", "--steps",
-                "50", "--interval", "300s", "--min-samples", "5", "--slo", "ttft_p95=1.0",
-                "--wait", "--timeout", "300s", timeout=400, rc=1))  # fmt: skip
+            cmd = asyncio.create_task(
+                asyncio.to_thread(
+                    cli,
+                    p.nats_url,
+                    p.operator,
+                    "model",
+                    "deploy",
+                    f"{name}@v-slow",
+                    "--steps",
+                    "50",
+                    "--interval",
+                    "300s",
+                    "--min-samples",
+                    "5",
+                    "--slo",
+                    "ttft_p95=1.0",
+                    "--wait",
+                    "--timeout",
+                    "300s",
+                    timeout=400,
+                    rc=1,
+                )
+            )
             canary = await canary_instance(p.nats_url, p.operator, name, "v-slow")
             stop = asyncio.Event()
             slowed, slowed_wall = time.monotonic(), time.time()
@@ -219,8 +297,9 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--clients", type=int, default=2)
     ap.add_argument("--cold-swap", choices=["auto", "overlap", "replace"], default="auto")
     ap.add_argument("--rollback-engine", choices=["vllm", "sim"], default="vllm")

@@ -31,9 +31,13 @@ async def main(args: argparse.Namespace) -> None:
         try:
             for fault in args.faults.split(","):
                 r = await run_fault(
-                    p, fault, nats_clients=args.nats_clients, http_clients=args.http_clients,
-                    tokens=args.tokens, load_s=args.load_s,
-                )  # fmt: skip
+                    p,
+                    fault,
+                    nats_clients=args.nats_clients,
+                    http_clients=args.http_clients,
+                    tokens=args.tokens,
+                    load_s=args.load_s,
+                )
                 results.append(r)
                 print(table([r]).splitlines()[-1], flush=True)
         finally:
@@ -52,6 +56,10 @@ if __name__ == "__main__":
     ap.add_argument("--load-s", type=float, default=15.0)
     ap.add_argument("--tokens", type=int, default=20)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--nats-cluster", type=int, default=1,
-                    help="3: a three-node NATS; its nodes are nats-0, nats-1, nats-2")  # fmt: skip
+    ap.add_argument(
+        "--nats-cluster",
+        type=int,
+        default=1,
+        help="3: a three-node NATS; its nodes are nats-0, nats-1, nats-2",
+    )
     asyncio.run(main(ap.parse_args()))

@@ -112,8 +112,13 @@ class Life:
         r = restored_of(out.kv_transfer_params, self.engine.kv_block_size)
         restored = None
         if r is not None:
-            restored = {"tokens": r.tokens, "bytes": r.bytes, "seconds": r.seconds,
-                        "tiers": r.tiers, "failed": r.failed}  # fmt: skip
+            restored = {
+                "tokens": r.tokens,
+                "bytes": r.bytes,
+                "seconds": r.seconds,
+                "tiers": r.tiers,
+                "failed": r.failed,
+            }
         return first, restored
 
     async def reset(self) -> None:
@@ -147,8 +152,10 @@ async def measure(model: str, length: int, work: Path) -> dict[str, Any]:
 
 
 def report(rows: list[dict[str, Any]]) -> None:
-    print(f"{'prefix':>7} {'recompute':>10} | {'tier':>6} {'TTFT':>8} {'ratio':>6} "
-          f"{'restored':>9} {'restore MB/s':>12} {'raw MB/s':>9} {'ratio':>6}")  # fmt: skip
+    print(
+        f"{'prefix':>7} {'recompute':>10} | {'tier':>6} {'TTFT':>8} {'ratio':>6} "
+        f"{'restored':>9} {'restore MB/s':>12} {'raw MB/s':>9} {'ratio':>6}"
+    )
     for r in rows:
         for tier in ("host", "disk", "shared"):
             got = r.get(tier) or {}

@@ -77,14 +77,18 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="inferbus-kvtransport-"))
     server = NatsServer(work / "nats").start()
     try:
-        print(f"{'block':>9} | {'objstore put':>12} {'file write':>11} | "
-              f"{'objstore get':>12} {'file read':>10} | {'get / read':>10}")  # fmt: skip
+        print(
+            f"{'block':>9} | {'objstore put':>12} {'file write':>11} | "
+            f"{'objstore get':>12} {'file read':>10} | {'get / read':>10}"
+        )
         for size in map(int, args.sizes.split(",")):
             r = asyncio.run(run(server.url, work / "files", size, args.blocks))
             mb = 1e6
-            print(f"{size:>9} | {r['objstore_put'] / mb:>10.0f}MB {r['file_write'] / mb:>9.0f}MB"
-                  f" | {r['objstore_get'] / mb:>10.0f}MB {r['file_read'] / mb:>8.0f}MB"
-                  f" | {r['objstore_get'] / r['file_read']:>10.3f}")  # fmt: skip
+            print(
+                f"{size:>9} | {r['objstore_put'] / mb:>10.0f}MB {r['file_write'] / mb:>9.0f}MB"
+                f" | {r['objstore_get'] / mb:>10.0f}MB {r['file_read'] / mb:>8.0f}MB"
+                f" | {r['objstore_get'] / r['file_read']:>10.3f}"
+            )
         print("reads:", "cold (page cache dropped)" if r["cold"] else "warm (page cache)")
     finally:
         server.stop()

@@ -23,10 +23,23 @@ def nats_auth(creds_file: str = "") -> dict[str, str]:
 def new_tenant(state: Path, nats_url: str, tenant: str = "bench") -> str:
     """A tenant's credentials on a closed bus (``inferbus creds new``); its path."""
     made = subprocess.run(
-        [sys.executable, "-m", "inferbus.cli", "creds", "new", "--tenant", tenant,
-         "--state-dir", str(state), "--nats-url", nats_url],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "inferbus.cli",
+            "creds",
+            "new",
+            "--tenant",
+            tenant,
+            "--state-dir",
+            str(state),
+            "--nats-url",
+            nats_url,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return made.stdout.strip()
 
 

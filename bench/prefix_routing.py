@@ -129,9 +129,14 @@ async def run_workload(client: Client, run: Run, systems: list[str], turns: int,
 async def measure(mode: str, a: argparse.Namespace, systems: list[str]) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix=f"ib-prefix-{mode}-") as tmp:
         state = Path(tmp)
-        args = ["--engine", "vllm", "--workers", str(a.workers),
-                f"--worker-arg=--kv-cache-blocks={a.kv_cache_blocks}",
-                "--worker-arg=--max-num-seqs=8"]  # fmt: skip
+        args = [
+            "--engine",
+            "vllm",
+            "--workers",
+            str(a.workers),
+            f"--worker-arg=--kv-cache-blocks={a.kv_cache_blocks}",
+            "--worker-arg=--max-num-seqs=8",
+        ]
         if mode == "text":
             args.append("--sanitizer-arg=--tokenizers=")
         proc, nats_url, _ = start_up(state, *args)
@@ -186,8 +191,10 @@ def main() -> None:
     e, t = results["exact"], results["text"]
     ratio = e["engine_hit_rate"] / t["engine_hit_rate"] if t["engine_hit_rate"] else None
     shown = None if ratio is None else round(ratio, 3)
-    print(f"engine hit rate exact/text: {shown}; false hits (requests): "
-          f"exact {e['false_hit_requests']}, text {t['false_hit_requests']}")  # fmt: skip
+    print(
+        f"engine hit rate exact/text: {shown}; false hits (requests): "
+        f"exact {e['false_hit_requests']}, text {t['false_hit_requests']}"
+    )
     print(json.dumps({"results": results, "hit_rate_ratio": ratio}))
 
 

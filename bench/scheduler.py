@@ -455,8 +455,14 @@ def main() -> None:
         default=1e9,
         help="the scheduler's queue timeout (default: none; the queue limit still refuses)",
     )
-    for name in ("short_reserve", "long_per_worker", "long_wait_bound_s", "reserve_above_tokens",
-                 "reserve_release_s", "long_prefill_tokens"):  # fmt: skip
+    for name in (
+        "short_reserve",
+        "long_per_worker",
+        "long_wait_bound_s",
+        "reserve_above_tokens",
+        "reserve_release_s",
+        "long_prefill_tokens",
+    ):
         p.add_argument(
             "--" + name.replace("_", "-"), type=float, default=None, help="the policy's (tests)"
         )

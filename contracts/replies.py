@@ -76,7 +76,7 @@ class ReplyReader:
         "received",
         "request_id",
         "whole",
-    )  # fmt: skip
+    )
 
     def __init__(self, request_id: str, *, whole: bool = True) -> None:
         self.request_id = request_id
@@ -137,8 +137,12 @@ class ReplyReader:
 
     def _restart(self, attempt: int) -> None:
         self.attempt, self.next_seq, self.received, self.lost, self.passed = (
-            attempt, 0, 0, 0, 0,
-        )  # fmt: skip
+            attempt,
+            0,
+            0,
+            0,
+            0,
+        )
 
     def _count(self, chunk: TokenChunk) -> None:
         if chunk.seq > self.next_seq:

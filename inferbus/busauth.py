@@ -74,21 +74,40 @@ class Permissions:
 
 # JetStream's API, as far as each needs it (deleting and purging is the operator's)
 JS_PROVISION = Permissions(
-    publish=("$JS.API.INFO", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.INFO.*",
-             "$JS.API.STREAM.CREATE.*", "$JS.API.STREAM.UPDATE.*"),
-)  # fmt: skip
+    publish=(
+        "$JS.API.INFO",
+        "$JS.API.STREAM.NAMES",
+        "$JS.API.STREAM.INFO.*",
+        "$JS.API.STREAM.CREATE.*",
+        "$JS.API.STREAM.UPDATE.*",
+    ),
+)
 JS_CONSUME = Permissions(
-    publish=("$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.DURABLE.CREATE.>",
-             "$JS.API.CONSUMER.INFO.>", "$JS.API.CONSUMER.DELETE.>", "$JS.ACK.>", "$JS.FC.>"),
-)  # fmt: skip
+    publish=(
+        "$JS.API.CONSUMER.CREATE.>",
+        "$JS.API.CONSUMER.DURABLE.CREATE.>",
+        "$JS.API.CONSUMER.INFO.>",
+        "$JS.API.CONSUMER.DELETE.>",
+        "$JS.ACK.>",
+        "$JS.FC.>",
+    ),
+)
 
-REGISTRY_READ: tuple[str, ...] = (*(
-    f"$JS.API.{api}.{stream}{tail}"
-    for stream in (f"KV_{MODEL_REGISTRY}", f"OBJ_{MODEL_ARTIFACTS}")
-    for api, tail in (("STREAM.MSG.GET", ""), ("DIRECT.GET", ".>"), ("CONSUMER.CREATE", ""),
-                      ("CONSUMER.CREATE", ".>"), ("CONSUMER.INFO", ".>"),
-                      ("CONSUMER.DELETE", ".>"))
-), "$JS.FC.>")  # fmt: skip
+REGISTRY_READ: tuple[str, ...] = (
+    *(
+        f"$JS.API.{api}.{stream}{tail}"
+        for stream in (f"KV_{MODEL_REGISTRY}", f"OBJ_{MODEL_ARTIFACTS}")
+        for api, tail in (
+            ("STREAM.MSG.GET", ""),
+            ("DIRECT.GET", ".>"),
+            ("CONSUMER.CREATE", ""),
+            ("CONSUMER.CREATE", ".>"),
+            ("CONSUMER.INFO", ".>"),
+            ("CONSUMER.DELETE", ".>"),
+        )
+    ),
+    "$JS.FC.>",
+)
 """Reading the model registry and artifacts (the KV bucket and Object Store behind them):
 get, and the ordered consumers the Object Store streams chunks through."""
 
@@ -107,18 +126,25 @@ REPLIES = Permissions(publish=(f"{REPLY_PREFIX}.>", "ib.filter.>", "_INBOX.>"))
 
 def service_permissions(own: Permissions, service: str, instance: str, user: str) -> Permissions:
     return (SERVICE_BASE + own).filled(
-        service=service, instance=instance, user=user,
-        dead_letters=dead_letter_subject(service), status=status_subject(service),
-    )  # fmt: skip
+        service=service,
+        instance=instance,
+        user=user,
+        dead_letters=dead_letter_subject(service),
+        status=status_subject(service),
+    )
 
 
 def supervisor_permissions(supervisor: str, user: str) -> Permissions:
     # answers by explicit grant: a scale command adds users, and the reload it triggers
     # forgets the pending responses allow_responses would have let through
-    return (JS_PROVISION + Permissions(
-        publish=("_INBOX.>",),
-        subscribe=("_INBOX.{user}.>", supervisor_subject(supervisor)), responses=True,
-    )).filled(user=user)  # fmt: skip
+    return (
+        JS_PROVISION
+        + Permissions(
+            publish=("_INBOX.>",),
+            subscribe=("_INBOX.{user}.>", supervisor_subject(supervisor)),
+            responses=True,
+        )
+    ).filled(user=user)
 
 
 def tenant_permissions(tenant: str, user: str) -> Permissions:

@@ -161,8 +161,9 @@ def _supervisor_call(nats_url: str, supervisor: str, command: Any) -> Any:
             "is `inferbus up` running?"
         ) from None
     for p in state.processes:
-        click.echo(f"{p.name:<14} {p.state:<9} pid {p.pid:<8} restarts {p.restarts:<3} "
-                   f"http :{p.http_port}")  # fmt: skip
+        click.echo(
+            f"{p.name:<14} {p.state:<9} pid {p.pid:<8} restarts {p.restarts:<3} http :{p.http_port}"
+        )
     if state.error:
         raise click.ClickException(state.error)
     return state
@@ -424,8 +425,9 @@ def keys() -> None:
     default="standard",
     show_default=True,
 )
-@click.option("--metrics", is_flag=True,
-              help="It may read the gateway's /metrics (a Prometheus scrape key).")  # fmt: skip
+@click.option(
+    "--metrics", is_flag=True, help="It may read the gateway's /metrics (a Prometheus scrape key)."
+)
 def keys_new(
     name: str,
     tenant: str,
@@ -480,9 +482,12 @@ def certs() -> None:
 
 @certs.command("make")
 @click.argument("folder", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--host", "hosts", multiple=True,
-              help="A name or address clients reach the server by (default: localhost, "
-                   "127.0.0.1).")  # fmt: skip
+@click.option(
+    "--host",
+    "hosts",
+    multiple=True,
+    help="A name or address clients reach the server by (default: localhost, 127.0.0.1).",
+)
 @click.option("--days", default=365, show_default=True)
 def certs_make(folder: Path, hosts: tuple[str, ...], days: int) -> None:
     """Write a private CA (ca.pem, ca-key.pem) and a server certificate it signs
@@ -519,8 +524,9 @@ def _reload_bus(state_dir: Path, nats_url: str = "", new_creds: Path | None = No
         except (OSError, ValueError):
             pass
     if not reloaded:
-        click.echo("the embedded nats-server is not running: it reads them when it starts",
-                   err=True)  # fmt: skip
+        click.echo(
+            "the embedded nats-server is not running: it reads them when it starts", err=True
+        )
     elif new_creds is not None:
         _wait_accepted(nats_url, new_creds)
 
@@ -561,21 +567,44 @@ def _publish_tenant(nats_url: str, policy: Any) -> None:
 
 @creds.command("new")
 @click.option("--tenant", required=True, help="Letters, digits, '-' and '_'.")
-@click.option("--priority", type=click.Choice(["interactive", "standard", "batch"]),
-              default="standard", show_default=True)  # fmt: skip
+@click.option(
+    "--priority",
+    type=click.Choice(["interactive", "standard", "batch"]),
+    default="standard",
+    show_default=True,
+)
 @click.option("--model", "models", multiple=True, help="A model it may use (default: all).")
 @click.option("--max-tokens", default=0, show_default=True, help="Per request; 0: no cap.")
-@click.option("--input-policy", type=click.Choice(["", "block", "flag", "off"]), default="",
-              help="Input checks for its requests (default: the deployment's).")  # fmt: skip
-@click.option("--mask-pii/--no-mask-pii", default=None,
-              help="Mask PII in its output (default: the deployment's, on).")  # fmt: skip
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also copy the credentials file here.")  # fmt: skip
+@click.option(
+    "--input-policy",
+    type=click.Choice(["", "block", "flag", "off"]),
+    default="",
+    help="Input checks for its requests (default: the deployment's).",
+)
+@click.option(
+    "--mask-pii/--no-mask-pii",
+    default=None,
+    help="Mask PII in its output (default: the deployment's, on).",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also copy the credentials file here.",
+)
 @_state_dir_option
 @click.option("--nats-url", envvar="NATS_URL", default=DEFAULT_NATS_URL, show_default=True)
-def creds_new(tenant: str, priority: str, models: tuple[str, ...], max_tokens: int,
-              input_policy: str, mask_pii: bool | None, out: Path | None, state_dir: Path,
-              nats_url: str) -> None:  # fmt: skip
+def creds_new(
+    tenant: str,
+    priority: str,
+    models: tuple[str, ...],
+    max_tokens: int,
+    input_policy: str,
+    mask_pii: bool | None,
+    out: Path | None,
+    state_dir: Path,
+    nats_url: str,
+) -> None:
     """Issue a tenant's NATS credentials: it may submit on its own subject and read its
     own replies, and its requests run with this record's priority and policies, whatever
     they say. Prints the credentials file's path (mode 0600); pass it to a client as
@@ -591,9 +620,18 @@ def creds_new(tenant: str, priority: str, models: tuple[str, ...], max_tokens: i
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--tenant") from None
     _reload_bus(state_dir, nats_url, path)
-    _publish_tenant(nats_url, TenantPolicy(
-        tenant=tenant, priority=priority, models=list(models) or ["*"], max_tokens=max_tokens,
-        input_policy=input_policy, mask_pii=mask_pii, set_at=time.time()))  # fmt: skip
+    _publish_tenant(
+        nats_url,
+        TenantPolicy(
+            tenant=tenant,
+            priority=priority,
+            models=list(models) or ["*"],
+            max_tokens=max_tokens,
+            input_policy=input_policy,
+            mask_pii=mask_pii,
+            set_at=time.time(),
+        ),
+    )
     if out is not None:
         shutil.copyfile(path, out)
         out.chmod(0o600)
@@ -622,8 +660,12 @@ def creds_revoke(tenant: str, state_dir: Path, nats_url: str) -> None:
 
 @creds.command("stack")
 @click.argument("auth_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--replicas", multiple=True, metavar="SERVICE=N",
-              help="Instances of a scalable service (default: the service table's).")  # fmt: skip
+@click.option(
+    "--replicas",
+    multiple=True,
+    metavar="SERVICE=N",
+    help="Instances of a scalable service (default: the service table's).",
+)
 def creds_stack(auth_dir: Path, replicas: tuple[str, ...]) -> None:
     """The closed bus of a stack whose processes are fixed (compose): the operator and
     one user per service instance, named as `inferbus up` names them (gateway,
@@ -636,8 +678,10 @@ def creds_stack(auth_dir: Path, replicas: tuple[str, ...]) -> None:
     for item in replicas:
         name, _, n = item.partition("=")
         if name not in counts or not n.isdigit() or int(n) < 1:
-            raise click.BadParameter(f"{item!r}: SERVICE=N with a service of the table "
-                                     "and N >= 1", param_hint="--replicas")  # fmt: skip
+            raise click.BadParameter(
+                f"{item!r}: SERVICE=N with a service of the table and N >= 1",
+                param_hint="--replicas",
+            )
         if int(n) > 1 and not servicetable.get(name).scalable:
             raise click.BadParameter(f"{name} runs once", param_hint="--replicas")
         counts[name] = int(n)
@@ -651,8 +695,13 @@ def creds_stack(auth_dir: Path, replicas: tuple[str, ...]) -> None:
 
 @creds.command("k8s")
 @click.argument("auth_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--nats-replicas", type=click.IntRange(min=1), default=3, show_default=True,
-              help="The NATS StatefulSet's replicas (deploy/k8s/base/nats.yaml).")  # fmt: skip
+@click.option(
+    "--nats-replicas",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="The NATS StatefulSet's replicas (deploy/k8s/base/nats.yaml).",
+)
 def creds_k8s(auth_dir: Path, nats_replicas: int) -> None:
     """The closed bus of a Kubernetes deployment, as Secrets on standard output:
     `inferbus creds k8s DIR | kubectl -n inferbus apply -f -`. One NATS user per service

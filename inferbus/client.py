@@ -133,9 +133,10 @@ class Stream:
         except (nats.errors.Error, TimeoutError) as exc:  # no JetStream answer
             await self._close()
             failed = request_failed(
-                self.request_id, FailureCode.BUS_UNAVAILABLE,
+                self.request_id,
+                FailureCode.BUS_UNAVAILABLE,
                 f"the request could not be recorded ({type(exc).__name__}); submit it again",
-            )  # fmt: skip
+            )
             raise RequestError(failed, failed.reason) from None
         if ack.duplicate:
             await self._close()
@@ -150,10 +151,14 @@ class Stream:
 
     def lost(self) -> None:
         """The connection dropped while this stream was open."""
-        self._replies.put_nowait(RequestFailed(
-            request_id=self.request_id, code=FailureCode.BUS_UNAVAILABLE, retryable=True,
-            reason="the connection to NATS dropped while the request ran; submit it again",
-        ))  # fmt: skip
+        self._replies.put_nowait(
+            RequestFailed(
+                request_id=self.request_id,
+                code=FailureCode.BUS_UNAVAILABLE,
+                retryable=True,
+                reason="the connection to NATS dropped while the request ran; submit it again",
+            )
+        )
 
     def __aiter__(self) -> Stream:
         return self

@@ -53,8 +53,9 @@ def register(model: click.Group) -> None:
 
 @click.command()
 @click.argument("private_key", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--curve", type=click.Choice(["P-256", "P-384", "P-521"]), default="P-256",
-              show_default=True)  # fmt: skip
+@click.option(
+    "--curve", type=click.Choice(["P-256", "P-384", "P-521"]), default="P-256", show_default=True
+)
 def keygen(private_key: Path, curve: str) -> None:
     """Make a signing key pair: PRIVATE_KEY (keep it secret) and PRIVATE_KEY.pub (give it
     to workers: --trusted-keys)."""
@@ -70,18 +71,35 @@ def keygen(private_key: Path, curve: str) -> None:
 @click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--name", required=True, help="The model's served name (an adapter's own name).")
 @click.option("--version", "version", required=True)
-@click.option("--key", "key", type=click.Path(exists=True, dir_okay=False),
-              default=lambda: str(DEFAULT_SIGNING_KEY) if DEFAULT_SIGNING_KEY.exists() else None,
-              help="The private key that signs it (inferbus model keygen); default: "
-              f"{DEFAULT_SIGNING_KEY}, which `inferbus up` makes.")  # fmt: skip
+@click.option(
+    "--key",
+    "key",
+    type=click.Path(exists=True, dir_okay=False),
+    default=lambda: str(DEFAULT_SIGNING_KEY) if DEFAULT_SIGNING_KEY.exists() else None,
+    help="The private key that signs it (inferbus model keygen); default: "
+    f"{DEFAULT_SIGNING_KEY}, which `inferbus up` makes.",
+)
 @click.option("--base", default="", help="An adapter: the model name it applies to.")
-@click.option("--store", type=click.Choice(["object", "path"]), default="object",
-              show_default=True, help="object: the files go into the JetStream Object Store. "
-              "path: they stay in --location, a volume every worker mounts.")  # fmt: skip
+@click.option(
+    "--store",
+    type=click.Choice(["object", "path"]),
+    default="object",
+    show_default=True,
+    help="object: the files go into the JetStream Object Store. "
+    "path: they stay in --location, a volume every worker mounts.",
+)
 @click.option("--location", default="", help="--store path: the folder workers read.")
 @nats_option
-def push(folder: Path, name: str, version: str, key: str | None, base: str, store: str,
-         location: str, nats_url: str) -> None:  # fmt: skip
+def push(
+    folder: Path,
+    name: str,
+    version: str,
+    key: str | None,
+    base: str,
+    store: str,
+    location: str,
+    nats_url: str,
+) -> None:
     """Sign FOLDER (OpenSSF model-signing, ECDSA key) and push it as NAME@VERSION."""
     from inferbus.shared import modelstore
 
@@ -90,8 +108,9 @@ def push(folder: Path, name: str, version: str, key: str | None, base: str, stor
     from inferbus.shared.signing import sign_folder
 
     try:
-        manifest = modelstore.manifest_of(folder, name, version, base_model=base,
-                                          pushed_by=getpass.getuser())  # fmt: skip
+        manifest = modelstore.manifest_of(
+            folder, name, version, base_model=base, pushed_by=getpass.getuser()
+        )
     except modelstore.RegistryError as exc:
         raise click.ClickException(str(exc)) from None
     with tempfile.TemporaryDirectory() as tmp:
@@ -112,8 +131,10 @@ def push(folder: Path, name: str, version: str, key: str | None, base: str, stor
     except modelstore.RegistryError as exc:
         raise click.ClickException(str(exc)) from None
     mb = pushed.size_bytes / 1e6
-    click.echo(f"{pushed.ref}  {pushed.kind}  {len(pushed.files)} files  {mb:.1f} MB  "
-               f"shape {pushed.shape}  signed  ({pushed.store})")  # fmt: skip
+    click.echo(
+        f"{pushed.ref}  {pushed.kind}  {len(pushed.files)} files  {mb:.1f} MB  "
+        f"shape {pushed.shape}  signed  ({pushed.store})"
+    )
 
 
 @click.command("list")
@@ -143,8 +164,10 @@ def list_cmd(name: str, nats_url: str) -> None:
         mark = "*" if currents.get(v.name) == v.version else " "
         extra = f" on {v.base_model}" if v.base_model else ""
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(v.pushed_at))
-        click.echo(f"{mark} {v.ref:<32} {v.kind}{extra:<16} {v.size_bytes / 1e6:8.1f} MB  "
-                   f"{v.quantization or '-':<16} {when}")  # fmt: skip
+        click.echo(
+            f"{mark} {v.ref:<32} {v.kind}{extra:<16} {v.size_bytes / 1e6:8.1f} MB  "
+            f"{v.quantization or '-':<16} {when}"
+        )
 
 
 async def read_decisions(js: Any, name: str, last: int = 0) -> list[Any]:
@@ -171,8 +194,13 @@ async def read_decisions(js: Any, name: str, last: int = 0) -> list[Any]:
         if len(out) >= total or msg.metadata.num_pending == 0:
             done.set()
 
-    sub = await js.subscribe(subject, stream="IB_DELIVERY", cb=on, ordered_consumer=True,
-                             deliver_policy=DeliverPolicy.ALL)  # fmt: skip
+    sub = await js.subscribe(
+        subject,
+        stream="IB_DELIVERY",
+        cb=on,
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.ALL,
+    )
     try:
         await asyncio.wait_for(done.wait(), timeout=10.0)
     finally:
@@ -185,9 +213,11 @@ def _show(d: Any) -> str:
     figures = ""
     if d.candidate.samples:
         c, b = d.candidate, d.baseline
-        figures = (f"  [new: {c.samples} req, ttft p95 {c.ttft_p95 * 1000:.0f} ms, "
-                   f"itl p95 {c.itl_p95 * 1000:.1f} ms, errors {c.error_rate:.1%}; current: "
-                   f"{b.samples} req, ttft p95 {b.ttft_p95 * 1000:.0f} ms]")  # fmt: skip
+        figures = (
+            f"  [new: {c.samples} req, ttft p95 {c.ttft_p95 * 1000:.0f} ms, "
+            f"itl p95 {c.itl_p95 * 1000:.1f} ms, errors {c.error_rate:.1%}; current: "
+            f"{b.samples} req, ttft p95 {b.ttft_p95 * 1000:.0f} ms]"
+        )
     ref = f"{d.model}@{d.version}" if d.version else f"{d.model} (--model)"
     return f"{when}  {ref}  {d.action:<8} {d.weight:>4.0%}  {d.reason}{figures}"
 
@@ -195,8 +225,12 @@ def _show(d: Any) -> str:
 @click.command()
 @click.argument("name")
 @click.option("--last", default=20, show_default=True, help="Decisions shown (0: all).")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object: current, versions, "
-              "decisions (the audit trail, oldest first).")  # fmt: skip
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object: current, versions, decisions (the audit trail, oldest first).",
+)
 @nats_option
 def status(name: str, last: int, as_json: bool, nats_url: str) -> None:
     """NAME's current version, its versions, its rollout and the latest decisions."""
@@ -217,11 +251,15 @@ def status(name: str, last: int, as_json: bool, nats_url: str) -> None:
 
         from inferbus.shared.codec import to_builtins
 
-        click.echo(json.dumps({
-            "current": to_builtins(current) if current else None,
-            "versions": [to_builtins(v) for v in versions],
-            "decisions": [to_builtins(d) for d in decisions],
-        }))  # fmt: skip
+        click.echo(
+            json.dumps(
+                {
+                    "current": to_builtins(current) if current else None,
+                    "versions": [to_builtins(v) for v in versions],
+                    "decisions": [to_builtins(d) for d in decisions],
+                }
+            )
+        )
         return
     own = "(each worker's own --model)"
     now = (current.version or own) if current else own
@@ -281,18 +319,29 @@ def _duration(text: str) -> float:
     help="Workers that load a full model's new version first.",
 )
 @click.option(
-    "--canary/--no-canary", default=True, show_default=True,
+    "--canary/--no-canary",
+    default=True,
+    show_default=True,
     help="--no-canary: every worker loads it at once (one worker, or an urgent fix); "
     "refused swaps still roll it back.",
-)  # fmt: skip
+)
 @click.option(
     "--wait/--no-wait", default=False, help="Follow the rollout's decisions until it ends."
 )
 @click.option("--timeout", default="1h", show_default=True, help="With --wait: give up after.")
 @nats_option
-def deploy(ref: str, steps: str, interval: str, slo: str, min_samples: int,
-           canary_workers: int, canary: bool, wait: bool, timeout: str,
-           nats_url: str) -> None:  # fmt: skip
+def deploy(
+    ref: str,
+    steps: str,
+    interval: str,
+    slo: str,
+    min_samples: int,
+    canary_workers: int,
+    canary: bool,
+    wait: bool,
+    timeout: str,
+    nats_url: str,
+) -> None:
     """Roll NAME@VERSION out: canary workers load it, its share of traffic rises step by
     step while it meets the SLO, and it is promoted, or rolled back the moment it does
     not (by the delivery service; every decision is recorded)."""
@@ -304,16 +353,25 @@ def deploy(ref: str, steps: str, interval: str, slo: str, min_samples: int,
         pcts = [float(s) for s in steps.split(",") if s.strip()]
     except ValueError:
         raise click.BadParameter(f"steps {steps!r}: percentages, comma-separated") from None
-    req = DeployRequest(model=name, version=version, steps=pcts, interval_s=_duration(interval),
-                        slo=_slo(slo), min_samples=min_samples, canary_workers=canary_workers,
-                        canary=canary,
-                        requested_by=getpass.getuser(), requested_at=time.time())  # fmt: skip
+    req = DeployRequest(
+        model=name,
+        version=version,
+        steps=pcts,
+        interval_s=_duration(interval),
+        slo=_slo(slo),
+        min_samples=min_samples,
+        canary_workers=canary_workers,
+        canary=canary,
+        requested_by=getpass.getuser(),
+        requested_at=time.time(),
+    )
 
     async def run() -> int:
         async with _bus(nats_url, "inferbus-model-deploy") as js:
             seen = len(await read_decisions(js, name))
-            await publish_durable(js, delivery_command_subject(name), req,
-                                  request_id=f"deploy-{name}")  # fmt: skip
+            await publish_durable(
+                js, delivery_command_subject(name), req, request_id=f"deploy-{name}"
+            )
             click.echo(f"deploy {ref}: asked")
             if not wait:
                 return 0
@@ -353,11 +411,16 @@ def rollback(name: str, reason: str, nats_url: str) -> None:
     async def run() -> None:
         async with _bus(nats_url, "inferbus-model-rollback") as js:
             await publish_durable(
-                js, delivery_command_subject(name),
-                RollbackRequest(model=name, reason=reason, requested_by=getpass.getuser(),
-                                requested_at=time.time()),
+                js,
+                delivery_command_subject(name),
+                RollbackRequest(
+                    model=name,
+                    reason=reason,
+                    requested_by=getpass.getuser(),
+                    requested_at=time.time(),
+                ),
                 request_id=f"rollback-{name}",
-            )  # fmt: skip
+            )
 
     asyncio.run(run())
     click.echo(f"rollback {name}: asked (`inferbus model status {name}` shows the decision)")
@@ -366,9 +429,13 @@ def rollback(name: str, reason: str, nats_url: str) -> None:
 @click.command()
 @click.argument("name")
 @click.argument("level", type=click.Choice(["hot", "warm", "cold"]))
-@click.option("--window", "windows", multiple=True,
-              help="HH:MM-HH:MM=LEVEL (UTC): another level inside the window, e.g. "
-              "--window 22:00-06:00=warm (hot by day, warm by night).")  # fmt: skip
+@click.option(
+    "--window",
+    "windows",
+    multiple=True,
+    help="HH:MM-HH:MM=LEVEL (UTC): another level inside the window, e.g. "
+    "--window 22:00-06:00=warm (hot by day, warm by night).",
+)
 @nats_option
 def residency(name: str, level: str, windows: tuple[str, ...], nats_url: str) -> None:
     """How workers keep NAME's versions: hot (loaded in the engine), warm (verified on
@@ -392,8 +459,9 @@ def residency(name: str, level: str, windows: tuple[str, ...], nats_url: str) ->
 
     async def run() -> None:
         async with _bus(nats_url, "inferbus-model-residency") as js:
-            await publish_durable(js, residency_subject(name), policy,
-                                  request_id=f"residency-{name}")  # fmt: skip
+            await publish_durable(
+                js, residency_subject(name), policy, request_id=f"residency-{name}"
+            )
 
     asyncio.run(run())
     click.echo(f"{name}: {level}" + "".join(f", {w}" for w in windows))
@@ -410,15 +478,16 @@ def residency(name: str, level: str, windows: tuple[str, ...], nats_url: str) ->
 )
 @click.option("--samples", default=32, show_default=True, help="Calibration texts.")
 @click.option("--rtn", is_flag=True, help="Round to nearest only: no activation-aware scales.")
-def quantize(src: Path, dst: Path, group_size: int, samples: int, rtn: bool) -> None:  # fmt: skip
+def quantize(src: Path, dst: Path, group_size: int, samples: int, rtn: bool) -> None:
     """Quantize the model at SRC to 4-bit AWQ (AutoAWQ gemm format, zero point) in DST,
     for vLLM (needs the engine's extra: torch and transformers)."""
     from inferbus.quantize import awq_quantize
 
     if dst.exists() and any(dst.iterdir()):
         raise click.ClickException(f"{dst} is not empty")
-    report = awq_quantize(src, dst, group_size=group_size, samples=samples,
-                          activation_aware=not rtn)  # fmt: skip
+    report = awq_quantize(
+        src, dst, group_size=group_size, samples=samples, activation_aware=not rtn
+    )
     for layer, rel in report.items():
         click.echo(f"  {layer:<40} output error {rel:.3f}x round-to-nearest's")
     click.echo(f"awq 4-bit g{group_size}  {dst}")

@@ -149,20 +149,28 @@ def awq_quantize(
     model = AutoModelForCausalLM.from_pretrained(src, torch_dtype=torch.float32)
     model.eval()
     layers = model.model.layers
-    for name, dim in (("hidden_size", config["hidden_size"]),
-                      ("intermediate_size", config["intermediate_size"])):  # fmt: skip
+    for name, dim in (
+        ("hidden_size", config["hidden_size"]),
+        ("intermediate_size", config["intermediate_size"]),
+    ):
         if dim % group_size or dim % 32:
-            raise ValueError(f"{name} {dim} must be a multiple of the group size "
-                             f"({group_size}) and of 32 (vLLM's AWQ kernel)")  # fmt: skip
+            raise ValueError(
+                f"{name} {dim} must be a multiple of the group size "
+                f"({group_size}) and of 32 (vLLM's AWQ kernel)"
+            )
 
     # calibration: every decoder linear's input, captured by hooks
     inputs: dict[str, list[Any]] = {}
     hooks = []
     for n, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and ".layers." in n:
-            hooks.append(module.register_forward_hook(
-                lambda mod, args, out, n=n: inputs.setdefault(n, []).append(
-                    args[0].detach().reshape(-1, args[0].shape[-1]))))  # fmt: skip
+            hooks.append(
+                module.register_forward_hook(
+                    lambda mod, args, out, n=n: inputs.setdefault(n, []).append(
+                        args[0].detach().reshape(-1, args[0].shape[-1])
+                    )
+                )
+            )
     tok = AutoTokenizer.from_pretrained(src)
     with torch.no_grad():
         for text in calibration_texts(samples):
@@ -178,11 +186,14 @@ def awq_quantize(
             attn, mlp = layer.self_attn, layer.mlp
             p = f"model.layers.{i}."
             groups = [
-                (layer.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj],
-                 p + "self_attn.q_proj"),
+                (
+                    layer.input_layernorm,
+                    [attn.q_proj, attn.k_proj, attn.v_proj],
+                    p + "self_attn.q_proj",
+                ),
                 (layer.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj], p + "mlp.gate_proj"),
                 (mlp.up_proj, [mlp.down_proj], p + "mlp.down_proj"),
-            ]  # fmt: skip
+            ]
             if attn.v_proj.weight.shape[0] == attn.o_proj.weight.shape[1]:  # no GQA
                 groups.append((attn.v_proj, [attn.o_proj], p + "self_attn.o_proj"))
             for prev, linears, probe in groups:
@@ -203,8 +214,9 @@ def awq_quantize(
     return report
 
 
-def _write(model: Any, config: dict[str, Any], src: Path, dst: Path, group_size: int,
-           save_file: Any) -> None:  # fmt: skip
+def _write(
+    model: Any, config: dict[str, Any], src: Path, dst: Path, group_size: int, save_file: Any
+) -> None:
     import torch
 
     dst.mkdir(parents=True, exist_ok=True)
@@ -225,10 +237,13 @@ def _write(model: Any, config: dict[str, Any], src: Path, dst: Path, group_size:
         **config,
         "torch_dtype": "bfloat16",  # vLLM runs AWQ on the CPU in bfloat16, not float32
         "quantization_config": {
-            "quant_method": "awq", "bits": BITS, "group_size": group_size,
-            "zero_point": True, "version": "gemm",
+            "quant_method": "awq",
+            "bits": BITS,
+            "group_size": group_size,
+            "zero_point": True,
+            "version": "gemm",
         },
-    }  # fmt: skip
+    }
     (dst / "config.json").write_text(json.dumps(quantized, indent=2))
     for f in src.iterdir():  # tokenizer, generation config
         if f.is_file() and f.name not in ("config.json",) and f.suffix != ".safetensors":

@@ -20,16 +20,28 @@ HEARTBEAT_WAIT_S = 2.5
 
 
 @click.command()
-@click.option("-f", "--filename", "path", required=True,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="YAML (or JSON) with one or more LLMService documents.")  # fmt: skip
-@click.option("--scale-target", default="worker", show_default=True,
-              help="What runs the model's workers for the autoscaler: inferbus up's "
-              "scalable service; empty: leave the model's size alone.")  # fmt: skip
-@click.option("--rules-dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path(".inferbus") / "rules", show_default=True,
-              help="Where the Prometheus rule files of the services' stages and custom "
-              "metrics go.")  # fmt: skip
+@click.option(
+    "-f",
+    "--filename",
+    "path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="YAML (or JSON) with one or more LLMService documents.",
+)
+@click.option(
+    "--scale-target",
+    default="worker",
+    show_default=True,
+    help="What runs the model's workers for the autoscaler: inferbus up's "
+    "scalable service; empty: leave the model's size alone.",
+)
+@click.option(
+    "--rules-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".inferbus") / "rules",
+    show_default=True,
+    help="Where the Prometheus rule files of the services' stages and custom metrics go.",
+)
 @click.option(
     "--dry-run",
     is_flag=True,
@@ -49,15 +61,20 @@ def apply(path: Path, scale_target: str, rules_dir: Path, dry_run: bool, nats_ur
     if dry_run:
         for svc in services:
             s = render.service_settings(svc, scale_target=scale_target, set_by=by, now=now)
-            click.echo(json.dumps({"settings": msgspec.to_builtins(s),
-                                   "rules": render.prometheus_rules(svc)}, indent=2))  # fmt: skip
+            click.echo(
+                json.dumps(
+                    {"settings": msgspec.to_builtins(s), "rules": render.prometheus_rules(svc)},
+                    indent=2,
+                )
+            )
         return
     code = asyncio.run(_apply(services, scale_target, rules_dir, by, nats_url))
     raise SystemExit(code)
 
 
-async def _apply(services: list[Any], scale_target: str, rules_dir: Path, by: str,
-                 nats_url: str) -> int:  # fmt: skip
+async def _apply(
+    services: list[Any], scale_target: str, rules_dir: Path, by: str, nats_url: str
+) -> int:
     from inferbus.contracts import HEARTBEATS, WorkerHeartbeat
     from inferbus.llmservice import bus, render
     from inferbus.llmservice.render import DeploymentView
@@ -88,8 +105,9 @@ async def _apply(services: list[Any], scale_target: str, rules_dir: Path, by: st
                 click.echo(f"llmservice {svc.key}: refused: {taken}", err=True)
                 failed += 1
                 continue
-            synced = await bus.sync(js, svc, existing, scale_target=scale_target, asked=None,
-                                    set_by=by, now=time.time())  # fmt: skip
+            synced = await bus.sync(
+                js, svc, existing, scale_target=scale_target, asked=None, set_by=by, now=time.time()
+            )
             rules = render.rules_text(svc)
             rules_path = rules_dir / f"{svc.metadata.name}.rules.yml"
             await asyncio.to_thread(write_rules, rules_path, rules)
@@ -98,11 +116,13 @@ async def _apply(services: list[Any], scale_target: str, rules_dir: Path, by: st
             delivery = await bus.delivery_view(js, model) if req else synced.delivery
             workers = DeploymentView.from_heartbeats(beats.values(), model)
             st = render.status(svc, workers, delivery, "", time.time())
-            click.echo(f"llmservice {svc.key}: {'configured' if synced.changed else 'unchanged'}; "
-                       f"model {model}"
-                       + (f"; rollout of {req.version} asked" if req else "")
-                       + (f"; rules {rules_path}" if rules is not None else "")
-                       + f"\n  phase {st.phase}: {st.reason}: {st.message}")  # fmt: skip
+            click.echo(
+                f"llmservice {svc.key}: {'configured' if synced.changed else 'unchanged'}; "
+                f"model {model}"
+                + (f"; rollout of {req.version} asked" if req else "")
+                + (f"; rules {rules_path}" if rules is not None else "")
+                + f"\n  phase {st.phase}: {st.reason}: {st.message}"
+            )
         await sub.unsubscribe()
     finally:
         await nc.close()
@@ -110,10 +130,19 @@ async def _apply(services: list[Any], scale_target: str, rules_dir: Path, by: st
 
 
 @click.command()
-@click.option("-f", "--filename", "path", required=True,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path))  # fmt: skip
-@click.option("--rules-dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path(".inferbus") / "rules", show_default=True)  # fmt: skip
+@click.option(
+    "-f",
+    "--filename",
+    "path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+)
+@click.option(
+    "--rules-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".inferbus") / "rules",
+    show_default=True,
+)
 @nats_option
 def delete(path: Path, rules_dir: Path, nats_url: str) -> None:
     """Stop serving FILE's LLMServices as declared: the autoscaler and the sanitizer go
@@ -170,8 +199,13 @@ def crd_cmd() -> None:
 
 
 @llmservice.command("render")
-@click.option("-f", "--filename", "path", required=True,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path))  # fmt: skip
+@click.option(
+    "-f",
+    "--filename",
+    "path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+)
 @click.option("--image", default="inferbus", show_default=True)
 def render_cmd(path: Path, image: str) -> None:
     """Print the Kubernetes objects the operator makes of FILE's LLMServices (YAML), for
@@ -193,12 +227,23 @@ def render_cmd(path: Path, image: str) -> None:
 
 @llmservice.command("operator")
 @nats_option
-@click.option("--kubeconfig", envvar="KUBECONFIG", default="",
-              help="Empty: the pod's service account.")  # fmt: skip
-@click.option("--namespace", "namespaces", multiple=True, envvar="INFERBUS_OPERATOR_NAMESPACES",
-              help="Watch these namespaces only (default: the whole cluster).")  # fmt: skip
-@click.option("--image", envvar="INFERBUS_IMAGE", default="inferbus", show_default=True,
-              help="The image the workers run.")  # fmt: skip
+@click.option(
+    "--kubeconfig", envvar="KUBECONFIG", default="", help="Empty: the pod's service account."
+)
+@click.option(
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    envvar="INFERBUS_OPERATOR_NAMESPACES",
+    help="Watch these namespaces only (default: the whole cluster).",
+)
+@click.option(
+    "--image",
+    envvar="INFERBUS_IMAGE",
+    default="inferbus",
+    show_default=True,
+    help="The image the workers run.",
+)
 @click.option(
     "--models-claim",
     default="models",
@@ -206,8 +251,14 @@ def render_cmd(path: Path, image: str) -> None:
     help="The ReadOnlyMany claim with the models' folders (mounted at /models).",
 )
 @click.option("--liveness", default="http://0.0.0.0:8080/healthz", show_default=True)
-def operator_cmd(nats_url: str, kubeconfig: str, namespaces: tuple[str, ...], image: str,
-                 models_claim: str, liveness: str) -> None:  # fmt: skip
+def operator_cmd(
+    nats_url: str,
+    kubeconfig: str,
+    namespaces: tuple[str, ...],
+    image: str,
+    models_claim: str,
+    liveness: str,
+) -> None:
     """Run the LLMService operator (kopf) against the cluster."""
     from inferbus.llmservice.render import Cluster
     from inferbus.operator.main import main as run_operator

@@ -93,15 +93,19 @@ class Platform:
 
     def spec(self, entry: servicetable.ServiceEntry, index: int) -> ProcessSpec:
         return ProcessSpec(
-            name=entry.instance_name(index), service=entry.name, index=index,
+            name=entry.instance_name(index),
+            service=entry.name,
+            index=index,
             stop_order=entry.stop_order,
-        )  # fmt: skip
+        )
 
     def nats_specs(self) -> list[ProcessSpec]:
         last = max(e.stop_order for e in servicetable.SERVICES) + 1
         one = len(self.nats) == 1
-        return [ProcessSpec(name=NATS if one else f"{NATS}-{i}", service=NATS, index=i,
-                            stop_order=last) for i in range(len(self.nats))]  # fmt: skip
+        return [
+            ProcessSpec(name=NATS if one else f"{NATS}-{i}", service=NATS, index=i, stop_order=last)
+            for i in range(len(self.nats))
+        ]
 
     def command(self, spec: ProcessSpec) -> Command:
         if spec.service == NATS:
@@ -122,8 +126,12 @@ class Platform:
             argv += self._engine_args()
             if self.cpus is not None:  # it moves its own threads once its engine runs
                 engine, services = self.cpus
-                argv += ["--engine-cpus", format_cpus(engine), "--service-cpus",
-                         format_cpus(services)]  # fmt: skip
+                argv += [
+                    "--engine-cpus",
+                    format_cpus(engine),
+                    "--service-cpus",
+                    format_cpus(services),
+                ]
                 cpus = None
         if entry.name == "autoscaler":
             argv += ["--models", f"{self.model}=worker", "--supervisor", self.o.supervisor]
@@ -404,11 +412,15 @@ def _banner(o: Options, base: str, up: Up) -> None:
         else f"  cpus      shared by engine and services ({up.platform.placement_off})"
     )
     if o.engine == "vllm":  # on a CPU the worker runs its engine below the services
-        _say("  priority  on a CPU, the engine's processes at the worker's --cpu-nice "
-             "(19 unless --worker-arg sets it)")  # fmt: skip
+        _say(
+            "  priority  on a CPU, the engine's processes at the worker's --cpu-nice "
+            "(19 unless --worker-arg sets it)"
+        )
     _say(f"  control   {supervisor_subject(o.supervisor)}   (inferbus ps, inferbus scale)")
-    _say(f"  models    signed with {signing_key(o.state_dir)} (inferbus model push finds it); "
-         "workers load only what verifies against its .pub")  # fmt: skip
+    _say(
+        f"  models    signed with {signing_key(o.state_dir)} (inferbus model push finds it); "
+        "workers load only what verifies against its .pub"
+    )
     auth = up.platform.auth
     _say(
         f"  bus       closed: each service its own NATS user; operator credentials in "
@@ -468,16 +480,26 @@ async def _run(o: Options) -> int:
             ports = [o.nats_port, *more[: o.nats_cluster - 1]]
             routes = route_password(o.state_dir / "auth")
             nats = cluster_of(
-                o.state_dir / "nats", ports, more[o.nats_cluster - 1 :], routes,
-                config_file=config, tls=tls,
-            )  # fmt: skip
+                o.state_dir / "nats",
+                ports,
+                more[o.nats_cluster - 1 :],
+                routes,
+                config_file=config,
+                tls=tls,
+            )
             for i, server in enumerate(nats):
                 server.pid_file = o.state_dir / f"nats-{i}.pid"
         else:
-            nats = [NatsServer(o.state_dir / "nats", port=o.nats_port, config_file=config,
-                               pid_file=o.state_dir / "nats.pid",
-                               tls_cert=tls[0] if tls else None,
-                               tls_key=tls[1] if tls else None)]  # fmt: skip
+            nats = [
+                NatsServer(
+                    o.state_dir / "nats",
+                    port=o.nats_port,
+                    config_file=config,
+                    pid_file=o.state_dir / "nats.pid",
+                    tls_cert=tls[0] if tls else None,
+                    tls_key=tls[1] if tls else None,
+                )
+            ]
         nats_url = ",".join(server.url for server in nats)
     platform = Platform(o, nats_url, model, served, nats)
     platform.auth = auth

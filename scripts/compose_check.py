@@ -38,8 +38,16 @@ sys.path.insert(0, str(ROOT))
 from inferbus.shared.natsserver import free_port  # noqa: E402
 from tests.testkit.otlp_sink import OtlpSink  # noqa: E402
 
-SERVICES = ["nats", "gateway", "sanitizer", "scheduler", "worker", "kvspill", "autoscaler",
-            "delivery"]  # fmt: skip
+SERVICES = [
+    "nats",
+    "gateway",
+    "sanitizer",
+    "scheduler",
+    "worker",
+    "kvspill",
+    "autoscaler",
+    "delivery",
+]
 TRACED = {"inferbus-gateway", "inferbus-sanitizer", "inferbus-scheduler", "inferbus-worker"}
 """The services a request passes through: each must export its part of the trace."""
 MODEL = "tiny-llama"
@@ -60,11 +68,14 @@ class Stack:
 
     def compose(self, *args: str, timeout: float = 900, check: bool = True) -> str:
         cmd = ["docker", "compose", "-p", self.project, *args]
-        done = subprocess.run(cmd, cwd=ROOT, env=self.env, capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
+        done = subprocess.run(
+            cmd, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
         if check and done.returncode != 0:
-            raise CheckFailed(f"{' '.join(cmd[3:])} exited {done.returncode}:\n"
-                              f"{done.stdout[-3000:]}{done.stderr[-3000:]}")  # fmt: skip
+            raise CheckFailed(
+                f"{' '.join(cmd[3:])} exited {done.returncode}:\n"
+                f"{done.stdout[-3000:]}{done.stderr[-3000:]}"
+            )
         return done.stdout
 
     def addresses(self) -> dict[str, str]:
@@ -81,13 +92,20 @@ class Stack:
 def chat(base: str, trace_id: str) -> tuple[str, str]:
     """One streamed chat completion with our trace id: (text, request id)."""
     prompt = "Say hello to the compose stack."
-    body = {"model": MODEL, "stream": True, "max_tokens": 16,
-            "messages": [{"role": "user", "content": prompt}]}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "stream": True,
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": prompt}],
+    }
     req = urllib.request.Request(
-        f"{base}/v1/chat/completions", json.dumps(body).encode(),
-        {"Content-Type": "application/json",
-         "traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"},
-    )  # fmt: skip
+        f"{base}/v1/chat/completions",
+        json.dumps(body).encode(),
+        {
+            "Content-Type": "application/json",
+            "traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01",
+        },
+    )
     text, finish = [], None
     with urllib.request.urlopen(req, timeout=120) as resp:
         request_id = resp.headers.get("x-request-id", "")
@@ -112,17 +130,23 @@ async def wait_for_trace(sink: OtlpSink, trace_id: str, timeout: float) -> dict[
         if TRACED <= set(by_service):
             return by_service
         if time.monotonic() > deadline:
-            raise CheckFailed(f"trace {trace_id}: spans from {sorted(by_service)} only, "
-                              f"{len(sink.spans)} spans in all; want {sorted(TRACED)}")  # fmt: skip
+            raise CheckFailed(
+                f"trace {trace_id}: spans from {sorted(by_service)} only, "
+                f"{len(sink.spans)} spans in all; want {sorted(TRACED)}"
+            )
         await asyncio.sleep(0.5)
 
 
 def prometheus_config(addresses: dict[str, str], ports: dict[str, int]) -> str:
     jobs = [
-        {"job_name": f"inferbus-{name}", "scrape_interval": "1s",
-         "static_configs": [{"targets": [f"{ip}:{ports.get(name, 9100)}"]}]}
-        for name, ip in sorted(addresses.items()) if name != "nats"
-    ]  # fmt: skip
+        {
+            "job_name": f"inferbus-{name}",
+            "scrape_interval": "1s",
+            "static_configs": [{"targets": [f"{ip}:{ports.get(name, 9100)}"]}],
+        }
+        for name, ip in sorted(addresses.items())
+        if name != "nats"
+    ]
     return json.dumps({"global": {"scrape_interval": "1s"}, "scrape_configs": jobs})
 
 
@@ -142,8 +166,9 @@ def check_metrics(addresses: dict[str, str], timeout: float) -> str:
         for name, ip in addresses.items():
             if name == "nats":
                 continue
-            with urllib.request.urlopen(f"http://{ip}:{ports.get(name, 9100)}/metrics",
-                                        timeout=5) as resp:  # fmt: skip
+            with urllib.request.urlopen(
+                f"http://{ip}:{ports.get(name, 9100)}/metrics", timeout=5
+            ) as resp:
                 body = resp.read().decode()
             if "inferbus_" not in body:
                 raise CheckFailed(f"{name}'s /metrics has no inferbus_ series")
@@ -153,10 +178,15 @@ def check_metrics(addresses: dict[str, str], timeout: float) -> str:
         config.write_text(prometheus_config(addresses, ports))
         port = free_port()
         proc = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp}/data",
-             f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp}/data",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + timeout
         try:
@@ -172,8 +202,10 @@ def check_metrics(addresses: dict[str, str], timeout: float) -> str:
                 if healthy >= jobs and total >= 1:
                     return f"Prometheus scraped {len(jobs)} services; {want} = {total:g}"
                 if time.monotonic() > deadline:
-                    raise CheckFailed(f"Prometheus: up for {sorted(healthy)} of "
-                                      f"{sorted(jobs)}; {want} = {total:g}")  # fmt: skip
+                    raise CheckFailed(
+                        f"Prometheus: up for {sorted(healthy)} of "
+                        f"{sorted(jobs)}; {want} = {total:g}"
+                    )
                 time.sleep(1)
         finally:
             proc.terminate()
@@ -201,15 +233,26 @@ def check_closed_bus(stack: Stack) -> None:
 async def run(args: argparse.Namespace) -> None:
     sink = await OtlpSink(host="0.0.0.0").start()
     port = args.port or free_port()
-    env = {**os.environ, "INFERBUS_IMAGE": args.image, "INFERBUS_PORT": str(port),
-           "INFERBUS_OTLP_ENDPOINT": f"http://host.docker.internal:{sink.port}",
-           "INFERBUS_TRACE_KEEP_RATIO": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "INFERBUS_IMAGE": args.image,
+        "INFERBUS_PORT": str(port),
+        "INFERBUS_OTLP_ENDPOINT": f"http://host.docker.internal:{sink.port}",
+        "INFERBUS_TRACE_KEEP_RATIO": "1",
+    }
     stack = Stack(args.project, env)
     started = time.monotonic()
     try:
         say(f"up: {' '.join(SERVICES)} (project {args.project}, gateway on :{port})")
-        stack.compose("up", "-d", "--wait", "--wait-timeout", str(args.timeout), *SERVICES,
-                      timeout=args.timeout + 120)  # fmt: skip
+        stack.compose(
+            "up",
+            "-d",
+            "--wait",
+            "--wait-timeout",
+            str(args.timeout),
+            *SERVICES,
+            timeout=args.timeout + 120,
+        )
         say(f"healthy in {time.monotonic() - started:.0f} s")
         trace_id = secrets.token_hex(16)
         t0 = time.monotonic()

@@ -103,10 +103,15 @@ def scan_blocks(root: Path) -> list[StoredBlock]:
                     st = entry.stat()
                 except OSError:
                     continue  # removed meanwhile
-                found.append(StoredBlock(
-                    f"{ns.name}:{entry.name[:-3]}", Path(entry.path),
-                    st.st_size - HEADER_BYTES, st.st_atime, st.st_mtime,
-                ))  # fmt: skip
+                found.append(
+                    StoredBlock(
+                        f"{ns.name}:{entry.name[:-3]}",
+                        Path(entry.path),
+                        st.st_size - HEADER_BYTES,
+                        st.st_atime,
+                        st.st_mtime,
+                    )
+                )
     found.sort(key=lambda b: b.mtime)
     return found
 

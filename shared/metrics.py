@@ -220,18 +220,20 @@ KV_SPILL_SAVES = Counter(
     "inferbus_kv_spill_saves_total", "KV blocks saved to a spill tier", ["worker", "tier"]
 )
 KV_SPILL_SAVED_BYTES = Counter(
-    "inferbus_kv_spill_saved_bytes_total", "Bytes of KV blocks saved to a spill tier",
+    "inferbus_kv_spill_saved_bytes_total",
+    "Bytes of KV blocks saved to a spill tier",
     ["worker", "tier"],
-)  # fmt: skip
+)
 KV_SPILL_RESTORES = Counter(
     "inferbus_kv_spill_restores_total",
     "KV blocks restored from a spill tier instead of computed",
     ["worker", "tier"],
 )
 KV_SPILL_RESTORED_BYTES = Counter(
-    "inferbus_kv_spill_restored_bytes_total", "Bytes of KV blocks restored from a spill tier",
+    "inferbus_kv_spill_restored_bytes_total",
+    "Bytes of KV blocks restored from a spill tier",
     ["worker", "tier"],
-)  # fmt: skip
+)
 KV_SPILL_RESTORE_SECONDS = Counter(
     "inferbus_kv_spill_restore_seconds_total",
     "Time spent reading restored blocks from a spill tier",

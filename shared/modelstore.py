@@ -36,10 +36,17 @@ from inferbus.shared.codec import decode, encode
 
 _VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _SHAPE_KEYS = (
-    "architectures", "hidden_size", "intermediate_size", "num_hidden_layers",
-    "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
-    "tie_word_embeddings", "quantization_config",
-)  # fmt: skip
+    "architectures",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "tie_word_embeddings",
+    "quantization_config",
+)
 
 
 class RegistryError(Exception):
@@ -79,9 +86,14 @@ def quantization_of(config: dict[str, object]) -> str:
 
 
 _TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-    "vocab.json", "merges.txt", "added_tokens.json",
-)  # fmt: skip
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+)
 
 
 class Shape(msgspec.Struct, kw_only=True, frozen=True):
@@ -105,8 +117,9 @@ def shape_of(folder: str | Path) -> Shape | None:
     config = json.loads(config_path.read_text())
     if adapter:
         key: dict[str, object] = {
-            "r": config.get("r"), "target_modules": sorted(config.get("target_modules") or [])
-        }  # fmt: skip
+            "r": config.get("r"),
+            "target_modules": sorted(config.get("target_modules") or []),
+        }
     else:
         key = {k: config.get(k) for k in _SHAPE_KEYS}
         key["tokenizer"] = {n: _sha256(root / n) for n in _TOKENIZER_FILES if (root / n).is_file()}
@@ -257,8 +270,10 @@ async def push(
         return known
     if store == "path":
         if not location or not Path(location).is_absolute():
-            raise RegistryError("--store path needs --location, an absolute folder every "
-                                "worker mounts at the same path")  # fmt: skip
+            raise RegistryError(
+                "--store path needs --location, an absolute folder every "
+                "worker mounts at the same path"
+            )
     elif store == "object":
         root = Path(folder)
         for f in manifest.files:
@@ -349,8 +364,9 @@ async def get_object(js: JetStreamContext, obs: ObjectStore, name: str, target: 
                 await sub.unsubscribe()
     digest = "SHA-256=" + base64.urlsafe_b64encode(h.digest()).decode()
     if received != size or (info.digest and info.digest != digest):
-        raise RegistryError(f"{name}: got {received} of {size} bytes, digest {digest}, "
-                            f"expected {info.digest}")  # fmt: skip
+        raise RegistryError(
+            f"{name}: got {received} of {size} bytes, digest {digest}, expected {info.digest}"
+        )
 
 
 def evict(cache_dir: str | Path, mv: ModelVersion) -> None:

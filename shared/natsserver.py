@@ -82,12 +82,23 @@ def cluster_of(
     routes = tuple(f"nats://route:{password}@{host}:{p}" for p in route_ports)
     cert, key = tls or (None, None)
     return [
-        NatsServer(store_root / f"node-{i}", port=port, host=host, config_file=config_file,
-                   tls_cert=cert, tls_key=key,
-                   cluster=Cluster(name="inferbus", node=f"node-{i}", port=route_ports[i],
-                                   routes=routes, password=password))
+        NatsServer(
+            store_root / f"node-{i}",
+            port=port,
+            host=host,
+            config_file=config_file,
+            tls_cert=cert,
+            tls_key=key,
+            cluster=Cluster(
+                name="inferbus",
+                node=f"node-{i}",
+                port=route_ports[i],
+                routes=routes,
+                password=password,
+            ),
+        )
         for i, port in enumerate(ports)
-    ]  # fmt: skip
+    ]
 
 
 class NatsServer:

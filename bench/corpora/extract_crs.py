@@ -21,8 +21,10 @@ from typing import Any
 
 import yaml
 
-FAMILIES = (("REQUEST-941-APPLICATION-ATTACK-XSS", "xss", "941"),
-            ("REQUEST-942-APPLICATION-ATTACK-SQLI", "sqli", "942"))  # fmt: skip
+FAMILIES = (
+    ("REQUEST-941-APPLICATION-ATTACK-XSS", "xss", "941"),
+    ("REQUEST-942-APPLICATION-ATTACK-SQLI", "sqli", "942"),
+)
 
 
 def git(repo: str, *args: str) -> str:

@@ -149,13 +149,19 @@ async def run(args: argparse.Namespace) -> int:
     tenant = ""
     if args.creds:
         creds = await asyncio.to_thread(read_json, args.creds)
-        auth = {"user": creds["user"], "password": creds["password"],
-                "inbox_prefix": f"_INBOX.{creds['user']}"}  # fmt: skip
+        auth = {
+            "user": creds["user"],
+            "password": creds["password"],
+            "inbox_prefix": f"_INBOX.{creds['user']}",
+        }
         tenant = creds.get("tenant", "")
     nc = await nats.connect(
-        args.nats_url, name="inferbus-nats-example", max_reconnect_attempts=3, error_cb=quiet,
+        args.nats_url,
+        name="inferbus-nats-example",
+        max_reconnect_attempts=3,
+        error_cb=quiet,
         **auth,
-    )  # fmt: skip
+    )
     js = nc.jetstream()
     loop = asyncio.get_running_loop()
     request_id = args.request_id or uuid.uuid4().hex

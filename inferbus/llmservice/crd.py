@@ -11,8 +11,18 @@ import msgspec
 from .render import PHASES
 from .spec import GROUP, KIND, PLURAL, VERSION, LLMServiceSpec
 
-_KEEP = ("type", "description", "enum", "pattern", "minimum", "maximum", "minLength",
-         "maxLength", "default", "format")  # fmt: skip
+_KEEP = (
+    "type",
+    "description",
+    "enum",
+    "pattern",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "default",
+    "format",
+)
 
 
 def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:

@@ -35,13 +35,11 @@ def registry(op: Operator) -> kopf.OperatorRegistry:
     @kopf.on.resume(*resource, registry=reg)
     @kopf.on.create(*resource, registry=reg)
     @kopf.on.update(*resource, registry=reg)
-    async def reconcile(body: kopf.Body, status: kopf.Status, patch: kopf.Patch,
-                        **_: Any) -> None:  # fmt: skip
+    async def reconcile(body: kopf.Body, status: kopf.Status, patch: kopf.Patch, **_: Any) -> None:
         patch.status.update(await op.reconcile(dict(body), dict(status), time.time()))
 
     @kopf.timer(*resource, interval=RESYNC_S, idle=RESYNC_S, registry=reg)
-    async def resync(body: kopf.Body, status: kopf.Status, patch: kopf.Patch,
-                     **_: Any) -> None:  # fmt: skip
+    async def resync(body: kopf.Body, status: kopf.Status, patch: kopf.Patch, **_: Any) -> None:
         patch.status.update(await op.reconcile(dict(body), dict(status), time.time()))
 
     @kopf.on.delete(*resource, registry=reg)
@@ -63,9 +61,13 @@ def settings() -> kopf.OperatorSettings:
 
 
 async def run(
-    *, nats_url: str, kubeconfig: str, namespaces: list[str], cluster: render.Cluster,
+    *,
+    nats_url: str,
+    kubeconfig: str,
+    namespaces: list[str],
+    cluster: render.Cluster,
     liveness: str,
-) -> None:  # fmt: skip
+) -> None:
     nc = await connect(nats_url, "inferbus-operator", credentials_from_env())
     kube = await KubeApi.connect(kubeconfig)
     try:

@@ -67,8 +67,9 @@ class Operator:
         if synced.changed:
             log.info("settings published", llmservice=svc.key, model=model)
         if synced.request is not None:
-            log.info("rollout asked", llmservice=svc.key, model=model,
-                     version=synced.request.version)  # fmt: skip
+            log.info(
+                "rollout asked", llmservice=svc.key, model=model, version=synced.request.version
+            )
         view = render.DeploymentView.of(workers)
         st = render.status(svc, view, synced.delivery, str(previous.get("phase") or ""), now)
         out = render.status_fields(st, previous, generation, now)

@@ -125,8 +125,10 @@ class SupervisorCore:
         for p in self.processes.values():
             if p.state == "stopping" and not p.killed and now >= p.kill_at:
                 p.killed = True
-                effects += [Note(f"{p.spec.name} did not stop in time; killing it"),
-                            Kill(p.spec.name)]  # fmt: skip
+                effects += [
+                    Note(f"{p.spec.name} did not stop in time; killing it"),
+                    Kill(p.spec.name),
+                ]
             elif p.state == "backoff" and now >= p.next_start and self.shutdown is None:
                 p.state, p.started_at = "starting", now
                 effects.append(Start(p.spec))

@@ -95,9 +95,12 @@ class Processes:
             log = self._logs[spec.name] = await asyncio.to_thread(open_log, cmd.log_path)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *cmd.argv, env=cmd.env, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                *cmd.argv,
+                env=cmd.env,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         except OSError as exc:  # the binary is gone: treated as a crash, retried with backoff
             self._say(f"{spec.name} could not start: {exc}")
             await self.apply(self.core.on_exit(spec.name, None, time.monotonic()))

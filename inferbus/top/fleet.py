@@ -187,10 +187,14 @@ def rollout_rows(now: Snapshot) -> list[RolloutRow]:
             continue
         for model, r in as_mapping(inst.status.get("rollouts")).items():
             r = as_mapping(r)
-            rows.append(RolloutRow(
-                model=str(model), version=str(r.get("version", "?")),
-                phase=str(r.get("phase", "?")), weight=as_float(r.get("weight")),
-                workers=as_strings(r.get("workers")),
-            ))  # fmt: skip
+            rows.append(
+                RolloutRow(
+                    model=str(model),
+                    version=str(r.get("version", "?")),
+                    phase=str(r.get("phase", "?")),
+                    weight=as_float(r.get("weight")),
+                    workers=as_strings(r.get("workers")),
+                )
+            )
     over = ("done", "rolled_back", "failed")
     return sorted(rows, key=lambda r: (r.phase in over, r.model))

@@ -151,12 +151,24 @@ def services_table(view: View) -> Table:
 
 
 def rollouts_table(view: View) -> Table:
-    table = _table("Rollouts", "model", "version", "phase", "on new", "canary workers",
-                   text=("version", "phase", "canary workers"))  # fmt: skip
+    table = _table(
+        "Rollouts",
+        "model",
+        "version",
+        "phase",
+        "on new",
+        "canary workers",
+        text=("version", "phase", "canary workers"),
+    )
     styles = {"rolled_back": "red", "failed": "red", "done": "dim"}
     for r in view.rollouts:
-        table.add_row(r.model, r.version, Text(r.phase, style=styles.get(r.phase, "")),
-                      _share(r.weight), ", ".join(r.workers) or "all of the base")  # fmt: skip
+        table.add_row(
+            r.model,
+            r.version,
+            Text(r.phase, style=styles.get(r.phase, "")),
+            _share(r.weight),
+            ", ".join(r.workers) or "all of the base",
+        )
     return table
 
 

@@ -210,9 +210,14 @@ class AutoscalerService(Service[AutoscalerSettings]):
             self.actuator.set_target(model, record.scale_target)
         except ValueError as exc:  # decided and recorded; carrying out fails, said each tick
             log.warning("llmservice scale target refused", model=model, error=str(exc))
-        log.info("llmservice record", model=model, service=record.service,
-                 target=record.scale_target, min=record.scaling.min_replicas,
-                 max=record.scaling.max_replicas)  # fmt: skip
+        log.info(
+            "llmservice record",
+            model=model,
+            service=record.service,
+            target=record.scale_target,
+            min=record.scaling.min_replicas,
+            max=record.scaling.max_replicas,
+        )
         return new
 
     async def _on_service(self, data: bytes) -> None:

@@ -197,8 +197,12 @@ class DeliveryCore:
         if isinstance(ev, RequestFinished):
             t = ev.timings
             n = ev.usage.completion_tokens
-            outcome = Outcome(at=now, ttft=t.first_token_s,
-                              itl=t.decode_s / (n - 1) if n > 1 else 0.0, error=False)  # fmt: skip
+            outcome = Outcome(
+                at=now,
+                ttft=t.first_token_s,
+                itl=t.decode_s / (n - 1) if n > 1 else 0.0,
+                error=False,
+            )
         elif http_status(ev.code) >= 500:  # the platform's fault, not the client's
             outcome = Outcome(at=now, ttft=0.0, itl=0.0, error=True)
         else:
@@ -223,19 +227,30 @@ class DeliveryCore:
         try:
             rollout = self._new_rollout(req, candidate, current, baseline_model, now)
         except DeployRefused as exc:
-            return Effects(decisions=[RolloutDecision(
-                model=req.model, version=req.version, action="failed", reason=str(exc),
-                previous=current.version if current else "", decided_at=now)])  # fmt: skip
+            return Effects(
+                decisions=[
+                    RolloutDecision(
+                        model=req.model,
+                        version=req.version,
+                        action="failed",
+                        reason=str(exc),
+                        previous=current.version if current else "",
+                        decided_at=now,
+                    )
+                ]
+            )
         self.rollouts[req.model] = rollout
         effects = Effects(changed=[req.model])
         if not self._serving(req.model) or not req.canary:  # straight in
-            why = (f"first version of {req.model}: no worker serves it yet, so no canary"
-                   if req.canary else "no canary, as asked")  # fmt: skip
+            why = (
+                f"first version of {req.model}: no worker serves it yet, so no canary"
+                if req.canary
+                else "no canary, as asked"
+            )
             rollout.step = len(rollout.steps) - 1  # all of it, at once
             start = self._decision(rollout, "start", now, f"{why}: every worker loads it now")
             effects.decisions.append(start)
-            return effects.extend(self._promote(rollout, now, VersionOutcomes(),
-                                                VersionOutcomes()))  # fmt: skip
+            return effects.extend(self._promote(rollout, now, VersionOutcomes(), VersionOutcomes()))
         steps = ", ".join(f"{s:g}%" for s in rollout.steps)
         reason = (
             f"{rollout.ref} replaces {rollout.model}@{rollout.baseline or '(--model)'}: "
@@ -245,9 +260,14 @@ class DeliveryCore:
         effects.decisions.append(self._decision(rollout, "start", now, reason))
         return effects.extend(self._place(rollout, now))
 
-    def _new_rollout(self, req: DeployRequest, candidate: ModelVersion | None,
-                     current: ModelCurrent | None, baseline_model: ModelVersion | None,
-                     now: float) -> Rollout:  # fmt: skip
+    def _new_rollout(
+        self,
+        req: DeployRequest,
+        candidate: ModelVersion | None,
+        current: ModelCurrent | None,
+        baseline_model: ModelVersion | None,
+        now: float,
+    ) -> Rollout:
         if candidate is None:
             raise DeployRefused(f"{req.model}@{req.version} is not in the registry (push it)")
         running = self.rollouts.get(req.model)
@@ -265,24 +285,34 @@ class DeliveryCore:
         except ValueError as exc:
             raise DeployRefused(str(exc)) from None
         if candidate.kind == "adapter" and not self._serving(candidate.base_model):
-            raise DeployRefused(f"no worker serves {candidate.base_model}, the base of "
-                                f"{candidate.ref}")  # fmt: skip
+            raise DeployRefused(
+                f"no worker serves {candidate.base_model}, the base of {candidate.ref}"
+            )
         if candidate.kind == "model":
             serving = self._serving(req.model)
             if not serving:
-                raise DeployRefused(f"no worker serves {req.model}: a new model needs workers "
-                                    "of its own (start them with --model)")  # fmt: skip
+                raise DeployRefused(
+                    f"no worker serves {req.model}: a new model needs workers "
+                    "of its own (start them with --model)"
+                )
             if len(serving) < 2 and req.canary:
                 raise DeployRefused(
                     f"a canary of a full model needs two workers serving {req.model} or more "
                     f"(one keeps the current version), found {len(serving)}: scale up first"
                 )
         return Rollout(
-            model=req.model, candidate=candidate, baseline=current.version if current else "",
-            baseline_model=baseline_model, steps=steps, interval_s=max(0.0, req.interval_s),
-            slo=dict(req.slo), min_samples=max(1, req.min_samples),
-            canary_workers=max(1, req.canary_workers), started_at=now, phase_since=now,
-        )  # fmt: skip
+            model=req.model,
+            candidate=candidate,
+            baseline=current.version if current else "",
+            baseline_model=baseline_model,
+            steps=steps,
+            interval_s=max(0.0, req.interval_s),
+            slo=dict(req.slo),
+            min_samples=max(1, req.min_samples),
+            canary_workers=max(1, req.canary_workers),
+            started_at=now,
+            phase_since=now,
+        )
 
     def rollback(
         self,
@@ -298,25 +328,49 @@ class DeliveryCore:
         if rollout is not None and rollout.active:
             return self._roll_back(rollout, now, f"by hand: {req.reason}")
         if current is None:
-            return Effects(decisions=[RolloutDecision(
-                model=req.model, version="", action="failed", decided_at=now,
-                reason=f"{req.model} has no registry version to roll back from")])  # fmt: skip
+            return Effects(
+                decisions=[
+                    RolloutDecision(
+                        model=req.model,
+                        version="",
+                        action="failed",
+                        decided_at=now,
+                        reason=f"{req.model} has no registry version to roll back from",
+                    )
+                ]
+            )
         back = ModelDelivery(
             delivery_id=_delivery_id(),
-            model=_target(current.previous, previous_model,
-                          like=current_model or ModelVersion(name=req.model, version="")),
-            role="current", reason=f"rollback by hand: {req.reason}", issued_at=now)  # fmt: skip
+            model=_target(
+                current.previous,
+                previous_model,
+                like=current_model or ModelVersion(name=req.model, version=""),
+            ),
+            role="current",
+            reason=f"rollback by hand: {req.reason}",
+            issued_at=now,
+        )
         return Effects(
             deliveries=[back],
-            current=ModelCurrent(name=req.model, version=current.previous,
-                                 previous=current.version, reason=f"rollback: {req.reason}",
-                                 set_at=now),
-            decisions=[RolloutDecision(
-                model=req.model, version=current.previous, previous=current.version,
-                action="rollback", decided_at=now,
-                reason=f"by hand ({req.reason}): {req.model}@{current.version} → "
-                       f"{req.model}@{current.previous or '(--model)'}")],
-        )  # fmt: skip
+            current=ModelCurrent(
+                name=req.model,
+                version=current.previous,
+                previous=current.version,
+                reason=f"rollback: {req.reason}",
+                set_at=now,
+            ),
+            decisions=[
+                RolloutDecision(
+                    model=req.model,
+                    version=current.previous,
+                    previous=current.version,
+                    action="rollback",
+                    decided_at=now,
+                    reason=f"by hand ({req.reason}): {req.model}@{current.version} → "
+                    f"{req.model}@{current.previous or '(--model)'}",
+                )
+            ],
+        )
 
     # -- answers and time ------------------------------------------------------------------
 
@@ -326,13 +380,17 @@ class DeliveryCore:
         if rollout is None or not rollout.active or ev.delivery_id != rollout.delivery_id:
             return Effects()
         if not ev.ok and rollout.phase == "promoting":
-            return self._fail(rollout, now, f"worker {ev.worker_id} refused the promoted "
-                              f"{ev.model}: {ev.code}: {ev.reason}")  # fmt: skip
+            return self._fail(
+                rollout,
+                now,
+                f"worker {ev.worker_id} refused the promoted {ev.model}: {ev.code}: {ev.reason}",
+            )
         if rollout.phase != "placing":
             return Effects()
         if not ev.ok:
-            return self._fail(rollout, now, f"worker {ev.worker_id} refused {ev.model}: "
-                                            f"{ev.code}: {ev.reason}")  # fmt: skip
+            return self._fail(
+                rollout, now, f"worker {ev.worker_id} refused {ev.model}: {ev.code}: {ev.reason}"
+            )
         if ev.worker_id not in rollout.answered:
             rollout.answered.append(ev.worker_id)
         return self._maybe_start_steps(rollout, now)
@@ -340,8 +398,9 @@ class DeliveryCore:
     def tick(self, now: float) -> Effects:
         effects = Effects()
         self.fleet.expire(now)
-        horizon = now - max(self.policy.window_s, *(r.interval_s for r in self.rollouts.values()
-                                                    if r.active), 0.0)  # fmt: skip
+        horizon = now - max(
+            self.policy.window_s, *(r.interval_s for r in self.rollouts.values() if r.active), 0.0
+        )
         for q in self.outcomes.values():
             while q and q[0].at < horizon - 1.0:
                 q.popleft()
@@ -373,21 +432,32 @@ class DeliveryCore:
             n = min(rollout.canary_workers, len(serving) - 1)
             rollout.workers = serving[:n]
         delivery = ModelDelivery(
-            delivery_id=rollout.delivery_id, model=rollout.candidate, role="candidate",
-            workers=list(rollout.workers), reason=f"canary of {rollout.ref}",
-            issued_at=now)  # fmt: skip
+            delivery_id=rollout.delivery_id,
+            model=rollout.candidate,
+            role="candidate",
+            workers=list(rollout.workers),
+            reason=f"canary of {rollout.ref}",
+            issued_at=now,
+        )
         rollout.phase, rollout.phase_since = "placing", now
         where = ", ".join(rollout.workers) or f"every worker of {rollout.candidate.base_model}"
-        return Effects(deliveries=[delivery], changed=[rollout.model],
-                       decisions=[self._decision(rollout, "place", now,
-                                                 f"loading {rollout.ref} on {where}")])  # fmt: skip
+        return Effects(
+            deliveries=[delivery],
+            changed=[rollout.model],
+            decisions=[self._decision(rollout, "place", now, f"loading {rollout.ref} on {where}")],
+        )
 
     def _check_placing(self, rollout: Rollout, now: float) -> Effects:
         effects = self._maybe_start_steps(rollout, now)
         if rollout.phase == "placing" and now - rollout.phase_since > self.policy.place_timeout_s:
-            return effects.extend(self._fail(
-                rollout, now, f"the canary workers did not load {rollout.ref} within "
-                              f"{self.policy.place_timeout_s:g} s"))  # fmt: skip
+            return effects.extend(
+                self._fail(
+                    rollout,
+                    now,
+                    f"the canary workers did not load {rollout.ref} within "
+                    f"{self.policy.place_timeout_s:g} s",
+                )
+            )
         return effects
 
     def _canary_ready(self, rollout: Rollout) -> list[str]:
@@ -409,10 +479,16 @@ class DeliveryCore:
         w = rollout.weight
         return Effects(
             canary=CanaryWeights(model=rollout.model, weights={rollout.ref: w}, set_at=now),
-            decisions=[self._decision(rollout, "step", now, f"{reason}; {w:.0%} of "
-                                      f"{rollout.model}'s requests on {rollout.ref}")],
+            decisions=[
+                self._decision(
+                    rollout,
+                    "step",
+                    now,
+                    f"{reason}; {w:.0%} of {rollout.model}'s requests on {rollout.ref}",
+                )
+            ],
             changed=[rollout.model],
-        )  # fmt: skip
+        )
 
     def window(self, name: str, since: float) -> VersionOutcomes:
         return summarize(o for o in self.outcomes.get(name, ()) if o.at >= since)
@@ -429,9 +505,13 @@ class DeliveryCore:
         if cand.samples >= min(self.policy.breach_min_samples, rollout.min_samples):
             failed = breaches(cand, base, rollout.slo)
             if failed:
-                return self._roll_back(rollout, now, "SLO breached over the last "
-                                       f"{now - since:.0f} s: " + "; ".join(failed),
-                                       cand, base)  # fmt: skip
+                return self._roll_back(
+                    rollout,
+                    now,
+                    f"SLO breached over the last {now - since:.0f} s: " + "; ".join(failed),
+                    cand,
+                    base,
+                )
         if now - rollout.step_started_at < rollout.interval_s:
             return Effects()
         step_cand = self.window(rollout.ref, rollout.step_started_at)
@@ -440,38 +520,74 @@ class DeliveryCore:
             if rollout.held_reported:
                 return Effects()
             rollout.held_reported = True
-            return Effects(changed=[rollout.model], decisions=[self._decision(
-                rollout, "hold", now, f"{step_cand.samples} of {rollout.min_samples} requests "
-                f"on {rollout.ref} at {rollout.weight:.0%}: waiting for more",
-                step_cand, step_base)])  # fmt: skip
+            return Effects(
+                changed=[rollout.model],
+                decisions=[
+                    self._decision(
+                        rollout,
+                        "hold",
+                        now,
+                        f"{step_cand.samples} of {rollout.min_samples} requests "
+                        f"on {rollout.ref} at {rollout.weight:.0%}: waiting for more",
+                        step_cand,
+                        step_base,
+                    )
+                ],
+            )
         failed = breaches(step_cand, step_base, rollout.slo)
         if failed:
-            return self._roll_back(rollout, now, f"SLO breached over step {rollout.step + 1}: "
-                                   + "; ".join(failed), step_cand, step_base)  # fmt: skip
+            return self._roll_back(
+                rollout,
+                now,
+                f"SLO breached over step {rollout.step + 1}: " + "; ".join(failed),
+                step_cand,
+                step_base,
+            )
         if rollout.step + 1 < len(rollout.steps):
             rollout.step += 1
             rollout.step_started_at, rollout.held_reported = now, False
-            effects = self._set_step(rollout, now, f"step {rollout.step} passed "
-                                     f"({step_cand.samples} requests within the SLO)")  # fmt: skip
+            effects = self._set_step(
+                rollout,
+                now,
+                f"step {rollout.step} passed ({step_cand.samples} requests within the SLO)",
+            )
             effects.decisions[-1].candidate, effects.decisions[-1].baseline = step_cand, step_base
             return effects
         return self._promote(rollout, now, step_cand, step_base)
 
-    def _promote(self, rollout: Rollout, now: float, cand: VersionOutcomes,
-                 base: VersionOutcomes) -> Effects:  # fmt: skip
+    def _promote(
+        self, rollout: Rollout, now: float, cand: VersionOutcomes, base: VersionOutcomes
+    ) -> Effects:
         rollout.phase, rollout.phase_since = "promoting", now
         rollout.delivery_id = _delivery_id()
         everyone = ModelDelivery(
-            delivery_id=rollout.delivery_id, model=rollout.candidate, role="current",
-            reason=f"promote {rollout.ref}", issued_at=now)  # fmt: skip
+            delivery_id=rollout.delivery_id,
+            model=rollout.candidate,
+            role="current",
+            reason=f"promote {rollout.ref}",
+            issued_at=now,
+        )
         return Effects(
             deliveries=[everyone],
-            current=ModelCurrent(name=rollout.model, version=rollout.candidate.version,
-                                 previous=rollout.baseline, reason="promoted", set_at=now),
-            decisions=[self._decision(rollout, "promote", now, f"every step passed: "
-                                      f"{rollout.ref} becomes {rollout.model}", cand, base)],
+            current=ModelCurrent(
+                name=rollout.model,
+                version=rollout.candidate.version,
+                previous=rollout.baseline,
+                reason="promoted",
+                set_at=now,
+            ),
+            decisions=[
+                self._decision(
+                    rollout,
+                    "promote",
+                    now,
+                    f"every step passed: {rollout.ref} becomes {rollout.model}",
+                    cand,
+                    base,
+                )
+            ],
             changed=[rollout.model],
-        )  # fmt: skip
+        )
 
     def _check_promoted(self, rollout: Rollout, now: float) -> Effects:
         serving = self.fleet.ready(rollout.model)
@@ -482,26 +598,37 @@ class DeliveryCore:
         if not (done or late):
             return Effects()
         rollout.phase, rollout.phase_since = "done", now
-        reason = (f"every worker serving {rollout.model} is on {rollout.candidate.version}"
-                  if done else f"{self.policy.promote_timeout_s:g} s after promotion, "
-                  "some workers are not on the new version (see their swaps)")  # fmt: skip
+        reason = (
+            f"every worker serving {rollout.model} is on {rollout.candidate.version}"
+            if done
+            else f"{self.policy.promote_timeout_s:g} s after promotion, "
+            "some workers are not on the new version (see their swaps)"
+        )
         return Effects(
             canary=CanaryWeights(model=rollout.model, weights={}, set_at=now),
             decisions=[self._decision(rollout, "done", now, reason)],
             changed=[rollout.model],
         )
 
-    def _roll_back(self, rollout: Rollout, now: float, reason: str,
-                   cand: VersionOutcomes | None = None,
-                   base: VersionOutcomes | None = None) -> Effects:  # fmt: skip
+    def _roll_back(
+        self,
+        rollout: Rollout,
+        now: float,
+        reason: str,
+        cand: VersionOutcomes | None = None,
+        base: VersionOutcomes | None = None,
+    ) -> Effects:
         """Traffic back on the old version at once; the canary workers reload it."""
         promoted = rollout.phase == "promoting"
         rollout.phase, rollout.phase_since = "rolled_back", now
         back = ModelDelivery(
             delivery_id=_delivery_id(),
             model=_target(rollout.baseline, rollout.baseline_model, rollout.candidate),
-            role="current", workers=[] if promoted else list(rollout.workers),
-            reason=f"roll back {rollout.ref}: {reason}", issued_at=now)  # fmt: skip
+            role="current",
+            workers=[] if promoted else list(rollout.workers),
+            reason=f"roll back {rollout.ref}: {reason}",
+            issued_at=now,
+        )
         effects = Effects(
             deliveries=[back],
             canary=CanaryWeights(model=rollout.model, weights={}, set_at=now),
@@ -511,9 +638,13 @@ class DeliveryCore:
         if rollout.candidate.kind == "adapter":
             back.workers = []  # every worker of the base drops the candidate adapter
         if promoted:
-            effects.current = ModelCurrent(name=rollout.model, version=rollout.baseline,
-                                           previous=rollout.candidate.version,
-                                           reason=f"rolled back: {reason}", set_at=now)  # fmt: skip
+            effects.current = ModelCurrent(
+                name=rollout.model,
+                version=rollout.baseline,
+                previous=rollout.candidate.version,
+                reason=f"rolled back: {reason}",
+                set_at=now,
+            )
         return effects
 
     def _fail(self, rollout: Rollout, now: float, reason: str) -> Effects:
@@ -522,15 +653,28 @@ class DeliveryCore:
         effects.decisions[-1].action = "failed"
         return effects
 
-    def _decision(self, rollout: Rollout, action: str, now: float, reason: str,
-                  cand: VersionOutcomes | None = None,
-                  base: VersionOutcomes | None = None) -> RolloutDecision:  # fmt: skip
+    def _decision(
+        self,
+        rollout: Rollout,
+        action: str,
+        now: float,
+        reason: str,
+        cand: VersionOutcomes | None = None,
+        base: VersionOutcomes | None = None,
+    ) -> RolloutDecision:
         return RolloutDecision(
-            model=rollout.model, version=rollout.candidate.version, previous=rollout.baseline,
-            action=action, step=rollout.step if rollout.phase == "stepping" else 0,
-            weight=rollout.weight, reason=reason, candidate=cand or VersionOutcomes(),
-            baseline=base or VersionOutcomes(), workers=list(rollout.workers), decided_at=now,
-        )  # fmt: skip
+            model=rollout.model,
+            version=rollout.candidate.version,
+            previous=rollout.baseline,
+            action=action,
+            step=rollout.step if rollout.phase == "stepping" else 0,
+            weight=rollout.weight,
+            reason=reason,
+            candidate=cand or VersionOutcomes(),
+            baseline=base or VersionOutcomes(),
+            workers=list(rollout.workers),
+            decided_at=now,
+        )
 
 
 def _target(version: str, model: ModelVersion | None, like: ModelVersion) -> ModelVersion:

@@ -88,11 +88,16 @@ class DeliveryService(Service[DeliverySettings]):
         self._subs = [
             await nc.subscribe(HEARTBEATS, cb=self._on_heartbeat),
             # request ends from now on (each names the version that served it)
-            await js.subscribe(ENDED, stream="IB_REQUESTS", cb=self._on_ended,
-                               ordered_consumer=True, deliver_policy=DeliverPolicy.NEW),
+            await js.subscribe(
+                ENDED,
+                stream="IB_REQUESTS",
+                cb=self._on_ended,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.NEW,
+            ),
             await consume(nc, COMMANDS, self._on_command),
             await consume(nc, SWAPS, self._on_swapped),
-        ]  # fmt: skip
+        ]
         self._tick_task = asyncio.create_task(self._ticks(), name="ticks")
 
     async def drain(self) -> None:
@@ -107,12 +112,17 @@ class DeliveryService(Service[DeliverySettings]):
     def status(self) -> dict[str, Any]:
         return {
             "rollouts": {
-                m: {"version": r.candidate.version, "phase": r.phase, "step": r.step,
-                    "weight": r.weight, "workers": r.workers}
+                m: {
+                    "version": r.candidate.version,
+                    "phase": r.phase,
+                    "step": r.step,
+                    "weight": r.weight,
+                    "workers": r.workers,
+                }
                 for m, r in self.core.rollouts.items()
             },
             "workers": len(self.core.fleet),
-        }  # fmt: skip
+        }
 
     async def _restore(self) -> None:
         """Rollouts in flight when the last delivery process stopped resume here."""
@@ -129,8 +139,12 @@ class DeliveryService(Service[DeliverySettings]):
                 continue
             if rollout.active:
                 self.core.restore(rollout)
-                log.info("rollout resumed", model=rollout.model, version=rollout.candidate.version,
-                         phase=rollout.phase)  # fmt: skip
+                log.info(
+                    "rollout resumed",
+                    model=rollout.model,
+                    version=rollout.candidate.version,
+                    phase=rollout.phase,
+                )
 
     # -- inputs ----------------------------------------------------------------------------
 
@@ -159,11 +173,12 @@ class DeliveryService(Service[DeliverySettings]):
                 effects = self.core.deploy(cmd, candidate, current, base, now)
             else:
                 effects = self.core.rollback(
-                    cmd, current,
+                    cmd,
+                    current,
                     await self._version(cmd.model, current.version if current else ""),
                     await self._version(cmd.model, current.previous if current else ""),
                     now,
-                )  # fmt: skip
+                )
             await self._carry_out(effects)
         await msg.ack()
 
@@ -177,8 +192,16 @@ class DeliveryService(Service[DeliverySettings]):
         ev = await self._ctx.dead_letters.decode(msg, ModelSwapped, ack=True)
         if ev is None:
             return
-        log.info("swap answered", worker=ev.worker_id, model=ev.model, ok=ev.ok, mode=ev.mode,
-                 code=ev.code, reason=ev.reason, total_s=round(ev.total_s, 4))  # fmt: skip
+        log.info(
+            "swap answered",
+            worker=ev.worker_id,
+            model=ev.model,
+            ok=ev.ok,
+            mode=ev.mode,
+            code=ev.code,
+            reason=ev.reason,
+            total_s=round(ev.total_s, 4),
+        )
         async with self._lock:
             await self._carry_out(self.core.on_swapped(ev, time.time()))
         await msg.ack()
@@ -205,9 +228,13 @@ class DeliveryService(Service[DeliverySettings]):
         if effects.current is not None:
             await modelstore.set_current(js, effects.current)
         for d in effects.deliveries:
-            await publish_durable(js, delivery_load_subject(d.model.name), d,
-                                  request_id=f"delivery-{d.delivery_id}",
-                                  msg_id=f"delivery-{d.delivery_id}")  # fmt: skip
+            await publish_durable(
+                js,
+                delivery_load_subject(d.model.name),
+                d,
+                request_id=f"delivery-{d.delivery_id}",
+                msg_id=f"delivery-{d.delivery_id}",
+            )
         for decision in effects.decisions:
             await self._record(decision)
         kv = await modelstore.registry(js)
@@ -220,8 +247,17 @@ class DeliveryService(Service[DeliverySettings]):
     async def _record(self, decision: RolloutDecision) -> None:
         assert self._ctx
         metrics.ROLLOUT_DECISIONS.labels(decision.model, decision.action).inc()
-        log.info("rollout", model=decision.model, version=decision.version,
-                 action=decision.action, weight=decision.weight,
-                 reason=decision.reason)  # fmt: skip
-        await publish_durable(self._ctx.js, rollout_subject(decision.model), decision,
-                              request_id=f"rollout-{decision.model}")  # fmt: skip
+        log.info(
+            "rollout",
+            model=decision.model,
+            version=decision.version,
+            action=decision.action,
+            weight=decision.weight,
+            reason=decision.reason,
+        )
+        await publish_durable(
+            self._ctx.js,
+            rollout_subject(decision.model),
+            decision,
+            request_id=f"rollout-{decision.model}",
+        )

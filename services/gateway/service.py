@@ -191,10 +191,14 @@ class GatewayService(Service[GatewaySettings]):
         flight ends now with a retryable error, instead of waiting for its timeout."""
         for rid, queue in self._pending.items():
             self._lost.add(rid)
-            queue.put_nowait(RequestFailed(
-                request_id=rid, code=FailureCode.BUS_UNAVAILABLE, retryable=True,
-                reason="the gateway lost its connection to NATS mid-request; submit it again",
-            ))  # fmt: skip
+            queue.put_nowait(
+                RequestFailed(
+                    request_id=rid,
+                    code=FailureCode.BUS_UNAVAILABLE,
+                    retryable=True,
+                    reason="the gateway lost its connection to NATS mid-request; submit it again",
+                )
+            )
 
     async def _on_bus_back(self) -> None:
         """Stop the work nobody reads any more."""
@@ -272,8 +276,12 @@ class GatewayService(Service[GatewaySettings]):
         except ApiError as err:
             return _error_response(err, "")
         if not key.metrics:
-            refusal = ApiError(403, "this API key may not read /metrics (keys new --metrics)",
-                               type="permission_error", code="metrics_not_allowed")  # fmt: skip
+            refusal = ApiError(
+                403,
+                "this API key may not read /metrics (keys new --metrics)",
+                type="permission_error",
+                code="metrics_not_allowed",
+            )
             return _error_response(refusal, "")
         return None
 
@@ -420,9 +428,10 @@ class GatewayService(Service[GatewaySettings]):
             await asyncio.wait_for(read(), self.settings.body_timeout_s)
         except TimeoutError:
             raise ApiError(
-                408, f"the request body did not arrive within {self.settings.body_timeout_s:g}s",
+                408,
+                f"the request body did not arrive within {self.settings.body_timeout_s:g}s",
                 code="request_timeout",
-            ) from None  # fmt: skip
+            ) from None
         return b"".join(parts)
 
     async def _submit(
@@ -445,11 +454,13 @@ class GatewayService(Service[GatewaySettings]):
                 self._ctx.js, SUBMIT, event, request_id=rid, msg_id=rid, trace=trace.headers
             )
         except (nats.errors.Error, TimeoutError) as exc:  # no JetStream answer: a node
-            raise _Ended(failure_error(  # lost, a leader being elected, the bus away
-                FailureCode.BUS_UNAVAILABLE,
-                f"the request could not be recorded ({type(exc).__name__}); retry it",
-                retry_after=1.0,
-            )) from None  # fmt: skip
+            raise _Ended(
+                failure_error(  # lost, a leader being elected, the bus away
+                    FailureCode.BUS_UNAVAILABLE,
+                    f"the request could not be recorded ({type(exc).__name__}); retry it",
+                    retry_after=1.0,
+                )
+            ) from None
         if ack.duplicate:  # refused: the request under that id is another one
             raise _Ended(
                 failure_error(
@@ -640,9 +651,10 @@ _EVENT_ROOM = 16 * 1024
 
 def _too_large(limit: int) -> ApiError:
     return ApiError(
-        413, f"the request body is over {limit} bytes, the most the platform carries",
+        413,
+        f"the request body is over {limit} bytes, the most the platform carries",
         code="request_too_large",
-    )  # fmt: skip
+    )
 
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")

@@ -151,7 +151,7 @@ class KvSpillService(Service[KvSpillSettings]):
             ("vanished", scan.vanished),
         ):
             if n:
-                metrics.KV_SHARED_BLOCK_EVENTS.labels(kind).inc(n)  # fmt: skip
+                metrics.KV_SHARED_BLOCK_EVENTS.labels(kind).inc(n)
         if scan.evict:
             log.info("evicted shared KV blocks", blocks=len(scan.evict), used=scan.used_bytes)
 

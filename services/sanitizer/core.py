@@ -132,8 +132,9 @@ def model_settings(record: LLMServiceSettings) -> ModelSettings | None:
     policy = record.input_policy or None
     if policy is not None and policy not in ("block", "flag", "off"):
         raise ValueError(f"input policy {policy!r} (choose block, flag or off)")
-    return ModelSettings(input_policy=cast(Policy | None, policy),
-                         mask_output_pii=record.mask_output_pii)  # fmt: skip
+    return ModelSettings(
+        input_policy=cast(Policy | None, policy), mask_output_pii=record.mask_output_pii
+    )
 
 
 def with_models(flags: InputPolicies, models: Mapping[str, ModelSettings]) -> InputPolicies:
@@ -145,8 +146,9 @@ def with_models(flags: InputPolicies, models: Mapping[str, ModelSettings]) -> In
     return msgspec.structs.replace(flags, by_model=by_model)
 
 
-def masks_output(request: RequestSubmitted, models: Mapping[str, ModelSettings],
-                 default: bool) -> bool:  # fmt: skip
+def masks_output(
+    request: RequestSubmitted, models: Mapping[str, ModelSettings], default: bool
+) -> bool:
     """The API key's (or tenant's) choice, else the model's LLMService's, else the flag."""
     if request.mask_pii is not None:
         return request.mask_pii
@@ -341,8 +343,11 @@ class FilteredStream:
         if self.reader.attempt != self.attempt:
             # a new attempt restarts the text (the client drops the older attempt)
             self.attempt, self.masker, self.seq, self.tokens = (
-                self.reader.attempt, StreamMasker(), 0, 0,
-            )  # fmt: skip
+                self.reader.attempt,
+                StreamMasker(),
+                0,
+                0,
+            )
         out: list[ReplyEvent] = []
         if reading.chunk is not None:
             self.tokens += reading.chunk.tokens

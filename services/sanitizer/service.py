@@ -302,9 +302,13 @@ class SanitizerService(Service[SanitizerSettings]):
         self.rules = msgspec.structs.replace(
             self.rules, models=models, policies=with_models(self.flag_policies, models)
         )
-        log.info("llmservice record", model=record.model, service=record.service,
-                 input_policy=ms.input_policy if ms else None,
-                 mask_output_pii=ms.mask_output_pii if ms else None)  # fmt: skip
+        log.info(
+            "llmservice record",
+            model=record.model,
+            service=record.service,
+            input_policy=ms.input_policy if ms else None,
+            mask_output_pii=ms.mask_output_pii if ms else None,
+        )
 
     async def _check(self, msg: Msg) -> None:
         assert self._ctx

@@ -39,8 +39,13 @@ class Fail(msgspec.Struct, kw_only=True, frozen=True):
         cls, request: RequestSubmitted, code: FailureCode, reason: str, served_model: str = ""
     ) -> Fail:
         """Retryable as the contract's table says for ``code``."""
-        return cls(request=request, code=code, reason=reason, retryable=is_retryable(code),
-                   served_model=served_model)  # fmt: skip
+        return cls(
+            request=request,
+            code=code,
+            reason=reason,
+            retryable=is_retryable(code),
+            served_model=served_model,
+        )
 
 
 class Cancel(msgspec.Struct, kw_only=True, frozen=True):

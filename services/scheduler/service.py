@@ -428,9 +428,12 @@ class SchedulerService(Service[SchedulerSettings]):
             terminal: Any
             if isinstance(e, Fail):
                 terminal = RequestFailed(
-                    request_id=rid, code=e.code, reason=e.reason, retryable=e.retryable,
+                    request_id=rid,
+                    code=e.code,
+                    reason=e.reason,
+                    retryable=e.retryable,
                     served_model=e.served_model,
-                )  # fmt: skip
+                )
                 log.warning("request failed", request_id=rid, code=e.code, reason=e.reason)
             else:
                 assert isinstance(e, Cancel)

@@ -138,10 +138,14 @@ class Deliveries:
                 raise modelstore.RegistryError(f"{name}@{current.version} is not in the registry")
             return mv, await self._fetch_verified(mv)
         except Exception as exc:
-            log.error("the registry's current version cannot be loaded; starting on --model",
-                      model=name, error=str(exc))  # fmt: skip
-            await self._report("startup", f"{name}", CURRENT, ok=False, code=_code(exc),
-                               reason=str(exc))  # fmt: skip
+            log.error(
+                "the registry's current version cannot be loaded; starting on --model",
+                model=name,
+                error=str(exc),
+            )
+            await self._report(
+                "startup", f"{name}", CURRENT, ok=False, code=_code(exc), reason=str(exc)
+            )
             return None
 
     async def load_current_adapters(self) -> None:
@@ -163,8 +167,9 @@ class Deliveries:
             mv = await modelstore.get_version(self.js, current.name, current.version)
             if mv is None or mv.kind != "adapter" or mv.base_model != w.holding.model.name:
                 continue
-            at_start = ModelDelivery(delivery_id="startup", model=mv, role=CURRENT,
-                                     reason="current at start")  # fmt: skip
+            at_start = ModelDelivery(
+                delivery_id="startup", model=mv, role=CURRENT, reason="current at start"
+            )
             await self.deliver(at_start, time.perf_counter())
 
     async def _adapters_again(self) -> None:
@@ -175,18 +180,31 @@ class Deliveries:
         await asyncio.to_thread(preload)
         ctx = self.ctx
         name = "delivery-" + self.worker.worker_id.replace(".", "-")
-        self._subs.append(await ctx.js.subscribe(
-            DELIVERY_LOADS, stream="IB_DELIVERY", cb=self._on_delivery, manual_ack=True,
-            config=ConsumerConfig(name=name, deliver_policy=DeliverPolicy.NEW,
-                                  inactive_threshold=60.0),
-        ))  # fmt: skip
+        self._subs.append(
+            await ctx.js.subscribe(
+                DELIVERY_LOADS,
+                stream="IB_DELIVERY",
+                cb=self._on_delivery,
+                manual_ack=True,
+                config=ConsumerConfig(
+                    name=name, deliver_policy=DeliverPolicy.NEW, inactive_threshold=60.0
+                ),
+            )
+        )
         # residency policies: the latest of each, then every change
-        self._subs.append(await ctx.js.subscribe(
-            RESIDENCY_SUBJECTS, stream="IB_CONFIG", cb=self._on_residency, manual_ack=True,
-            config=ConsumerConfig(name="residency-" + name.removeprefix("delivery-"),
-                                  deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-                                  inactive_threshold=60.0),
-        ))  # fmt: skip
+        self._subs.append(
+            await ctx.js.subscribe(
+                RESIDENCY_SUBJECTS,
+                stream="IB_CONFIG",
+                cb=self._on_residency,
+                manual_ack=True,
+                config=ConsumerConfig(
+                    name="residency-" + name.removeprefix("delivery-"),
+                    deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                    inactive_threshold=60.0,
+                ),
+            )
+        )
         self._residency_task = asyncio.create_task(self._residency_clock(), name="residency")
 
     async def stop(self) -> None:
@@ -219,8 +237,14 @@ class Deliveries:
                 self._prefetch(delivery.model)
             if not decision.answer:
                 return None
-            return await self._report(delivery.delivery_id, ref, delivery.role, ok=False,
-                                      code="incompatible", reason=decision.reason)  # fmt: skip
+            return await self._report(
+                delivery.delivery_id,
+                ref,
+                delivery.role,
+                ok=False,
+                code="incompatible",
+                reason=decision.reason,
+            )
         w.loading = f"{ref} {decision.mode}"
         await w.send_heartbeat()
         fetch_s = verify_s = 0.0
@@ -238,12 +262,25 @@ class Deliveries:
             w.loading = ""
             await w.send_heartbeat()
             code = _code(exc)
-            log.error("delivery refused; still serving what it had", model=ref, code=code,
-                      error=str(exc), serving=w.holding.model.ref)  # fmt: skip
+            log.error(
+                "delivery refused; still serving what it had",
+                model=ref,
+                code=code,
+                error=str(exc),
+                serving=w.holding.model.ref,
+            )
             metrics.MODEL_SWAPS.labels(decision.mode, code).inc()
-            return await self._report(delivery.delivery_id, ref, delivery.role, ok=False,
-                                      mode=decision.mode, code=code, reason=str(exc),
-                                      fetch_s=fetch_s, verify_s=verify_s)  # fmt: skip
+            return await self._report(
+                delivery.delivery_id,
+                ref,
+                delivery.role,
+                ok=False,
+                mode=decision.mode,
+                code=code,
+                reason=str(exc),
+                fetch_s=fetch_s,
+                verify_s=verify_s,
+            )
         w.loading = ""
         await w.send_heartbeat()
         if decision.mode == "cold" and decision.unload:
@@ -254,12 +291,27 @@ class Deliveries:
         total = time.perf_counter() - arrived
         metrics.MODEL_SWAPS.labels(decision.mode, "ok").inc()
         metrics.MODEL_SWAP_SECONDS.labels(decision.mode).observe(total)
-        log.info("swapped", model=ref, role=delivery.role, mode=decision.mode,
-                 total_s=round(total, 4), fetch_s=round(fetch_s, 4),
-                 verify_s=round(verify_s, 4), swap_s=round(swap_s, 4))  # fmt: skip
-        return await self._report(delivery.delivery_id, ref, delivery.role, ok=True,
-                                  mode=decision.mode, fetch_s=fetch_s, verify_s=verify_s,
-                                  swap_s=swap_s, total_s=total)  # fmt: skip
+        log.info(
+            "swapped",
+            model=ref,
+            role=delivery.role,
+            mode=decision.mode,
+            total_s=round(total, 4),
+            fetch_s=round(fetch_s, 4),
+            verify_s=round(verify_s, 4),
+            swap_s=round(swap_s, 4),
+        )
+        return await self._report(
+            delivery.delivery_id,
+            ref,
+            delivery.role,
+            ok=True,
+            mode=decision.mode,
+            fetch_s=fetch_s,
+            verify_s=verify_s,
+            swap_s=swap_s,
+            total_s=total,
+        )
 
     def _prefetch(self, mv: ModelVersion) -> None:
         """A canary elsewhere: fetch and verify it now, so that a promotion here reads no
@@ -295,8 +347,9 @@ class Deliveries:
                 if attempt == 2 or not fetched.cached:
                     metrics.MODEL_SIGNATURE_FAILURES.inc()
                     raise
-        log.info("signature verified", model=mv.ref, key=Path(key).name,
-                 verify_s=round(verify_s, 4))  # fmt: skip
+        log.info(
+            "signature verified", model=mv.ref, key=Path(key).name, verify_s=round(verify_s, 4)
+        )
         return Verified(folder=str(fetched.folder), fetch_s=fetched.took_s, verify_s=verify_s)
 
     async def _swap(self, p: Plan) -> None:
@@ -337,8 +390,9 @@ class Deliveries:
         try:
             await engine.reload_weights(old.path)
         except Exception as exc:
-            log.error("the old weights could not be restored; the worker stops serving",
-                      error=str(exc))  # fmt: skip
+            log.error(
+                "the old weights could not be restored; the worker stops serving", error=str(exc)
+            )
             self.worker.fail(f"weights reload failed and could not be undone: {exc}")
 
     async def _kv_cleared(self) -> None:
@@ -349,8 +403,14 @@ class Deliveries:
 
     async def _report(self, delivery_id: str, ref: str, role: str, **fields: Any) -> ModelSwapped:
         ctx = self.ctx
-        ev = ModelSwapped(delivery_id=delivery_id, worker_id=self.worker.worker_id, model=ref,
-                          role=role, at=time.time(), **fields)  # fmt: skip
+        ev = ModelSwapped(
+            delivery_id=delivery_id,
+            worker_id=self.worker.worker_id,
+            model=ref,
+            role=role,
+            at=time.time(),
+            **fields,
+        )
         try:
             await ctx.js.publish(swapped_subject(self.worker.worker_id), encode(ev))
         except Exception as exc:
@@ -388,8 +448,9 @@ class Deliveries:
 
     async def apply_residency(self) -> None:
         w = self.worker
-        after, effects = apply_residency(w.holding, self.policies, time.time(),
-                                         frozenset(self.pinned))  # fmt: skip
+        after, effects = apply_residency(
+            w.holding, self.policies, time.time(), frozenset(self.pinned)
+        )
         for a in effects.pin:
             await w.engine.add_adapter(a.ref, a.path, preload=True)
             self.pinned.add(a.ref)
@@ -400,8 +461,11 @@ class Deliveries:
             await w.engine.remove_adapter(a.ref)
             modelstore.evict(self.cache_dir, _as_version(a))
         if effects.pin or effects.unpin or effects.drop:
-            log.info("residency applied", pinned=sorted(self.pinned),
-                     dropped=[a.ref for a in effects.drop])  # fmt: skip
+            log.info(
+                "residency applied",
+                pinned=sorted(self.pinned),
+                dropped=[a.ref for a in effects.drop],
+            )
         w.holding = after
 
 

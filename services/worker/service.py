@@ -132,10 +132,14 @@ def initial_holding(o: EngineOptions) -> Holding:
     its ``--lora-modules``."""
     shape = modelstore.shape_of(o.model) if Path(o.model).is_dir() else None
     return Holding(
-        model=Held(name=o.served_name, path=o.model, shape=shape.shape if shape else "",
-                   quantization=shape.quantization if shape else ""),
+        model=Held(
+            name=o.served_name,
+            path=o.model,
+            shape=shape.shape if shape else "",
+            quantization=shape.quantization if shape else "",
+        ),
         adapters=tuple(Held(name=n, path=p) for n, p in o.lora_modules.items()),
-    )  # fmt: skip
+    )
 
 
 class WorkerService(Service[WorkerSettings]):
@@ -189,9 +193,15 @@ class WorkerService(Service[WorkerSettings]):
             if current is not None:  # the registry's version, not the folder it was given
                 mv, verified = current
                 self.loading = f"{mv.ref} start"
-                self.holding = Holding(model=Held(
-                    name=mv.name, version=mv.version, shape=mv.shape,
-                    quantization=mv.quantization, path=verified.folder))  # fmt: skip
+                self.holding = Holding(
+                    model=Held(
+                        name=mv.name,
+                        version=mv.version,
+                        shape=mv.shape,
+                        quantization=mv.quantization,
+                        path=verified.folder,
+                    )
+                )
                 self.engine = self._build(self.holding.model)
         try:
             await self.engine.start()
@@ -234,14 +244,21 @@ class WorkerService(Service[WorkerSettings]):
         s = self.settings
         if s.model_cache_dir:
             return Path(s.model_cache_dir)
-        root = Path(s.state_dir) / "model-cache" if s.state_dir else Path(
-            tempfile.gettempdir()) / "inferbus-model-cache"  # fmt: skip
+        root = (
+            Path(s.state_dir) / "model-cache"
+            if s.state_dir
+            else Path(tempfile.gettempdir()) / "inferbus-model-cache"
+        )
         return root / subject_token(s.instance_id)
 
     def _build(self, held: Held) -> Engine:
         """An engine for a delivered model (its folder, served under its name)."""
-        o = msgspec.structs.replace(self.settings.engine_options, model=held.path,
-                                    served_model_name=held.name, lora_modules={})  # fmt: skip
+        o = msgspec.structs.replace(
+            self.settings.engine_options,
+            model=held.path,
+            served_model_name=held.name,
+            lora_modules={},
+        )
         return build_engine(self.settings, self.worker_id, self._publish_kv_events, o)
 
     @contextlib.asynccontextmanager

@@ -122,11 +122,14 @@ def plan(
         quantization=mv.quantization,
     )
     if not mv.version:
-        mine = [h for h in ((origin.model, *origin.adapters) if origin else ())
-                if h.name == mv.name]  # fmt: skip
+        mine = [
+            h for h in ((origin.model, *origin.adapters) if origin else ()) if h.name == mv.name
+        ]
         if not mine:
-            return Skip(reason=f"back to its own {mv.name!r}: this worker was not started "
-                        "with it", answer=addressed)  # fmt: skip
+            return Skip(
+                reason=f"back to its own {mv.name!r}: this worker was not started with it",
+                answer=addressed,
+            )
         new = msgspec.structs.replace(mine[0], role=delivery.role)
     if mv.kind == "adapter":
         if mv.base_model != holding.model.name:
@@ -140,8 +143,11 @@ def plan(
         return Skip(reason=f"for {mv.name!r} workers")
     old = holding.model
     if (old.name, old.version) == (mv.name, mv.version):
-        return Plan(mode="none", after=msgspec.structs.replace(holding, model=_keep_path(new, old)),
-                    load=_keep_path(new, old))  # fmt: skip
+        return Plan(
+            mode="none",
+            after=msgspec.structs.replace(holding, model=_keep_path(new, old)),
+            load=_keep_path(new, old),
+        )
     same_shape = bool(old.shape) and (old.shape, old.quantization) == (new.shape, new.quantization)
     if same_shape:
         # adapters of the same model still fit the same shapes
@@ -164,16 +170,24 @@ def _plan_adapter(holding: Holding, new: Held) -> Plan:
         # a candidate of it is over (promoted: this one; rolled back: dropped)
         unload = tuple(a for a in others if a.name == new.name and a.role == CANDIDATE)
         others = [
-            msgspec.structs.replace(a, role=KEPT) if a.name == new.name and a.role == CURRENT
-            else a
-            for a in others if a not in unload
-        ]  # fmt: skip
+            msgspec.structs.replace(a, role=KEPT) if a.name == new.name and a.role == CURRENT else a
+            for a in others
+            if a not in unload
+        ]
     if same:
         loaded = _keep_path(new, same[0])
-        return Plan(mode="none", after=Holding(model=holding.model,
-                    adapters=(*others, loaded)), load=loaded, unload=unload)  # fmt: skip
-    return Plan(mode="hot", after=Holding(model=holding.model, adapters=(*others, new)),
-                load=new, unload=unload)  # fmt: skip
+        return Plan(
+            mode="none",
+            after=Holding(model=holding.model, adapters=(*others, loaded)),
+            load=loaded,
+            unload=unload,
+        )
+    return Plan(
+        mode="hot",
+        after=Holding(model=holding.model, adapters=(*others, new)),
+        load=new,
+        unload=unload,
+    )
 
 
 def worth_prefetching(holding: Holding, mv: ModelVersion) -> bool:
@@ -237,8 +251,9 @@ class ResidencyEffects(msgspec.Struct, kw_only=True, frozen=True):
     """``kept`` adapters to stop serving and delete from the disk cache."""
 
 
-def apply_residency(holding: Holding, policies: dict[str, ModelResidency], now: float,
-                    pinned: frozenset[str]) -> tuple[Holding, ResidencyEffects]:  # fmt: skip
+def apply_residency(
+    holding: Holding, policies: dict[str, ModelResidency], now: float, pinned: frozenset[str]
+) -> tuple[Holding, ResidencyEffects]:
     """What the residency policies ask of the adapters now, given those ``pinned`` in
     the engine (by ref). The serving model is always loaded: a policy on it changes
     nothing here (its older versions are never held by a worker)."""

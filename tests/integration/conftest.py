@@ -60,8 +60,11 @@ def platform(nats_url: str, log_dir):
     # past its first heartbeat period, a model it has not heard of is 404, not 503
     probe = json.dumps({"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]})
     while time.monotonic() < deadline + 5:
-        req = urllib.request.Request(f"{gateway.base}/v1/chat/completions", data=probe.encode(),
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        req = urllib.request.Request(
+            f"{gateway.base}/v1/chat/completions",
+            data=probe.encode(),
+            headers={"Content-Type": "application/json"},
+        )
         try:
             urllib.request.urlopen(req, timeout=5)
         except urllib.error.HTTPError as err:

@@ -79,8 +79,13 @@ async def test_started_with_no_models_it_takes_one_from_an_llmservice_record(
     """It once refused to start without --models; an LLMService's record now brings a
     model at run time, and a removed record takes it away."""
     model = f"llms-{uuid.uuid4().hex[:6]}"
-    proc = ServiceProcess("autoscaler", nats_url, log_dir, "--actuator", "none",
-                          name=f"autoscaler-{model}").start().wait_ready()  # fmt: skip
+    proc = (
+        ServiceProcess(
+            "autoscaler", nats_url, log_dir, "--actuator", "none", name=f"autoscaler-{model}"
+        )
+        .start()
+        .wait_ready()
+    )
     nc = await nats.connect(nats_url)
     try:
         js = nc.jetstream()
@@ -96,9 +101,12 @@ async def test_started_with_no_models_it_takes_one_from_an_llmservice_record(
         await js.subscribe(scale_subject(model), cb=on_decision, ordered_consumer=True)
         await nc.subscribe(SCALING_STATUS, cb=on_status)
         record = LLMServiceSettings(
-            service="chat", model=model, scale_target="anywhere",
-            scaling=ScalingSettings(min_replicas=2, max_replicas=3), set_at=time.time(),
-        )  # fmt: skip
+            service="chat",
+            model=model,
+            scale_target="anywhere",
+            scaling=ScalingSettings(min_replicas=2, max_replicas=3),
+            set_at=time.time(),
+        )
         await publish_durable(js, llmservice_subject(model), record, request_id="t")
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and not any(d.desired == 2 for d in decisions):

@@ -59,13 +59,27 @@ def platform(tmp_path_factory: pytest.TempPathFactory):
     state = tmp_path_factory.mktemp("secure") / "state"
     nats_port, port = free_ports(2)
     up = subprocess.Popen(
-        [*INFERBUS, "up", "--engine", "sim", "--no-selftest", "--port", str(port),
-         "--nats-port", str(nats_port), "--state-dir", str(state),
-         "--metrics-port-base", str(random.randrange(20000, 32000, 100)),
-         "--worker-arg=--sim-decode-s-per-step=0.02"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            *INFERBUS,
+            "up",
+            "--engine",
+            "sim",
+            "--no-selftest",
+            "--port",
+            str(port),
+            "--nats-port",
+            str(nats_port),
+            "--state-dir",
+            str(state),
+            "--metrics-port-base",
+            str(random.randrange(20000, 32000, 100)),
+            "--worker-arg=--sim-decode-s-per-step=0.02",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**os.environ, "NATS_URL": ""},
-    )  # fmt: skip
+    )
     lines = []
     deadline = time.monotonic() + 60
     assert up.stdout is not None
@@ -114,9 +128,13 @@ async def test_a_tenant_is_served_as_its_record_says_whatever_its_payload_claims
     client = await tenant(platform, "acme")
     try:
         stream = client.stream(
-            "sim-model", f"/echo pay with {CARD} now", max_tokens=40,
-            tenant="evil", mask_pii=False, input_policy="off",
-        )  # fmt: skip
+            "sim-model",
+            f"/echo pay with {CARD} now",
+            max_tokens=40,
+            tenant="evil",
+            mask_pii=False,
+            input_policy="off",
+        )
         text = "".join([c.text async for c in stream])
         assert CARD not in text and "****" in text, text  # masked all the same
         seen = decode((await accepted.next_msg(timeout=5)).data, RequestAccepted).request
@@ -145,12 +163,22 @@ async def test_a_tenant_outside_its_scope_is_refused(platform: Platform):
 
 @pytest.mark.parametrize(
     "subject",
-    ["ib.req.submitted", "ib.req.submitted.beta", "ib.req.accepted", "ib.ctl.cancel",
-     "ib.ctl.cancel.beta", "ib.hb.worker-0.forged", "ib.cfg.canary.sim-model",
-     "ib.reply.tenant.beta.r1", "ib.reply.gw.x.r1", "$SRV.INFO",
-     "$JS.API.STREAM.DELETE.IB_REQUESTS", "$JS.API.STREAM.PURGE.IB_REQUESTS",
-     "ib.work.worker-0.abc"],
-)  # fmt: skip
+    [
+        "ib.req.submitted",
+        "ib.req.submitted.beta",
+        "ib.req.accepted",
+        "ib.ctl.cancel",
+        "ib.ctl.cancel.beta",
+        "ib.hb.worker-0.forged",
+        "ib.cfg.canary.sim-model",
+        "ib.reply.tenant.beta.r1",
+        "ib.reply.gw.x.r1",
+        "$SRV.INFO",
+        "$JS.API.STREAM.DELETE.IB_REQUESTS",
+        "$JS.API.STREAM.PURGE.IB_REQUESTS",
+        "ib.work.worker-0.abc",
+    ],
+)
 async def test_a_tenant_may_not_publish_beyond_its_own_subjects(platform: Platform, subject: str):
     nc = await connect(platform.nats_url, "acme", load_credentials(platform.creds("tenant-acme")))
     try:
@@ -162,9 +190,20 @@ async def test_a_tenant_may_not_publish_beyond_its_own_subjects(platform: Platfo
 
 @pytest.mark.parametrize(
     "subject",
-    [">", "ib.>", "ib.req.>", "ib.work.>", "ib.filter.>", "ib.reply.>",
-     "ib.reply.tenant.beta.>", "ib.reply.gw.>", "_INBOX.>", "_INBOX.operator.>", "$SRV.>"],
-)  # fmt: skip
+    [
+        ">",
+        "ib.>",
+        "ib.req.>",
+        "ib.work.>",
+        "ib.filter.>",
+        "ib.reply.>",
+        "ib.reply.tenant.beta.>",
+        "ib.reply.gw.>",
+        "_INBOX.>",
+        "_INBOX.operator.>",
+        "$SRV.>",
+    ],
+)
 async def test_a_tenant_may_not_read_another_s_traffic(platform: Platform, subject: str):
     nc = await connect(platform.nats_url, "acme", load_credentials(platform.creds("tenant-acme")))
     try:
@@ -217,9 +256,12 @@ async def test_a_tenant_s_reply_subject_must_be_its_own(platform: Platform):
         beta_replies = await operator.subscribe(tenant_reply_prefix("beta") + ">")
         rid = uuid.uuid4().hex
         req = RequestSubmitted(
-            request_id=rid, model="sim-model", prompt="hi",
-            reply_to=tenant_reply_prefix("beta") + rid, created_at=time.time(),
-        )  # fmt: skip
+            request_id=rid,
+            model="sim-model",
+            prompt="hi",
+            reply_to=tenant_reply_prefix("beta") + rid,
+            created_at=time.time(),
+        )
         await acme.jetstream().publish("ib.req.submitted.acme", encode(req))
         letter = json.loads((await dlq.next_msg(timeout=5)).data)
         assert "reply_to" in letter["reason"]
@@ -236,8 +278,9 @@ async def test_a_worker_speaks_only_for_itself(platform: Platform):
     )
     operator = await connect(platform.nats_url, "op", load_credentials(platform.creds("operator")))
     try:
-        forged = WorkerHeartbeat(worker_id="worker-9.fake", models=["sim-model"], engine="sim",
-                                 max_num_seqs=100_000)  # fmt: skip
+        forged = WorkerHeartbeat(
+            worker_id="worker-9.fake", models=["sim-model"], engine="sim", max_num_seqs=100_000
+        )
         # another instance's subject: refused by the server
         await worker.publish("ib.hb.worker-9.fake", encode(forged))
         assert "permissions violation for publish" in await violation(worker)
@@ -260,27 +303,54 @@ async def test_the_operator_still_does_its_work(platform: Platform):
     assert canary.returncode == 0, canary.stderr
     ps = platform.cli("ps", "--nats-url", platform.nats_url)
     assert ps.returncode == 0 and "worker-0" in ps.stdout, ps.stderr
-    gen = platform.cli("generate", "--model", "sim-model", "--max-tokens", "4",
-                       "--nats-url", platform.nats_url, "hello")  # fmt: skip
+    gen = platform.cli(
+        "generate",
+        "--model",
+        "sim-model",
+        "--max-tokens",
+        "4",
+        "--nats-url",
+        platform.nats_url,
+        "hello",
+    )
     assert gen.returncode == 0, gen.stderr
     # and without credentials the same command is refused, clearly
     bare = subprocess.run(
         [*INFERBUS, "canary", "set", "sim-model", "--nats-url", platform.nats_url],
-        capture_output=True, text=True, timeout=60,
-        env={k: v for k, v in os.environ.items() if k != "INFERBUS_NATS_CREDS"}, cwd="/",
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "INFERBUS_NATS_CREDS"},
+        cwd="/",
+    )
     assert bare.returncode != 0 and "refused" in bare.stderr + bare.stdout
 
 
 async def test_a_revoked_tenant_is_shut_out(platform: Platform):
-    made = platform.cli("creds", "new", "--tenant", "gone", "--state-dir", str(platform.state),
-                        "--nats-url", platform.nats_url)  # fmt: skip
+    made = platform.cli(
+        "creds",
+        "new",
+        "--tenant",
+        "gone",
+        "--state-dir",
+        str(platform.state),
+        "--nats-url",
+        platform.nats_url,
+    )
     assert made.returncode == 0, made.stderr
     creds = load_credentials(made.stdout.strip())
     nc = await connect(platform.nats_url, "gone", creds)
     await nc.close()
-    revoked = platform.cli("creds", "revoke", "--tenant", "gone", "--state-dir",
-                           str(platform.state), "--nats-url", platform.nats_url)  # fmt: skip
+    revoked = platform.cli(
+        "creds",
+        "revoke",
+        "--tenant",
+        "gone",
+        "--state-dir",
+        str(platform.state),
+        "--nats-url",
+        platform.nats_url,
+    )
     assert revoked.returncode == 0, revoked.stderr
     deadline = time.monotonic() + 5
     while True:
@@ -297,9 +367,22 @@ async def test_the_plain_nats_example_works_as_a_tenant(platform: Platform):
     """docs/examples/nats_client.py (nats-py only) with a tenant's credentials file."""
     example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "nats_client.py"
     run = subprocess.run(
-        [sys.executable, str(example), "--nats-url", platform.nats_url, "--model", "sim-model",
-         "--max-tokens", "5", "--creds", str(platform.creds("tenant-acme")), "hello"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(example),
+            "--nats-url",
+            platform.nats_url,
+            "--model",
+            "sim-model",
+            "--max-tokens",
+            "5",
+            "--creds",
+            str(platform.creds("tenant-acme")),
+            "hello",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 0, run.stderr
     assert len(run.stdout.split()) == 5

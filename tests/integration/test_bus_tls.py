@@ -20,16 +20,37 @@ INFERBUS = [sys.executable, "-m", "inferbus.cli"]
 
 
 def test_up_serves_over_tls_with_made_certificates(tmp_path: Path):
-    made = subprocess.run([*INFERBUS, "certs", "make", str(tmp_path / "tls")],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    made = subprocess.run(
+        [*INFERBUS, "certs", "make", str(tmp_path / "tls")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert made.stdout.strip() == str(tmp_path / "tls")
     assert oct((tmp_path / "tls" / certs.SERVER_KEY).stat().st_mode & 0o777) == "0o600"
     run = subprocess.run(
-        [*INFERBUS, "up", "--check", "--engine", "sim", "--port", "0", "--nats-port", "0",
-         "--metrics-port-base", "24700", "--state-dir", str(tmp_path / "state"),
-         "--nats-tls-dir", str(tmp_path / "tls")],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "NATS_URL": ""},
-    )  # fmt: skip
+        [
+            *INFERBUS,
+            "up",
+            "--check",
+            "--engine",
+            "sim",
+            "--port",
+            "0",
+            "--nats-port",
+            "0",
+            "--metrics-port-base",
+            "24700",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--nats-tls-dir",
+            str(tmp_path / "tls"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NATS_URL": ""},
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "tls://127.0.0.1" in run.stdout and "self-test" in run.stdout
 
@@ -37,16 +58,23 @@ def test_up_serves_over_tls_with_made_certificates(tmp_path: Path):
 async def test_a_tls_server_takes_only_verified_tls_clients(tmp_path: Path):
     folder = certs.make(tmp_path / "tls", ["localhost", "127.0.0.1"])
     other = certs.make(tmp_path / "other", ["localhost", "127.0.0.1"])
-    server = NatsServer(tmp_path / "js", tls_cert=folder / certs.SERVER_CERT,
-                        tls_key=folder / certs.SERVER_KEY).start()  # fmt: skip
+    server = NatsServer(
+        tmp_path / "js", tls_cert=folder / certs.SERVER_CERT, tls_key=folder / certs.SERVER_KEY
+    ).start()
 
     async def quiet(_: Exception) -> None:
         pass
 
     async def attempt(url: str = server.url, **kw) -> bool:
         try:
-            nc = await nats.connect(url, max_reconnect_attempts=0, connect_timeout=2,
-                                    allow_reconnect=False, error_cb=quiet, **kw)  # fmt: skip
+            nc = await nats.connect(
+                url,
+                max_reconnect_attempts=0,
+                connect_timeout=2,
+                allow_reconnect=False,
+                error_cb=quiet,
+                **kw,
+            )
         except Exception:
             return False
         await nc.close()

@@ -28,8 +28,11 @@ def test_the_compose_stack_serves_traces_and_meters_a_real_engine_request():
         pytest.skip(missing)
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "compose_check.py"), "--image", IMAGE],
-        cwd=ROOT, capture_output=True, text=True, timeout=850,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=850,
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-8000:]
     assert "compose check passed" in out

@@ -63,14 +63,38 @@ def platform(tmp_path):
 def test_a_rollout_under_load_promotes_and_a_rollback_by_hand_restores(platform, tmp_path):
     p = platform
     make_tiny(tmp_path / "v2", seed=1)
-    pushed = cli(p.nats_url, p.operator, "model", "push", str(tmp_path / "v2"), "--name", MODEL,
-                 "--version", "v2", "--key", str(p.state / "signing" / "release.key"))  # fmt: skip
+    pushed = cli(
+        p.nats_url,
+        p.operator,
+        "model",
+        "push",
+        str(tmp_path / "v2"),
+        "--name",
+        MODEL,
+        "--version",
+        "v2",
+        "--key",
+        str(p.state / "signing" / "release.key"),
+    )
     assert "sim-model@v2" in pushed and "signed" in pushed
     key = str(p.state / "signing" / "release.key")
     for version, seed in (("a1", 1), ("a2", 2)):
         make_tiny_lora(tmp_path / "v2", tmp_path / version, seed=seed)
-        cli(p.nats_url, p.operator, "model", "push", str(tmp_path / version), "--name",
-            "sim-lora", "--version", version, "--base", MODEL, "--key", key)  # fmt: skip
+        cli(
+            p.nats_url,
+            p.operator,
+            "model",
+            "push",
+            str(tmp_path / version),
+            "--name",
+            "sim-lora",
+            "--version",
+            version,
+            "--base",
+            MODEL,
+            "--key",
+            key,
+        )
     v2 = {MODEL: "v2", f"{MODEL}@v2": "v2"}
 
     async def scenario() -> SteadyLoad:
@@ -98,8 +122,17 @@ def test_a_rollout_under_load_promotes_and_a_rollback_by_hand_restores(platform,
             on_v2 = time.monotonic()
             await asyncio.sleep(1.0)
             assert set(load.versions(since=on_v2)) == {f"{MODEL}@v2"}
-            out = await asyncio.to_thread(cli, p.nats_url, p.operator, "model", "deploy",
-                                          "sim-lora@a1", "--wait", "--timeout", "30s")  # fmt: skip
+            out = await asyncio.to_thread(
+                cli,
+                p.nats_url,
+                p.operator,
+                "model",
+                "deploy",
+                "sim-lora@a1",
+                "--wait",
+                "--timeout",
+                "30s",
+            )
             assert "done" in out, out
             v2_lora = {**v2, "sim-lora": "a1", "sim-lora@a1": "a1"}
             await wait_versions(p, v2_lora)
@@ -110,13 +143,22 @@ def test_a_rollout_under_load_promotes_and_a_rollback_by_hand_restores(platform,
             await wait_versions(p, v2_lora, timeout=60)
             # the adapter's next version: the old one is kept (by version) until the
             # residency policy says cold
-            out = await asyncio.to_thread(cli, p.nats_url, p.operator, "model", "deploy",
-                                          "sim-lora@a2", "--no-canary", "--wait")  # fmt: skip
+            out = await asyncio.to_thread(
+                cli,
+                p.nats_url,
+                p.operator,
+                "model",
+                "deploy",
+                "sim-lora@a2",
+                "--no-canary",
+                "--wait",
+            )
             assert "done" in out, out
             a2 = {"sim-lora": "a2", "sim-lora@a2": "a2"}
             await wait_versions(p, {**v2, **a2, "sim-lora@a1": "a1"})
-            await asyncio.to_thread(cli, p.nats_url, p.operator, "model", "residency",
-                                    "sim-lora", "cold")  # fmt: skip
+            await asyncio.to_thread(
+                cli, p.nats_url, p.operator, "model", "residency", "sim-lora", "cold"
+            )
             await wait_versions(p, {**v2, **a2})
             await asyncio.to_thread(cli, p.nats_url, p.operator, "model", "rollback", MODEL)
             # each worker back on its own --model (a new engine), its adapter loaded again
@@ -151,11 +193,33 @@ def test_tampered_and_wrongly_signed_versions_are_refused_and_a_slow_canary_roll
     key = str(p.state / "signing" / "release.key")
     make_tiny(tmp_path / "v", seed=2)
     for version in ("v-tampered", "v-slow"):
-        cli(p.nats_url, p.operator, "model", "push", str(tmp_path / "v"), "--name", MODEL,
-            "--version", version, "--key", key)  # fmt: skip
+        cli(
+            p.nats_url,
+            p.operator,
+            "model",
+            "push",
+            str(tmp_path / "v"),
+            "--name",
+            MODEL,
+            "--version",
+            version,
+            "--key",
+            key,
+        )
     generate_key(tmp_path / "rogue.key")
-    cli(p.nats_url, p.operator, "model", "push", str(tmp_path / "v"), "--name", MODEL,
-        "--version", "v-rogue", "--key", str(tmp_path / "rogue.key"))  # fmt: skip
+    cli(
+        p.nats_url,
+        p.operator,
+        "model",
+        "push",
+        str(tmp_path / "v"),
+        "--name",
+        MODEL,
+        "--version",
+        "v-rogue",
+        "--key",
+        str(tmp_path / "rogue.key"),
+    )
 
     async def tamper() -> None:  # someone with write access to the store changes a file
         nc = await connect(p.nats_url, "tamper", load_credentials(p.operator))
@@ -170,18 +234,49 @@ def test_tampered_and_wrongly_signed_versions_are_refused_and_a_slow_canary_roll
     async def scenario() -> tuple[SteadyLoad, float, float]:
         async with SteadyLoad(p.nats_url, str(p.tenant), MODEL, clients=4) as load:
             await asyncio.sleep(1.0)
-            for version, why in (("v-tampered", "Hash mismatch for 'config.json'"),
-                                 ("v-rogue", "Key mismatch")):  # fmt: skip
+            for version, why in (
+                ("v-tampered", "Hash mismatch for 'config.json'"),
+                ("v-rogue", "Key mismatch"),
+            ):
                 out = await asyncio.to_thread(
-                    cli, p.nats_url, p.operator, "model", "deploy", f"{MODEL}@{version}",
-                    "--wait", "--timeout", "60s", "--interval", "1s", rc=1)  # fmt: skip
+                    cli,
+                    p.nats_url,
+                    p.operator,
+                    "model",
+                    "deploy",
+                    f"{MODEL}@{version}",
+                    "--wait",
+                    "--timeout",
+                    "60s",
+                    "--interval",
+                    "1s",
+                    rc=1,
+                )
                 assert "failed" in out and "signature" in out and why in out, out
                 assert await heartbeat_versions(p) == {"worker-0": {}, "worker-1": {}}
             # a canary that turns slow: its worker starved of CPU after placement
-            cmd = asyncio.create_task(asyncio.to_thread(
-                cli, p.nats_url, p.operator, "model", "deploy", f"{MODEL}@v-slow", "--steps",
-                "50", "--interval", "60s", "--min-samples", "5", "--slo", "ttft_p95=0.3",
-                "--wait", "--timeout", "90s", rc=1))  # fmt: skip
+            cmd = asyncio.create_task(
+                asyncio.to_thread(
+                    cli,
+                    p.nats_url,
+                    p.operator,
+                    "model",
+                    "deploy",
+                    f"{MODEL}@v-slow",
+                    "--steps",
+                    "50",
+                    "--interval",
+                    "60s",
+                    "--min-samples",
+                    "5",
+                    "--slo",
+                    "ttft_p95=0.3",
+                    "--wait",
+                    "--timeout",
+                    "90s",
+                    rc=1,
+                )
+            )
             canary = await canary_instance(p.nats_url, p.operator, MODEL, "v-slow", "place")
             stop = asyncio.Event()
             slowed = time.monotonic()

@@ -34,8 +34,12 @@ from inferbus.tinymodel import make_tiny, make_tiny_lora
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
 
 MODEL, LORA = "tiny-llama", "tiny-lora"
-LORA_ARGS = ("--worker-arg=--enable-lora=true", "--worker-arg=--max-lora-rank=8",
-             "--worker-arg=--max-loras=2", "--worker-arg=--max-num-seqs=8")  # fmt: skip
+LORA_ARGS = (
+    "--worker-arg=--enable-lora=true",
+    "--worker-arg=--max-lora-rank=8",
+    "--worker-arg=--max-loras=2",
+    "--worker-arg=--max-num-seqs=8",
+)
 
 
 class Swaps:
@@ -59,8 +63,19 @@ class Swaps:
 
 
 def deploy(p: Platform, ref: str, *args: str, rc: int = 0) -> str:
-    return cli(p.nats_url, p.operator, "model", "deploy", ref, "--wait", "--timeout", "240s",
-               *args, timeout=300, rc=rc)  # fmt: skip
+    return cli(
+        p.nats_url,
+        p.operator,
+        "model",
+        "deploy",
+        ref,
+        "--wait",
+        "--timeout",
+        "240s",
+        *args,
+        timeout=300,
+        rc=rc,
+    )
 
 
 def test_hot_warm_and_cold_swaps_under_load_fail_nothing(tmp_path):
@@ -77,8 +92,20 @@ def test_hot_warm_and_cold_swaps_under_load_fail_nothing(tmp_path):
         versions[(MODEL, "awq")] = tmp_path / "awq"
         for (name, version), folder in versions.items():
             extra = ("--base", MODEL) if name == LORA else ()
-            cli(p.nats_url, p.operator, "model", "push", str(folder), "--name", name,
-                "--version", version, "--key", key, *extra)  # fmt: skip
+            cli(
+                p.nats_url,
+                p.operator,
+                "model",
+                "push",
+                str(folder),
+                "--name",
+                name,
+                "--version",
+                version,
+                "--key",
+                key,
+                *extra,
+            )
 
         async def scenario() -> tuple[SteadyLoad, SteadyLoad, Swaps]:
             swaps = await Swaps().open(p)
@@ -89,8 +116,16 @@ def test_hot_warm_and_cold_swaps_under_load_fail_nothing(tmp_path):
                 async with SteadyLoad(p.nats_url, str(p.tenant), LORA, clients=1) as lora:
                     await asyncio.sleep(2)
                     out = await asyncio.to_thread(  # a canary of the adapter, same worker
-                        deploy, p, f"{LORA}@a2", "--steps", "50,100", "--interval", "2s",
-                        "--min-samples", "2")  # fmt: skip
+                        deploy,
+                        p,
+                        f"{LORA}@a2",
+                        "--steps",
+                        "50,100",
+                        "--interval",
+                        "2s",
+                        "--min-samples",
+                        "2",
+                    )
                     assert "promote" in out and "done" in out, out
                     await asyncio.sleep(2)
                 out = await asyncio.to_thread(deploy, p, f"{MODEL}@v2", "--no-canary")
@@ -111,8 +146,12 @@ def test_hot_warm_and_cold_swaps_under_load_fail_nothing(tmp_path):
         modes = {ref: [s.mode for s in swaps.of(ref) if s.ok] for ref in refs}
         # a2: loaded as a canary, promoted in place, loaded again on the new engine the
         # cold swap started (a cold swap drops the old engine's adapters)
-        assert modes == {f"{LORA}@a1": ["hot"], f"{LORA}@a2": ["hot", "none", "hot"],
-                         f"{MODEL}@v2": ["warm"], f"{MODEL}@awq": ["cold"]}, swaps.seen  # fmt: skip
+        assert modes == {
+            f"{LORA}@a1": ["hot"],
+            f"{LORA}@a2": ["hot", "none", "hot"],
+            f"{MODEL}@v2": ["warm"],
+            f"{MODEL}@awq": ["cold"],
+        }, swaps.seen
         for stream in (load, lora):
             assert stream.failures() == [] and stream.count("hung") == 0
         served = load.versions()
@@ -129,16 +168,40 @@ def test_a_canary_that_turns_slow_is_rolled_back_on_the_real_engine(tmp_path):
     p = Platform(tmp_path / "state", workers=2, engine="vllm")
     try:
         make_tiny(tmp_path / "v2", seed=1)
-        cli(p.nats_url, p.operator, "model", "push", str(tmp_path / "v2"), "--name", MODEL,
-            "--version", "v2", "--key", str(p.state / "signing" / "release.key"))  # fmt: skip
+        cli(
+            p.nats_url,
+            p.operator,
+            "model",
+            "push",
+            str(tmp_path / "v2"),
+            "--name",
+            MODEL,
+            "--version",
+            "v2",
+            "--key",
+            str(p.state / "signing" / "release.key"),
+        )
 
         async def scenario() -> tuple[SteadyLoad, str, float]:
             await ready_workers(p.nats_url, p.operator, MODEL, 2)  # a canary needs both
             async with SteadyLoad(p.nats_url, str(p.tenant), MODEL, clients=3) as load:
                 await asyncio.sleep(2)
-                cmd = asyncio.create_task(asyncio.to_thread(
-                    deploy, p, f"{MODEL}@v2", "--steps", "50", "--interval", "120s",
-                    "--min-samples", "5", "--slo", "ttft_p95=1.0", rc=1))  # fmt: skip
+                cmd = asyncio.create_task(
+                    asyncio.to_thread(
+                        deploy,
+                        p,
+                        f"{MODEL}@v2",
+                        "--steps",
+                        "50",
+                        "--interval",
+                        "120s",
+                        "--min-samples",
+                        "5",
+                        "--slo",
+                        "ttft_p95=1.0",
+                        rc=1,
+                    )
+                )
                 canary = await canary_instance(p.nats_url, p.operator, MODEL, "v2")
                 stop = asyncio.Event()
                 slowed = time.monotonic()

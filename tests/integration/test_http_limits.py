@@ -20,16 +20,20 @@ pytestmark = pytest.mark.integration
 
 def chat_body(extra: str = "") -> bytes:
     return (
-        b'{"model": "' + MODEL.encode() + b'", "messages": [{"role": "user", "content": "hi"}]'
-        + extra.encode() + b"}"
-    )  # fmt: skip
+        b'{"model": "'
+        + MODEL.encode()
+        + b'", "messages": [{"role": "user", "content": "hi"}]'
+        + extra.encode()
+        + b"}"
+    )
 
 
 async def test_a_body_the_bus_cannot_carry_is_413_with_openai_s_shape(platform):
     big = chat_body(', "user": "' + "x" * (2 * 1024 * 1024) + '"')
     async with aiohttp.ClientSession(platform["gateway"].base) as http:
-        async with http.post("/v1/chat/completions", data=big,
-                             headers={"Content-Type": "application/json"}) as r:  # fmt: skip
+        async with http.post(
+            "/v1/chat/completions", data=big, headers={"Content-Type": "application/json"}
+        ) as r:
             assert r.status == 413
             assert (await r.json())["error"]["code"] == "request_too_large"
 
@@ -37,26 +41,40 @@ async def test_a_body_the_bus_cannot_carry_is_413_with_openai_s_shape(platform):
             for i in range(0, len(big), 64 * 1024):
                 yield big[i : i + 64 * 1024]
 
-        async with http.post("/v1/chat/completions", data=chunks(),
-                             headers={"Content-Type": "application/json"}) as r:  # fmt: skip
+        async with http.post(
+            "/v1/chat/completions", data=chunks(), headers={"Content-Type": "application/json"}
+        ) as r:
             assert r.status == 413
 
 
 async def test_json_nested_past_reason_is_400(platform):
     deep = chat_body(', "metadata": ' + "[" * 200_000 + "]" * 200_000)
     async with aiohttp.ClientSession(platform["gateway"].base) as http:
-        async with http.post("/v1/chat/completions", data=deep,
-                             headers={"Content-Type": "application/json"}) as r:  # fmt: skip
+        async with http.post(
+            "/v1/chat/completions", data=deep, headers={"Content-Type": "application/json"}
+        ) as r:
             assert r.status == 400
             assert (await r.json())["error"]["code"] == "invalid_json"
 
 
 @pytest.fixture
 def strict_gateway(nats_url: str, tmp_path: Path):
-    gw = ServiceProcess(
-        "gateway", nats_url, tmp_path, "--body-timeout-s", "1", "--http-idle-timeout-s", "1",
-        "--http-max-connections", "40", name="strict-gateway",
-    ).start().wait_ready()  # fmt: skip
+    gw = (
+        ServiceProcess(
+            "gateway",
+            nats_url,
+            tmp_path,
+            "--body-timeout-s",
+            "1",
+            "--http-idle-timeout-s",
+            "1",
+            "--http-max-connections",
+            "40",
+            name="strict-gateway",
+        )
+        .start()
+        .wait_ready()
+    )
     yield gw
     gw.stop()
 
@@ -94,11 +112,13 @@ async def test_idle_connections_are_capped_and_closed(strict_gateway):
     socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(100)]
     try:
         await asyncio.sleep(0.3)
-        refused = sum(await asyncio.gather(
-            *(asyncio.to_thread(closed_by_server, s, 0.3) for s in socks[40:])))  # fmt: skip
+        refused = sum(
+            await asyncio.gather(*(asyncio.to_thread(closed_by_server, s, 0.3) for s in socks[40:]))
+        )
         assert refused == 60  # past the cap: closed as they arrived
-        kept = sum(await asyncio.gather(
-            *(asyncio.to_thread(closed_by_server, s, 3) for s in socks[:40])))  # fmt: skip
+        kept = sum(
+            await asyncio.gather(*(asyncio.to_thread(closed_by_server, s, 3) for s in socks[:40]))
+        )
         assert kept == 40  # idle: closed after the idle timeout
         # and the gateway serves as before
         async with aiohttp.ClientSession(strict_gateway.base) as http:

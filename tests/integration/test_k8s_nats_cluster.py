@@ -109,27 +109,55 @@ def test_the_statefulsets_nodes_form_a_closed_jetstream_cluster(tmp_path):
         for i, name in enumerate(names):
             aliases = [f"nats-{i}.{NATS_PEERS}", f"nats-{i}"] + (["nats"] if i == 0 else [])
             docker(
-                "run", "-d", "--name", name, "--network", network,
+                "run",
+                "-d",
+                "--name",
+                name,
+                "--network",
+                network,
                 *[a for alias in aliases for a in ("--network-alias", alias)],
-                "-e", f"POD_NAME=nats-{i}",
-                "-v", f"{etc / 'nats.conf'}:/etc/nats/nats.conf:ro",
-                "-v", f"{etc / 'auth'}:/etc/nats/auth:ro",
-                "--tmpfs", "/data:rw,uid=10001,gid=10001",
-                "--entrypoint", "nats-server", IMAGE, "-c", "/etc/nats/nats.conf",
-            )  # fmt: skip
+                "-e",
+                f"POD_NAME=nats-{i}",
+                "-v",
+                f"{etc / 'nats.conf'}:/etc/nats/nats.conf:ro",
+                "-v",
+                f"{etc / 'auth'}:/etc/nats/auth:ro",
+                "--tmpfs",
+                "/data:rw,uid=10001,gid=10001",
+                "--entrypoint",
+                "nats-server",
+                IMAGE,
+                "-c",
+                "/etc/nats/nats.conf",
+            )
         out = docker(
-            "run", "--rm", "--network", network, "--user", "0",
-            "-v", f"{creds}:/creds:ro", "--entrypoint", "python3", IMAGE, "-c", CHECK,
+            "run",
+            "--rm",
+            "--network",
+            network,
+            "--user",
+            "0",
+            "-v",
+            f"{creds}:/creds:ro",
+            "--entrypoint",
+            "python3",
+            IMAGE,
+            "-c",
+            CHECK,
             timeout=180,
-        )  # fmt: skip
+        )
         result = json.loads(out.strip().splitlines()[-1])
         assert result["replicas"] == 3 and result["messages"] == 1, result
         assert result["service_connected"] is True, result
         assert result["anonymous"].startswith("refused"), result
     except AssertionError:
         for name in names:
-            print(name, subprocess.run(["docker", "logs", "--tail", "30", name],
-                                       capture_output=True, text=True).stderr)  # fmt: skip
+            print(
+                name,
+                subprocess.run(
+                    ["docker", "logs", "--tail", "30", name], capture_output=True, text=True
+                ).stderr,
+            )
         raise
     finally:
         subprocess.run(["docker", "rm", "-f", *names], capture_output=True)

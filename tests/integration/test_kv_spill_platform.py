@@ -54,8 +54,10 @@ async def _continue_elsewhere(p: Platform) -> None:
     client = await Client.connect(p.nats_url, "spill-client", creds=p.tenant)
     shared = p.state / "kv-spill" / "shared"
     try:
-        history = [{"role": "system", "content": SYSTEM},
-                   {"role": "user", "content": "What is a block?"}]  # fmt: skip
+        history = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "What is a block?"},
+        ]
         first = await client.generate(MODEL, messages=history, max_tokens=8, temperature=0.0)
         assert first.outcome is not None and first.outcome.usage.cached_prompt_tokens == 0
         worker = served[first.request_id]
@@ -72,8 +74,10 @@ async def _continue_elsewhere(p: Platform) -> None:
         os.kill(pids[instance], signal.SIGKILL)
         os.kill(pids["kvspill"], signal.SIGKILL)
         await asyncio.sleep(4)  # the scheduler drops a worker silent for 3 s
-        history += [{"role": "assistant", "content": first.text},
-                    {"role": "user", "content": "And what is a page?"}]  # fmt: skip
+        history += [
+            {"role": "assistant", "content": first.text},
+            {"role": "user", "content": "And what is a page?"},
+        ]
         second = await client.generate(MODEL, messages=history, max_tokens=8, temperature=0.0)
         assert served[second.request_id].split(".")[0] != instance
         usage = second.outcome.usage

@@ -31,9 +31,11 @@ def runs(tmp_path_factory) -> dict[str, dict]:
     model = make_tiny(root / "tiny")
     done = subprocess.run(
         [sys.executable, str(SCENARIO), str(model), str(root / "disk")],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith('{"label"')]
     return {r["label"]: r for r in lines}

@@ -60,9 +60,18 @@ async def test_it_bounds_the_tier_keeps_restored_blocks_and_indexes_it(
     stale_tmp = block_path(root, hot).with_suffix(".999.1.tmp")
     stale_tmp.write_bytes(b"half a block")
     os.utime(stale_tmp, (1, 1))
-    proc = ServiceProcess("kvspill", nats_url, log_dir, "--shared-dir", str(root),
-                          "--capacity-mb", "1", "--scan-interval-s", "0.2",
-                          name="kvspill-bound")  # fmt: skip
+    proc = ServiceProcess(
+        "kvspill",
+        nats_url,
+        log_dir,
+        "--shared-dir",
+        str(root),
+        "--capacity-mb",
+        "1",
+        "--scan-interval-s",
+        "0.2",
+        name="kvspill-bound",
+    )
     proc.start().wait_ready(timeout=30)
     try:
         assert status(proc)["blocks"] == 10

@@ -40,17 +40,25 @@ SCENARIOS = DATA["scenarios"]
 
 def body(model: str, **changes) -> dict:
     doc = yaml.safe_load(EXAMPLE.read_text())
-    doc["metadata"].update(namespace="inferbus", uid="5a0f6f4e-1c1e-4f55-9a77-0c7d3b1e2f10",
-                           generation=1, creationTimestamp="2026-12-02T03:10:03Z",
-                           resourceVersion="999")  # fmt: skip
+    doc["metadata"].update(
+        namespace="inferbus",
+        uid="5a0f6f4e-1c1e-4f55-9a77-0c7d3b1e2f10",
+        generation=1,
+        creationTimestamp="2026-12-02T03:10:03Z",
+        resourceVersion="999",
+    )
     doc["spec"]["model"].update(name=model, version="2")
     doc["spec"].update(changes)
     return doc
 
 
 async def records(js, subject: str, kind):
-    return [decode(d, kind) for d, _ in await replay(js, "IB_CONFIG" if kind is
-            LLMServiceSettings else "IB_DELIVERY", subject, since_s=600)]  # fmt: skip
+    return [
+        decode(d, kind)
+        for d, _ in await replay(
+            js, "IB_CONFIG" if kind is LLMServiceSettings else "IB_DELIVERY", subject, since_s=600
+        )
+    ]
 
 
 async def test_reconcile_applies_sends_and_reports_each_phase(tmp_path: Path) -> None:
@@ -82,7 +90,8 @@ async def _reconcile_phases(nats_url: str) -> None:
         assert sent["deployments"] == render.worker_deployment(svc, op.cluster, None)
         assert sent["roles"] == render.scale_access(svc, "autoscaler")[0]
         assert yaml.safe_load(sent["configmaps"]["data"]["chat.rules.yml"]) == (
-            render.prometheus_rules(svc))  # fmt: skip
+            render.prometheus_rules(svc)
+        )
         assert (status["phase"], status["reason"]) == ("Provisioning", "WorkersStarting")
         assert status["conditions"][0]["status"] == "False"
         (settings,) = await records(js, f"ib.cfg.llmservice.{model}", LLMServiceSettings)
@@ -108,7 +117,10 @@ async def _reconcile_phases(nats_url: str) -> None:
         api.load(SCENARIOS["ready"])
         status = await op.reconcile(doc, status, now=1200.0)
         assert (status["phase"], status["readyReplicas"], status["servedVersion"]) == (
-            "Ready", 2, "2")  # fmt: skip
+            "Ready",
+            2,
+            "2",
+        )
         since = status["conditions"][0]["lastTransitionTime"]
         api.load(SCENARIOS["ready"])
         status = await op.reconcile(doc, status, now=1300.0)
@@ -158,9 +170,16 @@ def test_the_kopf_registry_has_every_handler_for_the_resource() -> None:
     spawning = reg._spawning.get_all_handlers()
     for h in [*changing, *spawning]:
         assert (h.selector.group, h.selector.version, h.selector.any_name) == (
-            "inferbus.io", "v1alpha1", "llmservices")  # fmt: skip
+            "inferbus.io",
+            "v1alpha1",
+            "llmservices",
+        )
     reasons = {(h.id.rsplit(".", 1)[-1], h.reason and h.reason.value) for h in changing}
     # resume: kopf's reason None (every object found at start)
-    assert reasons == {("reconcile", "create"), ("reconcile", "update"), ("reconcile", None),
-                       ("forget", "delete")}  # fmt: skip
+    assert reasons == {
+        ("reconcile", "create"),
+        ("reconcile", "update"),
+        ("reconcile", None),
+        ("forget", "delete"),
+    }
     assert [h.id.rsplit(".", 1)[-1] for h in spawning] == ["resync"]

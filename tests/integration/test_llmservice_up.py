@@ -29,17 +29,23 @@ PAYLOAD = "username: ' OR 1=1 --"
 
 
 def service(name: str, **spec) -> dict:
-    return {"apiVersion": "inferbus.io/v1alpha1", "kind": "LLMService",
-            "metadata": {"name": name},
-            "spec": {"model": {"name": MODEL}, **spec}}  # fmt: skip
+    return {
+        "apiVersion": "inferbus.io/v1alpha1",
+        "kind": "LLMService",
+        "metadata": {"name": name},
+        "spec": {"model": {"name": MODEL}, **spec},
+    }
 
 
 def cli(p: Platform, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "inferbus.cli", *args, "--nats-url", p.nats_url],
-        capture_output=True, text=True, cwd=cwd, timeout=60,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=60,
         env={**os.environ, "INFERBUS_NATS_CREDS": str(p.operator)},
-    )  # fmt: skip
+    )
 
 
 async def wait_for(check, timeout: float = 30.0):
@@ -54,9 +60,16 @@ async def wait_for(check, timeout: float = 30.0):
 async def test_apply_drives_the_autoscaler_and_the_sanitizer_of_a_running_platform(
     tmp_path: Path,
 ) -> None:
-    p = Platform(tmp_path / "state", workers=1, decode_s=0.01,
-                 extra=("--autoscale", "--autoscaler-arg=--max-replicas=3",
-                        "--autoscaler-arg=--cold-start-s=5"))  # fmt: skip
+    p = Platform(
+        tmp_path / "state",
+        workers=1,
+        decode_s=0.01,
+        extra=(
+            "--autoscale",
+            "--autoscaler-arg=--max-replicas=3",
+            "--autoscaler-arg=--cold-start-s=5",
+        ),
+    )
     try:
         nc = await connect(p.nats_url, "test-llmservice", load_credentials(p.operator))
         client = await Client.connect(p.nats_url, "test-llmservice-load", creds=p.tenant)
@@ -77,9 +90,12 @@ async def test_apply_drives_the_autoscaler_and_the_sanitizer_of_a_running_platfo
         assert await blocked()  # the sanitizer's flag: block
         assert await workers() == 1
 
-        spec = service("chat", scaling={"minReplicas": 2, "maxReplicas": 3},
-                       inputSanitization={"policy": "flag"},
-                       observability={"stages": [{"name": "ttft", "p95Seconds": 1.0}]})  # fmt: skip
+        spec = service(
+            "chat",
+            scaling={"minReplicas": 2, "maxReplicas": 3},
+            inputSanitization={"policy": "flag"},
+            observability={"stages": [{"name": "ttft", "p95Seconds": 1.0}]},
+        )
         path = tmp_path / "chat.yaml"
         path.write_text(yaml.safe_dump(spec))
         done = cli(p, "apply", "-f", str(path), cwd=tmp_path)
@@ -87,14 +103,17 @@ async def test_apply_drives_the_autoscaler_and_the_sanitizer_of_a_running_platfo
         assert f"llmservice chat: configured; model {MODEL}" in done.stdout
         # one worker of the two it asks for serves (or the second is up already)
         assert "phase Provisioning: WorkersStarting: 1 of 2" in done.stdout or (
-            "phase Ready" in done.stdout), done.stdout  # fmt: skip
+            "phase Ready" in done.stdout
+        ), done.stdout
         assert (tmp_path / ".inferbus" / "rules" / "chat.rules.yml").is_file()
 
         # the autoscaler takes minReplicas at once; the sanitizer lets the payload through
         assert await wait_for(lambda: _at_least(workers, 2)), "no second worker"
         assert await wait_for(lambda: _not(blocked), timeout=10)
-        records = [decode(d, LLMServiceSettings) for d, _ in
-                   await replay(nc.jetstream(), "IB_CONFIG", LLMSERVICES, since_s=600)]  # fmt: skip
+        records = [
+            decode(d, LLMServiceSettings)
+            for d, _ in await replay(nc.jetstream(), "IB_CONFIG", LLMSERVICES, since_s=600)
+        ]
         assert records[-1].service == "chat" and records[-1].scaling.min_replicas == 2
         assert records[-1].scale_target == "worker" and records[-1].input_policy == "flag"
 

@@ -82,5 +82,6 @@ async def test_a_worker_fetches_again_a_cached_copy_signed_with_a_key_it_no_long
     trusting_new = Deliveries(worker, cache, [new.with_name("new.key.pub")])
     # the cached copy fails the new key; the worker reads the version again and loads it
     verified = await trusting_new._fetch_verified(pushed)
-    verify_folder(verified.folder, cache / "cached-model" / "v1" / "model.sig",
-                  [new.with_name("new.key.pub")])  # fmt: skip
+    verify_folder(
+        verified.folder, cache / "cached-model" / "v1" / "model.sig", [new.with_name("new.key.pub")]
+    )

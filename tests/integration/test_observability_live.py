@@ -53,9 +53,16 @@ def autoscaler(nats_url: str, log_dir):
     """An autoscaler that decides and records only, for a model of its own (the other
     tests' models stay unmanaged)."""
     proc = ServiceProcess(
-        "autoscaler", nats_url, log_dir, "--models", "autoscaled-model=worker",
-        "--actuator", "none", "--status-interval-s", "0.5",
-    )  # fmt: skip
+        "autoscaler",
+        nats_url,
+        log_dir,
+        "--models",
+        "autoscaled-model=worker",
+        "--actuator",
+        "none",
+        "--status-interval-s",
+        "0.5",
+    )
     start_all([proc])
     yield proc
     proc.stop()
@@ -68,20 +75,41 @@ def delivered(nats_url: str, log_dir, tmp_path):
     key = tmp_path / "release.key"
     generate_key(key)
     worker = ServiceProcess(
-        "worker", nats_url, log_dir, "--model", "delivered-model", "--heartbeat-interval-s",
-        "0.3", "--trusted-keys", f"{key}.pub", name="delivered-worker",
-    )  # fmt: skip
+        "worker",
+        nats_url,
+        log_dir,
+        "--model",
+        "delivered-model",
+        "--heartbeat-interval-s",
+        "0.3",
+        "--trusted-keys",
+        f"{key}.pub",
+        name="delivered-worker",
+    )
     start_all([worker])
     try:  # stopped whatever happens (a failed set-up would leave it running)
         make_tiny(tmp_path / "v2")
         env = {**os.environ, "NATS_URL": nats_url}
         for args in (
-            ("push", str(tmp_path / "v2"), "--name", "delivered-model", "--version", "v2",
-             "--key", str(key)),
+            (
+                "push",
+                str(tmp_path / "v2"),
+                "--name",
+                "delivered-model",
+                "--version",
+                "v2",
+                "--key",
+                str(key),
+            ),
             ("deploy", "delivered-model@v2", "--no-canary", "--wait", "--timeout", "30s"),
-        ):  # fmt: skip
-            done = subprocess.run([sys.executable, "-m", "inferbus.cli", "model", *args],
-                                  env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+        ):
+            done = subprocess.run(
+                [sys.executable, "-m", "inferbus.cli", "model", *args],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert done.returncode == 0, done.stdout + done.stderr
         yield worker
     finally:

@@ -87,8 +87,10 @@ async def _exact_hits(p: Platform) -> None:
             before = (await status(nc, "scheduler"))["routing"]
             done = await client.generate(MODEL, messages=msgs, max_tokens=2, temperature=0.0)
             after = (await status(nc, "scheduler"))["routing"]
-            delta = {k: after[k] - before[k] for k in ("prefix_blocks_routed",
-                     "prefix_blocks_exact", "prefix_blocks_cached")}  # fmt: skip
+            delta = {
+                k: after[k] - before[k]
+                for k in ("prefix_blocks_routed", "prefix_blocks_exact", "prefix_blocks_cached")
+            }
             ids = prompt_token_ids(tok, None, [ChatMessage(**m) for m in msgs])
             assert done.outcome is not None and done.outcome.usage.prompt_tokens == len(ids)
             return ids, delta, done.outcome.usage.cached_prompt_tokens

@@ -26,9 +26,11 @@ def test_vllm_serves_the_awq_checkpoint_and_its_logprobs_track_the_original(tmp_
     awq_quantize(src, tmp_path / "awq")
     done = subprocess.run(
         [sys.executable, str(CHECK), str(src), "float32", str(tmp_path / "awq")],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     stats = json.loads(done.stdout.strip().splitlines()[-1])[str(tmp_path / "awq")]
     assert stats["positions"] > 1000

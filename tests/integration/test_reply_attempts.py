@@ -45,9 +45,12 @@ def chunk(rid: str, attempt: int, seq: int) -> TokenChunk:
 
 def finish(rid: str, attempt: int, chunks: int) -> RequestFinished:
     return RequestFinished(
-        request_id=rid, finish_reason="stop", chunks=chunks, attempt=attempt,
+        request_id=rid,
+        finish_reason="stop",
+        chunks=chunks,
+        attempt=attempt,
         usage=Usage(prompt_tokens=2, completion_tokens=chunks),
-    )  # fmt: skip
+    )
 
 
 SCRIPTS = {

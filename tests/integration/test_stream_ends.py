@@ -103,8 +103,12 @@ async def gateway(tmp_path: Path):
 
 
 def chat(max_tokens: int = 100) -> dict:
-    return {"model": MODEL, "stream": True, "max_tokens": max_tokens,
-            "messages": [{"role": "user", "content": "hello"}]}  # fmt: skip
+    return {
+        "model": MODEL,
+        "stream": True,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "hello"}],
+    }
 
 
 async def test_the_gateway_s_own_deadline_mid_stream_ends_the_sse_stream(gateway):
@@ -120,8 +124,11 @@ async def test_the_gateway_s_own_deadline_mid_stream_ends_the_sse_stream(gateway
     assert events[-1] == "[DONE]"
     error = events[-2]
     assert isinstance(error, dict) and error["error"]["code"] == "deadline_exceeded"
-    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-2]
-                   if isinstance(e, dict) and e.get("choices"))  # fmt: skip
+    text = "".join(
+        e["choices"][0]["delta"].get("content", "")
+        for e in events[:-2]
+        if isinstance(e, dict) and e.get("choices")
+    )
     assert text == "tok0 tok1 "
 
 

@@ -35,10 +35,14 @@ def alive(pid: int) -> bool:
 async def test_a_killed_service_takes_its_children_with_it(tmp_path):
     log = tmp_path / "svc.log"
     core = SupervisorCore()
-    procs = Processes(core, lambda spec: Command([sys.executable, "-c", PARENT], dict(os.environ),
-                                                 log), lambda text: None)  # fmt: skip
-    await procs.apply(core.add(ProcessSpec(name="svc", service="svc", index=0, stop_order=1),
-                               time.monotonic()))  # fmt: skip
+    procs = Processes(
+        core,
+        lambda spec: Command([sys.executable, "-c", PARENT], dict(os.environ), log),
+        lambda text: None,
+    )
+    await procs.apply(
+        core.add(ProcessSpec(name="svc", service="svc", index=0, stop_order=1), time.monotonic())
+    )
     deadline = time.monotonic() + 20
     while not log.read_text().strip() and time.monotonic() < deadline:
         await asyncio.sleep(0.05)

@@ -204,21 +204,41 @@ def test_up_scales_workers_and_restarts_what_dies_nats_included(tmp_path: Path):
     nats_url = f"nats://127.0.0.1:{nats_port}"
     state = tmp_path / "state"
     up = subprocess.Popen(
-        [*INFERBUS, "up", "--engine", "sim", "--no-selftest", "--port", str(port),
-         "--nats-port", str(nats_port), "--metrics-port-base",
-         str(random.randrange(20000, 32000, 100)), "--state-dir", str(state)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            *INFERBUS,
+            "up",
+            "--engine",
+            "sim",
+            "--no-selftest",
+            "--port",
+            str(port),
+            "--nats-port",
+            str(nats_port),
+            "--metrics-port-base",
+            str(random.randrange(20000, 32000, 100)),
+            "--state-dir",
+            str(state),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**os.environ, "NATS_URL": ""},
-    )  # fmt: skip
+    )
     try:
         _wait_for(lambda: _chat(port), 60)
         scaled = subprocess.run(
             [*INFERBUS, "scale", "worker", "3", "--nats-url", nats_url],
-            capture_output=True, text=True, timeout=30, env=_operator_env(state),
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=_operator_env(state),
+        )
         assert scaled.returncode == 0, scaled.stderr
-        rows = _wait_for(lambda: _running(_ps(nats_url, state), "worker-0", "worker-1",
-                                          "worker-2", "nats", "gateway"))  # fmt: skip
+        rows = _wait_for(
+            lambda: _running(
+                _ps(nats_url, state), "worker-0", "worker-1", "worker-2", "nats", "gateway"
+            )
+        )
 
         # a worker killed: restarted, its restart counted
         os.kill(int(rows["worker-1"]["pid"]), signal.SIGKILL)
@@ -234,16 +254,22 @@ def test_up_scales_workers_and_restarts_what_dies_nats_included(tmp_path: Path):
         # down to one: the newest go, drained
         scaled = subprocess.run(
             [*INFERBUS, "scale", "worker", "1", "--nats-url", nats_url],
-            capture_output=True, text=True, timeout=30, env=_operator_env(state),
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=_operator_env(state),
+        )
         assert scaled.returncode == 0, scaled.stderr
         _wait_for(lambda: not {"worker-1", "worker-2"} & _ps(nats_url, state).keys())
         assert _chat(port)
 
         refused = subprocess.run(
             [*INFERBUS, "scale", "gateway", "2", "--nats-url", nats_url],
-            capture_output=True, text=True, timeout=30, env=_operator_env(state),
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=_operator_env(state),
+        )
         assert refused.returncode != 0 and "not scalable" in refused.stderr
     finally:
         up.send_signal(signal.SIGINT)

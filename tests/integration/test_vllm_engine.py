@@ -319,9 +319,10 @@ async def test_the_engine_keeps_a_core_off_the_model_and_runs_below_the_services
         pytest.skip("on GPUs the engine keeps its priority and vLLM its own core choice")
     assert vllm_worker.proc is not None
     engine = [
-        pid for pid in _descendants(vllm_worker.proc.pid)
+        pid
+        for pid in _descendants(vllm_worker.proc.pid)
         if Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::")
-    ]  # fmt: skip
+    ]
     assert engine, "no engine processes under the worker"
     for pid in engine:
         for task in Path(f"/proc/{pid}/task").glob("*"):

@@ -57,12 +57,17 @@ class Replies:
         return [e for e in self.events if not isinstance(e, TokenChunk)]
 
 
-def assigned(rid: str, model: str, worker_id: str, reply_to: str, *, max_tokens: int,
-             deadline: float = 0.0) -> WorkAssigned:  # fmt: skip
+def assigned(
+    rid: str, model: str, worker_id: str, reply_to: str, *, max_tokens: int, deadline: float = 0.0
+) -> WorkAssigned:
     request = RequestSubmitted(
-        request_id=rid, model=model, reply_to=reply_to, prompt="count slowly",
-        sampling=SamplingParams(max_tokens=max_tokens), deadline=deadline,
-    )  # fmt: skip
+        request_id=rid,
+        model=model,
+        reply_to=reply_to,
+        prompt="count slowly",
+        sampling=SamplingParams(max_tokens=max_tokens),
+        deadline=deadline,
+    )
     return WorkAssigned(request=request, worker_id=worker_id, attempt=1)
 
 
@@ -73,8 +78,9 @@ async def test_the_worker_ends_a_request_at_its_deadline_on_its_own(client):
     reply_to = client.nc.new_inbox()
     sub = await client.nc.subscribe(reply_to, cb=replies.on_msg)
     began = time.time()
-    work = assigned("deadline-1", SLOW_MODEL, worker_id, reply_to, max_tokens=2000,
-                    deadline=began + 0.8)  # fmt: skip
+    work = assigned(
+        "deadline-1", SLOW_MODEL, worker_id, reply_to, max_tokens=2000, deadline=began + 0.8
+    )
     await client.js.publish(work_subject(worker_id), encode(work))
     await asyncio.wait_for(replies.ended.wait(), 10)
     ended = time.time()
@@ -97,8 +103,14 @@ async def test_an_assignment_delivered_twice_is_served_once(client, model, max_t
     replies = Replies()
     reply_to = client.nc.new_inbox()
     sub = await client.nc.subscribe(reply_to, cb=replies.on_msg)
-    work = assigned(f"twice-{model}", model, worker_id, reply_to, max_tokens=max_tokens,
-                    deadline=time.time() + 1.0)  # fmt: skip
+    work = assigned(
+        f"twice-{model}",
+        model,
+        worker_id,
+        reply_to,
+        max_tokens=max_tokens,
+        deadline=time.time() + 1.0,
+    )
     await client.js.publish(work_subject(worker_id), encode(work))
     if again == "after it ended":
         await asyncio.wait_for(replies.ended.wait(), 10)

@@ -19,8 +19,7 @@ def logprobs(path: str, dtype: str, prompts: list[str]) -> tuple[list[float], li
 
     llm = LLM(model=path, dtype=dtype, enforce_eager=True, max_model_len=1024)
     try:
-        res = llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0,
-                                                   prompt_logprobs=0))  # fmt: skip
+        res = llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0, prompt_logprobs=0))
     finally:
         llm.llm_engine.engine_core.shutdown()
     lps = [
@@ -44,8 +43,11 @@ def main(argv: list[str]) -> None:
     for path in quantized:
         lps, tokens = logprobs(path, "bfloat16", prompts)
         a, b = np.array(ref), np.array(lps)
-        same = [x == y for t1, t2 in zip(ref_tokens, tokens, strict=True)
-                for x, y in zip(t1, t2, strict=False)]  # fmt: skip
+        same = [
+            x == y
+            for t1, t2 in zip(ref_tokens, tokens, strict=True)
+            for x, y in zip(t1, t2, strict=False)
+        ]
         out[path] = {
             "pearson": float(np.corrcoef(a, b)[0, 1]),
             "mean_abs_logprob_diff": float(np.abs(a - b).mean()),

@@ -69,20 +69,37 @@ class SteadyLoad:
         sent = time.monotonic()
         first = 0.0
         try:
-            stream = self._client.stream(self.model, prompt, max_tokens=self.tokens,
-                                         request_id=rid, timeout=self.timeout_s,
-                                         ignore_eos=True)  # fmt: skip
+            stream = self._client.stream(
+                self.model,
+                prompt,
+                max_tokens=self.tokens,
+                request_id=rid,
+                timeout=self.timeout_s,
+                ignore_eos=True,
+            )
             async for _ in stream:
                 first = first or time.monotonic()
             out = stream.outcome
             assert out is not None
             ok = out.usage.completion_tokens == self.tokens
-            return Answer(rid, sent, time.monotonic(), "ok" if ok else "error",
-                          out.served_model, "" if ok else "short", first)  # fmt: skip
+            return Answer(
+                rid,
+                sent,
+                time.monotonic(),
+                "ok" if ok else "error",
+                out.served_model,
+                "" if ok else "short",
+                first,
+            )
         except RequestError as exc:
             hung = exc.event is None and exc.code == "timeout"
-            return Answer(rid, sent, time.monotonic(), "hung" if hung else "error",
-                          detail=f"{exc.code}: {exc}")  # fmt: skip
+            return Answer(
+                rid,
+                sent,
+                time.monotonic(),
+                "hung" if hung else "error",
+                detail=f"{exc.code}: {exc}",
+            )
 
     def count(self, kind: str) -> int:
         return sum(a.kind == kind for a in self.answers)
@@ -97,13 +114,16 @@ class SteadyLoad:
 def cli(nats_url: str, operator: Path, *args: str, timeout: float = 120, rc: int = 0) -> str:
     """``inferbus ARGS`` as the operator; its output (it must exit ``rc``)."""
     done = subprocess.run(
-        [sys.executable, "-m", "inferbus.cli", *args], capture_output=True, text=True,
+        [sys.executable, "-m", "inferbus.cli", *args],
+        capture_output=True,
+        text=True,
         timeout=timeout,
         env={**os.environ, "NATS_URL": nats_url, "INFERBUS_NATS_CREDS": str(operator)},
-    )  # fmt: skip
+    )
     if done.returncode != rc:
-        raise AssertionError(f"inferbus {' '.join(args)} exited {done.returncode}:\n"
-                             f"{done.stdout}\n{done.stderr}")  # fmt: skip
+        raise AssertionError(
+            f"inferbus {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+        )
     return done.stdout
 
 
@@ -130,8 +150,9 @@ async def canary_instance(
         await asyncio.sleep(0.3)
 
 
-async def ready_workers(nats_url: str, operator: Path, model: str, n: int,
-                        timeout: float = 300.0) -> None:  # fmt: skip
+async def ready_workers(
+    nats_url: str, operator: Path, model: str, n: int, timeout: float = 300.0
+) -> None:
     """Wait until ``n`` workers serving ``model`` say they are ready (``inferbus up``
     is up once one of them is)."""
     from inferbus.contracts import HEARTBEATS, WorkerHeartbeat

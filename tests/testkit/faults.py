@@ -63,11 +63,15 @@ class FaultResult:
 
     def row(self) -> dict[str, object]:
         return {
-            "fault": self.fault, "sent": len(self.outcomes), "ok": self.count("ok"),
-            "retryable": self.count("retryable"), "errors": self.count("error"),
-            "hung": self.count("hung"), "duplicates": self.duplicates,
+            "fault": self.fault,
+            "sent": len(self.outcomes),
+            "ok": self.count("ok"),
+            "retryable": self.count("retryable"),
+            "errors": self.count("error"),
+            "hung": self.count("hung"),
+            "duplicates": self.duplicates,
             "recover_s": None if self.recover_s is None else round(self.recover_s, 2),
-        }  # fmt: skip
+        }
 
 
 class Platform:
@@ -89,15 +93,34 @@ class Platform:
         """Every node's URL, comma-separated (from up's banner)."""
         self.http = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "inferbus.cli", "up", "--engine", engine, "--no-selftest",
-             "--port", str(self.port), "--nats-port", str(nats_port), "--state-dir", str(state),
-             "--workers", str(workers), "--metrics-port-base",
-             str(random.randrange(20000, 32000, 100)),
-             *([f"--worker-arg=--sim-decode-s-per-step={decode_s}"] if engine == "sim" else []),
-             "--nats-cluster", str(nats_cluster), *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-m",
+                "inferbus.cli",
+                "up",
+                "--engine",
+                engine,
+                "--no-selftest",
+                "--port",
+                str(self.port),
+                "--nats-port",
+                str(nats_port),
+                "--state-dir",
+                str(state),
+                "--workers",
+                str(workers),
+                "--metrics-port-base",
+                str(random.randrange(20000, 32000, 100)),
+                *([f"--worker-arg=--sim-decode-s-per-step={decode_s}"] if engine == "sim" else []),
+                "--nats-cluster",
+                str(nats_cluster),
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
             env={**os.environ, "NATS_URL": ""},
-        )  # fmt: skip
+        )
         assert self.proc.stdout is not None
         lines = []
         deadline = time.monotonic() + (90 if engine == "sim" else 300)
@@ -112,11 +135,23 @@ class Platform:
                 break
         self.operator = state / "auth" / "creds" / "operator.json"
         made = subprocess.run(
-            [sys.executable, "-m", "inferbus.cli", "creds", "new", "--tenant", "faults",
-             "--state-dir", str(state), "--nats-url", self.nats_url],
-            capture_output=True, text=True, env={**os.environ, "INFERBUS_NATS_CREDS":
-                                                 str(self.operator)},
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "inferbus.cli",
+                "creds",
+                "new",
+                "--tenant",
+                "faults",
+                "--state-dir",
+                str(state),
+                "--nats-url",
+                self.nats_url,
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "INFERBUS_NATS_CREDS": str(self.operator)},
+        )
         if made.returncode:
             self.stop()  # a platform the caller never gets must not outlive this
             raise RuntimeError(made.stderr)
@@ -191,16 +226,20 @@ async def _nats_one(client: Client, tokens: int, timeout: float) -> Outcome:
     rid = uuid.uuid4().hex
     sent = time.monotonic()
     try:
-        stream = client.stream(MODEL, f"fault load {rid}", max_tokens=tokens, request_id=rid,
-                               timeout=timeout)  # fmt: skip
+        stream = client.stream(
+            MODEL, f"fault load {rid}", max_tokens=tokens, request_id=rid, timeout=timeout
+        )
         async for _ in stream:
             pass
         assert stream.outcome is not None
         ok = stream.outcome.usage.completion_tokens == tokens
         return Outcome(rid, sent, time.monotonic(), "ok" if ok else "error", "short")
     except RequestError as exc:
-        kind = "hung" if exc.event is None and exc.code == "timeout" else (
-            "retryable" if exc.retryable else "error")  # fmt: skip
+        kind = (
+            "hung"
+            if exc.event is None and exc.code == "timeout"
+            else ("retryable" if exc.retryable else "error")
+        )
         return Outcome(rid, sent, time.monotonic(), kind, exc.code or str(exc))
     except Exception as exc:  # the client's own connection to NATS failed: retry later
         return Outcome(rid, sent, time.monotonic(), "retryable", repr(exc))
@@ -209,13 +248,18 @@ async def _nats_one(client: Client, tokens: int, timeout: float) -> Outcome:
 async def _http_one(http: aiohttp.ClientSession, tokens: int, timeout: float) -> Outcome:
     rid = uuid.uuid4().hex
     sent = time.monotonic()
-    body = {"model": MODEL, "stream": True, "max_tokens": tokens,
-            "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": f"fault load {rid}"}]}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "stream": True,
+        "max_tokens": tokens,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": f"fault load {rid}"}],
+    }
     try:
         async with asyncio.timeout(timeout):
-            async with http.post("/v1/chat/completions", json=body,
-                                 headers={"x-request-id": rid}) as r:  # fmt: skip
+            async with http.post(
+                "/v1/chat/completions", json=body, headers={"x-request-id": rid}
+            ) as r:
                 if r.status != 200:
                     kind = "retryable" if r.status in (429, 503) else "error"
                     return Outcome(rid, sent, time.monotonic(), kind, f"HTTP {r.status}")
@@ -239,8 +283,15 @@ async def _http_one(http: aiohttp.ClientSession, tokens: int, timeout: float) ->
         return Outcome(rid, sent, time.monotonic(), "retryable", type(exc).__name__)
 
 
-_RETRYABLE = {"bus_unavailable", "stream_interrupted", "worker_lost", "worker_shutdown",
-              "no_worker", "queue_timeout", "queue_full"}  # fmt: skip
+_RETRYABLE = {
+    "bus_unavailable",
+    "stream_interrupted",
+    "worker_lost",
+    "worker_shutdown",
+    "no_worker",
+    "queue_timeout",
+    "queue_full",
+}
 
 
 async def run_fault(
@@ -269,10 +320,14 @@ async def run_fault(
             if out.kind != "ok":
                 await asyncio.sleep(0.2)  # as a client backs off
 
-    loops = [asyncio.create_task(loop(lambda: _nats_one(client, tokens, timeout_s)))
-             for _ in range(nats_clients)]  # fmt: skip
-    loops += [asyncio.create_task(loop(lambda: _http_one(http, tokens, timeout_s)))
-              for _ in range(http_clients)]  # fmt: skip
+    loops = [
+        asyncio.create_task(loop(lambda: _nats_one(client, tokens, timeout_s)))
+        for _ in range(nats_clients)
+    ]
+    loops += [
+        asyncio.create_task(loop(lambda: _http_one(http, tokens, timeout_s)))
+        for _ in range(http_clients)
+    ]
     await asyncio.sleep(kill_after_s)
     running = await p.pids()
     pid = running[fault]

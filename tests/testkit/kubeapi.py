@@ -65,8 +65,13 @@ class ReplayApiServer:
     async def _answer(self, request: web.Request) -> web.Response:
         raw = await request.read()
         body = json.loads(raw) if raw else None
-        got = Received(request.method, request.path, dict(request.query),
-                       request.headers.get("Content-Type", ""), body)  # fmt: skip
+        got = Received(
+            request.method,
+            request.path,
+            dict(request.query),
+            request.headers.get("Content-Type", ""),
+            body,
+        )
         self.received.append(got)
         if not self.exchanges:
             self.mismatches.append(f"unexpected {got.method} {got.path}")
@@ -77,13 +82,18 @@ class ReplayApiServer:
             for k, a, b in (
                 ("method", got.method, want["method"]),
                 ("path", got.path, want["path"]),
-                ("content type", got.content_type.split(";")[0],
-                 want.get("contentType", got.content_type.split(";")[0])),
+                (
+                    "content type",
+                    got.content_type.split(";")[0],
+                    want.get("contentType", got.content_type.split(";")[0]),
+                ),
             )
             if a != b
-        ] + [f"query {k}: {got.query.get(k)!r} != {v!r}"
-             for k, v in (want.get("query") or {}).items()
-             if not _same_param(got.query.get(k), v)]  # fmt: skip
+        ] + [
+            f"query {k}: {got.query.get(k)!r} != {v!r}"
+            for k, v in (want.get("query") or {}).items()
+            if not _same_param(got.query.get(k), v)
+        ]
         if problems:
             self.mismatches.append(f"{got.method} {got.path}: " + "; ".join(problems))
             return web.json_response({"kind": "Status", "code": 599}, status=599)

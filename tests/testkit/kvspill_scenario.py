@@ -30,16 +30,26 @@ async def run(engine: VllmEngine, label: str, weights: str = "") -> None:
         last = out
     assert last is not None
     restored = last.restored
-    print(json.dumps({
-        "label": label,
-        "text": text,
-        "prompt_tokens": last.prompt_tokens,
-        "cached_tokens": last.cached_tokens,
-        "restored": None if restored is None else {
-            "tokens": restored.tokens, "tiers": restored.tiers, "failed": restored.failed,
-            "bytes": restored.bytes, "seconds": restored.seconds,
-        },
-    }), flush=True)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "label": label,
+                "text": text,
+                "prompt_tokens": last.prompt_tokens,
+                "cached_tokens": last.cached_tokens,
+                "restored": None
+                if restored is None
+                else {
+                    "tokens": restored.tokens,
+                    "tiers": restored.tiers,
+                    "failed": restored.failed,
+                    "bytes": restored.bytes,
+                    "seconds": restored.seconds,
+                },
+            }
+        ),
+        flush=True,
+    )
 
 
 async def life(model: str, disk: Path, *labels: str) -> None:

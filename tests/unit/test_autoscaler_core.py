@@ -365,8 +365,13 @@ def test_a_burst_is_sized_by_what_the_slo_lets_it_queue() -> None:
 def test_an_llmservice_adds_a_model_and_its_new_bounds_hold_at_the_next_tick() -> None:
     core = AutoscalerCore(AutoscalerPolicy(models={}), now=0.0)
     base = ModelScaling(worker_capacity=TRUE_CAPACITY, max_replicas=8)
-    record = ScalingSettings(min_replicas=2, max_replicas=4, target_utilization=0.5,
-                             predictive_window_s=300.0, forecaster="constant")  # fmt: skip
+    record = ScalingSettings(
+        min_replicas=2,
+        max_replicas=4,
+        target_utilization=0.5,
+        predictive_window_s=300.0,
+        forecaster="constant",
+    )
     spec = scaling_for(base, record)
     assert (spec.min_replicas, spec.max_replicas, spec.target_utilization) == (2, 4, 0.5)
     assert spec.forecast.trend_window_s == 300.0 and spec.forecaster == "constant"

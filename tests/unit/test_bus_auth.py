@@ -18,9 +18,17 @@ from inferbus.shared.buscreds import load_credentials
 
 
 def request(**kw) -> RequestSubmitted:
-    base = dict(request_id="r1", model="m", prompt="hi", reply_to="ib.reply.tenant.acme.r1",
-                tenant="evil", priority="interactive", input_policy="off", mask_pii=False,
-                client_reply_to="ib.reply.tenant.beta.r9")  # fmt: skip
+    base = dict(
+        request_id="r1",
+        model="m",
+        prompt="hi",
+        reply_to="ib.reply.tenant.acme.r1",
+        tenant="evil",
+        priority="interactive",
+        input_policy="off",
+        mask_pii=False,
+        client_reply_to="ib.reply.tenant.beta.r9",
+    )
     return RequestSubmitted(**{**base, **kw})
 
 
@@ -36,17 +44,33 @@ def test_the_record_not_the_payload_sets_tenant_priority_and_policies():
     [
         (None, request(), "permission_denied", None),
         (TenantPolicy(tenant="acme", revoked=True), request(), "permission_denied", None),
-        (TenantPolicy(tenant="acme"), request(reply_to="ib.reply.tenant.beta.r1"),
-         "invalid_request", "reply_to"),
-        (TenantPolicy(tenant="acme"), request(reply_to="_INBOX.x.y"),
-         "invalid_request", "reply_to"),
-        (TenantPolicy(tenant="acme"), request(reply_to="ib.reply.tenant.acme."),
-         "invalid_request", "reply_to"),
+        (
+            TenantPolicy(tenant="acme"),
+            request(reply_to="ib.reply.tenant.beta.r1"),
+            "invalid_request",
+            "reply_to",
+        ),
+        (
+            TenantPolicy(tenant="acme"),
+            request(reply_to="_INBOX.x.y"),
+            "invalid_request",
+            "reply_to",
+        ),
+        (
+            TenantPolicy(tenant="acme"),
+            request(reply_to="ib.reply.tenant.acme."),
+            "invalid_request",
+            "reply_to",
+        ),
         (TenantPolicy(tenant="acme", models=["other"]), request(), "permission_denied", "model"),
-        (TenantPolicy(tenant="acme", max_tokens=8), request(sampling=SamplingParams(max_tokens=9)),
-         "permission_denied", "max_tokens"),
+        (
+            TenantPolicy(tenant="acme", max_tokens=8),
+            request(sampling=SamplingParams(max_tokens=9)),
+            "permission_denied",
+            "max_tokens",
+        ),
     ],
-)  # fmt: skip
+)
 def test_what_a_tenant_s_record_refuses(policy, req, code, param):
     out = admit_tenant(req, "acme", policy)
     assert isinstance(out, RequestRejected) and (out.code, out.param) == (code, param)

@@ -105,6 +105,7 @@ def test_the_stack_needs_no_image_but_its_own():
     reason="no Compose v2 here (scripts/docker-setup.sh installs it)",
 )
 def test_compose_config_accepts_the_file():
-    done = subprocess.run(["docker", "compose", "config", "-q"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        ["docker", "compose", "config", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr

@@ -49,17 +49,21 @@ def ended(core: DeliveryCore, served: str, now: float, ttft: float = 0.1, n: int
     for _ in range(n):
         core.on_ended(
             RequestFinished(
-                request_id="r", finish_reason="length", chunks=9,
+                request_id="r",
+                finish_reason="length",
+                chunks=9,
                 usage=Usage(prompt_tokens=5, completion_tokens=10),
-                timings=StageTimings(first_token_s=ttft, decode_s=0.09), served_model=served,
+                timings=StageTimings(first_token_s=ttft, decode_s=0.09),
+                served_model=served,
             ),
             now,
-        )  # fmt: skip
+        )
 
 
 def deploy(core: DeliveryCore, now: float, **kw) -> tuple[Rollout, object]:
-    req = DeployRequest(model="m", version="v2", steps=[10, 50], interval_s=30, slo=SLO,
-                        min_samples=5, **kw)  # fmt: skip
+    req = DeployRequest(
+        model="m", version="v2", steps=[10, 50], interval_s=30, slo=SLO, min_samples=5, **kw
+    )
     effects = core.deploy(req, V2, ModelCurrent(name="m", version="v1"), V1, now)
     return core.rollouts.get("m"), effects
 
@@ -70,8 +74,12 @@ def placed(core: DeliveryCore, now: float = 0.0):
     (delivery,) = effects.deliveries
     assert delivery.role == "candidate" and delivery.workers == rollout.workers
     for w in rollout.workers:
-        core.on_swapped(ModelSwapped(delivery_id=delivery.delivery_id, worker_id=w,
-                                     model="m@v2", role="candidate"), now + 1)  # fmt: skip
+        core.on_swapped(
+            ModelSwapped(
+                delivery_id=delivery.delivery_id, worker_id=w, model="m@v2", role="candidate"
+            ),
+            now + 1,
+        )
     hb(core, rollout.workers[0], ["m@v2"], now + 1, {"m@v2": "v2"})
     return rollout
 
@@ -80,10 +88,16 @@ def test_a_deploy_places_the_candidate_on_the_least_busy_worker_and_keeps_others
     core = DeliveryCore()
     fleet(core, 0.0)
     core.on_heartbeat(  # w0 is the busiest: running 3, waiting 2
-        WorkerHeartbeat(worker_id="w0", models=["m", "m@v1"], engine="sim", running=3,
-                        waiting=2, versions={"m": "v1", "m@v1": "v1"}),
+        WorkerHeartbeat(
+            worker_id="w0",
+            models=["m", "m@v1"],
+            engine="sim",
+            running=3,
+            waiting=2,
+            versions={"m": "v1", "m@v1": "v1"},
+        ),
         0.0,
-    )  # fmt: skip
+    )
     rollout, effects = deploy(core, 0.0)
     assert rollout.workers == ["w1"] and rollout.phase == "placing"
     assert [d.action for d in effects.decisions] == ["start", "place"]
@@ -95,13 +109,16 @@ def test_the_first_step_starts_once_the_canary_answers():
     fleet(core, 0.0)
     rollout, effects = deploy(core, 0.0)
     delivery = effects.deliveries[0]
-    step = core.on_swapped(ModelSwapped(delivery_id=delivery.delivery_id, worker_id="w0",
-                                        model="m@v2"), 2.0)  # fmt: skip
+    step = core.on_swapped(
+        ModelSwapped(delivery_id=delivery.delivery_id, worker_id="w0", model="m@v2"), 2.0
+    )
     assert rollout.phase == "stepping"
     assert step.canary.weights == {"m@v2": pytest.approx(0.10)}
     # an answer to another delivery changes nothing
-    assert core.on_swapped(ModelSwapped(delivery_id="old", worker_id="w0", model="m@v2"),
-                           2.0).canary is None  # fmt: skip
+    assert (
+        core.on_swapped(ModelSwapped(delivery_id="old", worker_id="w0", model="m@v2"), 2.0).canary
+        is None
+    )
 
 
 def test_steps_advance_only_with_enough_samples_then_promote_then_done():
@@ -153,12 +170,15 @@ def test_errors_on_the_new_version_roll_back_but_client_errors_do_not_count():
     core = DeliveryCore()
     placed(core)
     for _ in range(10):
-        core.on_ended(RequestFailed(request_id="r", code="invalid_request", reason="x",
-                                    served_model="m@v2"), 3.0)  # fmt: skip
+        core.on_ended(
+            RequestFailed(request_id="r", code="invalid_request", reason="x", served_model="m@v2"),
+            3.0,
+        )
     ended(core, "m@v2", 3.0, n=5)
     assert core.tick(4.0).decisions == []
-    core.on_ended(RequestFailed(request_id="r", code="engine_error", reason="x",
-                                served_model="m@v2"), 4.5)  # fmt: skip
+    core.on_ended(
+        RequestFailed(request_id="r", code="engine_error", reason="x", served_model="m@v2"), 4.5
+    )
     assert core.tick(5.0).decisions[0].action == "rollback"
 
 
@@ -185,9 +205,17 @@ def test_a_refused_swap_fails_the_rollout_and_sends_nothing_to_the_new_version()
     core = DeliveryCore()
     fleet(core, 0.0)
     rollout, effects = deploy(core, 0.0)
-    failed = core.on_swapped(ModelSwapped(
-        delivery_id=effects.deliveries[0].delivery_id, worker_id=rollout.workers[0],
-        model="m@v2", ok=False, code="signature", reason="does not verify"), 1.0)  # fmt: skip
+    failed = core.on_swapped(
+        ModelSwapped(
+            delivery_id=effects.deliveries[0].delivery_id,
+            worker_id=rollout.workers[0],
+            model="m@v2",
+            ok=False,
+            code="signature",
+            reason="does not verify",
+        ),
+        1.0,
+    )
     (decision,) = failed.decisions
     assert decision.action == "failed" and "signature" in decision.reason
     assert failed.canary.weights == {} and rollout.phase == "failed"
@@ -215,8 +243,9 @@ def test_canary_workers_that_never_answer_fail_the_rollout():
 def test_deploys_that_cannot_work_are_refused_with_the_reason(change, reason):
     core = DeliveryCore()
     fleet(core, 0.0, n=change.pop("workers", 3))
-    req = DeployRequest(model="m", version="v2", steps=change.pop("steps", [10]),
-                        slo=change.pop("slo", {}))  # fmt: skip
+    req = DeployRequest(
+        model="m", version="v2", steps=change.pop("steps", [10]), slo=change.pop("slo", {})
+    )
     args = {"candidate": V2, "current": ModelCurrent(name="m", version="v1"), **change}
     effects = core.deploy(req, args["candidate"], args["current"], V1, 0.0)
     assert effects.decisions[0].action == "failed" and reason in effects.decisions[0].reason
@@ -234,8 +263,13 @@ def test_one_rollout_at_a_time_per_model():
 def test_rollback_by_hand_during_a_rollout_and_after_it():
     core = DeliveryCore()
     rollout = placed(core)
-    during = core.rollback(RollbackRequest(model="m", reason="looks off"),
-                           ModelCurrent(name="m", version="v1"), V1, None, 3.0)  # fmt: skip
+    during = core.rollback(
+        RollbackRequest(model="m", reason="looks off"),
+        ModelCurrent(name="m", version="v1"),
+        V1,
+        None,
+        3.0,
+    )
     assert during.decisions[0].action == "rollback" and "looks off" in during.decisions[0].reason
     assert during.canary.weights == {} and rollout.phase == "rolled_back"
     after = core.rollback(
@@ -244,8 +278,9 @@ def test_rollback_by_hand_during_a_rollout_and_after_it():
     assert after.current.version == "v1" and after.current.previous == "v2"
     assert after.deliveries[0].model == V1 and after.deliveries[0].workers == []
     # back past the first registered version: each worker's own --model
-    first = core.rollback(RollbackRequest(model="m"),
-                          ModelCurrent(name="m", version="v1"), V1, None, 10.0)  # fmt: skip
+    first = core.rollback(
+        RollbackRequest(model="m"), ModelCurrent(name="m", version="v1"), V1, None, 10.0
+    )
     assert first.deliveries[0].model.version == "" and first.current.version == ""
     nothing = core.rollback(RollbackRequest(model="x"), None, None, None, 11.0)
     assert nothing.decisions[0].action == "failed"
@@ -261,13 +296,19 @@ def test_an_adapters_first_version_goes_straight_in_and_its_next_is_a_canary_on_
     hb(core, "w0", ["base", "ad", "ad@a1"], 1.0, {"ad": "a1", "ad@a1": "a1"})
     assert core.tick(2.0).decisions[0].action == "done"
     ad2 = ModelVersion(name="ad", version="a2", kind="adapter", base_model="base")
-    canary = core.deploy(DeployRequest(model="ad", version="a2", steps=[50]), ad2,
-                         ModelCurrent(name="ad", version="a1"), ad1, 3.0)  # fmt: skip
+    canary = core.deploy(
+        DeployRequest(model="ad", version="a2", steps=[50]),
+        ad2,
+        ModelCurrent(name="ad", version="a1"),
+        ad1,
+        3.0,
+    )
     assert canary.deliveries[0].workers == [] and canary.deliveries[0].role == "candidate"
     hb(core, "w0", ["base", "ad", "ad@a1", "ad@a2"], 4.0)
     assert core.tick(4.0).canary.weights == {"ad@a2": 0.5}
-    back = core.rollback(RollbackRequest(model="ad"), ModelCurrent(name="ad", version="a1"),
-                         ad1, None, 5.0)  # fmt: skip
+    back = core.rollback(
+        RollbackRequest(model="ad"), ModelCurrent(name="ad", version="a1"), ad1, None, 5.0
+    )
     assert back.deliveries[0].workers == [] and back.deliveries[0].model == ad1
 
 
@@ -276,9 +317,17 @@ def test_a_promotion_a_worker_refuses_is_rolled_back_everywhere():
     hb(core, "w0", ["base"], 0.0)
     ad1 = ModelVersion(name="ad", version="a1", kind="adapter", base_model="base")
     first = core.deploy(DeployRequest(model="ad", version="a1"), ad1, None, None, 0.0)
-    refused = core.on_swapped(ModelSwapped(delivery_id=first.deliveries[0].delivery_id,
-                                           worker_id="w0", model="ad@a1", ok=False,
-                                           code="signature", reason="x"), 1.0)  # fmt: skip
+    refused = core.on_swapped(
+        ModelSwapped(
+            delivery_id=first.deliveries[0].delivery_id,
+            worker_id="w0",
+            model="ad@a1",
+            ok=False,
+            code="signature",
+            reason="x",
+        ),
+        1.0,
+    )
     assert refused.decisions[0].action == "failed" and refused.current.version == ""
 
 

@@ -23,8 +23,10 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s" / "base"
-OVERLAYS = {"dev": ROOT / "deploy" / "k8s" / "overlays" / "dev",
-            "prod": ROOT / "deploy" / "k8s" / "overlays" / "prod"}  # fmt: skip
+OVERLAYS = {
+    "dev": ROOT / "deploy" / "k8s" / "overlays" / "dev",
+    "prod": ROOT / "deploy" / "k8s" / "overlays" / "prod",
+}
 VERSIONS = ["1.29.0", "1.37.0"]
 """The oldest Kubernetes still in wide use, and the newest the schemas know."""
 
@@ -36,8 +38,9 @@ def kustomize(path: Path) -> list[dict]:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("no kubectl here (its built-in kustomize renders the manifests)")
-    done = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     return [o for o in yaml.safe_load_all(done.stdout) if o]
 
@@ -84,8 +87,11 @@ def test_the_dev_worker_serves_the_tiny_model_it_builds_on_cpus():
     assert _env(worker)["VLLM_CPU_KVCACHE_SPACE"] == "1"
     models = next(v for v in pod["volumes"] if v["name"] == "models")
     assert "emptyDir" in models and "persistentVolumeClaim" not in models
-    assert not [o for o in objects if o["kind"] == "PersistentVolumeClaim"
-                and o["metadata"]["name"] == "models"]  # fmt: skip
+    assert not [
+        o
+        for o in objects
+        if o["kind"] == "PersistentVolumeClaim" and o["metadata"]["name"] == "models"
+    ]
     autoscaler = _deployment(objects, "autoscaler")["spec"]["template"]["spec"]["containers"][0]
     served = _env(worker)["INFERBUS_SERVED_MODEL_NAME"]
     assert f"{served}=inferbus/worker" in autoscaler["args"]
@@ -130,8 +136,11 @@ def test_the_argocd_application_syncs_an_overlay_of_this_repository():
 
 
 def test_a_bad_manifest_is_caught():
-    (deployment,) = [o for o in kustomize(K8S) if o["metadata"]["name"] == "gateway"
-                     and o["kind"] == "Deployment"]  # fmt: skip
+    (deployment,) = [
+        o
+        for o in kustomize(K8S)
+        if o["metadata"]["name"] == "gateway" and o["kind"] == "Deployment"
+    ]
     deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolcy"] = "Always"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, VERSIONS[-1], strict=True)
@@ -157,8 +166,11 @@ def test_every_pod_mounts_a_secret_creds_k8s_makes(tmp_path):
         if obj["kind"] not in ("Deployment", "StatefulSet"):
             continue
         spec = obj["spec"]["template"]["spec"]
-        secrets = {v["name"]: v["secret"]["secretName"] for v in spec.get("volumes", [])
-                   if "secret" in v and not v["secret"].get("optional")}  # fmt: skip
+        secrets = {
+            v["name"]: v["secret"]["secretName"]
+            for v in spec.get("volumes", [])
+            if "secret" in v and not v["secret"].get("optional")
+        }
         (container,) = spec["containers"]
         if obj["kind"] == "Deployment":  # a service: its own user, nothing else's
             env = {e["name"]: e.get("value") for e in container["env"]}
@@ -180,8 +192,7 @@ def test_every_pod_mounts_a_secret_creds_k8s_makes(tmp_path):
 def test_creds_k8s_keeps_passwords_and_refuses_no_nats(tmp_path):
     first, again = _secrets(tmp_path), _secrets(tmp_path)
     assert first == again
-    result = CliRunner().invoke(main, ["creds", "k8s", str(tmp_path / "x"), "--nats-replicas",
-                                       "0"])  # fmt: skip
+    result = CliRunner().invoke(main, ["creds", "k8s", str(tmp_path / "x"), "--nats-replicas", "0"])
     assert result.exit_code == 2 and "--nats-replicas" in result.output
 
 
@@ -199,8 +210,11 @@ def test_the_nats_nodes_configuration_is_valid_for_nats_server(tmp_path, replica
     """The ConfigMap's nats.conf with the Secret's files beside it, as the StatefulSet
     mounts them, passes nats-server's own check (-t)."""
     auth = _secrets(tmp_path, replicas)["inferbus-nats-auth"]
-    (config_map,) = [o for o in kustomize(K8S) if o["kind"] == "ConfigMap"
-                     and o["metadata"]["name"] == "nats-config"]  # fmt: skip
+    (config_map,) = [
+        o
+        for o in kustomize(K8S)
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "nats-config"
+    ]
     etc = tmp_path / "etc"
     (etc / "auth").mkdir(parents=True)
     (etc / "nats.conf").write_text(
@@ -208,9 +222,13 @@ def test_the_nats_nodes_configuration_is_valid_for_nats_server(tmp_path, replica
     )
     for name, text in auth.items():
         (etc / "auth" / name).write_text(text)
-    done = subprocess.run([find_binary(), "-c", str(etc / "nats.conf"), "-t"],
-                          capture_output=True, text=True, timeout=30,
-                          env={"POD_NAME": "nats-0"})  # fmt: skip
+    done = subprocess.run(
+        [find_binary(), "-c", str(etc / "nats.conf"), "-t"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"POD_NAME": "nats-0"},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     if replicas > 1:
         (statefulset,) = [o for o in kustomize(K8S) if o["kind"] == "StatefulSet"]

@@ -139,9 +139,13 @@ def test_a_restorable_block_is_worth_what_the_worker_measured():
     [first] = core.on_accepted(req("r1", [1, 2, 3, 4, 5]), 0.0)
     assert isinstance(first, Assign) and first.worker_id == "a"
     measured = WorkerHeartbeat(
-        worker_id="b", models=["m"], engine="vllm", max_num_seqs=4,
-        prefill_s_per_token=0.010, kv_restore_s_per_token=0.001,
-    )  # fmt: skip
+        worker_id="b",
+        models=["m"],
+        engine="vllm",
+        max_num_seqs=4,
+        prefill_s_per_token=0.010,
+        kv_restore_s_per_token=0.001,
+    )
     core.on_heartbeat(measured, 0.0)
     assert core.workers["b"].spill_weight == pytest.approx(0.9)
     [second] = core.on_accepted(req("r2", [1, 2, 3, 4, 6]), 0.0)

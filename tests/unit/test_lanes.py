@@ -124,10 +124,14 @@ def test_a_backlog_of_long_prompts_releases_the_reserved_worker():
     to 1.24x FCFS's."""
     core = SchedulerCore(
         SchedulerPolicy(
-            short_prompt_tokens=1000, short_reserve=0.25, reserve_above_tokens=4000,
-            reserve_release_s=2.0, long_wait_bound_s=1e9, routing="round_robin",
+            short_prompt_tokens=1000,
+            short_reserve=0.25,
+            reserve_above_tokens=4000,
+            reserve_release_s=2.0,
+            long_wait_bound_s=1e9,
+            routing="round_robin",
         )
-    )  # fmt: skip
+    )
     for w in ("a", "b", "c", "d"):
         core.on_heartbeat(hb(w, seqs=8), 0.0)
     placed = {e.worker_id for i in range(5) for e in core.on_accepted(req(f"L{i}", 8000), 0.0)}
@@ -147,10 +151,13 @@ def test_a_worker_prefills_long_prompts_within_a_token_budget_not_one_at_a_time(
     4x to 5x; a budget in tokens keeps what a short request can wait behind bounded."""
     core = SchedulerCore(
         SchedulerPolicy(
-            short_prompt_tokens=1000, short_reserve=0.0, long_prefill_tokens=12288,
-            long_wait_bound_s=1e9, routing="round_robin",
+            short_prompt_tokens=1000,
+            short_reserve=0.0,
+            long_prefill_tokens=12288,
+            long_wait_bound_s=1e9,
+            routing="round_robin",
         )
-    )  # fmt: skip
+    )
     core.on_heartbeat(hb("w", seqs=8), 0.0)
     got = [assigned(core.on_accepted(req(f"M{i}", 5000), 0.0)) for i in range(3)]
     assert got == [["M0"], ["M1"], []]  # 10,000 tokens prefilling; a third would pass 12,288

@@ -30,9 +30,12 @@ VERSIONS = ["1.29.0", "1.37.0"]
 
 def doc(**spec) -> dict:
     base = {"model": {"name": "chat-model", "version": "2"}}
-    return {"apiVersion": "inferbus.io/v1alpha1", "kind": "LLMService",
-            "metadata": {"name": "chat", "namespace": "ml", "uid": "u-1", "generation": 3},
-            "spec": {**base, **spec}}  # fmt: skip
+    return {
+        "apiVersion": "inferbus.io/v1alpha1",
+        "kind": "LLMService",
+        "metadata": {"name": "chat", "namespace": "ml", "uid": "u-1", "generation": 3},
+        "spec": {**base, **spec},
+    }
 
 
 def svc(**spec):
@@ -64,10 +67,16 @@ def test_the_example_loads_with_every_field_the_issue_names():
         ({"inputSanitization": {"policy": "ignore"}}, "$.spec.inputSanitization.policy"),
         ({"observability": {"stages": [{"name": "warp"}]}}, "$.spec.observability.stages[0].name"),
         ({"model": {"name": "a b"}}, "$.spec.model.name"),
-        ({"observability": {"customMetrics": [{"name": "x", "expr": "1"},
-                                              {"name": "x", "expr": "2"}]}}, "repeats a name"),
+        (
+            {
+                "observability": {
+                    "customMetrics": [{"name": "x", "expr": "1"}, {"name": "x", "expr": "2"}]
+                }
+            },
+            "repeats a name",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_bad_spec_is_refused_naming_its_field(change, named):
     with pytest.raises(SpecError) as err:
         svc(**change)
@@ -125,9 +134,12 @@ def test_the_crd_is_valid_for_kubernetes(version):
 def test_the_crd_schema_takes_the_example_and_refuses_what_load_refuses():
     v = crd_validator()
     v.validate(yaml.safe_load(EXAMPLE.read_text()))
-    for change in ({"scaling": {"maxReplicass": 2}}, {"resources": {"memory": "lots"}},
-                   {"inputSanitization": {"policy": "ignore"}},
-                   {"scaling": {"targetUtilization": 0}}):  # fmt: skip
+    for change in (
+        {"scaling": {"maxReplicass": 2}},
+        {"resources": {"memory": "lots"}},
+        {"inputSanitization": {"policy": "ignore"}},
+        {"scaling": {"targetUtilization": 0}},
+    ):
         assert list(v.iter_errors(doc(**change))), change
     # the defaults it declares are what the Structs default to
     spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
@@ -142,9 +154,17 @@ def test_the_crd_schema_takes_the_example_and_refuses_what_load_refuses():
 
 
 def test_settings_carry_the_scaling_and_checks_for_the_services():
-    s = svc(scaling={"minReplicas": 2, "maxReplicas": 6, "targetUtilization": 0.6,
-                     "predictiveWindowSeconds": 300, "forecaster": "holt"},
-            inputSanitization={"policy": "flag"}, outputFiltering={"maskPii": False})  # fmt: skip
+    s = svc(
+        scaling={
+            "minReplicas": 2,
+            "maxReplicas": 6,
+            "targetUtilization": 0.6,
+            "predictiveWindowSeconds": 300,
+            "forecaster": "holt",
+        },
+        inputSanitization={"policy": "flag"},
+        outputFiltering={"maskPii": False},
+    )
     out = render.service_settings(s, scale_target="ml/llm-chat", set_by="t", now=5.0)
     assert out.service == "ml/chat" and out.model == "chat-model" and out.version == "2"
     assert out.scaling is not None
@@ -156,8 +176,10 @@ def test_settings_carry_the_scaling_and_checks_for_the_services():
 
 
 def test_the_worker_deployment_gets_its_model_resources_and_gpus():
-    s = svc(model={"name": "chat-model", "path": "llama/8b"},
-            resources={"gpus": 2, "cpu": "8", "memory": "64Gi", "shm": "8Gi"})  # fmt: skip
+    s = svc(
+        model={"name": "chat-model", "path": "llama/8b"},
+        resources={"gpus": 2, "cpu": "8", "memory": "64Gi", "shm": "8Gi"},
+    )
     d = render.worker_deployment(s, render.Cluster(image="reg/inferbus:gpu"), None)
     pod = d["spec"]["template"]["spec"]
     (c,) = pod["containers"]
@@ -186,11 +208,14 @@ def test_replicas_start_at_the_minimum_and_the_autoscalers_are_kept_within_bound
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_object_the_core_renders_is_valid_for_kubernetes(version):
     (s,) = load_file(EXAMPLE)
-    s = msgspec.structs.replace(s, metadata=msgspec.structs.replace(
-        s.metadata, namespace="inferbus", uid="0b6c"))  # fmt: skip
-    objects = [render.worker_deployment(s, render.Cluster(), 3),
-               *render.scale_access(s, "autoscaler"),
-               render.rules_configmap(s, yaml.safe_dump(render.prometheus_rules(s)))]  # fmt: skip
+    s = msgspec.structs.replace(
+        s, metadata=msgspec.structs.replace(s.metadata, namespace="inferbus", uid="0b6c")
+    )
+    objects = [
+        render.worker_deployment(s, render.Cluster(), 3),
+        *render.scale_access(s, "autoscaler"),
+        render.rules_configmap(s, yaml.safe_dump(render.prometheus_rules(s))),
+    ]
     for obj in objects:
         kubernetes_validate.validate(obj, version, strict=True)
     role, binding = objects[1:3]
@@ -207,8 +232,7 @@ def test_the_rule_file_passes_promtool(tmp_path):
     assert rules is not None
     path = tmp_path / "chat.rules.yml"
     path.write_text(yaml.safe_dump(rules))
-    done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True,
-                          text=True)  # fmt: skip
+    done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     text = path.read_text()
     assert (
@@ -244,24 +268,66 @@ READY = DeploymentView(exists=True, replicas=2, ready=2, generation=1, observed_
     ("workers", "delivery", "previous", "now", "phase", "reason"),
     [
         (DeploymentView(), DeliveryView(current="2"), "", 0, "Provisioning", "WorkersStarting"),
-        (DeploymentView(exists=True, replicas=1), DeliveryView(current="2"), "", 0,
-         "Provisioning", "WorkersStarting"),
+        (
+            DeploymentView(exists=True, replicas=1),
+            DeliveryView(current="2"),
+            "",
+            0,
+            "Provisioning",
+            "WorkersStarting",
+        ),
         (READY, DeliveryView(current="2"), "Provisioning", 0, "Ready", "Serving"),
         (READY, DeliveryView(current="1"), "", 0, "Provisioning", "VersionRequested"),
-        (READY, DeliveryView(current="1", last_action="step", last_version="2"), "Ready", 0,
-         "Provisioning", "RollingOut"),
-        (DeploymentView(exists=True, replicas=2, ready=0), DeliveryView(current="2"), "Ready", 0,
-         "Degraded", "WorkersUnavailable"),
-        (DeploymentView(exists=True, replicas=2, ready=1, progress_deadline_exceeded=True),
-         DeliveryView(current="2"), "Provisioning", 0, "Degraded", "ProgressDeadlineExceeded"),
-        (READY, DeliveryView(current="1", last_action="rollback", last_version="2",
-                             last_at=100.0), "Ready", 150.0, "RollingBack", "VersionRolledBack"),
-        (READY, DeliveryView(current="1", last_action="failed", last_version="2",
-                             last_at=100.0), "RollingBack", 400.0, "Degraded", "VersionRolledBack"),
-        (DeploymentView(exists=True, replicas=2, ready=2, generation=2, observed_generation=1),
-         DeliveryView(current="2"), "Ready", 0, "Provisioning", "WorkersUpdating"),
+        (
+            READY,
+            DeliveryView(current="1", last_action="step", last_version="2"),
+            "Ready",
+            0,
+            "Provisioning",
+            "RollingOut",
+        ),
+        (
+            DeploymentView(exists=True, replicas=2, ready=0),
+            DeliveryView(current="2"),
+            "Ready",
+            0,
+            "Degraded",
+            "WorkersUnavailable",
+        ),
+        (
+            DeploymentView(exists=True, replicas=2, ready=1, progress_deadline_exceeded=True),
+            DeliveryView(current="2"),
+            "Provisioning",
+            0,
+            "Degraded",
+            "ProgressDeadlineExceeded",
+        ),
+        (
+            READY,
+            DeliveryView(current="1", last_action="rollback", last_version="2", last_at=100.0),
+            "Ready",
+            150.0,
+            "RollingBack",
+            "VersionRolledBack",
+        ),
+        (
+            READY,
+            DeliveryView(current="1", last_action="failed", last_version="2", last_at=100.0),
+            "RollingBack",
+            400.0,
+            "Degraded",
+            "VersionRolledBack",
+        ),
+        (
+            DeploymentView(exists=True, replicas=2, ready=2, generation=2, observed_generation=1),
+            DeliveryView(current="2"),
+            "Ready",
+            0,
+            "Provisioning",
+            "WorkersUpdating",
+        ),
     ],
-)  # fmt: skip
+)
 def test_status_phases(workers, delivery, previous, now, phase, reason):
     st = render.status(svc(), workers, delivery, previous, now)
     assert (st.phase, st.reason) == (phase, reason), st.message
@@ -297,8 +363,11 @@ def test_render_prints_valid_objects_and_apply_refuses_a_bad_file(tmp_path):
 def test_the_rendered_worker_keeps_in_step_with_the_base_worker():
     """The operator's worker is written in code, the base's in YAML: what a worker needs
     (its variables, volumes, mounts and probes) must not drift apart."""
-    base = next(d for d in yaml.safe_load_all((ROOT / "deploy/k8s/base/worker.yaml").read_text())
-                if d["kind"] == "Deployment")  # fmt: skip
+    base = next(
+        d
+        for d in yaml.safe_load_all((ROOT / "deploy/k8s/base/worker.yaml").read_text())
+        if d["kind"] == "Deployment"
+    )
     mine = render.worker_deployment(svc(), render.Cluster(), None)
     b, m = (d["spec"]["template"]["spec"] for d in (base, mine))
     (bc,), (mc,) = b["containers"], m["containers"]

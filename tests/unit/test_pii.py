@@ -234,9 +234,30 @@ def test_near_misses_of_the_obfuscated_forms_stay_as_they_are(text):
 
 
 OBFUSCATION_PIECES = st.sampled_from(
-    ["bob", "ex", "com", " ", "[", "]", "(", ")", "at", "dot", "@", ".", "4111", "12", "\n",
-     "\u200b", "\uff14", "\u3000", "IP", "10.0.0.1", "你好"]
-)  # fmt: skip
+    [
+        "bob",
+        "ex",
+        "com",
+        " ",
+        "[",
+        "]",
+        "(",
+        ")",
+        "at",
+        "dot",
+        "@",
+        ".",
+        "4111",
+        "12",
+        "\n",
+        "\u200b",
+        "\uff14",
+        "\u3000",
+        "IP",
+        "10.0.0.1",
+        "你好",
+    ]
+)
 
 
 @settings(max_examples=400, deadline=None)

@@ -91,9 +91,13 @@ def test_token_ids_are_routed_on_the_engines_hashes_at_the_block_size_its_events
 
 def test_client_prefix_hashes_still_win():
     r = RequestSubmitted(
-        request_id="r", model="m", reply_to="r.r", prompt="p", prefix_hashes=[5, 6],
+        request_id="r",
+        model="m",
+        reply_to="r.r",
+        prompt="p",
+        prefix_hashes=[5, 6],
         prompt_token_ids=list(range(64)),
-    )  # fmt: skip
+    )
     assert prefix_blocks(r, 256, 16) == ([5, 6], True)
 
 

@@ -47,9 +47,13 @@ def test_the_tiny_model_quantizes_to_a_checkpoint_vllm_reads(tmp_path):
     report = awq_quantize(src, tmp_path / "awq", group_size=128, samples=8, grid=10)
     assert report and all(0 < r <= 1.0 for r in report.values())  # never worse than RTN
     config = json.loads((tmp_path / "awq" / "config.json").read_text())
-    assert config["quantization_config"] == {"quant_method": "awq", "bits": 4,
-                                             "group_size": 128, "zero_point": True,
-                                             "version": "gemm"}  # fmt: skip
+    assert config["quantization_config"] == {
+        "quant_method": "awq",
+        "bits": 4,
+        "group_size": 128,
+        "zero_point": True,
+        "version": "gemm",
+    }
     assert config["torch_dtype"] == "bfloat16"
     t = load_file(str(tmp_path / "awq" / "model.safetensors"))
     q = t["model.layers.0.mlp.down_proj.qweight"]  # [in 256, out 128 / 8]
@@ -77,8 +81,11 @@ def _logits(src, awq_tensors):
             if name.endswith(".qweight"):
                 m = name.removesuffix(".qweight")
                 state[m + ".weight"] = dequantize(
-                    unpack(tensor).T, awq_tensors[m + ".scales"].float().T,
-                    unpack(awq_tensors[m + ".qzeros"]).T, 128)  # fmt: skip
+                    unpack(tensor).T,
+                    awq_tensors[m + ".scales"].float().T,
+                    unpack(awq_tensors[m + ".qzeros"]).T,
+                    128,
+                )
             elif not name.endswith((".scales", ".qzeros")):
                 state[name] = tensor.float()
         model.load_state_dict(state)

@@ -26,16 +26,22 @@ RID = "r1"
 
 def chunk(attempt: int, seq: int, text: str = "", ids: list[int] | None = None) -> TokenChunk:
     return TokenChunk(
-        request_id=RID, seq=seq, text=text or f"a{attempt}s{seq} ", attempt=attempt,
+        request_id=RID,
+        seq=seq,
+        text=text or f"a{attempt}s{seq} ",
+        attempt=attempt,
         token_ids=ids if ids is not None else [seq],
-    )  # fmt: skip
+    )
 
 
 def finished(attempt: int, chunks: int) -> RequestFinished:
     return RequestFinished(
-        request_id=RID, finish_reason="stop", chunks=chunks, attempt=attempt,
+        request_id=RID,
+        finish_reason="stop",
+        chunks=chunks,
+        attempt=attempt,
         usage=Usage(prompt_tokens=3, completion_tokens=chunks),
-    )  # fmt: skip
+    )
 
 
 def read(events: list[ReplyEvent], whole: bool = True) -> tuple[str, object, bool]:

@@ -246,8 +246,9 @@ def test_chunks_lost_before_the_filter_show_in_the_count():
 
 def test_an_llmservice_sets_its_models_checks_over_the_flags_and_under_an_api_key():
     flags = parse_policies("block", "code=flag")
-    record = LLMServiceSettings(service="chat", model="chat", input_policy="off",
-                                mask_output_pii=False)  # fmt: skip
+    record = LLMServiceSettings(
+        service="chat", model="chat", input_policy="off", mask_output_pii=False
+    )
     ms = model_settings(record)
     assert ms is not None
     models = {"chat": ms}
@@ -301,8 +302,9 @@ PAYLOAD = "' OR 1=1 --"
 
 
 def test_the_input_decision_checks_the_tenant_then_the_shape_then_injections():
-    tenant_req = msgspec.structs.replace(prompt_req(PAYLOAD, max_tokens=0),
-                                         reply_to="ib.reply.tenant.acme.r1")  # fmt: skip
+    tenant_req = msgspec.structs.replace(
+        prompt_req(PAYLOAD, max_tokens=0), reply_to="ib.reply.tenant.acme.r1"
+    )
     # a tenant with no record is refused before its (also bad) shape is looked at
     verdict = RULES.decide(tenant_req, "nobody")
     rejected(verdict.rejection, "permission_denied", None)
@@ -329,8 +331,9 @@ def test_a_request_that_goes_on_carries_its_findings_and_whether_its_output_is_m
     clean = RULES.decide(prompt_req("Tell me a story."), None)
     assert (clean.rejection, clean.decision, clean.mask_output) == (None, "pass", True)
     # a tenant's record, not its payload, says what its request may do
-    tenant_req = msgspec.structs.replace(prompt_req(), reply_to="ib.reply.tenant.acme.r1",
-                                         tenant="someone-else", mask_pii=False)  # fmt: skip
+    tenant_req = msgspec.structs.replace(
+        prompt_req(), reply_to="ib.reply.tenant.acme.r1", tenant="someone-else", mask_pii=False
+    )
     verdict = RULES.decide(tenant_req, "acme")
     assert verdict.request.tenant == "acme" and verdict.mask_output
 

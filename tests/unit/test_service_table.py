@@ -81,14 +81,29 @@ def test_the_built_wheel_carries_every_module(tmp_path: Path):
     """The editable install sees every folder; a wheel (the image's ``pip install .``)
     carries only what packaging finds."""
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "-w", str(tmp_path), str(ROOT)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = tmp_path.glob("inferbus-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    roots = {"inferbus": "inferbus", "contracts": "inferbus/contracts",
-             "shared": "inferbus/shared", "services": "inferbus/services"}  # fmt: skip
+    roots = {
+        "inferbus": "inferbus",
+        "contracts": "inferbus/contracts",
+        "shared": "inferbus/shared",
+        "services": "inferbus/services",
+    }
     missing = []
     for folder, installed in roots.items():
         for source in (ROOT / folder).rglob("*.py"):
@@ -170,8 +185,10 @@ def test_a_wrong_setting_exits_with_the_reason_not_a_traceback():
 
     out = subprocess.run(
         [sys.executable, "-m", "inferbus.services.kvspill", "--nats-url", "nats://127.0.0.1:1"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1
     assert "inferbus kvspill: kvspill needs --shared-dir" in out.stderr
     assert "Traceback" not in out.stderr

@@ -285,8 +285,13 @@ def test_the_fleet_merges_the_schedulers_view_with_the_workers_own():
 def test_nothing_running_is_shown_as_such():
     view = build_view(None, Snapshot(at=0.0))
     assert view.missing_services == [
-        "gateway", "sanitizer", "scheduler", "worker", "kvspill", "delivery"
-    ]  # fmt: skip
+        "gateway",
+        "sanitizer",
+        "scheduler",
+        "worker",
+        "kvspill",
+        "delivery",
+    ]
     assert view.workers == [] and view.queues == [] and view.queued is None
     text = rendered(view)
     assert "no workers" in text and "no scheduler" in text and "none answered" in text
@@ -401,16 +406,19 @@ def test_json_is_for_a_single_view():
 def test_rollouts_are_shown_in_flight_first_with_their_share():
     worker, scheduler, gateway, sanitizer = platform()
     delivery = FakeProcess(
-        "delivery", "d1",
+        "delivery",
+        "d1",
         rollouts={
             "old": {"version": "v1", "phase": "rolled_back", "weight": 0.0, "workers": ["w9"]},
             "m": {"version": "v2", "phase": "stepping", "weight": 0.25, "workers": ["w1"]},
             "odd": "not a mapping",
         },
-    )  # fmt: skip
+    )
     view = build_view(None, snap(0.0, worker, scheduler, gateway, sanitizer, delivery))
     assert [(r.model, r.phase, r.weight) for r in view.rollouts][:2] == [
-        ("m", "stepping", 0.25), ("odd", "?", None)]  # fmt: skip
+        ("m", "stepping", 0.25),
+        ("odd", "?", None),
+    ]
     assert view.rollouts[-1].model == "old"
     text = rendered(view)
     assert "Rollouts" in text and "stepping" in text and "25.0%" in text

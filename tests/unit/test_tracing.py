@@ -306,11 +306,19 @@ async def test_a_restored_prefix_is_a_kv_restore_span_at_the_start_of_the_prefil
     request = RequestSubmitted(request_id="r1", model="m", reply_to="r.r1", prompt="p")
     stream = RequestStream(WorkAssigned(request=request, worker_id="w1", attempt=1), "w1", 100.0)
     stream.started(100.1)
-    stream.restored = KvRestore(blocks=4, tokens=512, bytes=4096, seconds=0.02,
-                                tiers={"disk": 3, "host": 1})  # fmt: skip
+    stream.restored = KvRestore(
+        blocks=4, tokens=512, bytes=4096, seconds=0.02, tiers={"disk": 3, "host": 1}
+    )
     timings = StageTimings(queued_s=0.01, prefill_s=0.09, first_token_s=0.1, decode_s=0.2)
-    out = EngineOutput(text="x", token_ids=[1], prompt_tokens=600, completion_tokens=3,
-                       finish_reason="stop", cached_tokens=512, timings=timings)  # fmt: skip
+    out = EngineOutput(
+        text="x",
+        token_ids=[1],
+        prompt_tokens=600,
+        completion_tokens=3,
+        finish_reason="stop",
+        cached_tokens=512,
+        timings=timings,
+    )
     report_end(t, "worker", stream, stream.finished(out, 100.3), ctx, 1000.0, 100.3)
     root.end()
     spans = {s.name: s for s in exporter.get_finished_spans()}

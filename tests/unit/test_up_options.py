@@ -32,9 +32,20 @@ def test_no_flags_give_the_declared_defaults():
 
 
 def test_flags_set_their_fields_and_repeated_ones_make_lists():
-    o = parsed("--engine", "sim", "--workers", "3", "--no-selftest", "--check",
-               "--worker-arg=--max-num-seqs=8", "--worker-arg=--dtype=float32",
-               "--state-dir", "/tmp/x", "--nats-cluster", "3")  # fmt: skip
+    o = parsed(
+        "--engine",
+        "sim",
+        "--workers",
+        "3",
+        "--no-selftest",
+        "--check",
+        "--worker-arg=--max-num-seqs=8",
+        "--worker-arg=--dtype=float32",
+        "--state-dir",
+        "/tmp/x",
+        "--nats-cluster",
+        "3",
+    )
     assert (o.engine, o.workers, o.selftest, o.check) == ("sim", 3, False, True)
     assert o.worker_args == ["--max-num-seqs=8", "--dtype=float32"]
     assert o.state_dir == Path("/tmp/x") and o.nats_cluster == 3

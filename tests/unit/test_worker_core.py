@@ -156,13 +156,26 @@ def test_the_cost_meter_learns_prefill_and_restore_per_token():
     assert m.restore_s_per_token == pytest.approx(0.05 / 512)
     assert m.prefill_s_per_token == pytest.approx(0.001)
     # too few computed tokens say nothing of prefill; an untimed restore nothing of restores
-    m.observe(prefill_s=5.0, prompt_tokens=520, cached_tokens=512,
-              restored=KvRestore(blocks=4, tokens=512, timed=False))  # fmt: skip
+    m.observe(
+        prefill_s=5.0,
+        prompt_tokens=520,
+        cached_tokens=512,
+        restored=KvRestore(blocks=4, tokens=512, timed=False),
+    )
     assert m.prefill_s_per_token == pytest.approx(0.001)
     assert m.restore_s_per_token == pytest.approx(0.05 / 512)
-    hb = heartbeat(worker_id="w", engine_name="vllm", models=["m"], max_num_seqs=1,
-                   state="ready", stats=EngineStats(), inflight=[], interval_s=1.0, now=0.0,
-                   costs=m)  # fmt: skip
+    hb = heartbeat(
+        worker_id="w",
+        engine_name="vllm",
+        models=["m"],
+        max_num_seqs=1,
+        state="ready",
+        stats=EngineStats(),
+        inflight=[],
+        interval_s=1.0,
+        now=0.0,
+        costs=m,
+    )
     assert hb.prefill_s_per_token == pytest.approx(0.001)
     assert hb.kv_restore_s_per_token == pytest.approx(0.05 / 512)
 

@@ -24,8 +24,9 @@ from inferbus.services.worker.swap import (
 ORIGIN = Holding(model=Held(name="m", shape="s1", path="/models/m"))
 
 
-def deliver(version: str = "v2", *, shape="s1", role="current", workers=(), kind="model",
-            name="m", base="") -> ModelDelivery:  # fmt: skip
+def deliver(
+    version: str = "v2", *, shape="s1", role="current", workers=(), kind="model", name="m", base=""
+) -> ModelDelivery:
     mv = ModelVersion(name=name, version=version, shape=shape, kind=kind, base_model=base)
     return ModelDelivery(delivery_id="d", model=mv, role=role, workers=list(workers))
 
@@ -71,8 +72,9 @@ def test_adapters_swap_hot_and_the_old_current_stays_loaded_by_version():
     assert h1.mode == "hot"
     h1 = with_path(h1, "/cache/ad/a1")
     assert h1.after.resolve("ad").path == "/cache/ad/a1"
-    cand = plan(h1.after, deliver("a2", kind="adapter", name="ad", base="m", role="candidate"),
-                "w1")  # fmt: skip
+    cand = plan(
+        h1.after, deliver("a2", kind="adapter", name="ad", base="m", role="candidate"), "w1"
+    )
     assert cand.mode == "hot" and set(cand.after.served()) == {"m", "ad", "ad@a1", "ad@a2"}
     assert cand.after.resolve("ad").version == "a1"
     promoted = plan(cand.after, deliver("a2", kind="adapter", name="ad", base="m"), "w1")
@@ -120,21 +122,28 @@ def test_residency_windows_may_wrap_midnight():
     "policy",
     [
         ModelResidency(name="ad", residency="lukewarm"),
-        ModelResidency(name="ad", schedule=[ResidencyWindow(start="25:00", end="1:00",
-                                                            residency="warm")]),
-        ModelResidency(name="ad", schedule=[ResidencyWindow(start="noon", end="1:00",
-                                                            residency="warm")]),
+        ModelResidency(
+            name="ad", schedule=[ResidencyWindow(start="25:00", end="1:00", residency="warm")]
+        ),
+        ModelResidency(
+            name="ad", schedule=[ResidencyWindow(start="noon", end="1:00", residency="warm")]
+        ),
     ],
-)  # fmt: skip
+)
 def test_residency_policies_a_worker_cannot_apply_are_refused(policy):
     with pytest.raises(ValueError):
         check_residency(policy)
 
 
 def test_residency_pins_unpins_and_drops_kept_versions():
-    holding = Holding(model=ORIGIN.model, adapters=(
-        Held(name="ad", version="a1", role="kept"), Held(name="ad", version="a2"),
-        Held(name="other", version="o1")))  # fmt: skip
+    holding = Holding(
+        model=ORIGIN.model,
+        adapters=(
+            Held(name="ad", version="a1", role="kept"),
+            Held(name="ad", version="a2"),
+            Held(name="other", version="o1"),
+        ),
+    )
     warm = {"ad": ModelResidency(name="ad", residency="warm")}
     after, fx = apply_residency(holding, warm, 0.0, frozenset({"ad@a1", "ad@a2"}))
     assert [a.ref for a in fx.unpin] == ["ad@a1", "ad@a2"]

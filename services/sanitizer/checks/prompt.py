@@ -126,12 +126,24 @@ _NEEDLES: dict[str, tuple[str, ...]] = {
     "prompt.exfiltrate-system": ("prompt", "instruction", "developer"),
     "prompt.system-override": ("override",),
     "prompt.instructions-void": (
-        "void", "null", "cancel", "revoked", "obsolete", "overridden", "superseded", "longer",
+        "void",
+        "null",
+        "cancel",
+        "revoked",
+        "obsolete",
+        "overridden",
+        "superseded",
+        "longer",
     ),
     "prompt.restrictions-lifted": (
-        "lifted", "removed", "disabled", "off", "suspended", "deactivated",
+        "lifted",
+        "removed",
+        "disabled",
+        "off",
+        "suspended",
+        "deactivated",
     ),
-}  # fmt: skip
+}
 
 
 def prompt_findings(text: str) -> Iterator[Finding]:

@@ -252,11 +252,17 @@ class InferbusSpillConnector(KVConnectorBase_V1):
         for (tier, stored), run in itertools.groupby(changes, key=lambda c: (c[1], c[2])):
             hashes: list[bytes | int] = [hash_of(key) for key, _, _ in run]
             if stored:
-                out.append(BlockStored(
-                    block_hashes=hashes, parent_block_hash=None, token_ids=[],
-                    block_size=self._block_size, lora_id=None, medium=MEDIUM[tier],
-                    lora_name=None,
-                ))  # fmt: skip
+                out.append(
+                    BlockStored(
+                        block_hashes=hashes,
+                        parent_block_hash=None,
+                        token_ids=[],
+                        block_size=self._block_size,
+                        lora_id=None,
+                        medium=MEDIUM[tier],
+                        lora_name=None,
+                    )
+                )
             else:
                 out.append(BlockRemoved(block_hashes=hashes, medium=MEDIUM[tier]))
         return out
