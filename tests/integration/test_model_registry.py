@@ -74,12 +74,12 @@ async def test_a_worker_fetches_again_a_cached_copy_signed_with_a_key_it_no_long
     old, new = keys(tmp_path, "old", "new")
     manifest = modelstore.manifest_of(folder, "cached-model", "v1")
     pushed = await modelstore.push(js, folder, manifest, signed(folder, old, tmp_path))
-    worker = SimpleNamespace(_ctx=SimpleNamespace(js=js))
+    worker, ctx = SimpleNamespace(), SimpleNamespace(js=js)  # fetching needs only the bus
     cache = tmp_path / "cache"
-    trusting_old = Deliveries(worker, cache, [old.with_name("old.key.pub")])
+    trusting_old = Deliveries(worker, ctx, cache, [old.with_name("old.key.pub")])
     await trusting_old._fetch_verified(pushed)  # cached, with the old signature
     await modelstore.push(js, folder, manifest, signed(folder, new, tmp_path))  # rotated
-    trusting_new = Deliveries(worker, cache, [new.with_name("new.key.pub")])
+    trusting_new = Deliveries(worker, ctx, cache, [new.with_name("new.key.pub")])
     # the cached copy fails the new key; the worker reads the version again and loads it
     verified = await trusting_new._fetch_verified(pushed)
     verify_folder(
