@@ -174,6 +174,11 @@ class Runtime:
         )
         try:
             await self.service.start(ctx)
+        except ConfigError:  # said once, by main
+            await runner.cleanup()
+            await traces.close()
+            await nc.close()
+            raise
         except Exception as exc:
             # not ready, with the reason in the log (and, for workers, in a "failed" heartbeat)
             self.log.error("failed to start", error=f"{type(exc).__name__}: {exc}")

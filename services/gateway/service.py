@@ -501,8 +501,13 @@ class GatewayService(Service[GatewaySettings]):
             while not queue.empty():
                 batch.append(queue.get_nowait())
             reading = reader.read_all(batch)
-            if reading.restarted and not restartable:  # the text that went out is void
-                raise _Ended(error_for(reader.interrupted()), settled=False)
+            if reading.restarted:
+                flow.completion_tokens = 0  # the older attempt's text is not the answer
+                failed_end = reading.end is not None and not isinstance(
+                    reading.end, RequestFinished
+                )  # a newer attempt's failure is passed on as it is
+                if not failed_end and not restartable:  # the text that went out is void
+                    raise _Ended(error_for(reader.interrupted()), settled=False)
             if reading.chunk is not None:
                 flow.completion_tokens += reading.chunk.tokens
                 trace.on_first_token()

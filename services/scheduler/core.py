@@ -226,7 +226,13 @@ class SchedulerCore:
             if w is not None:
                 w.prefilling_long.pop(request_id, None)  # its prefill is done
 
-    def on_ended(self, request_id: str, now: float) -> list[Effect]:
+    def on_ended(self, request_id: str, now: float, attempt: int = 0) -> list[Effect]:
+        """A request's end (``attempt``: the one it names, 0 for none). The end of an
+        attempt older than the one running is a presumed-lost worker's late word: the
+        newer attempt keeps its slot and runs on, as its reader follows it."""
+        running = self.inflight.get(request_id)
+        if running is not None and 0 < attempt < running.attempt:
+            return []
         f = self.inflight.pop(request_id, None)
         held = f.request if f else None
         if held is None and request_id in self._queued_ids:

@@ -279,7 +279,8 @@ class SchedulerService(Service[SchedulerSettings]):
         ev = await self._ctx.dead_letters.decode(msg, Terminal, ack=True)
         if ev is None:
             return
-        await self._apply(self.core.on_ended(ev.request_id, time.monotonic()))
+        attempt = getattr(ev, "attempt", 0)  # a rejection names none
+        await self._apply(self.core.on_ended(ev.request_id, time.monotonic(), attempt))
         self._traces.pop(ev.request_id, None)
         await msg.ack()
 

@@ -184,6 +184,7 @@ class SimEngine:
                 await self._loop_task
             except asyncio.CancelledError:
                 pass
+        self._idle.set()  # nothing runs any more: a reload waiting on it goes on
 
     def stats(self) -> EngineStats:
         return EngineStats(running=len(self._running), waiting=len(self._waiting))

@@ -23,6 +23,7 @@ from testkit.procs import ServiceProcess
 from inferbus.contracts import (
     SUBMIT,
     FailureCode,
+    RequestFailed,
     RequestFinished,
     RequestSubmitted,
     TokenChunk,
@@ -58,6 +59,11 @@ SCRIPTS = {
     "restart": lambda r: [chunk(r, 1, 0), chunk(r, 2, 0), chunk(r, 2, 1), finish(r, 2, 2)],
     # attempt 1's late end arrives while attempt 2 streams
     "late-end": lambda r: [chunk(r, 2, 0), finish(r, 1, 9), chunk(r, 2, 1), finish(r, 2, 2)],
+    # attempt 1 streamed, then attempt 2 failed on its own: its code, not a restart's
+    "restart-fails": lambda r: [
+        chunk(r, 1, 0),
+        RequestFailed(request_id=r, code=FailureCode.DEADLINE_EXCEEDED, reason="late", attempt=2),
+    ],
 }
 
 
@@ -123,7 +129,7 @@ def completion(script: str, stream: bool) -> dict:
 async def test_the_gateway_answers_with_the_newest_attempts_text_only(platform):
     gw, _ = platform
     async with aiohttp.ClientSession(gw.base) as http:
-        for script in SCRIPTS:
+        for script in ("restart", "late-end"):
             async with http.post("/v1/completions", json=completion(script, False)) as r:
                 body = await r.json()
                 assert r.status == 200, body
@@ -147,6 +153,10 @@ async def test_a_stream_that_restarts_after_text_went_out_ends_interrupted(platf
         events = [json.loads(x[6:]) for x in lines if x.strip() != b"data: [DONE]"]
         text = "".join(e["choices"][0]["text"] for e in events if e.get("choices"))
         assert text == "a2s0 a2s1 " and events[-1]["choices"][0]["finish_reason"] == "stop"
+        async with http.post("/v1/completions", json=completion("restart-fails", True)) as r:
+            lines = [line async for line in r.content if line.startswith(b"data: ")]
+        events = [json.loads(x[6:]) for x in lines if x.strip() != b"data: [DONE]"]
+        assert events[-1]["error"]["code"] == FailureCode.DEADLINE_EXCEEDED
 
 
 async def test_the_python_client_reads_by_the_same_rule(platform):
@@ -164,5 +174,10 @@ async def test_the_python_client_reads_by_the_same_rule(platform):
                 pass
         assert info.value.code == FailureCode.STREAM_INTERRUPTED and info.value.retryable
         assert stream.text == "a1s0 "  # what it handed out before the restart
+        stream = client.stream(MODEL, "restart-fails", max_tokens=8, timeout=20)
+        with pytest.raises(RequestError) as info:
+            async for _ in stream:
+                pass
+        assert info.value.code == FailureCode.DEADLINE_EXCEEDED
     finally:
         await client.nc.close()

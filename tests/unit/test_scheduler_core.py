@@ -185,6 +185,23 @@ def test_silent_worker_not_started_work_is_requeued_at_front_and_reassigned():
     assert assigns(core.on_ended("b", 3.4)) == [("d", "w2", 1)]
 
 
+def test_a_superseded_attempts_end_frees_nothing_of_the_newer_one():
+    # attempt 1's worker was presumed lost but finished after all: its end must not free
+    # attempt 2's slot while attempt 2 streams (its readers follow the newest attempt)
+    core = SchedulerCore(POLICY)
+    core.on_heartbeat(hb("w1", max_num_seqs=1), 0.0)
+    assert assigns(core.on_accepted(req("a"), 0.0)) == [("a", "w1", 1)]
+    core.on_heartbeat(hb("w2", max_num_seqs=1), 3.05)
+    assert assigns(core.tick(3.1)) == [("a", "w2", 2)]
+    core.on_accepted(req("b"), 3.2)  # queued: w2 is full
+    assert core.on_ended("a", 3.3, attempt=1) == []
+    assert core.inflight["a"].attempt == 2
+    assert assigns(core.on_ended("a", 3.4, attempt=2)) == [("b", "w2", 1)]
+    # an end naming no attempt (the scheduler's own, a rejection) still ends it
+    core.on_heartbeat(hb("w2", max_num_seqs=1), 3.5)
+    assert core.on_ended("b", 3.6, attempt=0) == [] and "b" not in core.inflight
+
+
 def test_requeued_work_keeps_fifo_order_when_assigned_in_one_dispatch():
     # regression: re-queued work was ordered by assigned_at, equal for everything placed
     # in one dispatch, so the order came from iterating a set (varied with PYTHONHASHSEED)
