@@ -6,8 +6,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-from testkit.platform import MODEL, SLOW_MODEL
 from testkit.procs import ServiceProcess, start_all
+from testkit.simplatform import MODEL, SLOW_MODEL
 
 from inferbus.client import Client
 

@@ -11,8 +11,8 @@ import urllib.request
 import openai
 import pytest
 from openai import OpenAI
-from testkit.platform import MODEL, SLOW_MODEL
 from testkit.procs import ServiceProcess, start_all
+from testkit.simplatform import MODEL, SLOW_MODEL
 
 from inferbus.contracts import SUBMIT, RequestSubmitted
 from inferbus.services.gateway.auth import digest

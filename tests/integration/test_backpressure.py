@@ -10,8 +10,8 @@ import urllib.request
 
 import aiohttp
 import pytest
-from testkit.platform import wait_for_status
 from testkit.procs import ServiceProcess, start_all
+from testkit.simplatform import wait_for_status
 
 from inferbus.client import Client, RequestError
 from inferbus.contracts import SCHEDULER_LOAD, SchedulerLoad

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from testkit.platform import MODEL
+from testkit.simplatform import MODEL
 
 from inferbus.client import RequestError
 from inferbus.contracts import (

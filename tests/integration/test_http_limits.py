@@ -12,8 +12,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from testkit.platform import MODEL
 from testkit.procs import ServiceProcess
+from testkit.simplatform import MODEL
 
 pytestmark = pytest.mark.integration
 

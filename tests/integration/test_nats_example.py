@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from testkit.platform import MODEL, SLOW_MODEL
+from testkit.simplatform import MODEL, SLOW_MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 

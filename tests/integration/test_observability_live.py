@@ -16,8 +16,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
-from testkit.platform import MODEL, SLOW_MODEL
 from testkit.procs import ServiceProcess, start_all
+from testkit.simplatform import MODEL, SLOW_MODEL
 
 from inferbus.shared.natsserver import free_port
 from inferbus.shared.signing import generate_key

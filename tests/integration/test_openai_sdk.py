@@ -6,7 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
-from testkit.platform import MODEL, SLOW_MODEL
+from testkit.simplatform import MODEL, SLOW_MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 

@@ -15,7 +15,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import positive_data_acceptance
-from testkit.platform import MODEL
+from testkit.simplatform import MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 

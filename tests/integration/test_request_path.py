@@ -8,7 +8,7 @@ import time
 
 import aiohttp
 import pytest
-from testkit.platform import MODEL, SLOW_MODEL
+from testkit.simplatform import MODEL, SLOW_MODEL
 
 from inferbus.client import RequestError
 from inferbus.contracts import (

@@ -8,7 +8,7 @@ import json
 
 import aiohttp
 import pytest
-from testkit.platform import MODEL
+from testkit.simplatform import MODEL
 
 from inferbus.client import RequestError
 from inferbus.contracts import ACCEPTED, RequestAccepted, WorkAssigned

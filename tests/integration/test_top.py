@@ -9,7 +9,7 @@ import sys
 
 import aiohttp
 import pytest
-from testkit.platform import MODEL, SLOW_MODEL
+from testkit.simplatform import MODEL, SLOW_MODEL
 
 from inferbus.shared.natsserver import free_port
 from inferbus.top.collect import Collector

@@ -7,7 +7,7 @@ import asyncio
 import time
 
 import pytest
-from testkit.platform import MODEL, SLOW_MODEL
+from testkit.simplatform import MODEL, SLOW_MODEL
 
 from inferbus.contracts import (
     HEARTBEATS,

@@ -6,8 +6,8 @@ import asyncio
 import time
 
 import pytest
-from testkit.platform import ready_workers, wait_for_status
 from testkit.procs import ServiceProcess, start_all
+from testkit.simplatform import ready_workers, wait_for_status
 
 from inferbus.client import RequestError
 from inferbus.contracts import STARTED, RequestStarted, WorkAssigned

@@ -192,3 +192,15 @@ def test_a_wrong_setting_exits_with_the_reason_not_a_traceback():
     assert out.returncode == 1
     assert "inferbus kvspill: kvspill needs --shared-dir" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_no_testkit_module_shadows_the_standard_library():
+    # testkit scripts run as `python tests/testkit/x.py`, which puts testkit/ first on
+    # sys.path: a testkit/platform.py broke `import torch` there (platform.system)
+    import sys
+
+    testkit = Path(__file__).resolve().parents[1] / "testkit"
+    names = {p.stem for p in testkit.glob("*.py")} | {
+        p.name for p in testkit.iterdir() if p.is_dir()
+    }
+    assert not names & set(sys.stdlib_module_names)
