@@ -46,6 +46,14 @@ class Reading(msgspec.Struct, kw_only=True, frozen=True):
     buffer) clears it; one that cannot (a stream already sent on) fails the request
     as ``stream_interrupted``: ``ReplyReader.interrupted`` builds that event."""
 
+    @property
+    def interrupts(self) -> bool:
+        """A reader that cannot take sent text back must end ``stream_interrupted``: a
+        restart, unless the newer attempt ended in a failure of its own (that failure is
+        the answer, with its own code)."""
+        failed = self.end is not None and not isinstance(self.end, RequestFinished)
+        return self.restarted and not failed
+
 
 def merge_chunks(a: TokenChunk, b: TokenChunk) -> TokenChunk:
     """``b`` appended to ``a``: one chunk with both texts and token counts."""

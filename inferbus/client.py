@@ -182,9 +182,7 @@ class Stream:
                 raise
             ev = got if isinstance(got, RequestFailed) else decode(got, ReplyEvent)
             reading = self._reader.read(ev)
-            failed_end = reading.end is not None and not isinstance(reading.end, RequestFinished)
-            if reading.restarted and not failed_end:  # the chunks handed out are void: they
-                # can't be taken back (a newer attempt's failure is passed on as it is)
+            if reading.interrupts:  # the chunks handed out are void: they can't be taken back
                 await self.cancel("the output restarted")
                 failed = self._reader.interrupted()
                 raise RequestError(failed, failed.reason)

@@ -96,8 +96,14 @@ class Setting:
     path: tuple[str, ...]
     type: Any
     default: Any
-    doc: str = ""
-    """The field's docstring in its Struct (``--help`` shows it)."""
+    owner: type[msgspec.Struct] | None = None
+    """The Struct that declares it (its docstring is there)."""
+
+    @property
+    def doc(self) -> str:
+        """The field's docstring (``--help`` shows it), read from the source on demand:
+        a service starting does not parse its settings' source."""
+        return field_docs(self.owner).get(self.path[-1], "") if self.owner else ""
 
     @property
     def flag(self) -> str:
@@ -128,7 +134,6 @@ def settings_of(cls: type[msgspec.Struct]) -> list[Setting]:
 
     def walk(struct: type[msgspec.Struct], prefix: str, path: tuple[str, ...]) -> None:
         hints = typing.get_type_hints(struct, include_extras=True)
-        docs = field_docs(struct)
         for f in msgspec.structs.fields(struct):
             nested = _group_of(hints[f.name])
             if nested is not None:
@@ -137,11 +142,7 @@ def settings_of(cls: type[msgspec.Struct]) -> list[Setting]:
             default = f.default
             if default is msgspec.NODEFAULT and f.default_factory is not msgspec.NODEFAULT:
                 default = f.default_factory()
-            out.append(
-                Setting(
-                    prefix + f.name, (*path, f.name), hints[f.name], default, docs.get(f.name, "")
-                )
-            )
+            out.append(Setting(prefix + f.name, (*path, f.name), hints[f.name], default, struct))
 
     walk(cls, "", ())
     seen: dict[str, Setting] = {}
@@ -202,12 +203,34 @@ def _place(raw: dict[str, Any], setting: Setting, value: Any) -> None:
     node[setting.path[-1]] = value
 
 
+class _SettingsHelp(argparse.HelpFormatter):
+    """Puts each setting's docstring before its help, when help is asked for."""
+
+    def __init__(self, prog: str, settings: dict[str, Setting]) -> None:
+        super().__init__(prog)
+        self.settings = settings
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = super()._get_help_string(action)
+        s = self.settings.get(action.dest)
+        if s is None or not s.doc:
+            return text
+        return f"{s.doc} ".replace("%", "%%") + (text or "")
+
+
 def parser_for(cls: type[ServiceSettings], prog: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=(cls.__doc__ or "").strip())
-    for s in settings_of(cls):
+    settings = settings_of(cls)
+    by_name = {s.name: s for s in settings}
+
+    def formatter(prog: str) -> argparse.HelpFormatter:
+        return _SettingsHelp(prog, by_name)
+
+    parser = argparse.ArgumentParser(
+        prog=prog, description=(cls.__doc__ or "").strip(), formatter_class=formatter
+    )
+    for s in settings:
         default = s.default if s.default is not msgspec.NODEFAULT else None
-        about = f"{s.doc} " if s.doc else ""
-        help = f"{about}(env {s.env}; default: {default!r})".replace("%", "%%")
+        help = f"(env {s.env}; default: {default!r})".replace("%", "%%")
         parser.add_argument(s.flag, dest=s.name, default=argparse.SUPPRESS, help=help)
     return parser
 

@@ -63,7 +63,7 @@ class FleetView:
         """Model → ready workers serving it; 0 for a model only draining or starting
         workers list."""
         out: dict[str, int] = {}
-        for hb in self.heartbeats():
+        for hb, _ in self._beats.values():  # per request at the gateway: no sorting
             for m in hb.models:
                 out[m] = out.get(m, 0) + (hb.state == "ready")
         return out
@@ -71,7 +71,7 @@ class FleetView:
     def max_model_len(self, model: str) -> int:
         """The smallest context of the workers listing ``model``, whatever their state
         (0 when none says)."""
-        lens = [hb.max_model_len for hb in self.heartbeats() if model in hb.models]
+        lens = [hb.max_model_len for hb, _ in self._beats.values() if model in hb.models]
         return min((n for n in lens if n), default=0)
 
 

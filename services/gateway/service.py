@@ -503,11 +503,8 @@ class GatewayService(Service[GatewaySettings]):
             reading = reader.read_all(batch)
             if reading.restarted:
                 flow.completion_tokens = 0  # the older attempt's text is not the answer
-                failed_end = reading.end is not None and not isinstance(
-                    reading.end, RequestFinished
-                )  # a newer attempt's failure is passed on as it is
-                if not failed_end and not restartable:  # the text that went out is void
-                    raise _Ended(error_for(reader.interrupted()), settled=False)
+            if reading.interrupts and not restartable:  # the text that went out is void
+                raise _Ended(error_for(reader.interrupted()), settled=False)
             if reading.chunk is not None:
                 flow.completion_tokens += reading.chunk.tokens
                 trace.on_first_token()

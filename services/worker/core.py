@@ -150,6 +150,14 @@ class RequestStream:
             served_model=self.served_model,
         )
 
+    @property
+    def end_record_id(self) -> str:
+        """The Nats-Msg-Id of its end on ``ib.req.ended``: a later attempt's end is
+        recorded too (one of an attempt given up on may have come first, and readers
+        follow the newest attempt)."""
+        rid, attempt = self.request_id, self.assignment.attempt
+        return f"{rid}:end" if attempt == 1 else f"{rid}:end:{attempt}"
+
     def stopped(self, *, expired: bool, cancel_reason: str | None) -> Terminal:
         """The end of a generation stopped before it finished: its deadline passed
         (first: the timer fired, whatever else came), a cancel, else the worker's own

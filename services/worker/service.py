@@ -447,10 +447,7 @@ class WorkerService(Service[WorkerSettings]):
             await nc.publish(reply, encode(terminal), headers=request_headers(rid))
             if req.client_reply_to and req.client_reply_to != reply:
                 self._backup_end(req.client_reply_to, rid, stream.backup_end())
-            # a later attempt's end is recorded too: one of an attempt given up on may
-            # have come first (its reader follows the newest attempt)
-            end_id = f"{rid}:end" if assignment.attempt == 1 else f"{rid}:end:{assignment.attempt}"
-            await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=end_id)
+            await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=stream.end_record_id)
         finally:  # counted and logged even when the record of its end could not be made
             report_end(self._ctx.tracing, self.name, stream, terminal, parent, received, ended)
 

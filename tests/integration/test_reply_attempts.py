@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 
 import aiohttp
 import nats
 import pytest
 from testkit.procs import ServiceProcess
+from testkit.simplatform import gateway_lists
 
 from inferbus.contracts import (
     SUBMIT,
@@ -109,13 +109,7 @@ async def platform(tmp_path_factory: pytest.TempPathFactory):
     try:
         async with ScriptedPlatform(server.url):
             gw.wait_ready()
-            deadline = time.monotonic() + 15
-            async with aiohttp.ClientSession(gw.base) as http:
-                while time.monotonic() < deadline:  # it learns the model from heartbeats
-                    async with http.get("/v1/models") as r:
-                        if any(m["id"] == MODEL for m in (await r.json())["data"]):
-                            break
-                    await asyncio.sleep(0.1)
+            await gateway_lists(gw.base, MODEL)  # it learns the model from heartbeats
             yield gw, server
     finally:
         gw.stop()

@@ -15,6 +15,7 @@ import aiohttp
 import nats
 import pytest
 from testkit.procs import ServiceProcess
+from testkit.simplatform import gateway_lists
 
 from inferbus.contracts import SUBMIT, RequestSubmitted, TokenChunk, WorkerHeartbeat
 from inferbus.shared.codec import decode, encode
@@ -89,13 +90,7 @@ async def gateway(tmp_path: Path):
     try:
         async with SilentPlatform(server.url) as platform:
             gw.wait_ready()
-            deadline = time.monotonic() + 15
-            async with aiohttp.ClientSession(gw.base) as http:
-                while time.monotonic() < deadline:  # it learns the model from heartbeats
-                    async with http.get("/v1/models") as r:
-                        if any(m["id"] == MODEL for m in (await r.json())["data"]):
-                            break
-                    await asyncio.sleep(0.1)
+            await gateway_lists(gw.base, MODEL)  # it learns the model from heartbeats
             yield gw, server, platform
     finally:
         gw.stop()

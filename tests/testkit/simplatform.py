@@ -45,3 +45,17 @@ async def wait_for_status(nc, predicate, timeout: float = 15.0) -> dict:
 
 def ready_workers(status: dict, model: str) -> int:
     return sum(model in w["models"] and w["state"] == "ready" for w in status["workers"].values())
+
+
+async def gateway_lists(base: str, model: str, timeout: float = 15.0) -> None:
+    """Until the gateway at ``base`` lists ``model`` (it learns models from heartbeats);
+    it may still not when ``timeout`` runs out: the test's request then says why."""
+    import aiohttp
+
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession(base) as http:
+        while time.monotonic() < deadline:
+            async with http.get("/v1/models") as r:
+                if any(m["id"] == model for m in (await r.json())["data"]):
+                    return
+            await asyncio.sleep(0.1)
