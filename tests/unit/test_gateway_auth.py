@@ -209,3 +209,34 @@ def test_openapi_document_describes_the_request_structs():
             "model"
         ]
     )  # the cached document is untouched
+
+
+# -- the gate list: admission.Gates holds the order ----------------------------------------
+
+
+def test_the_gates_run_in_order_and_a_refusal_charges_nothing():
+    from inferbus.contracts import WorkerHeartbeat
+    from inferbus.services.gateway.admission import Gates, ModelRegistry
+
+    registry = ModelRegistry(stale_after_s=3.0, started_at=-100.0)
+    registry.on_heartbeat(WorkerHeartbeat(worker_id="w", models=["m"], engine="sim"), 0.0)
+    load = LoadView()
+    full = ModelLoad(queued=10, queue_limit=10, ready_workers=1, dispatch_per_s=4.0)
+    load.on_load(SchedulerLoad(scheduler_id="s", models={"m": full}), now=0.0)
+    access = AccessControl([key(models=["m", "gone"], tokens_per_min=100)])
+    gates = Gates(access, registry, load)
+    scoped = access.authenticate(f"Bearer {SECRET}")
+
+    def admit(model: str = "m", in_flight: bool = False, max_tokens: int = 10):
+        return gates.admit(scoped, request_id="r", model=model, max_tokens=max_tokens,
+                           prompt_chars=8, in_flight=in_flight, now=0.5)  # fmt: skip
+
+    # the key's scope first: no probing for other models' existence
+    raises(403, "model_not_allowed", admit, "unknown-model")
+    # then live workers (before a duplicate), then a duplicate in flight, then the queue
+    raises(404, "model_not_found", admit, "gone", in_flight=True)
+    raises(409, "duplicate_request", admit, in_flight=True)
+    raises(429, "queue_full", admit)
+    # nothing above charged the key: with room in the queue its whole budget is there
+    load.on_load(SchedulerLoad(scheduler_id="s", models={"m": ModelLoad(queue_limit=10)}), 1.0)
+    assert admit(max_tokens=90).charged_tokens > 0
