@@ -2,12 +2,13 @@
 
 Every service process, every tenant's client and the operator connect as their own
 NATS user (a password checked against its bcrypt hash). Permissions name subjects:
-a service may publish and read only what its part of the request path needs (the
-service table declares it, ``ServiceEntry.permissions``); a tenant only its own submit
-and cancel subjects and its own replies; JetStream's API only as far as each needs
-(no one but the operator deletes or purges). The registry of users lives in a folder
-(``<state>/auth`` under ``inferbus up``): ``users.json`` (hashes, never passwords),
-``creds/<user>.json`` (each user's credentials, mode 0600) and ``nats.conf``.
+a service may publish and read only what its part of the request path needs (derived
+from what it declares it reads and writes, ``services/<name>/wiring.py``); a tenant
+only its own submit and cancel subjects and its own replies; JetStream's API only as
+far as each needs (no one but the operator deletes or purges). The registry of users
+lives in a folder (``<state>/auth`` under ``inferbus up``): ``users.json`` (hashes,
+never passwords), ``creds/<user>.json`` (each user's credentials, mode 0600) and
+``nats.conf``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from inferbus.contracts import (
 )
 from inferbus.contracts.control import supervisor_subject
 from inferbus.shared.buscreds import BusCredentials, inbox_prefix, write_credentials
+from inferbus.shared.subscriptions import Consume, Follow, Listen, Own, Wiring, as_permission
 
 OPERATOR = "operator"
 """The administrator's user: everything (the CLI's top, canary, scale, creds)."""
@@ -124,6 +126,36 @@ REPLIES = Permissions(publish=(f"{REPLY_PREFIX}.>", "ib.filter.>", "_INBOX.>"))
 """Answering requesters, wherever their reply subject (gateway, tenant, inbox)."""
 
 
+def wiring_permissions(wiring: Wiring) -> Permissions:
+    """What a service's declared subscriptions and publications need of the bus: the
+    subjects it listens on, its durable consumers' delivery subjects, JetStream's
+    consumer API (for a consumer of its own, on its own subject only)."""
+    publish = [as_permission(s) for s in wiring.publishes]
+    subscribe: list[str] = []
+    consumes = False
+    for sub in wiring.subscriptions:
+        source = sub.source
+        if isinstance(source, Listen):
+            subscribe.append(as_permission(sub.subject))
+        elif isinstance(source, Consume):
+            subscribe.append(source.consumer.deliver_subject)
+            consumes = True
+        elif isinstance(source, Follow):
+            consumes = True  # an ordered consumer, delivered to its inbox
+        elif isinstance(source, Own):
+            stream = source.stream
+            publish += [
+                f"$JS.API.CONSUMER.CREATE.{stream}.*.{as_permission(sub.subject)}",
+                f"$JS.API.CONSUMER.INFO.{stream}.*",
+                f"$JS.API.CONSUMER.DELETE.{stream}.*",
+                f"$JS.ACK.{stream}.>",
+            ]
+    own = Permissions(
+        publish=tuple(dict.fromkeys(publish)), subscribe=tuple(dict.fromkeys(subscribe))
+    )
+    return JS_CONSUME + own if consumes else own
+
+
 def service_permissions(own: Permissions, service: str, instance: str, user: str) -> Permissions:
     return (SERVICE_BASE + own).filled(
         service=service,
@@ -155,10 +187,6 @@ def tenant_permissions(tenant: str, user: str) -> Permissions:
 
 
 OPERATOR_PERMISSIONS = Permissions(publish=(">",), subscribe=(">",))
-
-
-def gateway_replies() -> str:
-    return f"{REPLY_PREFIX}.{GATEWAY_REPLY_OWNER}.>"
 
 
 def check_name(kind: str, name: str) -> str:

@@ -15,36 +15,12 @@ import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from inferbus.busauth import (
-    JS_CONSUME,
-    REGISTRY_READ,
-    REPLIES,
-    Permissions,
-    gateway_replies,
-)
-from inferbus.contracts import (
-    ACCEPTED,
-    CANARIES,
-    CANCEL,
-    DELIVERY_LOADS,
-    ENDED,
-    HEARTBEATS,
-    KV_SPILL_INDEX,
-    MODEL_REGISTRY,
-    RESIDENCIES,
-    ROLLOUTS,
-    SCALE_DECISIONS,
-    SCALING_STATUS,
-    SCHEDULER_LOAD,
-    STARTED,
-    SUBMIT,
-    TENANT_CANCELS,
-)
-from inferbus.contracts.control import SUPERVISORS
+from inferbus.busauth import REGISTRY_READ, REPLIES, Permissions, wiring_permissions
 
 if TYPE_CHECKING:
     from inferbus.shared.config import ServiceSettings
     from inferbus.shared.runtime import Service
+    from inferbus.shared.subscriptions import Wiring
 
 
 @dataclass(frozen=True)
@@ -55,6 +31,8 @@ class ServiceEntry:
     """``module:Class`` of its runtime Service."""
     settings: str
     """``module:Class`` of its settings Struct (flags and INFERBUS_* variables)."""
+    wiring: str
+    """``module:WIRING``: what it reads and writes on the bus (its NATS permissions)."""
     start_order: int
     """``inferbus up`` starts lower first (the gateway last: it is the readiness probe)."""
     stop_order: int
@@ -71,9 +49,9 @@ class ServiceEntry:
     """Processes ``inferbus up`` starts by default."""
     scalable: bool = False
     """``inferbus scale`` (up's control subject) may change how many run."""
-    permissions: Permissions = field(default_factory=Permissions)
-    """What its NATS user may publish and subscribe on a closed bus, beyond what every
-    service does (busauth.SERVICE_BASE); ``{instance}`` is its instance id."""
+    grants: Permissions = field(default_factory=Permissions)
+    """What its NATS user may do on a closed bus beyond its wiring and what every
+    service does (busauth.SERVICE_BASE): answering requesters, reading the registry."""
 
     def service_class(self) -> type[Service[Any]]:
         cls: type[Service[Any]] = _load(self.service)
@@ -82,6 +60,15 @@ class ServiceEntry:
     def settings_class(self) -> type[ServiceSettings]:
         cls: type[ServiceSettings] = _load(self.settings)
         return cls
+
+    def wiring_of(self) -> Wiring:
+        wiring: Wiring = _load(self.wiring)
+        return wiring
+
+    def permissions(self) -> Permissions:
+        """What its NATS user may publish and subscribe on a closed bus, beyond what
+        every service does; ``{instance}`` is its instance id."""
+        return wiring_permissions(self.wiring_of()) + self.grants
 
     def instance_name(self, index: int) -> str:
         return f"{self.name}-{index}" if self.scalable else self.name
@@ -96,63 +83,38 @@ def _load(ref: str) -> Any:
 
 
 def _entry(name: str, cls: str, **kw: Any) -> ServiceEntry:
-    base = f"inferbus.services.{name}.service"
+    base = f"inferbus.services.{name}"
     return ServiceEntry(
-        name=name, service=f"{base}:{cls}Service", settings=f"{base}:{cls}Settings", **kw
+        name=name,
+        service=f"{base}.service:{cls}Service",
+        settings=f"{base}.service:{cls}Settings",
+        wiring=f"{base}.wiring:WIRING",
+        **kw,
     )
 
 
 SERVICES: tuple[ServiceEntry, ...] = (
     # in the order a request meets them
     _entry("gateway", "Gateway", start_order=9, stop_order=1, port_offset=None,
-           container_port=8000, permissions=Permissions(
-               publish=(SUBMIT, CANCEL),
-               subscribe=(gateway_replies(), HEARTBEATS, SCHEDULER_LOAD, SCALING_STATUS))),
+           container_port=8000),
     _entry("sanitizer", "Sanitizer", start_order=1, stop_order=2, port_offset=1,
-           permissions=JS_CONSUME + REPLIES + Permissions(
-               publish=(ACCEPTED, ENDED),
-               subscribe=("ib.deliver.sanitizer", "ib.deliver.sanitizer-tenants",
-                          "ib.filter.{instance}.>"))),
+           grants=REPLIES),
     _entry("scheduler", "Scheduler", start_order=2, stop_order=4, port_offset=2,
-           permissions=JS_CONSUME + REPLIES + Permissions(
-               publish=("ib.work.>", ENDED, SCHEDULER_LOAD),
-               subscribe=("ib.deliver.scheduler-accepted", "ib.deliver.scheduler-ended",
-                          HEARTBEATS, STARTED, CANCEL, TENANT_CANCELS, SCALING_STATUS))),
+           grants=REPLIES),
     # workers at base+10, base+11, ... (one port each); a worker's user may publish its
     # own instance's heartbeats and KV events, and read its own work only
     _entry("worker", "Worker", start_order=3, stop_order=3, port_offset=10, scalable=True,
-           permissions=REPLIES + Permissions(
-               publish=("ib.hb.{instance}.*", "ib.kv.{instance}.*", STARTED, ENDED,
-                        "$JS.API.CONSUMER.CREATE.IB_WORK.*.ib.work.{instance}.*",
-                        "$JS.API.CONSUMER.INFO.IB_WORK.*", "$JS.API.CONSUMER.DELETE.IB_WORK.*",
-                        "$JS.ACK.IB_WORK.>",
-                        # deliveries and residency policies in, its swaps out
-                        f"$JS.API.CONSUMER.CREATE.IB_DELIVERY.*.{DELIVERY_LOADS}",
-                        f"$JS.API.CONSUMER.CREATE.IB_CONFIG.*.{RESIDENCIES}",
-                        "$JS.API.CONSUMER.DELETE.IB_DELIVERY.*",
-                        "$JS.API.CONSUMER.DELETE.IB_CONFIG.*",
-                        "$JS.ACK.IB_DELIVERY.>", "$JS.ACK.IB_CONFIG.>",
-                        "ib.delivery.swapped.{instance}.*", *REGISTRY_READ),
-               subscribe=(CANCEL, TENANT_CANCELS))),
+           grants=REPLIES + Permissions(publish=REGISTRY_READ)),
     # off by default (`inferbus up --autoscale`); stops with the gateway, so the others'
     # shutdown is not load it reacts to
     _entry("autoscaler", "Autoscaler", start_order=4, stop_order=1, port_offset=3,
-           in_up=False,
-           permissions=JS_CONSUME + Permissions(
-               publish=(SCALE_DECISIONS, SCALING_STATUS, SUPERVISORS),
-               subscribe=(HEARTBEATS, STARTED, SCHEDULER_LOAD))),
-    # bounds the shared KV spill tier (a folder the workers read and write) and writes
-    # what it holds per model to its KV bucket
-    _entry("kvspill", "KvSpill", start_order=6, stop_order=1, port_offset=5,
-           permissions=Permissions(publish=(f"$KV.{KV_SPILL_INDEX}.>",))),
-    # model versions to workers (deliveries), canary weights to the scheduler; judges
-    # each version on the requests' ends; the registry's KV bucket is its to write
+           in_up=False),
+    # bounds the shared KV spill tier (a folder the workers read and write)
+    _entry("kvspill", "KvSpill", start_order=6, stop_order=1, port_offset=5),
+    # model versions to workers, canary weights to the scheduler; judges each version
+    # on the requests' ends
     _entry("delivery", "Delivery", start_order=5, stop_order=1, port_offset=4,
-           permissions=JS_CONSUME + Permissions(
-               publish=(CANARIES, DELIVERY_LOADS, ROLLOUTS, f"$KV.{MODEL_REGISTRY}.>",
-                        *REGISTRY_READ),
-               subscribe=(HEARTBEATS, "ib.deliver.delivery-commands",
-                          "ib.deliver.delivery-swapped"))),
+           grants=Permissions(publish=REGISTRY_READ)),
 )  # fmt: skip
 
 MAX_INSTANCES = 90
@@ -178,7 +140,7 @@ def get(name: str) -> ServiceEntry:
 
 def permissions() -> dict[str, Permissions]:
     """Each service's own permissions, for the bus's server config."""
-    return {e.name: e.permissions for e in SERVICES}
+    return {e.name: e.permissions() for e in SERVICES}
 
 
 def by_start_order() -> list[ServiceEntry]:

@@ -1,17 +1,15 @@
-"""NATS connection, event publishing, dead letters and the pull-consumer loop."""
+"""NATS connection, event publishing, dead letters, background handlers and replays."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import time
-import typing
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
@@ -24,8 +22,7 @@ from inferbus.contracts import (
 )
 from inferbus.shared import logs, metrics
 from inferbus.shared.buscreds import TLS_CA_ENV, BusCredentials, tls_context
-from inferbus.shared.codec import DecodeError, decode, encode
-from inferbus.shared.streams import ConsumerSpec
+from inferbus.shared.codec import encode
 
 log = logs.get("inferbus.bus")
 
@@ -175,45 +172,6 @@ class DeadLetterer:
         log.warning("dead letter", subject=msg.subject, reason=reason)
         await self._js.publish(self._subject, encode(letter))
 
-    async def decode(self, msg: Msg, cls: Any, *, ack: bool = False) -> Any | None:
-        """``msg`` decoded as ``cls`` (an event type or a union of them), or None once it
-        went to the dead letters with the reason; ``ack`` settles a JetStream message so
-        it is not redelivered. The service goes on with the next message either way."""
-        try:
-            return decode(msg.data, cls)
-        except DecodeError as exc:
-            await self.send(msg, f"undecodable {_event_name(cls)}: {exc}")
-            if ack:
-                await msg.ack()
-            return None
-
-
-def _event_name(cls: Any) -> str:
-    """``RequestAccepted``, or ``RequestFinished | RequestFailed`` for a union."""
-    members = typing.get_args(cls) or (cls,)
-    return " | ".join(getattr(m, "__name__", str(m)) for m in members)
-
-
-Handler = Callable[[Msg], Awaitable[None]]
-
-
-async def consume(nc: Client, spec: ConsumerSpec, handler: Handler) -> Subscription:
-    """Join the queue group of a durable push consumer (provisioned from the service's
-    ``consumers()`` by the runtime).
-
-    The handler acks (or not) itself; an exception in it is logged and the message is
-    left for redelivery after ``ack_wait``, so a bug never silently drops a request.
-    Drain the returned subscription to stop.
-    """
-
-    async def guarded(msg: Msg) -> None:
-        try:
-            await handler(msg)
-        except Exception:
-            log.exception("handler failed; message left for redelivery", subject=msg.subject)
-
-    return await nc.subscribe(spec.deliver_subject, queue=spec.durable, cb=guarded)
-
 
 class Background:
     """Work a handler hands off so the next message need not wait for this one's acks.
@@ -278,36 +236,3 @@ async def replay(
     finally:
         await sub.unsubscribe()
     return out
-
-
-SETTINGS_HISTORY_S = 10 * 365 * 86400.0
-"""Settings (IB_CONFIG) never age out: replayed from as far back as anything can be."""
-
-
-async def follow_settings(
-    js: JetStreamContext, subject: str, on_data: Callable[[bytes], Awaitable[None] | None]
-) -> Any:
-    """Settings records (IB_CONFIG, the latest per subject): each one's latest handed
-    to ``on_data`` before this returns, so the caller starts with them; then every
-    change as it comes (the latest comes once more: handlers are idempotent)."""
-
-    async def handle(data: bytes) -> None:
-        done = on_data(data)
-        if done is not None:
-            await done
-
-    for data, _ in await replay(js, "IB_CONFIG", subject, since_s=SETTINGS_HISTORY_S):
-        await handle(data)
-
-    async def on_msg(msg: Msg) -> None:
-        await handle(msg.data)
-
-    from nats.js.api import DeliverPolicy
-
-    return await js.subscribe(
-        subject,
-        stream="IB_CONFIG",
-        cb=on_msg,
-        ordered_consumer=True,
-        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-    )

@@ -1,10 +1,12 @@
 """The one service runtime: config → logs → NATS → streams → HTTP → service → signals → drain.
 
 Every service's ``main`` is ``runtime.main(MyService, MySettings)``. A service is a
-small object with ``start``/``drain``/``status``; the runtime owns all the plumbing
-that must behave the same everywhere: reconnecting NATS connection, idempotent stream
-provisioning, ``$SRV`` discovery and stats via nats.micro, /healthz, /readyz and
-/metrics, and SIGTERM/SIGINT → drain → exit.
+small object built with its context, with ``start``/``drain``/``status``; the runtime
+owns all the plumbing that must behave the same everywhere: reconnecting NATS
+connection, idempotent stream provisioning, the subscriptions the service declares
+(``Service.wiring``: subscribed, decoded or dead-lettered, counted), ``$SRV``
+discovery and stats via nats.micro, /healthz, /readyz and /metrics, and
+SIGTERM/SIGINT → drain → exit.
 """
 
 from __future__ import annotations
@@ -25,13 +27,15 @@ from nats.micro import add_service
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 import inferbus
-from inferbus.contracts import status_subject
+from inferbus.contracts import status_subject, subject_token
 from inferbus.shared import logs, metrics, tracing
 from inferbus.shared.bus import ConnectionWatch, DeadLetterer, connect
 from inferbus.shared.buscreds import load_credentials
 from inferbus.shared.config import ServiceSettings, load_settings
 from inferbus.shared.errors import ConfigError
-from inferbus.shared.streams import ConsumerSpec, ensure_consumers, ensure_streams
+from inferbus.shared.streams import ensure_consumers, ensure_streams
+from inferbus.shared.subscriber import Subscriber
+from inferbus.shared.subscriptions import ConsumerSpec, Wiring
 
 S = TypeVar("S", bound=ServiceSettings)
 
@@ -42,33 +46,50 @@ class Context(Generic[S]):
     nc: Client
     js: JetStreamContext
     dead_letters: DeadLetterer
-    http_port: int
     tracing: tracing.Tracing
     connection: ConnectionWatch
     """Register here to hear of the connection's outages."""
+    subscriptions: Subscriber
+    """The declared subscriptions, open (``close`` them where a drain must stop reading)."""
+    http_port: int = 0
+    """The port its HTTP server took, known once ``start`` is called."""
 
 
 class Service(abc.ABC, Generic[S]):
     name: ClassVar[str]
+    wiring: ClassVar[Wiring] = Wiring()
+    """What it subscribes to and publishes (``services/<name>/wiring.py``): the runtime
+    subscribes from it, and its NATS user's permissions are derived from it."""
 
-    def __init__(self, settings: S) -> None:
+    def __init__(self, settings: S, ctx: Context[S]) -> None:
         self.settings = settings
+        self.ctx = ctx
 
     def routes(self) -> Sequence[web.RouteDef]:
         """Extra HTTP routes on the service's port (the gateway serves its API here)."""
         return ()
 
-    def consumers(self) -> Sequence[ConsumerSpec]:
-        """The durable JetStream consumers it reads through, provisioned before ``start``."""
-        return ()
+    @classmethod
+    def consumers(cls) -> Sequence[ConsumerSpec]:
+        """The durable JetStream consumers it reads through, provisioned before it is built."""
+        return cls.wiring.consumers()
+
+    def subject_fields(self) -> dict[str, str]:
+        """What its subscriptions' subject templates name (``{instance}``...)."""
+        return {"instance": subject_token(self.settings.instance_id)}
 
     @abc.abstractmethod
-    async def start(self, ctx: Context[S]) -> None:
-        """Subscribe and start background tasks; return once serving."""
+    async def start(self) -> None:
+        """Start background tasks and load what serving needs; the declared
+        subscriptions (but the ``early`` ones) open once this returns."""
+
+    async def serving(self) -> None:
+        """Called once every declared subscription is open."""
 
     @abc.abstractmethod
     async def drain(self) -> None:
-        """Stop taking new work and finish or hand back what is in flight."""
+        """Stop taking new work and finish or hand back what is in flight; the
+        subscriptions still open afterwards are closed by the runtime."""
 
     def status(self) -> dict[str, Any]:
         """Live state for ``$SRV`` stats, the status endpoint and ``inferbus top``."""
@@ -88,22 +109,31 @@ class Service(abc.ABC, Generic[S]):
 
 
 class Runtime:
-    """Runs one service until ``stop`` is set (by a signal, or by a test)."""
+    """Builds one service and runs it until ``stop`` is set (by a signal, or by a test)."""
 
-    def __init__(self, service: Service[Any], stop: asyncio.Event | None = None) -> None:
-        self.service = service
-        self.settings = service.settings
+    def __init__(
+        self, service_cls: type[Service[Any]], settings: Any, stop: asyncio.Event | None = None
+    ) -> None:
+        self.service_cls = service_cls
+        self.settings = settings
         self.stop = stop or asyncio.Event()
         self.started = asyncio.Event()
         self.http_port = 0
-        self.log = logs.get(f"inferbus.{service.name}")
+        self.log = logs.get(f"inferbus.{service_cls.name}")
         self._nc: Client | None = None
+        self._service: Service[Any] | None = None
+
+    @property
+    def service(self) -> Service[Any]:
+        if self._service is None:
+            raise RuntimeError(f"{self.service_cls.name} is not built yet")
+        return self._service
 
     async def _healthz(self, _: web.Request) -> web.Response:
         return web.json_response({"status": "alive"})
 
     async def _readyz(self, _: web.Request) -> web.Response:
-        ok, why = self.service.ready()
+        ok, why = self.service.ready() if self._service else (False, "starting")
         if not (self._nc and self._nc.is_connected):
             ok, why = False, "not connected to NATS"
         if self.stop.is_set():
@@ -119,31 +149,22 @@ class Runtime:
 
     def _status_json(self) -> dict[str, Any]:
         return {
-            "service": self.service.name,
+            "service": self.service_cls.name,
             "instance": self.settings.instance_id,
             "http_port": self.http_port,
             "ready": self.service.ready()[0],
             **self.service.status(),
         }
 
-    async def run(self) -> None:
+    async def _serve_http(self, service: Service[Any]) -> web.AppRunner:
         s = self.settings
-        creds = load_credentials(s.nats_creds) if s.nats_creds else None
-        watch = ConnectionWatch()
-        nc = self._nc = await connect(
-            s.nats_url, f"{self.service.name}:{s.instance_id}", creds, s.nats_tls_ca, watch
-        )
-        js = nc.jetstream()
-        await ensure_streams(js)
-        await ensure_consumers(js, self.service.consumers())
-
         app = web.Application(client_max_size=8 * 1024 * 1024)
         app.add_routes(
             [
                 web.get("/healthz", self._healthz),
                 web.get("/readyz", self._readyz),
                 web.get("/metrics", self._metrics),
-                *self.service.routes(),
+                *service.routes(),
             ]
         )
         # handler_cancellation: a client that hangs up cancels its handler, and so its request
@@ -156,42 +177,63 @@ class Runtime:
         )
         await runner.setup()
         assert runner.server is not None
-        cap_connections(runner.server, s.http_max_connections, self.service.name)
+        cap_connections(runner.server, s.http_max_connections, service.name)
         site = web.TCPSite(runner, s.http_host, s.http_port)
         await site.start()
         self.http_port = runner.addresses[0][1]
+        return runner
 
-        traces = tracing.setup(self.service.name, trace_policy(s), s.instance_id)
+    async def run(self) -> None:
+        s = self.settings
+        name = self.service_cls.name
+        creds = load_credentials(s.nats_creds) if s.nats_creds else None
+        watch = ConnectionWatch()
+        nc = self._nc = await connect(
+            s.nats_url, f"{name}:{s.instance_id}", creds, s.nats_tls_ca, watch
+        )
+        js = nc.jetstream()
+        await ensure_streams(js)
+        await ensure_consumers(js, self.service_cls.consumers())
+
+        traces = tracing.setup(name, trace_policy(s), s.instance_id)
         await traces.listen(nc)
-        ctx = Context(
+        dead_letters = DeadLetterer(js, name)
+        ctx: Context[Any] = Context(
             settings=s,
             nc=nc,
             js=js,
-            dead_letters=DeadLetterer(js, self.service.name),
-            http_port=self.http_port,
+            dead_letters=dead_letters,
             tracing=traces,
             connection=watch,
+            subscriptions=Subscriber(name, nc, js, dead_letters),
         )
+        runner: web.AppRunner | None = None
         try:
-            await self.service.start(ctx)
-        except ConfigError:  # said once, by main
-            await runner.cleanup()
+            service = self._service = self.service_cls(s, ctx)
+            ctx.subscriptions.fields.update(service.subject_fields())
+            runner = await self._serve_http(service)
+            ctx.http_port = self.http_port
+            declared = [x for x in service.wiring.subscriptions if not x.when or getattr(s, x.when)]
+            await ctx.subscriptions.open(service, [x for x in declared if x.early])
+            await service.start()
+            await ctx.subscriptions.open(service, [x for x in declared if not x.early])
+            await service.serving()
+        except BaseException as exc:
+            if runner is not None:
+                await runner.cleanup()
             await traces.close()
             await nc.close()
-            raise
-        except Exception as exc:
+            if isinstance(exc, ConfigError) or not isinstance(exc, Exception):
+                raise  # a ConfigError is said once, by main
             # not ready, with the reason in the log (and, for workers, in a "failed" heartbeat)
             self.log.error("failed to start", error=f"{type(exc).__name__}: {exc}")
-            await runner.cleanup()
-            await traces.close()
-            await nc.close()
             raise SystemExit(1) from None
 
         micro = await add_service(
             nc,
-            name=f"inferbus-{self.service.name}",
+            name=f"inferbus-{name}",
             version=inferbus.__version__,
-            description=f"inferbus {self.service.name}",
+            description=f"inferbus {name}",
             metadata={
                 "instance": s.instance_id,
                 "http_host": advertised_host(s.http_host),
@@ -204,7 +246,7 @@ class Runtime:
             await req.respond(msgspec.json.encode(self._status_json()))
 
         await micro.add_endpoint(
-            name="status", subject=status_subject(self.service.name), handler=status_endpoint
+            name="status", subject=status_subject(name), handler=status_endpoint
         )
         self.log.info("started", http=f"http://{s.http_host}:{self.http_port}", nats=s.nats_url)
         self.started.set()
@@ -213,9 +255,10 @@ class Runtime:
         began = time.monotonic()
         self.log.info("draining", timeout_s=s.drain_timeout_s)
         try:
-            await asyncio.wait_for(self.service.drain(), s.drain_timeout_s)
+            await asyncio.wait_for(service.drain(), s.drain_timeout_s)
         except TimeoutError:
             self.log.warning("drain timed out")
+        await ctx.subscriptions.close()
         await micro.stop()
         await runner.cleanup()
         await traces.close()  # exports what is still undecided, then flushes
@@ -262,8 +305,8 @@ def advertised_host(bind_host: str) -> str:
         return "127.0.0.1"
 
 
-async def serve(service: Service[Any]) -> None:
-    runtime = Runtime(service)
+async def serve(service_cls: type[Service[Any]], settings: Any) -> None:
+    runtime = Runtime(service_cls, settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, runtime.stop.set)
@@ -279,7 +322,7 @@ def main(
     try:
         settings = load_settings(settings_cls, sys.argv[1:] if argv is None else argv)
         logs.configure(service_cls.name, settings.log_level, settings.instance_id)
-        run_loop(serve(service_cls(settings)))
+        run_loop(serve(service_cls, settings))
     except ConfigError as exc:  # the one place a wrong setting becomes an exit
         sys.exit(f"inferbus {service_cls.name}: {exc}")
     except KeyboardInterrupt:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import msgspec
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -16,23 +15,7 @@ from nats.js.api import (
 from nats.js.errors import NotFoundError
 
 from inferbus.contracts import STREAMS, StreamSpec
-
-
-class ConsumerSpec(msgspec.Struct, kw_only=True, frozen=True):
-    """A durable push consumer delivered to ``deliver_subject`` in queue group ``durable``,
-    declared by the service that reads it (``Service.consumers()``).
-
-    Push rather than pull: each hop of a request adds no fetch round trip, and
-    replicas of a service share the work through the queue group.
-    """
-
-    durable: str
-    stream: str
-    filter_subject: str
-    deliver_subject: str
-    ack_wait_s: float = 30.0
-    max_ack_pending: int = 20_000
-    max_deliver: int = 5
+from inferbus.shared.subscriptions import ConsumerSpec
 
 
 def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:

@@ -8,16 +8,9 @@ from typing import Any, Literal
 
 import msgspec
 from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy
 
 from inferbus.contracts import (
-    ACCEPTED,
-    ENDED,
-    HEARTBEATS,
-    LLMSERVICES,
     SCALING_STATUS,
-    SCHEDULER_LOAD,
-    STARTED,
     LLMServiceSettings,
     RequestAccepted,
     RequestFinished,
@@ -31,8 +24,8 @@ from inferbus.contracts import (
 )
 from inferbus.contracts.control import DEFAULT_SUPERVISOR
 from inferbus.shared import logs, metrics
-from inferbus.shared.bus import follow_settings, publish_durable
-from inferbus.shared.codec import decode_or_none, encode
+from inferbus.shared.bus import publish_durable
+from inferbus.shared.codec import encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
 
@@ -44,6 +37,7 @@ from .actuators import (
     NoActuator,
 )
 from .core import AutoscalerCore, AutoscalerPolicy, Diagnostics, ModelScaling, scaling_for
+from .wiring import WIRING
 
 log = logs.get("inferbus.autoscaler")
 
@@ -95,14 +89,13 @@ class AutoscalerSettings(ServiceSettings, kw_only=True):
 
 class AutoscalerService(Service[AutoscalerSettings]):
     name = "autoscaler"
+    wiring = WIRING
 
-    def __init__(self, settings: AutoscalerSettings) -> None:
-        super().__init__(settings)
+    def __init__(self, settings: AutoscalerSettings, ctx: Context[AutoscalerSettings]) -> None:
+        super().__init__(settings, ctx)
         self.policy = settings.policy()
         self.core = AutoscalerCore(self.policy, now=time.time())
-        self.actuator: Actuator | None = None
-        self._ctx: Context[AutoscalerSettings] | None = None
-        self._subs: list[Any] = []
+        self.actuator = self._make_actuator(ctx)
         self._tick_task: asyncio.Task[None] | None = None
         self._unapplied: dict[str, ScaleDecision] = {}
         """The latest decision per model its actuator has not carried out yet."""
@@ -119,44 +112,20 @@ class AutoscalerService(Service[AutoscalerSettings]):
             return KubernetesActuator(dict(s.models), s.kubeconfig)
         return NoActuator()
 
-    async def start(self, ctx: Context[AutoscalerSettings]) -> None:
-        self._ctx = ctx
-        self.actuator = self._make_actuator(ctx)
+    async def start(self) -> None:
         now = time.time()
-        # LLMServices' records first: the models they add are managed from the start
-        self._subs.append(await follow_settings(ctx.js, LLMSERVICES, self._on_service))
         self._started = True  # models new from now on are taken on as they come
         for model in list(self.core.models):
             await self._manage(model, now)
         if not self.core.models:
             log.info("no model to size yet: --models, or an LLMService's record")
-        nc, js = ctx.nc, ctx.js
-        self._subs += [
-            await nc.subscribe(HEARTBEATS, cb=self._on_heartbeat),
-            await nc.subscribe(STARTED, cb=self._on_started),
-            await nc.subscribe(SCHEDULER_LOAD, cb=self._on_load),
-            # the request stream from now on, read without holding anything back
-            await js.subscribe(
-                ACCEPTED,
-                stream="IB_REQUESTS",
-                cb=self._on_accepted,
-                ordered_consumer=True,
-                deliver_policy=DeliverPolicy.NEW,
-            ),
-            await js.subscribe(
-                ENDED,
-                stream="IB_REQUESTS",
-                cb=self._on_ended,
-                ordered_consumer=True,
-                deliver_policy=DeliverPolicy.NEW,
-            ),
-        ]
+
+    async def serving(self) -> None:
         self._tick_task = asyncio.create_task(self._ticks(), name="ticks")
         log.info("autoscaling", models=sorted(self.core.models), actuator=self.settings.actuator)
 
     async def _manage(self, model: str, now: float) -> None:
         """Take ``model`` on from the size it runs at now."""
-        assert self.actuator
         try:
             current = await self.actuator.current(model)
         except ActuationError as exc:
@@ -183,7 +152,6 @@ class AutoscalerService(Service[AutoscalerSettings]):
     def _follow(self, record: LLMServiceSettings, now: float) -> bool:
         """An LLMService's record: size its model by it, or, removed or without
         scaling, as the flags say (or not at all). True when a model is new to the core."""
-        assert self.actuator
         model = record.model
         if self._services.get(model) == record:
             return False
@@ -220,10 +188,7 @@ class AutoscalerService(Service[AutoscalerSettings]):
         )
         return new
 
-    async def _on_service(self, data: bytes) -> None:
-        record = decode_or_none(data, LLMServiceSettings)
-        if record is None:
-            return
+    async def _on_service(self, record: LLMServiceSettings, msg: Msg) -> None:
         now = time.time()
         if self._follow(record, now) and self._started:
             await self._manage(record.model, now)
@@ -231,13 +196,8 @@ class AutoscalerService(Service[AutoscalerSettings]):
     async def drain(self) -> None:
         if self._tick_task:
             self._tick_task.cancel()
-        for sub in self._subs:
-            try:
-                await sub.unsubscribe()
-            except Exception:  # already gone with the connection
-                pass
-        if self.actuator:
-            await self.actuator.close()
+        await self.ctx.subscriptions.close()
+        await self.actuator.close()
 
     def status(self) -> dict[str, Any]:
         return {
@@ -258,36 +218,23 @@ class AutoscalerService(Service[AutoscalerSettings]):
 
     # -- inputs ----------------------------------------------------------------------------
 
-    # events other services answer for (they dead-letter bad ones): skipped here
+    async def _on_heartbeat(self, hb: WorkerHeartbeat, msg: Msg) -> None:
+        self.core.on_heartbeat(hb, time.time())
 
-    async def _on_heartbeat(self, msg: Msg) -> None:
-        hb = decode_or_none(msg.data, WorkerHeartbeat)
-        if hb is not None:
-            self.core.on_heartbeat(hb, time.time())
+    async def _on_started(self, ev: RequestStarted, msg: Msg) -> None:
+        self.core.on_started(ev.request_id, time.time())
 
-    async def _on_started(self, msg: Msg) -> None:
-        ev = decode_or_none(msg.data, RequestStarted)
-        if ev is not None:
-            self.core.on_started(ev.request_id, time.time())
-
-    async def _on_load(self, msg: Msg) -> None:
-        load = decode_or_none(msg.data, SchedulerLoad)
-        if load is None:
-            return
+    async def _on_load(self, load: SchedulerLoad, msg: Msg) -> None:
         now = time.time()
         for model, m in load.models.items():
             self.core.on_load(model, m, now)
 
-    async def _on_accepted(self, msg: Msg) -> None:
-        ev = decode_or_none(msg.data, RequestAccepted)
-        if ev is not None:
-            self.core.on_accepted(ev, time.time())
+    async def _on_accepted(self, ev: RequestAccepted, msg: Msg) -> None:
+        self.core.on_accepted(ev, time.time())
 
-    async def _on_ended(self, msg: Msg) -> None:
-        ev = decode_or_none(msg.data, Terminal)
-        if ev is not None:
-            finished = ev if isinstance(ev, RequestFinished) else None
-            self.core.on_ended(ev.request_id, finished, time.time())
+    async def _on_ended(self, ev: Terminal, msg: Msg) -> None:
+        finished = ev if isinstance(ev, RequestFinished) else None
+        self.core.on_ended(ev.request_id, finished, time.time())
 
     # -- decisions -------------------------------------------------------------------------
 
@@ -305,7 +252,6 @@ class AutoscalerService(Service[AutoscalerSettings]):
                 log.exception("tick failed")
 
     async def _announce(self, now: float) -> None:
-        assert self._ctx
         status = ScalingStatus(
             autoscaler_id=self.settings.instance_id,
             targets={m: st.target for m, st in self.core.models.items()},
@@ -313,7 +259,7 @@ class AutoscalerService(Service[AutoscalerSettings]):
             interval_s=self.settings.status_interval_s,
         )
         try:
-            await self._ctx.nc.publish(SCALING_STATUS, encode(status))
+            await self.ctx.nc.publish(SCALING_STATUS, encode(status))
         except Exception as exc:  # reconnecting: the next one goes out
             log.warning("status not sent", error=str(exc))
 
@@ -345,10 +291,9 @@ class AutoscalerService(Service[AutoscalerSettings]):
         await self._apply()
 
     async def _record(self, decision: ScaleDecision) -> None:
-        assert self._ctx
         try:
             await publish_durable(
-                self._ctx.js,
+                self.ctx.js,
                 scale_subject(decision.model),
                 decision,
                 request_id=f"scale-{decision.model}",
@@ -358,7 +303,6 @@ class AutoscalerService(Service[AutoscalerSettings]):
             log.warning("decision not recorded", model=decision.model, error=str(exc))
 
     async def _apply(self) -> None:
-        assert self.actuator
         for model, decision in list(self._unapplied.items()):
             try:
                 await self.actuator.apply(decision)

@@ -9,13 +9,8 @@ import time
 from typing import Any
 
 from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy
 
 from inferbus.contracts import (
-    DELIVERY_COMMANDS,
-    ENDED,
-    HEARTBEATS,
-    SWAPPED,
     DeployRequest,
     ModelSwapped,
     RequestFailed,
@@ -29,28 +24,15 @@ from inferbus.contracts import (
     rollout_subject,
 )
 from inferbus.shared import logs, metrics, modelstore
-from inferbus.shared.bus import consume, publish_durable
-from inferbus.shared.codec import decode, decode_or_none, encode
+from inferbus.shared.bus import publish_durable
+from inferbus.shared.codec import decode, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
-from inferbus.shared.streams import ConsumerSpec
 
 from .core import DeliveryCore, DeliveryPolicy, Effects, Rollout
+from .wiring import WIRING
 
 log = logs.get("inferbus.delivery")
-
-COMMANDS = ConsumerSpec(
-    durable="delivery-commands",
-    stream="IB_DELIVERY",
-    filter_subject=DELIVERY_COMMANDS,
-    deliver_subject="ib.deliver.delivery-commands",
-)
-SWAPS = ConsumerSpec(
-    durable="delivery-swapped",
-    stream="IB_DELIVERY",
-    filter_subject=SWAPPED,
-    deliver_subject="ib.deliver.delivery-swapped",
-)
 
 _ROLLOUT_KEY = "rollout.{model}"
 
@@ -66,48 +48,27 @@ class DeliverySettings(ServiceSettings, kw_only=True):
 
 class DeliveryService(Service[DeliverySettings]):
     name = "delivery"
+    wiring = WIRING
 
-    def __init__(self, settings: DeliverySettings) -> None:
-        super().__init__(settings)
+    def __init__(self, settings: DeliverySettings, ctx: Context[DeliverySettings]) -> None:
+        super().__init__(settings, ctx)
         self.core = DeliveryCore(settings.policy)
-        self._ctx: Context[DeliverySettings] | None = None
-        self._subs: list[Any] = []
         self._tick_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         """One change at a time: a command, a swap answer or a tick."""
 
-    def consumers(self) -> list[ConsumerSpec]:
-        return [COMMANDS, SWAPS]
-
-    async def start(self, ctx: Context[DeliverySettings]) -> None:
-        self._ctx = ctx
+    async def start(self) -> None:
+        ctx = self.ctx
         await modelstore.registry(ctx.js, create=True)
         await modelstore.artifacts(ctx.js, create=True)
         await self._restore()
-        nc, js = ctx.nc, ctx.js
-        self._subs = [
-            await nc.subscribe(HEARTBEATS, cb=self._on_heartbeat),
-            # request ends from now on (each names the version that served it)
-            await js.subscribe(
-                ENDED,
-                stream="IB_REQUESTS",
-                cb=self._on_ended,
-                ordered_consumer=True,
-                deliver_policy=DeliverPolicy.NEW,
-            ),
-            await consume(nc, COMMANDS, self._on_command),
-            await consume(nc, SWAPS, self._on_swapped),
-        ]
+
+    async def serving(self) -> None:
         self._tick_task = asyncio.create_task(self._ticks(), name="ticks")
 
     async def drain(self) -> None:
         if self._tick_task:
             self._tick_task.cancel()
-        for sub in self._subs:
-            try:
-                await sub.unsubscribe()
-            except Exception:  # gone with the connection
-                pass
 
     def status(self) -> dict[str, Any]:
         return {
@@ -126,9 +87,8 @@ class DeliveryService(Service[DeliverySettings]):
 
     async def _restore(self) -> None:
         """Rollouts in flight when the last delivery process stopped resume here."""
-        assert self._ctx
-        kv = await modelstore.registry(self._ctx.js)
-        for key in await modelstore.keys(self._ctx.js, "rollout."):
+        kv = await modelstore.registry(self.ctx.js)
+        for key in await modelstore.keys(self.ctx.js, "rollout."):
             value = await modelstore.value_of(kv, key)
             if value is None:
                 continue
@@ -148,23 +108,15 @@ class DeliveryService(Service[DeliverySettings]):
 
     # -- inputs ----------------------------------------------------------------------------
 
-    async def _on_heartbeat(self, msg: Msg) -> None:
-        hb = decode_or_none(msg.data, WorkerHeartbeat)
-        if hb is not None:
-            self.core.on_heartbeat(hb, time.time())
+    async def _on_heartbeat(self, hb: WorkerHeartbeat, msg: Msg) -> None:
+        self.core.on_heartbeat(hb, time.time())
 
-    async def _on_ended(self, msg: Msg) -> None:
-        ev = decode_or_none(msg.data, Terminal)
+    async def _on_ended(self, ev: Terminal, msg: Msg) -> None:
         if isinstance(ev, RequestFinished | RequestFailed):
             self.core.on_ended(ev, time.time())
 
-    async def _on_command(self, msg: Msg) -> None:
-        assert self._ctx
-        cmd = await self._ctx.dead_letters.decode(msg, DeployRequest | RollbackRequest, ack=True)
-        if cmd is None:
-            return
-        js, now = self._ctx.js, time.time()
-        metrics.EVENTS_HANDLED.labels(self.name, cmd.__struct_config__.tag).inc()
+    async def _on_command(self, cmd: DeployRequest | RollbackRequest, msg: Msg) -> None:
+        js, now = self.ctx.js, time.time()
         async with self._lock:
             current = await modelstore.get_current(js, cmd.model)
             if isinstance(cmd, DeployRequest):
@@ -183,15 +135,11 @@ class DeliveryService(Service[DeliverySettings]):
         await msg.ack()
 
     async def _version(self, name: str, version: str) -> Any:
-        if not version or self._ctx is None:
+        if not version:
             return None
-        return await modelstore.get_version(self._ctx.js, name, version)
+        return await modelstore.get_version(self.ctx.js, name, version)
 
-    async def _on_swapped(self, msg: Msg) -> None:
-        assert self._ctx
-        ev = await self._ctx.dead_letters.decode(msg, ModelSwapped, ack=True)
-        if ev is None:
-            return
+    async def _on_swapped(self, ev: ModelSwapped, msg: Msg) -> None:
         log.info(
             "swap answered",
             worker=ev.worker_id,
@@ -220,8 +168,7 @@ class DeliveryService(Service[DeliverySettings]):
     async def _carry_out(self, effects: Effects) -> None:
         """Traffic first (canary weights: a rollback's point), then the registry, the
         deliveries, and the record of each decision."""
-        assert self._ctx
-        js = self._ctx.js
+        js = self.ctx.js
         if effects.canary is not None:
             c = effects.canary
             await publish_durable(js, canary_subject(c.model), c, request_id=f"canary-{c.model}")
@@ -245,7 +192,6 @@ class DeliveryService(Service[DeliverySettings]):
                 metrics.ROLLOUT_WEIGHT.labels(model, rollout.candidate.version).set(rollout.weight)
 
     async def _record(self, decision: RolloutDecision) -> None:
-        assert self._ctx
         metrics.ROLLOUT_DECISIONS.labels(decision.model, decision.action).inc()
         log.info(
             "rollout",
@@ -256,7 +202,7 @@ class DeliveryService(Service[DeliverySettings]):
             reason=decision.reason,
         )
         await publish_durable(
-            self._ctx.js,
+            self.ctx.js,
             rollout_subject(decision.model),
             decision,
             request_id=f"rollout-{decision.model}",

@@ -18,10 +18,6 @@ from nats.aio.msg import Msg
 from inferbus.contracts import (
     CANCEL,
     GATEWAY_REPLY_OWNER,
-    HEARTBEATS,
-    REPLY_PREFIX,
-    SCALING_STATUS,
-    SCHEDULER_LOAD,
     SUBMIT,
     CancelRequest,
     ChatMessage,
@@ -35,13 +31,12 @@ from inferbus.contracts import (
     ScalingStatus,
     SchedulerLoad,
     WorkerHeartbeat,
-    heartbeat_subject,
     reply_subject,
     subject_token,
 )
 from inferbus.shared import logs, metrics
 from inferbus.shared.bus import publish_durable
-from inferbus.shared.codec import decode_or_none, encode
+from inferbus.shared.codec import encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
 
@@ -61,6 +56,7 @@ from .protocol import (
     submitted,
 )
 from .trace import HttpTrace, NoTrace, http_trace
+from .wiring import WIRING
 
 log = logs.get("inferbus.gateway")
 
@@ -110,9 +106,10 @@ class _Ended(Exception):
 
 class GatewayService(Service[GatewaySettings]):
     name = "gateway"
+    wiring = WIRING
 
-    def __init__(self, settings: GatewaySettings) -> None:
-        super().__init__(settings)
+    def __init__(self, settings: GatewaySettings, ctx: Context[GatewaySettings]) -> None:
+        super().__init__(settings, ctx)
         self.gateway_id = subject_token(f"gw-{settings.instance_id}-{secrets.token_hex(3)}")
         # its replies under ib.reply.gw.<id>: the gateway's credentials read only those
         self.reply_owner = f"{GATEWAY_REPLY_OWNER}.{self.gateway_id}"
@@ -125,8 +122,6 @@ class GatewayService(Service[GatewaySettings]):
         self._pending: dict[str, asyncio.Queue[Any]] = {}
         self._none_pending = asyncio.Event()
         """Set when the last request in flight ends: a drain waits for it."""
-        self._ctx: Context[GatewaySettings] | None = None
-        self._subs: list[Any] = []
         self._draining = False
         self._lost: set[str] = set()
         self._streaming: dict[str, web.StreamResponse] = {}
@@ -141,18 +136,11 @@ class GatewayService(Service[GatewaySettings]):
             web.get("/openapi.json", self.openapi),
         ]
 
-    async def start(self, ctx: Context[GatewaySettings]) -> None:
-        self._ctx = ctx
-        self._subs = [
-            await ctx.nc.subscribe(
-                f"{REPLY_PREFIX}.{self.reply_owner}.>",
-                cb=self._on_reply,
-                pending_msgs_limit=1_000_000,
-            ),
-            await ctx.nc.subscribe(HEARTBEATS, cb=self._on_heartbeat),
-            await ctx.nc.subscribe(SCHEDULER_LOAD, cb=self._on_load),
-            await ctx.nc.subscribe(SCALING_STATUS, cb=self._on_scaling),
-        ]
+    def subject_fields(self) -> dict[str, str]:
+        return {**super().subject_fields(), "gateway_id": self.gateway_id}
+
+    async def start(self) -> None:
+        ctx = self.ctx
         ctx.connection.disconnected.append(self._on_bus_lost)
         ctx.connection.reconnected.append(self._on_bus_back)
         if self.access.open:
@@ -181,8 +169,6 @@ class GatewayService(Service[GatewaySettings]):
                 await asyncio.wait_for(
                     self._none_pending.wait(), max(0.0, deadline - time.monotonic())
                 )
-        for sub in self._subs:
-            await sub.unsubscribe()
 
     # -- NATS inputs --------------------------------------------------------------------
 
@@ -206,31 +192,19 @@ class GatewayService(Service[GatewaySettings]):
         for rid in lost:
             await self._cancel(rid, "its gateway lost the bus while it ran")
 
-    async def _on_reply(self, msg: Msg) -> None:
-        rid = msg.subject.rsplit(".", 1)[-1]
-        queue = self._pending.get(rid)
-        if queue is None:
-            return  # the client already went away
-        assert self._ctx
-        event = await self._ctx.dead_letters.decode(msg, ReplyEvent)
-        if event is not None:
+    async def _on_reply(self, event: ReplyEvent, msg: Msg) -> None:
+        queue = self._pending.get(msg.subject.rsplit(".", 1)[-1])
+        if queue is not None:  # else the client already went away
             queue.put_nowait(event)
 
-    async def _on_scaling(self, msg: Msg) -> None:
-        status = decode_or_none(msg.data, ScalingStatus)
-        if status is not None:
-            self.registry.on_scaling(status, time.monotonic())
+    async def _on_scaling(self, status: ScalingStatus, msg: Msg) -> None:
+        self.registry.on_scaling(status, time.monotonic())
 
-    async def _on_load(self, msg: Msg) -> None:
-        load = decode_or_none(msg.data, SchedulerLoad)
-        if load is not None:
-            self.load.on_load(load, time.monotonic())
+    async def _on_load(self, load: SchedulerLoad, msg: Msg) -> None:
+        self.load.on_load(load, time.monotonic())
 
-    async def _on_heartbeat(self, msg: Msg) -> None:
-        # the scheduler dead-letters bad heartbeats; the gateway just ignores them
-        hb = decode_or_none(msg.data, WorkerHeartbeat)
-        if hb is not None and msg.subject == heartbeat_subject(hb.worker_id):
-            self.registry.on_heartbeat(hb, time.monotonic())
+    async def _on_heartbeat(self, hb: WorkerHeartbeat, msg: Msg) -> None:
+        self.registry.on_heartbeat(hb, time.monotonic())
 
     # -- HTTP ---------------------------------------------------------------------------
 
@@ -291,9 +265,8 @@ class GatewayService(Service[GatewaySettings]):
         )
 
     async def _handle(self, http: web.Request, chat: bool) -> web.StreamResponse:
-        assert self._ctx
         rid = _request_id(http)
-        trace = http_trace(self._ctx.tracing, http.headers, rid, chat)
+        trace = http_trace(self.ctx.tracing, http.headers, rid, chat)
         try:
             resp = await self._serve(http, rid, chat, trace)
         except ApiError as err:
@@ -321,7 +294,6 @@ class GatewayService(Service[GatewaySettings]):
     async def _serve(
         self, http: web.Request, rid: str, chat: bool, trace: HttpTrace | NoTrace
     ) -> web.StreamResponse:
-        assert self._ctx
         if self._draining:
             raise ApiError(
                 503,
@@ -405,8 +377,7 @@ class GatewayService(Service[GatewaySettings]):
     def body_limit(self) -> int:
         """What a request body may weigh: the bus carries at most max_payload bytes a
         message, and the event wraps the body with its own fields."""
-        assert self._ctx
-        bus = self._ctx.nc.max_payload - _EVENT_ROOM
+        bus = self.ctx.nc.max_payload - _EVENT_ROOM
         return min(self.settings.max_body_bytes or bus, bus)
 
     async def _read_body(self, http: web.Request) -> bytes:
@@ -445,13 +416,12 @@ class GatewayService(Service[GatewaySettings]):
         """Register for replies, publish, then yield what the replies mean until the
         terminal event. ``restartable``: the caller buffers the text, so a newer
         attempt's restart is passed on rather than ending the request."""
-        assert self._ctx
         rid = event.request_id
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._pending[rid] = queue
         try:
             ack = await publish_durable(
-                self._ctx.js, SUBMIT, event, request_id=rid, msg_id=rid, trace=trace.headers
+                self.ctx.js, SUBMIT, event, request_id=rid, msg_id=rid, trace=trace.headers
             )
         except (nats.errors.Error, TimeoutError) as exc:  # no JetStream answer: a node
             raise _Ended(
@@ -620,9 +590,8 @@ class GatewayService(Service[GatewaySettings]):
         metrics.E2E.labels(self.name, model).observe(time.monotonic() - started)
 
     async def _cancel(self, rid: str, reason: str) -> None:
-        assert self._ctx
         try:
-            await self._ctx.nc.publish(CANCEL, encode(CancelRequest(request_id=rid, reason=reason)))
+            await self.ctx.nc.publish(CANCEL, encode(CancelRequest(request_id=rid, reason=reason)))
         except Exception:
             log.exception("cancel publish failed", request_id=rid)
 

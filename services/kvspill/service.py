@@ -23,11 +23,11 @@ from inferbus.contracts import KV_SPILL_INDEX, KvSpillNamespace
 from inferbus.shared import logs, metrics
 from inferbus.shared.codec import encode
 from inferbus.shared.config import ServiceSettings
-from inferbus.shared.errors import ConfigError
 from inferbus.shared.kvblocks import block_path, scan_blocks
 from inferbus.shared.runtime import Context, Service
 
 from .core import FileSeen, Scan, SharedTier
+from .wiring import WIRING
 
 log = logs.get("inferbus.kvspill")
 
@@ -45,17 +45,19 @@ class KvSpillSettings(ServiceSettings, kw_only=True):
     scan_interval_s: float = 2.0
     """The tier may exceed its bound by what workers write in one interval."""
 
+    def __post_init__(self) -> None:
+        if not self.shared_dir:  # said before connecting to anything
+            raise ValueError("kvspill needs --shared-dir (the workers' --kv-spill-shared-dir)")
+
 
 class KvSpillService(Service[KvSpillSettings]):
     name = "kvspill"
+    wiring = WIRING
 
-    def __init__(self, settings: KvSpillSettings) -> None:
-        super().__init__(settings)
-        if not settings.shared_dir:
-            raise ConfigError("kvspill needs --shared-dir (the workers' --kv-spill-shared-dir)")
+    def __init__(self, settings: KvSpillSettings, ctx: Context[KvSpillSettings]) -> None:
+        super().__init__(settings, ctx)
         self.root = Path(settings.shared_dir)
         self.core = SharedTier(settings.capacity_mb << 20)
-        self._ctx: Context[KvSpillSettings] | None = None
         self._task: asyncio.Task[None] | None = None
         self._index: KeyValue | None = None
         self._published: dict[str, tuple[int, int]] = {}
@@ -63,8 +65,7 @@ class KvSpillService(Service[KvSpillSettings]):
         self._last_scan_s = 0.0
         self._scans = 0
 
-    async def start(self, ctx: Context[KvSpillSettings]) -> None:
-        self._ctx = ctx
+    async def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self._index = await self._bucket()
         metrics.KV_SHARED_CAPACITY.set(self.core.capacity)
@@ -91,8 +92,7 @@ class KvSpillService(Service[KvSpillSettings]):
         }
 
     async def _bucket(self) -> KeyValue:
-        assert self._ctx
-        js = self._ctx.js
+        js = self.ctx.js
         try:
             return await js.key_value(KV_SPILL_INDEX)
         except (BucketNotFoundError, NotFoundError):

@@ -13,10 +13,7 @@ from inferbus.contracts import (
     ACCEPTED,
     ENDED,
     FILTER_PREFIX,
-    LLMSERVICES,
     SUBMIT,
-    TENANT_POLICIES,
-    TENANT_SUBMITS,
     FailureCode,
     LLMServiceSettings,
     ReplyEvent,
@@ -31,15 +28,12 @@ from inferbus.shared import logs, metrics
 from inferbus.shared import tracing as t
 from inferbus.shared.bus import (
     Background,
-    consume,
-    follow_settings,
     publish_durable,
     request_headers,
 )
-from inferbus.shared.codec import DecodeError, decode, decode_or_none, encode
+from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
-from inferbus.shared.streams import ConsumerSpec
 from inferbus.shared.tracing import valid_context
 
 from .core import (
@@ -52,28 +46,9 @@ from .core import (
     with_models,
 )
 from .tokens import Tokenizers, parse_tokenizers
+from .wiring import WIRING
 
 log = logs.get("inferbus.sanitizer")
-
-
-CHECK_ACK_WAIT_S = 5.0
-"""A check takes milliseconds: a submit delivered to a sanitizer that died before it
-acked goes to the next one this soon (at the stream's 30 s default it outlasted a
-client's 20 s timeout: found by the fault suite, tests/integration/test_faults.py)."""
-SUBMITTED_CONSUMER = ConsumerSpec(
-    durable="sanitizer",
-    stream="IB_REQUESTS",
-    filter_subject=SUBMIT,
-    deliver_subject="ib.deliver.sanitizer",
-    ack_wait_s=CHECK_ACK_WAIT_S,
-)
-TENANT_SUBMITTED_CONSUMER = ConsumerSpec(
-    durable="sanitizer-tenants",
-    stream="IB_REQUESTS",
-    filter_subject=TENANT_SUBMITS,
-    deliver_subject="ib.deliver.sanitizer-tenants",
-    ack_wait_s=CHECK_ACK_WAIT_S,
-)
 
 
 class SanitizerSettings(ServiceSettings, kw_only=True):
@@ -125,9 +100,10 @@ class _FilterTrace:
 
 class SanitizerService(Service[SanitizerSettings]):
     name = "sanitizer"
+    wiring = WIRING
 
-    def __init__(self, settings: SanitizerSettings) -> None:
-        super().__init__(settings)
+    def __init__(self, settings: SanitizerSettings, ctx: Context[SanitizerSettings]) -> None:
+        super().__init__(settings, ctx)
         self.flag_policies = parse_policies(settings.input_policy, settings.model_input_policies)
         self.rules = InputRules(
             limits=InputLimits(
@@ -138,46 +114,24 @@ class SanitizerService(Service[SanitizerSettings]):
         )
         """What every input decision depends on; tenants' and LLMServices' records
         (IB_CONFIG ``ib.cfg.tenant.*``, ``ib.cfg.llmservice.*``) update it."""
-        self._ctx: Context[SanitizerSettings] | None = None
-        self._sub: Any = None
-        self._tenant_sub: Any = None
-        self._tenants_sub: Any = None
         self._work = Background()
         self._counts = {"accepted": 0, "rejected": 0, "invalid": 0, "blocked": 0, "flagged": 0}
-        self._models_sub: Any = None
         self.filter_id = subject_token(settings.instance_id)
         self._filter_prefix = f"{FILTER_PREFIX}.{self.filter_id}."
         self._streams: dict[str, FilteredStream] = {}
         self._filter_traces: dict[str, _FilterTrace] = {}
         """Traced output streams, by client subject."""
-        self._filter_sub: Any = None
         self._sweeper: asyncio.Task[None] | None = None
         self.tokenizers = Tokenizers(parse_tokenizers(settings.tokenizers))
         self._loading: asyncio.Task[None] | None = None
 
-    def consumers(self) -> list[ConsumerSpec]:
-        return [SUBMITTED_CONSUMER, TENANT_SUBMITTED_CONSUMER]
-
-    async def start(self, ctx: Context[SanitizerSettings]) -> None:
-        self._ctx = ctx
+    async def start(self) -> None:
         self._loading = asyncio.create_task(self.tokenizers.load_all(), name="tokenizers")
-        # the filter first: an accepted request's tokens may come back at once
-        self._filter_sub = await ctx.nc.subscribe(
-            self._filter_prefix + ">", cb=self._on_output, pending_msgs_limit=1_000_000
-        )
-        # tenants' records and the LLMServices' checks before their requests
-        self._tenants_sub = await follow_settings(
-            ctx.js, TENANT_POLICIES, self._on_tenant_policy_data
-        )
-        self._models_sub = await follow_settings(ctx.js, LLMSERVICES, self._on_model_record_data)
-        self._sub = await consume(ctx.nc, SUBMITTED_CONSUMER, self._on_submitted)
-        self._tenant_sub = await consume(ctx.nc, TENANT_SUBMITTED_CONSUMER, self._on_submitted)
         self._sweeper = asyncio.create_task(self._sweep(), name="filter-sweep")
 
     async def drain(self) -> None:
-        for sub in (self._sub, self._tenant_sub, self._tenants_sub, self._models_sub):
-            if sub is not None:
-                await sub.drain()
+        # the requests stop; the streams in flight still pass through the filter
+        await self.ctx.subscriptions.close(keep={"_on_output"}, drain=True)
         await self._work.wait()
         # streams in flight still pass through here: let them end
         deadline = time.monotonic() + max(0.0, self.settings.drain_timeout_s - 2.0)
@@ -191,8 +145,6 @@ class SanitizerService(Service[SanitizerSettings]):
             self._sweeper.cancel()
         if self._loading:
             self._loading.cancel()
-        if self._filter_sub:
-            await self._filter_sub.unsubscribe()
 
     def status(self) -> dict[str, Any]:
         return {
@@ -204,12 +156,8 @@ class SanitizerService(Service[SanitizerSettings]):
 
     # -- output: the PII filter -----------------------------------------------------------
 
-    async def _on_output(self, msg: Msg) -> None:
-        assert self._ctx
+    async def _on_output(self, event: ReplyEvent, msg: Msg) -> None:
         client = msg.subject[len(self._filter_prefix) :]
-        event = await self._ctx.dead_letters.decode(msg, ReplyEvent)
-        if event is None:
-            return
         rid = event.request_id
         stream = self._streams.get(client)
         if stream is None:  # accepted by this instance before a restart: filter from here
@@ -232,7 +180,7 @@ class SanitizerService(Service[SanitizerSettings]):
         if stream.lost and over:
             log.warning("output chunks lost before the filter", request_id=rid, lost=stream.lost)
         for ev in out:
-            await self._ctx.nc.publish(client, encode(ev), headers=headers)
+            await self.ctx.nc.publish(client, encode(ev), headers=headers)
         if over:
             self._streams.pop(client, None)
 
@@ -251,7 +199,7 @@ class SanitizerService(Service[SanitizerSettings]):
                         past_deadline_s=round(wall - s.deadline, 1) if s.deadline else None,
                     )
 
-    async def _on_submitted(self, msg: Msg) -> None:
+    async def _on_submitted(self, _: bytes, msg: Msg) -> None:
         # requests are independent: check many at once rather than one ack round trip apiece
         await self._work.spawn(self._check(msg))
 
@@ -266,8 +214,7 @@ class SanitizerService(Service[SanitizerSettings]):
         }
         for kind, n in by_type.items():
             attrs[f"inferbus.pii.masked.{kind.lower()}"] = n
-        assert self._ctx
-        self._ctx.tracing.record(
+        self.ctx.tracing.record(
             "output pii filter",
             traced.parent,
             traced.start_ns or time.time_ns(),
@@ -276,21 +223,13 @@ class SanitizerService(Service[SanitizerSettings]):
             error=f"lost: {stream.lost} chunks" if stream.lost else "",
         )
 
-    def _on_tenant_policy_data(self, data: bytes) -> None:
-        policy = decode_or_none(data, TenantPolicy)
-        if policy is None:
-            log.error("undecodable tenant record")
-            return
+    async def _on_tenant_policy(self, policy: TenantPolicy, msg: Msg) -> None:
         self.rules = msgspec.structs.replace(
             self.rules, tenants={**self.rules.tenants, policy.tenant: policy}
         )
         log.info("tenant record", tenant=policy.tenant, revoked=policy.revoked)
 
-    def _on_model_record_data(self, data: bytes) -> None:
-        record = decode_or_none(data, LLMServiceSettings)
-        if record is None:
-            log.error("undecodable llmservice record")
-            return
+    async def _on_model_record(self, record: LLMServiceSettings, msg: Msg) -> None:
         try:
             ms = model_settings(record)
         except ValueError as exc:
@@ -311,8 +250,7 @@ class SanitizerService(Service[SanitizerSettings]):
         )
 
     async def _check(self, msg: Msg) -> None:
-        assert self._ctx
-        js, nc = self._ctx.js, self._ctx.nc
+        js, nc = self.ctx.js, self.ctx.nc
         try:
             request = decode(msg.data, RequestSubmitted)
         except DecodeError as exc:
@@ -321,7 +259,7 @@ class SanitizerService(Service[SanitizerSettings]):
         rid = request.request_id
         verdict = self.rules.decide(request, tenant_of_subject(msg.subject, SUBMIT))
         request, rejection, found = verdict.request, verdict.rejection, verdict.findings
-        tracing = self._ctx.tracing
+        tracing = self.ctx.tracing
         trace = valid_context(msg.headers or {})
         span = None
         if tracing.enabled:
@@ -374,7 +312,7 @@ class SanitizerService(Service[SanitizerSettings]):
             self._counts["accepted"] += 1
         else:
             if rejection.param == "reply_to":  # nowhere to answer: keep it with the reason
-                await self._ctx.dead_letters.send(msg, rejection.reason)
+                await self.ctx.dead_letters.send(msg, rejection.reason)
             else:
                 await nc.publish(request.reply_to, encode(rejection), headers=request_headers(rid))
             await publish_durable(js, ENDED, rejection, request_id=rid, msg_id=f"{rid}:end")
@@ -402,14 +340,12 @@ class SanitizerService(Service[SanitizerSettings]):
                 rules=sorted({f.rule for f in found}),
                 **tracing.log_fields(parent, trace_decision),
             )
-        metrics.EVENTS_HANDLED.labels(self.name, "request.submitted").inc()
         await msg.ack()
 
     async def _invalid(self, msg: Msg, error: str) -> None:
         """Dead-letter an undecodable request, and answer its sender when we can."""
-        assert self._ctx
         self._counts["invalid"] += 1
-        await self._ctx.dead_letters.send(msg, f"undecodable RequestSubmitted: {error}")
+        await self.ctx.dead_letters.send(msg, f"undecodable RequestSubmitted: {error}")
         try:
             addr = msgspec.json.decode(msg.data, type=_Addressed)
         except (msgspec.DecodeError, msgspec.ValidationError):
@@ -420,5 +356,5 @@ class SanitizerService(Service[SanitizerSettings]):
                 code=FailureCode.INVALID_REQUEST,
                 reason=f"invalid request: {error}",
             )
-            await self._ctx.nc.publish(addr.reply_to, encode(failed))
+            await self.ctx.nc.publish(addr.reply_to, encode(failed))
         await msg.ack()

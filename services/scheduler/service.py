@@ -7,19 +7,11 @@ import time
 from typing import Any
 
 from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy
 
 from inferbus.contracts import (
-    ACCEPTED,
-    CANARIES,
     CANCEL,
     ENDED,
-    HEARTBEATS,
-    KV_EVENTS,
-    SCALING_STATUS,
     SCHEDULER_LOAD,
-    STARTED,
-    TENANT_CANCELS,
     CanaryWeights,
     CancelRequest,
     KvEvent,
@@ -32,8 +24,6 @@ from inferbus.contracts import (
     Terminal,
     WorkAssigned,
     WorkerHeartbeat,
-    heartbeat_subject,
-    kv_subject,
     tenant_of_subject,
     work_subject,
 )
@@ -41,41 +31,22 @@ from inferbus.shared import logs, metrics
 from inferbus.shared import tracing as t
 from inferbus.shared.bus import (
     Background,
-    consume,
     publish_durable,
     replay,
     request_headers,
     trace_headers,
 )
-from inferbus.shared.codec import DecodeError, decode, decode_or_none, encode
+from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
-from inferbus.shared.streams import ConsumerSpec
 from inferbus.shared.tracing import valid_context
 
 from .core import Assign, Cancel, Effect, Fail, Refuse, SchedulerCore, SchedulerPolicy
+from .wiring import ACCEPTED_CONSUMER, WIRING
 
 log = logs.get("inferbus.scheduler")
 
 _PUBLISH_ATTEMPTS = 5
-
-
-ACCEPTED_CONSUMER = ConsumerSpec(
-    durable="scheduler-accepted",
-    stream="IB_REQUESTS",
-    filter_subject=ACCEPTED,
-    deliver_subject="ib.deliver.scheduler-accepted",
-    # queued requests are held unacked (kept alive by in-progress signals every third
-    # of this): a scheduler that dies hands them to the next one this soon
-    ack_wait_s=10.0,
-)
-ENDED_CONSUMER = ConsumerSpec(
-    durable="scheduler-ended",
-    stream="IB_REQUESTS",
-    filter_subject=ENDED,
-    deliver_subject="ib.deliver.scheduler-ended",
-    max_deliver=-1,
-)
 
 
 class SchedulerSettings(ServiceSettings, kw_only=True):
@@ -95,15 +66,14 @@ class SchedulerSettings(ServiceSettings, kw_only=True):
 
 class SchedulerService(Service[SchedulerSettings]):
     name = "scheduler"
+    wiring = WIRING
 
-    def __init__(self, settings: SchedulerSettings) -> None:
-        super().__init__(settings)
+    def __init__(self, settings: SchedulerSettings, ctx: Context[SchedulerSettings]) -> None:
+        super().__init__(settings, ctx)
         self.core = SchedulerCore(settings.policy)
         # accepted messages are acked only when their request leaves the queue, so a
         # scheduler crash leaves queued requests in JetStream for redelivery
         self._unacked: dict[str, Msg] = {}
-        self._ctx: Context[SchedulerSettings] | None = None
-        self._subs: list[Any] = []
         self._tick_task: asyncio.Task[None] | None = None
         self._progress_task: asyncio.Task[None] | None = None
         self._work = Background()
@@ -113,39 +83,10 @@ class SchedulerService(Service[SchedulerSettings]):
         self._aged: set[str] = set()
         self._live_seen: set[str] = set()
 
-    def consumers(self) -> list[ConsumerSpec]:
-        return [ACCEPTED_CONSUMER, ENDED_CONSUMER]
+    async def start(self) -> None:
+        await self._restore(self.ctx)
 
-    async def start(self, ctx: Context[SchedulerSettings]) -> None:
-        self._ctx = ctx
-        nc = ctx.nc
-        await self._restore(ctx)
-        self._subs = [
-            await nc.subscribe(HEARTBEATS, cb=self._on_heartbeat),
-            await nc.subscribe(STARTED, cb=self._on_started),
-            await nc.subscribe(SCALING_STATUS, cb=self._on_scaling),
-            await nc.subscribe(CANCEL, cb=self._on_cancel),
-            await nc.subscribe(TENANT_CANCELS, cb=self._on_cancel),
-            await consume(nc, ENDED_CONSUMER, self._on_ended),
-            await consume(nc, ACCEPTED_CONSUMER, self._on_accepted),
-            # the workers' KV events, replayed from the stream's start: the index of
-            # which worker holds which prefix is rebuilt after a restart
-            await ctx.js.subscribe(
-                KV_EVENTS,
-                stream="IB_KV",
-                cb=self._on_kv,
-                ordered_consumer=True,
-                deliver_policy=DeliverPolicy.ALL,
-            ),
-            # canary weights: the latest per model, then every change
-            await ctx.js.subscribe(
-                CANARIES,
-                stream="IB_CONFIG",
-                cb=self._on_canary,
-                ordered_consumer=True,
-                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-            ),
-        ]
+    async def serving(self) -> None:
         self._tick_task = asyncio.create_task(self._ticks(), name="ticks")
         self._progress_task = asyncio.create_task(self._keep_unacked(), name="in-progress")
 
@@ -185,8 +126,7 @@ class SchedulerService(Service[SchedulerSettings]):
         )
 
     async def drain(self) -> None:
-        for sub in reversed(self._subs):
-            await sub.drain()
+        await self.ctx.subscriptions.close(drain=True)
         for task in (self._tick_task, self._progress_task):
             if task:
                 task.cancel()
@@ -197,17 +137,10 @@ class SchedulerService(Service[SchedulerSettings]):
 
     # -- inputs ----------------------------------------------------------------------
 
-    async def _on_scaling(self, msg: Msg) -> None:
-        status = decode_or_none(msg.data, ScalingStatus)  # a bad one changes nothing here
-        if status is not None:
-            self.core.on_scaling(status.targets, time.monotonic(), 3 * status.interval_s)
+    async def _on_scaling(self, status: ScalingStatus, msg: Msg) -> None:
+        self.core.on_scaling(status.targets, time.monotonic(), 3 * status.interval_s)
 
-    async def _on_accepted(self, msg: Msg) -> None:
-        assert self._ctx
-        event = await self._ctx.dead_letters.decode(msg, RequestAccepted, ack=True)
-        if event is None:
-            return
-        metrics.EVENTS_HANDLED.labels(self.name, "request.accepted").inc()
+    async def _on_accepted(self, event: RequestAccepted, msg: Msg) -> None:
         rid = event.request.request_id
         redelivered = msg.metadata.num_delivered > 1
         if self.core.knows(rid):  # a redelivery or resend (nothing) or a reused id (refused)
@@ -229,71 +162,35 @@ class SchedulerService(Service[SchedulerSettings]):
             self.core.on_accepted(event.request, time.monotonic(), time.time(), redelivered)
         )
 
-    async def _on_heartbeat(self, msg: Msg) -> None:
-        assert self._ctx
-        hb = await self._ctx.dead_letters.decode(msg, WorkerHeartbeat)
-        if hb is None:
-            return
-        if msg.subject != heartbeat_subject(hb.worker_id):
-            # a worker's credentials allow its own subject only: the id must match it
-            await self._ctx.dead_letters.send(
-                msg, f"heartbeat of {hb.worker_id!r} on another worker's subject"
-            )
-            return
+    async def _on_heartbeat(self, hb: WorkerHeartbeat, msg: Msg) -> None:
         await self._apply(self.core.on_heartbeat(hb, time.monotonic()))
 
-    async def _on_kv(self, msg: Msg) -> None:
-        assert self._ctx
-        event = await self._ctx.dead_letters.decode(msg, KvEvent)
-        if event is None:
-            return
-        if msg.subject != kv_subject(event.worker_id):
-            await self._ctx.dead_letters.send(
-                msg, f"KV event of {event.worker_id!r} on another worker's subject"
-            )
-            return
+    async def _on_kv(self, event: KvEvent, msg: Msg) -> None:
         self.core.on_kv_event(event)
 
-    async def _on_canary(self, msg: Msg) -> None:
-        assert self._ctx
-        ev = await self._ctx.dead_letters.decode(msg, CanaryWeights)
-        if ev is None:
-            return
+    async def _on_canary(self, ev: CanaryWeights, msg: Msg) -> None:
         try:
             self.core.set_canary(ev.model, ev.weights)
         except ValueError as exc:
-            await self._ctx.dead_letters.send(msg, f"canary weights refused: {exc}")
+            await self.ctx.dead_letters.send(msg, f"canary weights refused: {exc}")
             return
         log.info("canary weights", model=ev.model, weights=ev.weights)
         await self._apply(self.core.tick(time.monotonic()))
 
-    async def _on_started(self, msg: Msg) -> None:
-        assert self._ctx
-        ev = await self._ctx.dead_letters.decode(msg, RequestStarted)
-        if ev is None:
-            return
+    async def _on_started(self, ev: RequestStarted, msg: Msg) -> None:
         self.core.on_started(ev.request_id, ev.attempt, ev.worker_id)
 
-    async def _on_ended(self, msg: Msg) -> None:
-        assert self._ctx
-        ev = await self._ctx.dead_letters.decode(msg, Terminal, ack=True)
-        if ev is None:
-            return
+    async def _on_ended(self, ev: Terminal, msg: Msg) -> None:
         attempt = getattr(ev, "attempt", 0)  # a rejection names none
         await self._apply(self.core.on_ended(ev.request_id, time.monotonic(), attempt))
         self._traces.pop(ev.request_id, None)
         await msg.ack()
 
-    async def _on_cancel(self, msg: Msg) -> None:
-        assert self._ctx
-        ev = await self._ctx.dead_letters.decode(msg, CancelRequest)
-        if ev is None:
-            return
+    async def _on_cancel(self, ev: CancelRequest, msg: Msg) -> None:
         tenant = tenant_of_subject(msg.subject, CANCEL)
         await self._apply(self.core.on_cancel(ev.request_id, ev.reason, tenant))
 
     async def _ticks(self) -> None:
-        assert self._ctx
         next_load = 0.0
         while True:
             await asyncio.sleep(self.settings.tick_interval_s)
@@ -308,7 +205,7 @@ class SchedulerService(Service[SchedulerSettings]):
                         sent_at=time.time(),
                         interval_s=self.settings.load_interval_s,
                     )
-                    await self._ctx.nc.publish(SCHEDULER_LOAD, encode(load))
+                    await self.ctx.nc.publish(SCHEDULER_LOAD, encode(load))
                 for model, q in self.core.queues.items():
                     for lane, n in q.depths().items():
                         metrics.QUEUE_DEPTH.labels(model, lane).set(n)
@@ -389,8 +286,7 @@ class SchedulerService(Service[SchedulerSettings]):
                 log.exception("ack failed", request_id=rid)
 
     async def _publish(self, e: Effect) -> None:
-        assert self._ctx
-        js, nc = self._ctx.js, self._ctx.nc
+        js, nc = self.ctx.js, self.ctx.nc
         rid = e.request.request_id
         if isinstance(e, Refuse):  # only this sender hears it; the id's owner is untouched
             refusal = RequestFailed(request_id=rid, code=e.code, reason=e.reason)
@@ -447,8 +343,7 @@ class SchedulerService(Service[SchedulerSettings]):
 
     def _trace_assignment(self, e: Assign, trace: dict[str, str] | None, began: float) -> None:
         """The request's wait in the queue and its placement, as two stage spans."""
-        assert self._ctx
-        tracing = self._ctx.tracing
+        tracing = self.ctx.tracing
         parent = tracing.parent(trace)
         if parent is None:
             return
@@ -486,8 +381,7 @@ class SchedulerService(Service[SchedulerSettings]):
     def _trace_end(self, e: Fail | Cancel, trace: dict[str, str] | None, outcome: str) -> None:
         """A request this scheduler ended (in its queue, or its worker lost): the trace's
         decision is made here, and the request's one log line written."""
-        assert self._ctx
-        tracing = self._ctx.tracing
+        tracing = self.ctx.tracing
         parent = tracing.parent(trace)
         req = e.request
         e2e = time.time() - req.created_at if req.created_at else 0.0

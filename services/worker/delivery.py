@@ -18,10 +18,8 @@ from typing import Any, Protocol
 import msgspec
 import nats.errors
 from nats.aio.msg import Msg
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from inferbus.contracts import (
-    DELIVERY_LOADS,
     KvAllCleared,
     ModelDelivery,
     ModelResidency,
@@ -30,7 +28,6 @@ from inferbus.contracts import (
     kv_subject,
     swapped_subject,
 )
-from inferbus.contracts import RESIDENCIES as RESIDENCY_SUBJECTS
 from inferbus.shared import logs, metrics, modelstore
 from inferbus.shared.codec import encode
 from inferbus.shared.runtime import Context
@@ -114,7 +111,6 @@ class Deliveries:
         self.pinned: set[str] = set()
         """Adapters loaded in the engine now (by ref)."""
         self._lock = asyncio.Lock()
-        self._subs: list[Any] = []
         self._residency_task: asyncio.Task[None] | None = None
         self._prefetches: set[asyncio.Task[None]] = set()
         self._fetching: dict[str, asyncio.Lock] = {}
@@ -178,33 +174,6 @@ class Deliveries:
 
     async def start(self) -> None:
         await asyncio.to_thread(preload)
-        ctx = self.ctx
-        name = "delivery-" + self.worker.worker_id.replace(".", "-")
-        self._subs.append(
-            await ctx.js.subscribe(
-                DELIVERY_LOADS,
-                stream="IB_DELIVERY",
-                cb=self._on_delivery,
-                manual_ack=True,
-                config=ConsumerConfig(
-                    name=name, deliver_policy=DeliverPolicy.NEW, inactive_threshold=60.0
-                ),
-            )
-        )
-        # residency policies: the latest of each, then every change
-        self._subs.append(
-            await ctx.js.subscribe(
-                RESIDENCY_SUBJECTS,
-                stream="IB_CONFIG",
-                cb=self._on_residency,
-                manual_ack=True,
-                config=ConsumerConfig(
-                    name="residency-" + name.removeprefix("delivery-"),
-                    deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-                    inactive_threshold=60.0,
-                ),
-            )
-        )
         self._residency_task = asyncio.create_task(self._residency_clock(), name="residency")
 
     async def stop(self) -> None:
@@ -212,16 +181,10 @@ class Deliveries:
             self._residency_task.cancel()
         for task in list(self._prefetches):
             task.cancel()
-        for sub in self._subs:
-            await sub.unsubscribe()
 
     # -- deliveries ------------------------------------------------------------------------
 
-    async def _on_delivery(self, msg: Msg) -> None:
-        ctx = self.ctx
-        delivery = await ctx.dead_letters.decode(msg, ModelDelivery, ack=True)
-        if delivery is None:
-            return
+    async def _on_delivery(self, delivery: ModelDelivery, msg: Msg) -> None:
         await msg.ack()
         arrived = time.perf_counter()
         async with self._lock:
@@ -423,11 +386,8 @@ class Deliveries:
         policy = self.policies.get(name)
         return residency_at(policy, time.time()) if policy else "hot"
 
-    async def _on_residency(self, msg: Msg) -> None:
+    async def _on_residency(self, policy: ModelResidency, msg: Msg) -> None:
         ctx = self.ctx
-        policy = await ctx.dead_letters.decode(msg, ModelResidency, ack=True)
-        if policy is None:
-            return
         try:
             check_residency(policy)
         except ValueError as exc:

@@ -14,13 +14,11 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 from nats.aio.msg import Msg
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from inferbus.contracts import (
     CANCEL,
     ENDED,
     STARTED,
-    TENANT_CANCELS,
     CancelRequest,
     FailureCode,
     RequestFailed,
@@ -31,11 +29,10 @@ from inferbus.contracts import (
     kv_subject,
     subject_token,
     tenant_of_subject,
-    work_subject,
 )
 from inferbus.shared import logs, metrics, modelstore
 from inferbus.shared.bus import publish_durable, request_headers
-from inferbus.shared.codec import decode_or_none, encode
+from inferbus.shared.codec import encode
 from inferbus.shared.config import ServiceSettings, group
 from inferbus.shared.cpus import parse_cpus, pin_threads
 from inferbus.shared.runtime import Context, Service
@@ -54,6 +51,7 @@ from .engine import Engine, EngineError, EngineOptions, EngineOutput
 from .report import report_end, report_spill, report_stats
 from .sim import SimEngine, SimTiming
 from .swap import Held, Holding
+from .wiring import WIRING
 
 log = logs.get("inferbus.worker")
 
@@ -144,9 +142,12 @@ def initial_holding(o: EngineOptions) -> Holding:
 
 class WorkerService(Service[WorkerSettings]):
     name = "worker"
+    wiring = WIRING
 
-    def __init__(self, settings: WorkerSettings, engine: Engine | None = None) -> None:
-        super().__init__(settings)
+    def __init__(
+        self, settings: WorkerSettings, ctx: Context[WorkerSettings], engine: Engine | None = None
+    ) -> None:
+        super().__init__(settings, ctx)
         # a fresh id per process: a restarted worker never inherits a dead one's assignments
         # ``<instance>.<nonce>``: its credentials allow the subjects of its instance only
         self.worker_id = f"{subject_token(settings.instance_id)}.{secrets.token_hex(3)}"
@@ -174,14 +175,15 @@ class WorkerService(Service[WorkerSettings]):
         self._expired: set[str] = set()
         """Requests cancelled because their deadline passed."""
         self._hb_task: asyncio.Task[None] | None = None
-        self._ctx: Context[WorkerSettings] | None = None
-        self._subs: list[Any] = []
         self._notes: set[asyncio.Future[None]] = set()
         """Backup ends on their way to clients."""
         self._stats_seen = (0, 0)
 
-    async def start(self, ctx: Context[WorkerSettings]) -> None:
-        self._ctx = ctx
+    def subject_fields(self) -> dict[str, str]:
+        return {**super().subject_fields(), "worker_id": self.worker_id}
+
+    async def start(self) -> None:
+        ctx = self.ctx
         logs.bind(worker=self.worker_id)
         # heartbeats say "starting" while the engine loads (tens of seconds for vLLM)
         self._hb_task = asyncio.create_task(self._heartbeats(), name="heartbeats")
@@ -217,27 +219,12 @@ class WorkerService(Service[WorkerSettings]):
             # the engine's threads bound themselves to their cores; this process's
             # (event loop, output handling) go beside the other services
             pin_threads(parse_cpus(self.settings.service_cpus))
-        self._subs.append(await ctx.nc.subscribe(CANCEL, cb=self._on_cancel))
-        self._subs.append(await ctx.nc.subscribe(TENANT_CANCELS, cb=self._on_cancel))
-        self._subs.append(
-            await ctx.js.subscribe(
-                work_subject(self.worker_id),
-                stream="IB_WORK",
-                cb=self._on_work,
-                manual_ack=True,
-                # named, so the create request carries its filter: the worker's
-                # credentials allow consumers on its own work subject only
-                config=ConsumerConfig(
-                    name="work-" + self.worker_id.replace(".", "-"),
-                    deliver_policy=DeliverPolicy.NEW,
-                    inactive_threshold=60.0,
-                ),
-            )
-        )
         if self.deliveries is not None:
             await self.deliveries.load_current_adapters()
             await self.deliveries.start()
-        self.state = "ready"
+
+    async def serving(self) -> None:
+        self.state = "ready"  # its work subscription is open: nothing assigned is missed
         await self.send_heartbeat()
 
     def _cache_dir(self) -> Path:
@@ -339,10 +326,9 @@ class WorkerService(Service[WorkerSettings]):
 
     async def _publish_kv_events(self, events: list[Any]) -> None:
         """Core-NATS publishes into the IB_KV stream: no ack wait on the engine's hot path."""
-        assert self._ctx
         subject = kv_subject(self.worker_id)
         for ev in events:
-            await self._ctx.nc.publish(subject, encode(ev))
+            await self.ctx.nc.publish(subject, encode(ev))
 
     def status(self) -> dict[str, Any]:
         stats = self.engine.stats()
@@ -362,24 +348,18 @@ class WorkerService(Service[WorkerSettings]):
 
     # -- assignments -----------------------------------------------------------------
 
-    async def _on_work(self, msg: Msg) -> None:
-        assert self._ctx
-        assignment = await self._ctx.dead_letters.decode(msg, WorkAssigned, ack=True)
-        if assignment is None:
-            return
+    async def _on_work(self, assignment: WorkAssigned, msg: Msg) -> None:
         await msg.ack()
         rid = assignment.request.request_id
-        metrics.EVENTS_HANDLED.labels(self.name, "work.assigned").inc()
         if not self._served.take(assignment, running=rid in self._tasks):
             return  # delivered again: it runs here, or ran
-        parent = self._ctx.tracing.parent(msg.headers)
+        parent = self.ctx.tracing.parent(msg.headers)
         self._tenants[rid] = assignment.request.tenant
         self._tasks[rid] = asyncio.create_task(self._serve(assignment, parent), name=f"req-{rid}")
         metrics.INFLIGHT.labels(self.name).set(len(self._tasks))
 
     async def _serve(self, assignment: WorkAssigned, parent: Any = None) -> None:
-        assert self._ctx
-        nc, js = self._ctx.nc, self._ctx.js
+        nc, js = self.ctx.nc, self.ctx.js
         req = assignment.request
         rid, model = req.request_id, req.model
         reply = req.reply_to
@@ -449,7 +429,7 @@ class WorkerService(Service[WorkerSettings]):
                 self._backup_end(req.client_reply_to, rid, stream.backup_end())
             await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=stream.end_record_id)
         finally:  # counted and logged even when the record of its end could not be made
-            report_end(self._ctx.tracing, self.name, stream, terminal, parent, received, ended)
+            report_end(self.ctx.tracing, self.name, stream, terminal, parent, received, ended)
 
     async def _generate(
         self, assignment: WorkAssigned, stream: RequestStream
@@ -480,8 +460,7 @@ class WorkerService(Service[WorkerSettings]):
         restarted meanwhile, the client would wait for its timeout: once it has had time
         to pass the end on, tell the client directly. A client that got its end has
         stopped listening, so this reaches only the ones still waiting."""
-        assert self._ctx
-        nc = self._ctx.nc
+        nc = self.ctx.nc
         note = encode(failed)
 
         def send() -> None:
@@ -498,10 +477,7 @@ class WorkerService(Service[WorkerSettings]):
             self._expired.add(rid)
             task.cancel()
 
-    async def _on_cancel(self, msg: Msg) -> None:
-        cancel = decode_or_none(msg.data, CancelRequest)
-        if cancel is None:
-            return  # the scheduler dead-letters bad cancels; the worker just ignores them
+    async def _on_cancel(self, cancel: CancelRequest, msg: Msg) -> None:
         task = self._tasks.get(cancel.request_id)
         tenant = tenant_of_subject(msg.subject, CANCEL)
         if tenant is not None and self._tenants.get(cancel.request_id) != tenant:
@@ -514,7 +490,6 @@ class WorkerService(Service[WorkerSettings]):
     # -- heartbeats and drain ----------------------------------------------------------
 
     async def send_heartbeat(self) -> None:
-        assert self._ctx
         hb = heartbeat(
             worker_id=self.worker_id,
             engine_name=self.engine.name,
@@ -534,7 +509,7 @@ class WorkerService(Service[WorkerSettings]):
             kv_capacity_tokens=self.engine.kv_capacity_tokens,
             kv_block_size=self.engine.kv_block_size,
         )
-        await self._ctx.nc.publish(heartbeat_subject(self.worker_id), encode(hb))
+        await self.ctx.nc.publish(heartbeat_subject(self.worker_id), encode(hb))
         self._stats_seen = report_stats(self.worker_id, hb, self._stats_seen)
 
     async def _heartbeats(self) -> None:
@@ -546,13 +521,11 @@ class WorkerService(Service[WorkerSettings]):
                 log.exception("heartbeat failed")
 
     async def drain(self) -> None:
-        assert self._ctx
         self.state = "draining"
         await self.send_heartbeat()
         if self.deliveries is not None:
             await self.deliveries.stop()
-        for sub in self._subs:
-            await sub.unsubscribe()
+        await self.ctx.subscriptions.close()
         if self._tasks:
             budget = max(0.0, self.settings.drain_timeout_s - 2.0)
             _, pending = await asyncio.wait(list(self._tasks.values()), timeout=budget)
@@ -565,7 +538,7 @@ class WorkerService(Service[WorkerSettings]):
             self._hb_task.cancel()
         self.state = "stopped"
         await self.send_heartbeat()
-        await self._ctx.nc.flush()
+        await self.ctx.nc.flush()
         if self._retiring is not None:
             await self._retiring
         await self.engine.stop()

@@ -1,0 +1,46 @@
+"""What the autoscaler reads and writes on the bus (shared/subscriptions.py)."""
+
+from __future__ import annotations
+
+from inferbus.contracts import (
+    ACCEPTED,
+    ENDED,
+    HEARTBEATS,
+    LLMSERVICES,
+    SCALE_DECISIONS,
+    SCALING_STATUS,
+    SCHEDULER_LOAD,
+    STARTED,
+    LLMServiceSettings,
+    RequestAccepted,
+    RequestStarted,
+    SchedulerLoad,
+    Terminal,
+    WorkerHeartbeat,
+)
+from inferbus.contracts.control import SUPERVISORS
+from inferbus.shared.subscriptions import Follow, Subscription, Wiring
+
+WIRING = Wiring(
+    subscriptions=(
+        # LLMServices' records first: the models they add are managed from the start
+        Subscription(
+            LLMSERVICES,
+            LLMServiceSettings,
+            "_on_service",
+            source=Follow("IB_CONFIG", deliver="last_per_subject", replay=True),
+            early=True,
+            bad="drop",
+        ),
+        # events other services answer for (they dead-letter bad ones): skipped here
+        Subscription(HEARTBEATS, WorkerHeartbeat, "_on_heartbeat", bad="drop"),
+        Subscription(STARTED, RequestStarted, "_on_started", bad="drop"),
+        Subscription(SCHEDULER_LOAD, SchedulerLoad, "_on_load", bad="drop"),
+        # the request stream from now on, read without holding anything back
+        Subscription(
+            ACCEPTED, RequestAccepted, "_on_accepted", source=Follow("IB_REQUESTS"), bad="drop"
+        ),
+        Subscription(ENDED, Terminal, "_on_ended", source=Follow("IB_REQUESTS"), bad="drop"),
+    ),
+    publishes=(SCALE_DECISIONS, SCALING_STATUS, SUPERVISORS),
+)

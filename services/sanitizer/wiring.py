@@ -1,0 +1,77 @@
+"""What the sanitizer reads and writes on the bus (shared/subscriptions.py)."""
+
+from __future__ import annotations
+
+from inferbus.contracts import (
+    ACCEPTED,
+    ENDED,
+    FILTER_PREFIX,
+    LLMSERVICES,
+    SUBMIT,
+    TENANT_POLICIES,
+    TENANT_SUBMITS,
+    LLMServiceSettings,
+    ReplyEvent,
+    TenantPolicy,
+)
+from inferbus.shared.subscriptions import (
+    Consume,
+    ConsumerSpec,
+    Follow,
+    Listen,
+    Subscription,
+    Wiring,
+)
+
+CHECK_ACK_WAIT_S = 5.0
+"""A check takes milliseconds: a submit delivered to a sanitizer that died before it
+acked goes to the next one this soon (at the stream's 30 s default it outlasted a
+client's 20 s timeout: found by the fault suite, tests/integration/test_faults.py)."""
+SUBMITTED_CONSUMER = ConsumerSpec(
+    durable="sanitizer",
+    stream="IB_REQUESTS",
+    filter_subject=SUBMIT,
+    deliver_subject="ib.deliver.sanitizer",
+    ack_wait_s=CHECK_ACK_WAIT_S,
+)
+TENANT_SUBMITTED_CONSUMER = ConsumerSpec(
+    durable="sanitizer-tenants",
+    stream="IB_REQUESTS",
+    filter_subject=TENANT_SUBMITS,
+    deliver_subject="ib.deliver.sanitizer-tenants",
+    ack_wait_s=CHECK_ACK_WAIT_S,
+)
+
+WIRING = Wiring(
+    subscriptions=(
+        # the output filter first: an accepted request's tokens may come back at once
+        Subscription(
+            f"{FILTER_PREFIX}.{{instance}}.>",
+            ReplyEvent,
+            "_on_output",
+            source=Listen(pending_msgs_limit=1_000_000),
+            early=True,
+        ),
+        # tenants' records and the LLMServices' checks before their requests
+        Subscription(
+            TENANT_POLICIES,
+            TenantPolicy,
+            "_on_tenant_policy",
+            source=Follow("IB_CONFIG", deliver="last_per_subject", replay=True),
+            early=True,
+        ),
+        Subscription(
+            LLMSERVICES,
+            LLMServiceSettings,
+            "_on_model_record",
+            source=Follow("IB_CONFIG", deliver="last_per_subject", replay=True),
+            early=True,
+        ),
+        # decoded by the handler: a malformed request is still answered if it can be
+        Subscription(SUBMIT, bytes, "_on_submitted", source=Consume(SUBMITTED_CONSUMER)),
+        Subscription(
+            TENANT_SUBMITS, bytes, "_on_submitted", source=Consume(TENANT_SUBMITTED_CONSUMER)
+        ),
+    ),
+    publishes=(ACCEPTED, ENDED),
+)

@@ -1,0 +1,59 @@
+"""What a worker reads and writes on the bus (shared/subscriptions.py).
+
+A worker's id is ``<instance>.<nonce>``; its credentials allow it the subjects of its
+own instance only (its work, heartbeats, KV events, swap answers)."""
+
+from __future__ import annotations
+
+from inferbus.contracts import (
+    CANCEL,
+    DELIVERY_LOADS,
+    ENDED,
+    RESIDENCIES,
+    STARTED,
+    TENANT_CANCELS,
+    CancelRequest,
+    ModelDelivery,
+    ModelResidency,
+    WorkAssigned,
+    work_subject,
+)
+from inferbus.shared.subscriptions import Own, Subscription, Wiring
+
+WIRING = Wiring(
+    subscriptions=(
+        # the scheduler dead-letters bad cancels; the worker just ignores them
+        Subscription(CANCEL, CancelRequest, "_on_cancel", bad="drop"),
+        Subscription(TENANT_CANCELS, CancelRequest, "_on_cancel", bad="drop"),
+        # named, so the create request carries its filter: the worker's credentials
+        # allow consumers on its own work subject only
+        Subscription(
+            work_subject("{worker_id}"),
+            WorkAssigned,
+            "_on_work",
+            source=Own("IB_WORK", name="work-{worker_id}"),
+        ),
+        # deliveries and residency policies in (the latest of each, then every change)
+        Subscription(
+            DELIVERY_LOADS,
+            ModelDelivery,
+            "deliveries._on_delivery",
+            source=Own("IB_DELIVERY", name="delivery-{worker_id}"),
+            when="follow_registry",
+        ),
+        Subscription(
+            RESIDENCIES,
+            ModelResidency,
+            "deliveries._on_residency",
+            source=Own("IB_CONFIG", name="residency-{worker_id}", deliver="last_per_subject"),
+            when="follow_registry",
+        ),
+    ),
+    publishes=(
+        "ib.hb.{instance}.*",
+        "ib.kv.{instance}.*",
+        "ib.delivery.swapped.{instance}.*",
+        STARTED,
+        ENDED,
+    ),
+)
