@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from inferbus.contracts import RequestFinished, SamplingParams
-from inferbus.shared import tracing as t
-from inferbus.shared.tracing import Tracing
+from inferbus.shared.tracing import Tracing, valid_context
+from inferbus.shared.tracing import attributes as t
 
 _NS = 1_000_000_000
 
@@ -163,7 +163,7 @@ def http_trace(
     tracing: Tracing, incoming: Mapping[str, str], request_id: str, chat: bool
 ) -> HttpTrace | NoTrace:
     # only a well-formed context goes on (a client's bytes never reach NATS headers)
-    carrier = t.valid_context(incoming)
+    carrier = valid_context(incoming)
     if tracing.enabled:
         return HttpTrace(tracing, carrier, request_id, chat)
     return NoTrace(carrier)

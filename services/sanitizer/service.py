@@ -25,7 +25,6 @@ from inferbus.contracts import (
     tenant_of_subject,
 )
 from inferbus.shared import logs, metrics
-from inferbus.shared import tracing as t
 from inferbus.shared.bus import (
     Background,
     publish_durable,
@@ -34,6 +33,7 @@ from inferbus.shared.bus import (
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
+from inferbus.shared.tracing import attributes as t
 from inferbus.shared.tracing import valid_context
 
 from .core import (

@@ -28,7 +28,6 @@ from inferbus.contracts import (
     work_subject,
 )
 from inferbus.shared import logs, metrics
-from inferbus.shared import tracing as t
 from inferbus.shared.bus import (
     Background,
     publish_durable,
@@ -39,6 +38,7 @@ from inferbus.shared.bus import (
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
+from inferbus.shared.tracing import attributes as t
 from inferbus.shared.tracing import valid_context
 
 from .core import Assign, Cancel, Effect, Fail, Refuse, SchedulerCore, SchedulerPolicy

@@ -9,8 +9,8 @@ from typing import Any
 
 from inferbus.contracts import RequestFailed, RequestFinished, StageTimings, WorkerHeartbeat
 from inferbus.shared import logs, metrics
-from inferbus.shared import tracing as t
 from inferbus.shared.tracing import Tracing
+from inferbus.shared.tracing import attributes as t
 
 from .core import RequestStream
 

@@ -20,7 +20,8 @@ from testkit.procs import ServiceProcess, start_all
 from inferbus.contracts import TRACE_DECIDED, TraceDecided
 from inferbus.shared.codec import decode
 from inferbus.shared.natsserver import NatsServer
-from inferbus.shared.tracing import REQUEST_ID, TracePolicy, Tracing
+from inferbus.shared.tracing import TracePolicy, Tracing
+from inferbus.shared.tracing.attributes import REQUEST_ID
 
 pytestmark = [pytest.mark.integration]
 

@@ -8,13 +8,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from inferbus.shared import metrics
 from inferbus.shared.tracing import (
-    REQUEST_ID,
     TracePolicy,
     Tracing,
     enabled_by_env,
     valid_context,
     verdict,
 )
+from inferbus.shared.tracing.attributes import REQUEST_ID
 
 POLICY = TracePolicy(slow_s=1.0, keep_ratio=0.0)
 
