@@ -45,24 +45,33 @@ class ServiceEntry:
     """Its HTTP port in a container (compose, k8s): /healthz, /readyz, /metrics."""
     in_up: bool = True
     """Started by ``inferbus up`` by default."""
+    up_option: str = ""
+    """The ``inferbus up`` option (an ``Options`` field) that starts it when it is not
+    started by default."""
     instances: int = 1
     """Processes ``inferbus up`` starts by default."""
     scalable: bool = False
     """``inferbus scale`` (up's control subject) may change how many run."""
+    count_option: str = ""
+    """The ``inferbus up`` option that says how many start (else ``instances``)."""
+    launch: str = ""
+    """``module:function`` that completes the command ``inferbus up`` starts it with,
+    beyond the port and instance id every service gets (the worker's engine and
+    cores, the gateway's key): ``function(platform, launch)``."""
     grants: Permissions = field(default_factory=Permissions)
     """What its NATS user may do on a closed bus beyond its wiring and what every
     service does (busauth.SERVICE_BASE): answering requesters, reading the registry."""
 
     def service_class(self) -> type[Service[Any]]:
-        cls: type[Service[Any]] = _load(self.service)
+        cls: type[Service[Any]] = load(self.service)
         return cls
 
     def settings_class(self) -> type[ServiceSettings]:
-        cls: type[ServiceSettings] = _load(self.settings)
+        cls: type[ServiceSettings] = load(self.settings)
         return cls
 
     def wiring_of(self) -> Wiring:
-        wiring: Wiring = _load(self.wiring)
+        wiring: Wiring = load(self.wiring)
         return wiring
 
     def permissions(self) -> Permissions:
@@ -77,7 +86,8 @@ class ServiceEntry:
         return None if self.port_offset is None else base + self.port_offset + index
 
 
-def _load(ref: str) -> Any:
+def load(ref: str) -> Any:
+    """What a ``module:name`` string of the table names, imported now."""
     module, _, name = ref.partition(":")
     return getattr(importlib.import_module(module), name)
 
@@ -96,21 +106,23 @@ def _entry(name: str, cls: str, **kw: Any) -> ServiceEntry:
 SERVICES: tuple[ServiceEntry, ...] = (
     # in the order a request meets them
     _entry("gateway", "Gateway", start_order=9, stop_order=1, port_offset=None,
-           container_port=8000),
+           container_port=8000, launch="inferbus.up:launch_gateway"),
     _entry("sanitizer", "Sanitizer", start_order=1, stop_order=2, port_offset=1,
-           grants=REPLIES),
+           launch="inferbus.up:launch_sanitizer", grants=REPLIES),
     _entry("scheduler", "Scheduler", start_order=2, stop_order=4, port_offset=2,
            grants=REPLIES),
     # workers at base+10, base+11, ... (one port each); a worker's user may publish its
     # own instance's heartbeats and KV events, and read its own work only
     _entry("worker", "Worker", start_order=3, stop_order=3, port_offset=10, scalable=True,
+           count_option="workers", launch="inferbus.up:launch_worker",
            grants=REPLIES + Permissions(publish=REGISTRY_READ)),
     # off by default (`inferbus up --autoscale`); stops with the gateway, so the others'
     # shutdown is not load it reacts to
     _entry("autoscaler", "Autoscaler", start_order=4, stop_order=1, port_offset=3,
-           in_up=False),
+           in_up=False, up_option="autoscale", launch="inferbus.up:launch_autoscaler"),
     # bounds the shared KV spill tier (a folder the workers read and write)
-    _entry("kvspill", "KvSpill", start_order=6, stop_order=1, port_offset=5),
+    _entry("kvspill", "KvSpill", start_order=6, stop_order=1, port_offset=5,
+           launch="inferbus.up:launch_kvspill"),
     # model versions to workers, canary weights to the scheduler; judges each version
     # on the requests' ends
     _entry("delivery", "Delivery", start_order=5, stop_order=1, port_offset=4,

@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,58 @@ NATS = "nats"
 
 def _say(text: str) -> None:
     print(text, flush=True)
+
+
+@dataclass
+class Launch:
+    """One service process's command line, environment and cores, as a service's
+    launch function (``ServiceEntry.launch``) completes them."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cpus: set[int] | None
+
+
+def launch_worker(p: Platform, launch: Launch) -> None:
+    launch.argv += p._engine_args()
+    if p.cpus is not None:  # it moves its own threads once its engine runs
+        engine, services = p.cpus
+        launch.argv += [
+            "--engine-cpus",
+            format_cpus(engine),
+            "--service-cpus",
+            format_cpus(services),
+        ]
+        launch.cpus = None
+
+
+def launch_autoscaler(p: Platform, launch: Launch) -> None:
+    o = p.o
+    launch.argv += ["--models", f"{p.model}=worker", "--supervisor", o.supervisor]
+    launch.argv += ["--max-replicas", str(max(4, o.workers)), *o.autoscaler_args]
+
+
+def launch_kvspill(p: Platform, launch: Launch) -> None:
+    launch.argv += ["--shared-dir", str(p.shared_kv_dir)]
+
+
+def launch_sanitizer(p: Platform, launch: Launch) -> None:
+    o = p.o
+    if o.engine == "vllm" and not any(a.startswith("--tokenizers") for a in o.sanitizer_args):
+        # prompts tokenized where first read: the scheduler routes on engine hashes
+        launch.argv += ["--tokenizers", f"{p.model}={p.model_path}"]
+    launch.argv += o.sanitizer_args
+
+
+def launch_gateway(p: Platform, launch: Launch) -> None:
+    o = p.o
+    launch.argv += ["--http-host", o.host]
+    if o.api_keys_file is None:
+        return
+    launch.argv += ["--api-keys-file", str(o.api_keys_file)]
+    # up's own key: small and slow, only enough for its probe and self-test
+    probe = ApiKey(name="inferbus-up", sha256=digest(o.probe_key), max_tokens=16, requests_per_s=5)
+    launch.env = {**launch.env, "INFERBUS_API_KEYS": msgspec.json.encode([probe]).decode()}
 
 
 class Platform:
@@ -121,33 +174,16 @@ class Platform:
         env = self.env
         if self.auth is not None:  # made beforehand (add_users): this only finds them
             env = {**env, CREDS_ENV: str(self.auth.service(entry.name, spec.name))}
-        cpus = self._service_cpus()
-        if entry.name == "worker":
-            argv += self._engine_args()
-            if self.cpus is not None:  # it moves its own threads once its engine runs
-                engine, services = self.cpus
-                argv += [
-                    "--engine-cpus",
-                    format_cpus(engine),
-                    "--service-cpus",
-                    format_cpus(services),
-                ]
-                cpus = None
-        if entry.name == "autoscaler":
-            argv += ["--models", f"{self.model}=worker", "--supervisor", self.o.supervisor]
-            argv += ["--max-replicas", str(max(4, self.o.workers)), *self.o.autoscaler_args]
-        if entry.name == "kvspill":
-            argv += ["--shared-dir", str(self.shared_kv_dir)]
-        if entry.name == "sanitizer":
-            if self.o.engine == "vllm" and not any(
-                a.startswith("--tokenizers") for a in self.o.sanitizer_args
-            ):  # prompts tokenized where first read: the scheduler routes on engine hashes
-                argv += ["--tokenizers", f"{self.model}={self.model_path}"]
-            argv += self.o.sanitizer_args
-        if entry.name == "gateway":
-            argv += ["--http-host", self.o.host]
-            env = self._gateway_env(argv, env)
-        return Command(argv, env, self.logs / f"{spec.name}.log", http_port=port, cpus=cpus)
+        launch = Launch(argv=argv, env=env, cpus=self._service_cpus())
+        if entry.launch:  # what this service is told beyond its port and identity
+            servicetable.load(entry.launch)(self, launch)
+        return Command(
+            launch.argv,
+            launch.env,
+            self.logs / f"{spec.name}.log",
+            http_port=port,
+            cpus=launch.cpus,
+        )
 
     @property
     def shared_kv_dir(self) -> Path:
@@ -182,16 +218,6 @@ class Platform:
             args += ["--enforce-eager", "true", "--max-model-len", "2048"]
         return args + o.worker_args
 
-    def _gateway_env(self, argv: list[str], env: dict[str, str]) -> dict[str, str]:
-        if self.o.api_keys_file is None:
-            return env
-        argv += ["--api-keys-file", str(self.o.api_keys_file)]
-        # up's own key: small and slow, only enough for its probe and self-test
-        probe = ApiKey(
-            name="inferbus-up", sha256=digest(self.o.probe_key), max_tokens=16, requests_per_s=5
-        )
-        return {**env, "INFERBUS_API_KEYS": msgspec.json.encode([probe]).decode()}
-
 
 class Up:
     """The running platform: the core's decisions carried out, commands answered."""
@@ -225,8 +251,10 @@ class Up:
     def initial_specs(self) -> list[ProcessSpec]:
         specs = []
         for entry in servicetable.by_start_order():
-            if entry.in_up or (entry.name == "autoscaler" and self.o.autoscale):
-                count = self.o.workers if entry.name == "worker" else entry.instances
+            if entry.in_up or (entry.up_option and getattr(self.o, entry.up_option)):
+                count = (
+                    getattr(self.o, entry.count_option) if entry.count_option else entry.instances
+                )
                 specs += [self.platform.spec(entry, i) for i in range(count)]
         return specs
 

@@ -72,7 +72,7 @@ def test_start_and_stop_orders_are_total():
 
 
 def test_the_cli_serves_exactly_the_table():
-    from inferbus.cli import serve
+    from inferbus.cli.platform import serve
 
     assert tuple(serve.params[0].type.choices) == servicetable.names()  # type: ignore[attr-defined]
 

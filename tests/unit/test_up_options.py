@@ -10,7 +10,7 @@ from typing import Any
 import click
 from click.testing import CliRunner
 
-from inferbus.cli import up
+from inferbus.cli.platform import up
 from inferbus.upoptions import Options, click_options
 
 
@@ -59,3 +59,35 @@ def test_every_flag_field_is_an_option_of_up_with_its_help():
         else:
             assert f.name not in names  # set by up itself (the probe key, restarts)
     assert CliRunner().invoke(up, ["--nats-cluster", "0"]).exit_code == 2  # a range
+
+
+def test_each_service_is_launched_as_the_table_says(tmp_path):
+    """The table names each service's launch function and the up options that start it
+    and count it; Platform.command carries them out."""
+    import inspect
+
+    from inferbus import servicetable
+    from inferbus.up import Platform
+
+    fields = {f.name for f in dataclasses.fields(Options)}
+    for entry in servicetable.SERVICES:
+        if entry.launch:
+            fn = servicetable.load(entry.launch)
+            assert len(inspect.signature(fn).parameters) == 2, entry.launch
+        assert entry.up_option in fields | {""} and entry.count_option in fields | {""}
+
+    flags = f"--engine sim --state-dir {tmp_path} --host 0.0.0.0 --autoscale --workers 2"
+    o = parsed(*flags.split(), "--sanitizer-arg=--max-prompt-chars=9")
+    p = Platform(o, "nats://127.0.0.1:4222", "sim-model", "sim-model", [])
+
+    def argv(service: str, index: int = 0) -> list[str]:
+        entry = servicetable.get(service)
+        return p.command(p.spec(entry, index)).argv
+
+    worker = argv("worker", 1)
+    assert worker[worker.index("--instance-id") + 1] == "worker-1"
+    assert worker[worker.index("--engine") + 1] == "sim"
+    assert "--models" in argv("autoscaler") and "--shared-dir" in argv("kvspill")
+    assert argv("gateway")[-2:] == ["--http-host", "0.0.0.0"]
+    assert argv("sanitizer")[-1] == "--max-prompt-chars=9"
+    assert "--engine" not in argv("scheduler")

@@ -13,7 +13,7 @@ from typing import Any
 import click
 import msgspec
 
-from inferbus.modelcli import nats_option
+from inferbus.cli.modelversions import nats_option
 
 HEARTBEAT_WAIT_S = 2.5
 """``apply`` listens this long for the workers serving the model (they beat each 1 s)."""

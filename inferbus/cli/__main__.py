@@ -1,0 +1,3 @@
+from inferbus.cli import main
+
+main()
