@@ -9,6 +9,28 @@ from testkit.containers import nats_container
 
 from inferbus.shared.natsserver import NatsServer
 
+MAX_WORKERS = 4
+"""Test processes ``-n auto`` starts at most: each runs its own nats-server and
+platform, and the engine tests' vLLM engines want the cores themselves."""
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest first, so the short ones fill in around them on the other workers
+    (the suite ends when its longest tail does): the real engine's tests, then the
+    other slow ones, then the platform's, then the unit tests."""
+
+    def weight(item: pytest.Item) -> int:
+        for rank, mark in enumerate(("engine", "slow", "integration")):
+            if item.get_closest_marker(mark):
+                return rank
+        return 3
+
+    items.sort(key=weight)  # stable: each module's tests stay in their order
+
 
 @pytest.fixture(scope="session")
 def nats_url(tmp_path_factory: pytest.TempPathFactory):

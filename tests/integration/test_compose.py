@@ -16,7 +16,12 @@ from pathlib import Path
 import pytest
 from testkit.containers import docker_missing
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow,
+    pytest.mark.integration,
+    pytest.mark.timeout(900),
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("INFERBUS_IMAGE", "inferbus:cpu")

@@ -31,7 +31,12 @@ from inferbus.shared.buscreds import load_credentials
 from inferbus.shared.codec import decode_or_none
 from inferbus.tinymodel import make_tiny, make_tiny_lora
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow,
+    pytest.mark.integration,
+    pytest.mark.timeout(900),
+]
 
 MODEL, LORA = "tiny-llama", "tiny-lora"
 LORA_ARGS = (

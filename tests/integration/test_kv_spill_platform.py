@@ -26,7 +26,12 @@ from inferbus.shared.buscreds import load_credentials
 from inferbus.shared.codec import decode, decode_or_none
 from inferbus.shared.kvblocks import scan_blocks
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow,
+    pytest.mark.integration,
+    pytest.mark.timeout(600),
+]
 
 MODEL = "tiny-llama"
 SYSTEM = " ".join(f"Rule {i}: answer in the voice of a careful reviewer." for i in range(60))

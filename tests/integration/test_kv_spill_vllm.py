@@ -20,7 +20,12 @@ pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip instal
 
 from inferbus.tinymodel import make_tiny
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow,
+    pytest.mark.integration,
+    pytest.mark.timeout(600),
+]
 
 SCENARIO = Path(__file__).parent.parent / "testkit" / "kvspill_scenario.py"
 

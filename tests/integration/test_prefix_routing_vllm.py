@@ -31,7 +31,12 @@ from inferbus.shared.codec import decode_or_none
 from inferbus.shared.prefixhash import block_hashes
 from inferbus.shared.prompttokens import load_tokenizer, prompt_token_ids
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow,
+    pytest.mark.integration,
+    pytest.mark.timeout(600),
+]
 
 MODEL = "tiny-llama"
 SYSTEM = " ".join(f"Rule {i}: answer in the voice of a careful reviewer." for i in range(60))

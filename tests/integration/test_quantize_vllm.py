@@ -16,7 +16,12 @@ pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip instal
 from inferbus.quantize import awq_quantize
 from inferbus.tinymodel import make_tiny
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow,
+    pytest.mark.integration,
+    pytest.mark.timeout(600),
+]
 
 CHECK = Path(__file__).parent.parent / "testkit" / "awqcheck.py"
 

@@ -35,7 +35,12 @@ from inferbus.contracts import (
 from inferbus.shared.codec import decode, encode
 from inferbus.tinymodel import make_tiny, make_tiny_lora
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.usefixtures("platform")]
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow,
+    pytest.mark.integration,
+    pytest.mark.usefixtures("platform"),
+]
 
 MODEL = "tiny-llama"
 LORA = "tiny-lora"
