@@ -14,6 +14,7 @@ from inferbus.contracts import (
     RequestSubmitted,
     SamplingParams,
 )
+from inferbus.contracts.sampling import I32, SAMPLING_RANGES
 
 from .errors import ApiError
 
@@ -37,9 +38,9 @@ class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False
 
 
-Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
-_I32 = 2**31 - 1
+_I32 = I32
 PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=_I32)]
+_R = SAMPLING_RANGES  # one table with the sanitizer's check
 
 
 class _Common(msgspec.Struct, kw_only=True):
@@ -47,19 +48,19 @@ class _Common(msgspec.Struct, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: PositiveInt | None = None
-    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 1.0
-    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 1.0
+    temperature: Annotated[float, _R["temperature"].meta()] = 1.0
+    top_p: Annotated[float, _R["top_p"].meta()] = 1.0
     stop: str | Annotated[list[str], msgspec.Meta(max_length=4)] | None = None
     seed: Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)] | None = None
     n: PositiveInt = 1
     user: str | None = None
-    presence_penalty: Penalty = 0.0
-    frequency_penalty: Penalty = 0.0
+    presence_penalty: Annotated[float, _R["presence_penalty"].meta()] = 0.0
+    frequency_penalty: Annotated[float, _R["frequency_penalty"].meta()] = 0.0
     logprobs: bool | int | None = None
     logit_bias: dict[str, float] | None = None
     # vLLM's extensions, which its clients and benchmarks send
-    top_k: Annotated[int, msgspec.Meta(ge=-1, le=_I32)] = 0
-    repetition_penalty: Annotated[float, msgspec.Meta(gt=0.0)] = 1.0
+    top_k: Annotated[int, _R["top_k"].meta()] = 0
+    repetition_penalty: Annotated[float, _R["repetition_penalty"].meta()] = 1.0
     ignore_eos: bool = False
     stop_token_ids: list[Annotated[int, msgspec.Meta(ge=0, le=_I32)]] = []
 

@@ -26,6 +26,7 @@ from inferbus.contracts import (
     TenantPolicy,
     TokenChunk,
 )
+from inferbus.contracts.sampling import out_of_range
 from inferbus.shared.errors import ConfigError
 
 from .injection import Policy, decide, findings
@@ -86,12 +87,10 @@ def check(request: RequestSubmitted, limits: InputLimits) -> RequestRejected | N
             f"max_tokens must be between 1 and {limits.max_tokens}, got {s.max_tokens}",
             "max_tokens",
         )
-    if not 0.0 <= s.temperature <= 2.0:
-        return reject(
-            FailureCode.INVALID_REQUEST, "temperature must be between 0 and 2", "temperature"
-        )
-    if not 0.0 < s.top_p <= 1.0:
-        return reject(FailureCode.INVALID_REQUEST, "top_p must be in (0, 1]", "top_p")
+    wrong = out_of_range(s)
+    if wrong is not None:
+        param, why = wrong
+        return reject(FailureCode.INVALID_REQUEST, why, param)
     size = prompt_chars(request)
     if size > limits.max_prompt_chars:
         return reject(
