@@ -95,6 +95,16 @@ class Subscriber:
     def _receiver(self, spec: Subscription, handler: Handler) -> Callable[[Msg], Awaitable[None]]:
         acks = isinstance(spec.source, Consume | Own)
         service = self._service
+        counters: dict[type, Any] = {}
+        """Each event type's counter, labelled once (a stream's chunks come by the
+        thousand a second)."""
+
+        def count(event: Any) -> None:
+            counter = counters.get(type(event))
+            if counter is None:
+                label = event_type_name(event, spec)
+                counter = counters[type(event)] = metrics.EVENTS_HANDLED.labels(service, label)
+            counter.inc()
 
         async def bad(msg: Msg, reason: str) -> None:
             if spec.bad == "dead_letter":
@@ -115,7 +125,7 @@ class Subscriber:
                 if msg.subject != own:  # a sender's credentials allow its own subject only
                     await bad(msg, f"{type(event).__name__} on another's subject (not {own})")
                     return
-            metrics.EVENTS_HANDLED.labels(service, event_type_name(event, spec)).inc()
+            count(event)
             try:
                 await handler(event, msg)
             except Exception:
