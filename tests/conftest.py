@@ -23,11 +23,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     (the suite ends when its longest tail does): the real engine's tests, then the
     other slow ones, then the platform's, then the unit tests."""
 
-    def weight(item: pytest.Item) -> int:
-        for rank, mark in enumerate(("engine", "slow", "integration")):
-            if item.get_closest_marker(mark):
-                return rank
-        return 3
+    def weight(item: pytest.Item) -> tuple[int, float]:
+        for rank, name in enumerate(("engine", "slow", "integration")):
+            mark = item.get_closest_marker(name)
+            if mark is not None:  # an engine module says how long it takes alone
+                return rank, -float(mark.kwargs.get("seconds", 0))
+        return 3, 0.0
 
     items.sort(key=weight)  # stable: each module's tests stay in their order
 

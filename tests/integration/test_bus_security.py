@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from testkit.ports import metrics_port_base
 
 from inferbus.client import Client, RequestError
 from inferbus.contracts import (
@@ -72,7 +72,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory):
             "--state-dir",
             str(state),
             "--metrics-port-base",
-            str(random.randrange(20000, 32000, 100)),
+            str(metrics_port_base()),
             "--worker-arg=--sim-decode-s-per-step=0.02",
         ],
         stdout=subprocess.PIPE,

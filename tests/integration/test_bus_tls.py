@@ -10,6 +10,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from testkit.ports import metrics_port_base
 
 from inferbus import certs
 from inferbus.shared.buscreds import tls_context
@@ -40,7 +41,7 @@ def test_up_serves_over_tls_with_made_certificates(tmp_path: Path):
             "--nats-port",
             "0",
             "--metrics-port-base",
-            "24700",
+            str(metrics_port_base()),
             "--state-dir",
             str(tmp_path / "state"),
             "--nats-tls-dir",

@@ -17,7 +17,7 @@ import pytest
 from testkit.containers import docker_missing
 
 pytestmark = [
-    pytest.mark.engine,
+    pytest.mark.engine(seconds=120),
     pytest.mark.slow,
     pytest.mark.integration,
     pytest.mark.timeout(900),

@@ -29,7 +29,7 @@ from inferbus.shared.codec import decode_or_none
 from inferbus.tinymodel import make_tiny, make_tiny_lora
 
 pytestmark = [
-    pytest.mark.engine,
+    pytest.mark.engine(seconds=120),
     pytest.mark.slow,
     pytest.mark.integration,
     pytest.mark.timeout(900),

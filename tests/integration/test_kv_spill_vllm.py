@@ -21,7 +21,7 @@ pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip instal
 from inferbus.tinymodel import make_tiny
 
 pytestmark = [
-    pytest.mark.engine,
+    pytest.mark.engine(seconds=95),
     pytest.mark.slow,
     pytest.mark.integration,
     pytest.mark.timeout(600),

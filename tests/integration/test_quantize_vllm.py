@@ -17,7 +17,7 @@ from inferbus.quantize import awq_quantize
 from inferbus.tinymodel import make_tiny
 
 pytestmark = [
-    pytest.mark.engine,
+    pytest.mark.engine(seconds=65),
     pytest.mark.slow,
     pytest.mark.integration,
     pytest.mark.timeout(600),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 import signal
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from testkit.ports import metrics_port_base
 
 from inferbus.shared.natsserver import free_ports
 
@@ -22,7 +22,7 @@ INFERBUS = [sys.executable, "-m", "inferbus.cli"]
 
 def test_up_generate_and_stream_then_ctrl_c(tmp_path: Path):
     port, nats_port = free_ports(2)
-    metrics_base = random.randrange(20000, 32000, 100)  # below the ephemeral port range
+    metrics_base = metrics_port_base()  # below the ephemeral port range
     up = subprocess.Popen(
         [
             *INFERBUS,
@@ -126,7 +126,7 @@ def test_keys_new_then_up_with_keys_serves_its_self_test(tmp_path: Path):
             "--nats-port",
             "0",
             "--metrics-port-base",
-            str(random.randrange(20000, 32000, 100)),
+            str(metrics_port_base()),
             "--state-dir",
             str(tmp_path / "state"),
             "--api-keys-file",
@@ -215,7 +215,7 @@ def test_up_scales_workers_and_restarts_what_dies_nats_included(tmp_path: Path):
             "--nats-port",
             str(nats_port),
             "--metrics-port-base",
-            str(random.randrange(20000, 32000, 100)),
+            str(metrics_port_base()),
             "--state-dir",
             str(state),
         ],

@@ -36,7 +36,7 @@ from inferbus.shared.codec import decode, encode
 from inferbus.tinymodel import make_tiny, make_tiny_lora
 
 pytestmark = [
-    pytest.mark.engine,
+    pytest.mark.engine(seconds=60),
     pytest.mark.slow,
     pytest.mark.integration,
     pytest.mark.usefixtures("platform"),

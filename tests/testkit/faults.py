@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from inferbus.shared.bus import connect
 from inferbus.shared.buscreds import load_credentials
 from inferbus.shared.codec import decode, decode_or_none, encode
 from inferbus.shared.natsserver import free_ports
+from testkit.ports import metrics_port_base
 
 MODEL = "sim-model"
 FAULTS = ("sanitizer", "scheduler", "worker-0", "gateway", "nats")
@@ -110,7 +110,7 @@ class Platform:
                 "--workers",
                 str(workers),
                 "--metrics-port-base",
-                str(random.randrange(20000, 32000, 100)),
+                str(metrics_port_base()),
                 *([f"--worker-arg=--sim-decode-s-per-step={decode_s}"] if engine == "sim" else []),
                 "--nats-cluster",
                 str(nats_cluster),
