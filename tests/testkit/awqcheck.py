@@ -4,7 +4,7 @@ compared position by position, and greedy continuations compared token by token.
 
 Run as a script (vLLM's engine needs the ``__main__`` guard), one engine at a time:
 ``python tests/testkit/awqcheck.py ORIGINAL DTYPE QUANTIZED [QUANTIZED...]`` prints
-one JSON object. Shared by tests/integration/test_quantize_vllm.py and
+one JSON object. Shared by tests/engine/test_quantize_vllm.py and
 bench/quantize.py.
 """
 
