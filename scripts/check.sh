@@ -12,7 +12,9 @@ py=$(command -v python)
 echo "== ruff check"; ruff check .
 echo "== ruff format --check"; ruff format --check .
 
-rm -rf .typecheck
+# setuptools reuses build/lib: a module moved or deleted since the last build would
+# still be checked (and installed) from there
+rm -rf .typecheck build
 python -m pip install -q --no-deps --no-build-isolation --target .typecheck . 2>&1 \
   | { grep -v '^WARNING: Location' || true; }
 cd .typecheck
