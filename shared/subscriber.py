@@ -125,7 +125,8 @@ class Subscriber:
                 if msg.subject != own:  # a sender's credentials allow its own subject only
                     await bad(msg, f"{type(event).__name__} on another's subject (not {own})")
                     return
-            count(event)
+            if spec.counted:
+                count(event)
             try:
                 await handler(event, msg)
             except Exception:

@@ -106,6 +106,9 @@ class Subscription:
     records, an output filter a request may reach at once)."""
     when: str = ""
     """A settings field that must be true for it to be subscribed."""
+    counted: bool = True
+    """Counted in ``inferbus_events_handled_total``; a reply stream's chunks (thousands a
+    second, counted as tokens elsewhere) are not."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ WIRING = Wiring(
             ReplyEvent,
             "_on_reply",
             source=Listen(pending_msgs_limit=1_000_000),
+            counted=False,
         ),
         # the scheduler dead-letters bad heartbeats; the gateway just ignores them
         Subscription(

@@ -50,6 +50,7 @@ WIRING = Wiring(
             ReplyEvent,
             "_on_output",
             source=Listen(pending_msgs_limit=1_000_000),
+            counted=False,
             early=True,
         ),
         # tenants' records and the LLMServices' checks before their requests
