@@ -6,7 +6,8 @@ sending requests one after another. Once the load runs, a process is killed with
 SIGKILL; the supervisor restarts it. Every request sent is counted by how it ended:
 served in full, a retryable error, another error, or hung (no end within its
 timeout). Duplicates are requests that ran on two workers (two ``request.started``
-from different workers) or ended twice (two terminal events on ``ib.req.ended``).
+from different workers) or ended twice (two different terminal events of one attempt
+on ``ib.req.ended``).
 Recovery is the time from the kill to the first request sent after it that was
 served in full. Shared by tests/integration/test_faults.py and bench/faults.py.
 """
@@ -189,9 +190,11 @@ class Watch:
 
     def __init__(self) -> None:
         self.started: dict[str, set[str]] = defaultdict(set)
-        self.ended: dict[str, set[bytes]] = defaultdict(set)
-        """Distinct terminal events per request: a publish retried after a lost ack is
-        the same event (JetStream keeps it once), two different ones are a duplicate."""
+        self.ended: dict[tuple[str, int], set[bytes]] = defaultdict(set)
+        """Distinct terminal events per request and attempt: a publish retried after a
+        lost ack is the same event (JetStream keeps it once), two different ones are a
+        duplicate. An attempt given up on and its successor may each record an end
+        (docs/nats-api.md: the newer attempt is the outcome); that is not one."""
 
     async def open(self, p: Platform) -> None:
         self.nc = await connect(p.nats_url, "faults-watch", load_credentials(p.operator))
@@ -205,8 +208,8 @@ class Watch:
 
     async def _on_ended(self, msg) -> None:
         ev = decode_or_none(msg.data, Terminal)
-        if ev is not None:
-            self.ended[ev.request_id].add(msg.data)
+        if ev is not None:  # a rejection or the scheduler's end names no attempt: 0
+            self.ended[ev.request_id, getattr(ev, "attempt", 0)].add(msg.data)
 
     def duplicates(self, ids: list[str]) -> list[str]:
         """Each duplicate, said plainly."""
@@ -214,8 +217,9 @@ class Watch:
         for r in ids:
             if len(self.started[r]) > 1:
                 out.append(f"{r} ran on {sorted(self.started[r])}")
-            if len(self.ended[r]) > 1:
-                out.append(f"{r} ended {[e.decode()[:120] for e in self.ended[r]]}")
+            for (rid, attempt), ends in self.ended.items():
+                if rid == r and len(ends) > 1:
+                    out.append(f"{r} attempt {attempt} ended {[e.decode()[:120] for e in ends]}")
         return out
 
     async def close(self) -> None:
