@@ -18,6 +18,7 @@ pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip instal
 from testkit.delivery import (
     SteadyLoad,
     cli,
+    deploy,
 )
 from testkit.faults import Platform
 
@@ -62,22 +63,6 @@ class Swaps:
 
     def of(self, ref: str) -> list[ModelSwapped]:
         return [s for s in self.seen if s.model == ref]
-
-
-def deploy(p: Platform, ref: str, *args: str, rc: int = 0) -> str:
-    return cli(
-        p.nats_url,
-        p.operator,
-        "model",
-        "deploy",
-        ref,
-        "--wait",
-        "--timeout",
-        "240s",
-        *args,
-        timeout=300,
-        rc=rc,
-    )
 
 
 def test_hot_warm_and_cold_swaps_under_load_fail_nothing(tmp_path):

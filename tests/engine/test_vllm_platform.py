@@ -27,7 +27,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip install -e '.[cpu]')")
 
-from testkit.delivery import SteadyLoad, canary_instance, cli, ready_workers, throttle
+from testkit.delivery import SteadyLoad, canary_instance, cli, deploy, ready_workers, throttle
 from testkit.faults import Platform
 
 from inferbus.client import Client
@@ -175,22 +175,6 @@ async def _tokenizer_loaded(nc) -> bool:
 
 
 # -- a canary rolled back --------------------------------------------------------------
-
-
-def deploy(p: Platform, ref: str, *args: str, rc: int = 0) -> str:
-    return cli(
-        p.nats_url,
-        p.operator,
-        "model",
-        "deploy",
-        ref,
-        "--wait",
-        "--timeout",
-        "240s",
-        *args,
-        timeout=300,
-        rc=rc,
-    )
 
 
 def test_a_canary_that_turns_slow_is_rolled_back_on_the_real_engine(p, tmp_path):

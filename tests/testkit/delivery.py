@@ -127,6 +127,24 @@ def cli(nats_url: str, operator: Path, *args: str, timeout: float = 120, rc: int
     return done.stdout
 
 
+def deploy(p: Any, ref: str, *args: str, rc: int = 0) -> str:
+    """``inferbus model deploy REF --wait`` as the operator of ``p`` (a testkit.faults
+    Platform), its output."""
+    return cli(
+        p.nats_url,
+        p.operator,
+        "model",
+        "deploy",
+        ref,
+        "--wait",
+        "--timeout",
+        "240s",
+        *args,
+        timeout=300,
+        rc=rc,
+    )
+
+
 def trail(nats_url: str, operator: Path, model: str) -> list[dict]:
     """The model's rollout decisions (its audit trail), oldest first."""
     out = cli(nats_url, operator, "model", "status", model, "--json", "--last", "0")
