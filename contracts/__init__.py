@@ -10,6 +10,8 @@ from .events import *  # noqa: F403
 from .events import __all__ as _events_all
 from .failures import *  # noqa: F403
 from .failures import __all__ as _failures_all
+from .generation import *  # noqa: F403
+from .generation import __all__ as _generation_all
 from .llmservice import *  # noqa: F403
 from .llmservice import __all__ as _llmservice_all
 from .replies import *  # noqa: F403
@@ -21,6 +23,7 @@ __all__ = [
     *_delivery_all,
     *_events_all,
     *_failures_all,
+    *_generation_all,
     *_llmservice_all,
     *_replies_all,
     *_subjects_all,

@@ -11,6 +11,8 @@ from typing import Literal
 
 import msgspec
 
+from .generation import ChatTemplateOptions, ChoiceEnd, StructuredOutput, TokenLogprob, ToolCall
+
 __all__ = [
     "ALL_EVENTS",
     "TERMINAL_TYPES",
@@ -59,10 +61,33 @@ class Event(msgspec.Struct, kw_only=True, tag_field="type", omit_defaults=False)
 class ChatMessage(msgspec.Struct, kw_only=True):
     role: str
     content: str
+    """The text (a message's text parts joined); empty for an assistant's turn that
+    only called tools."""
     name: str | None = None
+    tool_calls: list[ToolCall] = []
+    """An assistant's calls, as the chat template renders them into the prompt."""
+    tool_call_id: str | None = None
+    """A ``tool`` message: the call it answers."""
+    reasoning: str | None = None
+    """An assistant's reasoning, for templates that render it."""
+
+    def template_dict(self) -> dict[str, object]:
+        """The message as chat templates read it (OpenAI's shape)."""
+        out: dict[str, object] = {"role": self.role, "content": self.content}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [msgspec.to_builtins(c) for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.reasoning is not None:
+            out["reasoning"] = out["reasoning_content"] = self.reasoning
+        return out
 
 
 class SamplingParams(msgspec.Struct, kw_only=True):
+    """How to generate, as vLLM's ``SamplingParams`` (same names, same meaning)."""
+
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
@@ -75,6 +100,33 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     ignore_eos: bool = False
+    n: int = 1
+    """Choices to generate from the one prompt (they share its KV, on one worker)."""
+    min_p: float = 0.0
+    min_tokens: int = 0
+    """Tokens generated before an end-of-sequence or stop token may end a choice."""
+    logprobs: int | None = None
+    """Return each output token's log probability and this many alternatives at its
+    position (0: the token's alone); None: no logprobs."""
+    logit_bias: dict[int, float] = {}
+    """Added to these token ids' logits."""
+    allowed_token_ids: list[int] = []
+    """Only these tokens may be generated (empty: any)."""
+    bad_words: list[str] = []
+    """Words never generated."""
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None
+    """Keep only the prompt's last this many tokens (-1: as many as the context
+    takes); None: the whole prompt, refused if too long."""
+    structured: StructuredOutput | None = None
+    """A constraint the output must match (JSON schema, regex, choice, grammar...)."""
+
+    @property
+    def output_tokens(self) -> int:
+        """The most tokens the request may generate, all choices together."""
+        return self.max_tokens * self.n
 
 
 class Usage(msgspec.Struct, kw_only=True):
@@ -100,6 +152,8 @@ class RequestSubmitted(Event, tag="request.submitted"):
     reply_to: str
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    chat_template: ChatTemplateOptions | None = None
+    """How ``messages`` become the prompt; None: the assistant's turn opened after them."""
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     tenant: str = "default"
     created_at: float = 0.0
@@ -182,6 +236,11 @@ class TokenChunk(Event, tag="token.chunk"):
     n_tokens: int = 0
     """Tokens in this chunk when ``token_ids`` is left out (a filtered stream: the
     ids would carry the text that was masked)."""
+    index: int = 0
+    """The choice it belongs to (a request for ``n`` choices numbers them from 0);
+    ``seq`` counts a request's chunks across all its choices."""
+    logprobs: list[TokenLogprob] = []
+    """Each token's log probability, when the request asked for them."""
 
     @property
     def tokens(self) -> int:
@@ -216,6 +275,21 @@ class RequestFinished(Event, tag="request.finished"):
     served_model: str = ""
     """The version that answered, ``name@version`` (``name`` alone when the worker's
     model has no registry version): what a rollout compares."""
+    choices: list[ChoiceEnd] = []
+    """How each choice ended, by index; ``finish_reason`` is choice 0's. Empty from
+    producers older than ``n``: one choice, ended as ``finish_reason`` says."""
+
+    def choice_ends(self) -> list[ChoiceEnd]:
+        """Each choice's end, with the single choice of an older producer filled in."""
+        if self.choices:
+            return sorted(self.choices, key=lambda c: c.index)
+        return [
+            ChoiceEnd(
+                index=0,
+                finish_reason=self.finish_reason,
+                completion_tokens=self.usage.completion_tokens,
+            )
+        ]
 
 
 class RequestFailed(Event, tag="request.failed"):

@@ -47,6 +47,7 @@ class FailureCode(StrEnum):
     WORKER_LOST = "worker_lost"
     WORKER_SHUTDOWN = "worker_shutdown"
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    UNSUPPORTED_BY_ENGINE = "unsupported_by_engine"
     MODEL_NOT_FOUND = "model_not_found"
     ENGINE_ERROR = "engine_error"
     DUPLICATE_REQUEST = "duplicate_request"
@@ -116,6 +117,12 @@ FAILURES: dict[FailureCode, Failure] = {
         http_status=400,
         retryable=False,
         meaning="prompt tokens plus max_tokens exceed the model's context",
+    ),
+    FailureCode.UNSUPPORTED_BY_ENGINE: Failure(
+        http_status=400,
+        retryable=False,
+        meaning="the worker's engine cannot honour a parameter the request set: an output "
+        "constraint on the sim engine, or a structured-output option vLLM takes per engine",
     ),
     FailureCode.MODEL_NOT_FOUND: Failure(
         http_status=404,

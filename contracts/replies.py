@@ -36,8 +36,9 @@ ReplyEnd = RequestFinished | RequestFailed | RequestCancelled | RequestRejected
 class Reading(msgspec.Struct, kw_only=True, frozen=True):
     """What one or more reply events mean for the reader's client."""
 
-    chunk: TokenChunk | None = None
-    """Text to pass on (several chunks merged into one when read together)."""
+    chunks: tuple[TokenChunk, ...] = ()
+    """Text to pass on: one chunk a choice (the chunks of a choice read together
+    merged into one), in the order the choices first spoke."""
     end: ReplyEnd | None = None
     """The stream is over: pass this on after ``chunk``."""
     restarted: bool = False
@@ -56,7 +57,8 @@ class Reading(msgspec.Struct, kw_only=True, frozen=True):
 
 
 def merge_chunks(a: TokenChunk, b: TokenChunk) -> TokenChunk:
-    """``b`` appended to ``a``: one chunk with both texts and token counts."""
+    """``b`` appended to ``a`` (of the same choice): one chunk with both texts, token
+    counts and logprobs."""
     return TokenChunk(
         request_id=a.request_id,
         seq=a.seq,
@@ -64,6 +66,8 @@ def merge_chunks(a: TokenChunk, b: TokenChunk) -> TokenChunk:
         token_ids=a.token_ids + b.token_ids,
         attempt=a.attempt,
         n_tokens=a.n_tokens + b.n_tokens,
+        index=a.index,
+        logprobs=a.logprobs + b.logprobs if b.logprobs else a.logprobs,
     )
 
 
@@ -108,7 +112,7 @@ class ReplyReader:
     def read_all(self, events: Iterable[ReplyEvent]) -> Reading:
         """Events in arrival order, as one ``Reading``: the current attempt's chunks
         merged, then its end if one came. Whatever follows the end is ignored."""
-        chunk: TokenChunk | None = None
+        chunks: dict[int, TokenChunk] = {}
         restarted = False
         for event in events:
             if self.ended:
@@ -120,18 +124,19 @@ class ReplyReader:
                 # text of the older attempt not yet passed on is simply dropped
                 restarted = restarted or self.passed > 0
                 self._restart(attempt)
-                chunk = None
+                chunks = {}
             if isinstance(event, TokenChunk):
                 self._count(event)
-                chunk = event if chunk is None else merge_chunks(chunk, event)
+                before = chunks.get(event.index)
+                chunks[event.index] = event if before is None else merge_chunks(before, event)
                 continue
             self.ended = True
-            if chunk is not None:
+            if chunks:
                 self.passed += 1
-            return Reading(chunk=chunk, end=self._end(event), restarted=restarted)
-        if chunk is not None:
+            return Reading(chunks=tuple(chunks.values()), end=self._end(event), restarted=restarted)
+        if chunks:
             self.passed += 1
-        return Reading(chunk=chunk, restarted=restarted)
+        return Reading(chunks=tuple(chunks.values()), restarted=restarted)
 
     def interrupted(self) -> RequestFailed:
         """The end for a reader that cannot take text back when the output restarted."""

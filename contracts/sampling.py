@@ -12,6 +12,10 @@ import msgspec
 from .events import SamplingParams
 
 I32 = 2**31 - 1
+MAX_N = 128
+"""Choices one request may ask for (OpenAI's limit)."""
+MAX_LOGPROBS = 20
+"""Alternatives per token (vLLM's default ``max_logprobs``; OpenAI's is 20 too)."""
 
 
 class Range(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,15 +59,34 @@ SAMPLING_RANGES: dict[str, Range] = {
     "presence_penalty": Range(low=-2.0, high=2.0),
     "frequency_penalty": Range(low=-2.0, high=2.0),
     "repetition_penalty": Range(low=0.0, low_open=True),
+    "n": Range(low=1, high=MAX_N),
+    "min_p": Range(low=0.0, high=1.0),
+    "min_tokens": Range(low=0, high=I32),
+    "logprobs": Range(low=0, high=MAX_LOGPROBS),
+    "truncate_prompt_tokens": Range(low=-1, high=I32),
 }
-"""OpenAI's ranges (temperature, top_p, the penalties) and vLLM's (top_k: -1 or 0 is
-no cut; repetition_penalty above 0), by ``SamplingParams`` field."""
+"""OpenAI's ranges (temperature, top_p, the penalties, n) and vLLM's (top_k: -1 or 0
+is no cut; repetition_penalty above 0; min_p; logprobs up to its ``max_logprobs``), by
+``SamplingParams`` field. A field left None is not checked."""
 
 
 def out_of_range(params: SamplingParams) -> tuple[str, str] | None:
-    """The first parameter outside its range and why, or None."""
+    """The first parameter outside its range, or not allowed with the others, and why;
+    None when all hold."""
     for name, allowed in SAMPLING_RANGES.items():
         value = getattr(params, name)
-        if not allowed.holds(value):
+        if value is not None and not allowed.holds(value):
             return name, f"{name} must be {allowed.describe()}, got {value}"
+    if params.min_tokens > params.max_tokens:
+        return "min_tokens", (
+            f"min_tokens ({params.min_tokens}) must not exceed max_tokens ({params.max_tokens})"
+        )
+    if params.structured is not None:
+        kinds = params.structured.kinds()
+        if len(kinds) != 1:
+            return "structured_outputs", (
+                "give exactly one structured-output constraint (json_schema, json_object, "
+                f"regex, choice, grammar or structural_tag), got {len(kinds)}"
+                + (f": {', '.join(kinds)}" if kinds else "")
+            )
     return None

@@ -33,6 +33,7 @@ from inferbus.contracts import (
     SUBMIT,
     CancelRequest,
     ChatMessage,
+    ChatTemplateOptions,
     FailureCode,
     ReplyEvent,
     ReplyReader,
@@ -43,6 +44,7 @@ from inferbus.contracts import (
     RequestSubmitted,
     SamplingParams,
     TokenChunk,
+    TokenLogprob,
     request_failed,
     tenant_cancel_subject,
     tenant_reply_prefix,
@@ -108,7 +110,16 @@ class Stream:
 
     @property
     def text(self) -> str:
-        return "".join(c.text for c in self.chunks)
+        """Choice 0's text (the only one unless ``n`` > 1)."""
+        return self.choice_text(0)
+
+    def choice_text(self, index: int) -> str:
+        return "".join(c.text for c in self.chunks if c.index == index)
+
+    @property
+    def logprobs(self) -> list[TokenLogprob]:
+        """Choice 0's token logprobs, when the request asked for them."""
+        return [lp for c in self.chunks if c.index == 0 for lp in c.logprobs]
 
     async def _open(self) -> None:
         nc = self._client.nc
@@ -186,11 +197,12 @@ class Stream:
                 await self.cancel("the output restarted")
                 failed = self._reader.interrupted()
                 raise RequestError(failed, failed.reason)
-            if reading.chunk is not None:
+            if reading.chunks:  # one event read: one chunk
+                chunk = reading.chunks[0]
                 if self.first_token_at is None:
                     self.first_token_at = time.monotonic()
-                self.chunks.append(reading.chunk)
-                return reading.chunk
+                self.chunks.append(chunk)
+                return chunk
             end = reading.end
             if end is None:
                 continue
@@ -271,7 +283,8 @@ class Client:
         model: str,
         prompt: str | None = None,
         *,
-        messages: list[ChatMessage] | list[dict[str, str]] | None = None,
+        messages: list[ChatMessage] | list[dict[str, Any]] | None = None,
+        chat_template: ChatTemplateOptions | None = None,
         max_tokens: int = 16,
         temperature: float = 1.0,
         top_p: float = 1.0,
@@ -290,13 +303,18 @@ class Client:
         ``timeout`` is also the request's deadline: past it the platform stops the work.
         ``input_policy`` (block, flag, off) and ``mask_pii`` override the deployment's
         sanitizer defaults. ``traceparent`` (W3C) makes the request's trace a part of
-        the caller's. ``sampling`` takes the other SamplingParams fields: top_k,
-        stop_token_ids, presence_penalty, frequency_penalty, repetition_penalty,
-        ignore_eos.
+        the caller's. ``sampling`` takes the other SamplingParams fields (``n``,
+        ``logprobs``, ``min_tokens``, ``structured``...; docs/nats-api.md lists them);
+        ``messages`` may be dicts in OpenAI's shape, tool calls included.
         """
         msgs = None
         if messages is not None:
-            msgs = [m if isinstance(m, ChatMessage) else ChatMessage(**m) for m in messages]
+            msgs = [
+                m
+                if isinstance(m, ChatMessage)
+                else msgspec.convert({**m, "content": m.get("content") or ""}, ChatMessage)
+                for m in messages
+            ]
         request_id = request_id or uuid.uuid4().hex
         request = RequestSubmitted(
             request_id=request_id,
@@ -304,6 +322,7 @@ class Client:
             reply_to=self.reply_subject(request_id),
             prompt=prompt,
             messages=msgs,
+            chat_template=chat_template,
             sampling=SamplingParams(
                 max_tokens=max_tokens,
                 temperature=temperature,

@@ -10,7 +10,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from inferbus.contracts import ChatMessage
+from inferbus.contracts import ChatMessage, ChatTemplateOptions
 
 
 class TemplateError(ValueError):
@@ -18,22 +18,41 @@ class TemplateError(ValueError):
 
 
 def prompt_token_ids(
-    tokenizer: Any, prompt: str | None, messages: Sequence[ChatMessage] | None
+    tokenizer: Any,
+    prompt: str | None,
+    messages: Sequence[ChatMessage] | None,
+    template: ChatTemplateOptions | None = None,
 ) -> list[int]:
     """The ids of a completion ``prompt``, or of chat ``messages`` through the
-    tokenizer's chat template with the assistant's turn opened."""
-    if messages is not None:
-        msgs = [{"role": m.role, "content": m.content} for m in messages]
-        try:
-            ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-        except Exception as exc:  # a template that rejects these roles, say
-            raise TemplateError(f"chat template failed: {exc}") from None
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return list(ids)
-    return list(tokenizer.encode(prompt or ""))
+    tokenizer's chat template (the assistant's turn opened, unless ``template`` says
+    otherwise), as vLLM's server renders them."""
+    if messages is None:
+        return list(tokenizer.encode(prompt or ""))
+    t = template or _DEFAULT_TEMPLATE
+    if t.add_generation_prompt and t.continue_final_message:
+        raise TemplateError("continue_final_message and add_generation_prompt cannot both be true")
+    msgs = [m.template_dict() for m in messages]
+    try:
+        ids = tokenizer.apply_chat_template(
+            msgs,
+            tokenize=True,
+            add_generation_prompt=t.add_generation_prompt,
+            continue_final_message=t.continue_final_message,
+            **t.kwargs,
+        )
+    except Exception as exc:  # a template that rejects these roles, say
+        raise TemplateError(f"chat template failed: {exc}") from None
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    ids = list(ids)
+    if t.add_special_tokens:
+        bos = getattr(tokenizer, "bos_token_id", None)
+        if bos is not None and (not ids or ids[0] != bos):
+            ids.insert(0, bos)
+    return ids
 
 
+_DEFAULT_TEMPLATE = ChatTemplateOptions()
 _PROBE_TEXT = "Hello, world! 12 +  x\n\tdéjà vu 日本 <b>"
 _PROBE_CHAT = (
     ChatMessage(role="system", content="Be brief."),

@@ -184,8 +184,10 @@ class Gates:
         prompt_chars: int,
         in_flight: bool,
         now: float,
+        choices: int = 1,
     ) -> Admission:
-        """``in_flight``: a request with this id is being served here already."""
+        """``in_flight``: a request with this id is being served here already.
+        ``max_tokens`` is each choice's; the key is charged for all ``choices``."""
         self.access.authorize_model(key, model)  # first: no probing for other models
         self.registry.admit(model, now, max_tokens)
         if in_flight:
@@ -194,5 +196,5 @@ class Gates:
             )
         self.load.admit(model, now)  # before charging the key: a full queue costs nothing
         return self.access.admit(
-            key, model=model, max_tokens=max_tokens, prompt_chars=prompt_chars, now=now
+            key, model=model, max_tokens=max_tokens * choices, prompt_chars=prompt_chars, now=now
         )

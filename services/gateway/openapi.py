@@ -3,20 +3,50 @@ so the document cannot drift from what the server accepts."""
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from typing import Any, Literal
 
 import msgspec
 
-from .protocol import ChatCompletionRequest, CompletionRequest
+from .protocol import REFUSED, ChatCompletionRequest, CompletionRequest
 
-# -- response shapes, as documentation (the handlers build them in core.Shapes) -----------
+# -- response shapes, as documentation (the handlers build them in shapes.Shapes) ---------
+
+
+class PromptTokensDetails(msgspec.Struct, kw_only=True):
+    cached_tokens: int
 
 
 class UsageOut(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class TopLogprobOut(msgspec.Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprobOut(TopLogprobOut, kw_only=True):
+    top_logprobs: list[TopLogprobOut]
+
+
+class ChatLogprobs(msgspec.Struct, kw_only=True):
+    content: list[TokenLogprobOut] | None
+
+
+class CompletionLogprobs(msgspec.Struct, kw_only=True):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+Finish = Literal["stop", "length"] | None
 
 
 class AssistantMessage(msgspec.Struct, kw_only=True):
@@ -27,8 +57,9 @@ class AssistantMessage(msgspec.Struct, kw_only=True):
 class ChatChoice(msgspec.Struct, kw_only=True):
     index: int
     message: AssistantMessage
-    logprobs: None
-    finish_reason: Literal["stop", "length"] | None
+    logprobs: ChatLogprobs | None
+    finish_reason: Finish
+    stop_reason: str | int | None = None
 
 
 class ChatCompletion(msgspec.Struct, kw_only=True):
@@ -43,8 +74,9 @@ class ChatCompletion(msgspec.Struct, kw_only=True):
 class TextChoice(msgspec.Struct, kw_only=True):
     index: int
     text: str
-    logprobs: None
-    finish_reason: Literal["stop", "length"] | None
+    logprobs: CompletionLogprobs | None
+    finish_reason: Finish
+    stop_reason: str | int | None = None
 
 
 class Completion(msgspec.Struct, kw_only=True):
@@ -64,8 +96,9 @@ class Delta(msgspec.Struct, kw_only=True):
 class ChunkChoice(msgspec.Struct, kw_only=True):
     index: int
     delta: Delta
-    logprobs: None
-    finish_reason: Literal["stop", "length"] | None
+    logprobs: ChatLogprobs | None
+    finish_reason: Finish
+    stop_reason: str | int | None = None
 
 
 class ChatCompletionChunk(msgspec.Struct, kw_only=True):
@@ -210,18 +243,22 @@ def _completion_op(summary: str, request: str, response: str, chunk: str) -> dic
 
 _ONLY = "Not supported: only {} is accepted (anything else gets 400)."
 
-_UNSUPPORTED: dict[str, dict[str, Any]] = {
-    # OpenAI fields the server takes only at their neutral value; the Structs decode
-    # them wider so the error names the field instead of a type mismatch
-    "n": {"enum": [1], "description": _ONLY.format("1")},
-    "logprobs": {"enum": [False, 0, None], "description": _ONLY.format("false")},
-    "logit_bias": {
-        "anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}],
-        "description": _ONLY.format("{}"),
-    },
-}
+
+def _refused() -> dict[str, dict[str, Any]]:
+    """vLLM's fields this server refuses (protocol.REFUSED), each at its no-op values:
+    the Structs decode them as anything so that the error names the field."""
+    out = {}
+    for name, (what, no_ops) in REFUSED.items():
+        shown = ", ".join(json.dumps(v) for v in no_ops)
+        out[name] = {
+            "enum": list(no_ops),
+            "description": f"Not supported: {what}. Only {shown} is accepted "
+            "(anything else gets 400 unsupported_parameter).",
+        }
+    return out
+
+
 _UNSUPPORTED_CHAT: dict[str, dict[str, Any]] = {
-    "top_logprobs": {"enum": [0, None], "description": _ONLY.format("0")},
     "tools": {
         "anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}],
         "description": _ONLY.format("[]"),
@@ -232,15 +269,64 @@ _UNSUPPORTED_CHAT: dict[str, dict[str, Any]] = {
     },
     "tool_choice": {"enum": ["none", "auto", None], "description": _ONLY.format('"none"')},
     "function_call": {"enum": ["none", "auto", None], "description": _ONLY.format('"none"')},
-    "response_format": {
-        "anyOf": [{"type": "object", "properties": {"type": {"enum": ["text"]}}}, {"type": "null"}],
-        "description": _ONLY.format("text"),
-    },
 }
 _UNSUPPORTED_COMPLETION: dict[str, dict[str, Any]] = {
-    "echo": {"enum": [False], "description": _ONLY.format("false")},
-    "best_of": {"enum": [1, None], "description": _ONLY.format("1")},
+    "best_of": {"enum": [None], "description": "Taken only equal to n (else 400)."},
     "suffix": {"enum": ["", None], "description": _ONLY.format('""')},
+    "add_special_tokens": {"enum": [True, None], "description": _ONLY.format("true")},
+}
+_UNSUPPORTED_BOTH: dict[str, dict[str, Any]] = {
+    "truncation_side": {"enum": ["left", None], "description": _ONLY.format('"left"')},
+}
+_RULES_CHAT: list[dict[str, Any]] = [
+    {  # top_logprobs needs logprobs
+        "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"minimum": 1}}},
+        "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+    },
+    {  # continuing the last message opens no new turn
+        "if": {
+            "required": ["continue_final_message"],
+            "properties": {"continue_final_message": {"const": True}},
+        },
+        "then": {
+            "required": ["add_generation_prompt"],
+            "properties": {"add_generation_prompt": {"const": False}},
+        },
+    },
+]
+_RESPONSE_FORMAT = {
+    "anyOf": [
+        {
+            "type": "object",
+            "required": ["type"],
+            "properties": {"type": {"enum": ["text", "json_object"]}},
+        },
+        {
+            "type": "object",
+            "required": ["type", "json_schema"],
+            "properties": {
+                "type": {"const": "json_schema"},
+                "json_schema": {
+                    "type": "object",
+                    "required": ["schema"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "description": {"type": "string"},
+                        "schema": {"type": "object"},
+                        "strict": {"type": ["boolean", "null"]},
+                    },
+                },
+            },
+        },
+        {
+            "type": "object",
+            "required": ["type"],
+            "properties": {"type": {"const": "structural_tag"}},
+            "description": "vLLM's structural tag, passed to the engine whole",
+        },
+        {"type": "null"},
+    ],
+    "description": "OpenAI's output formats: text, any JSON object, or a JSON Schema.",
 }
 
 
@@ -277,11 +363,30 @@ def _document() -> dict[str, Any]:
         ("CompletionRequest", _UNSUPPORTED_COMPLETION),
     ):
         props = components[name]["properties"]
-        for field, override in {**_UNSUPPORTED, **extra}.items():
+        overrides = {**_refused(), **_UNSUPPORTED_BOTH, **extra}
+        overrides["response_format"] = _RESPONSE_FORMAT
+        for field, override in overrides.items():
+            if field not in props:
+                continue  # a chat-only refusal, on the completions body
             props[field] = {
                 **override,
                 **({"default": props[field]["default"]} if "default" in props[field] else {}),
             }
+    components["ChatCompletionRequest"]["allOf"] = _RULES_CHAT
+    stream_options = components["StreamOptions"]["properties"]
+    stream_options["continuous_usage_stats"] = {
+        "enum": [False],
+        "description": _ONLY.format("false"),
+        "default": False,
+    }
+    components["StructuredOutputsIn"]["description"] = (
+        "vLLM's structured_outputs: exactly one of json, regex, choice, grammar, "
+        "json_object, structural_tag"
+    )
+    components["StructuredOutputsIn"]["oneOf"] = [
+        {"required": [k], "properties": {k: {"not": {"type": "null"}}}}
+        for k in ("json", "regex", "choice", "grammar", "structural_tag")
+    ] + [{"required": ["json_object"], "properties": {"json_object": {"const": True}}}]
     return {
         "openapi": "3.1.0",
         "info": {

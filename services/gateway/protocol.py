@@ -10,11 +10,14 @@ import msgspec
 
 from inferbus.contracts import (
     ChatMessage,
-    RequestFinished,
+    ChatTemplateOptions,
     RequestSubmitted,
     SamplingParams,
+    StructuredOutput,
+    ToolCall,
+    ToolCallFunction,
 )
-from inferbus.contracts.sampling import I32, SAMPLING_RANGES
+from inferbus.contracts.sampling import I32, SAMPLING_RANGES, out_of_range
 
 from .errors import ApiError
 
@@ -28,61 +31,200 @@ class ContentPart(msgspec.Struct, kw_only=True):
     text: str
 
 
+class FunctionCallIn(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str
+
+
+class ToolCallIn(msgspec.Struct, kw_only=True):
+    id: str
+    function: FunctionCallIn
+    type: Literal["function"] = "function"
+
+
 class ChatMessageIn(msgspec.Struct, kw_only=True):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+    """vLLM's older name of ``reasoning``."""
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class JsonSchemaFormat(msgspec.Struct, kw_only=True):
+    name: str = "response"
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    """OpenAI's ``response_format``; a structural tag's own fields are kept whole."""
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's ``structured_outputs`` (``extra_body``)."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
 
 
 _I32 = I32
 PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=_I32)]
+TokenId = Annotated[int, msgspec.Meta(ge=0, le=_I32)]
+TokenKey = Annotated[str, msgspec.Meta(pattern="^[0-9]{1,9}$")]
+"""A token id as a JSON object's key (``logit_bias``)."""
 _R = SAMPLING_RANGES  # one table with the sanitizer's check
 
 
-class _Common(msgspec.Struct, kw_only=True):
+class _Refusable(msgspec.Struct, kw_only=True):
+    """Fields of vLLM's request models this server refuses when set (``REFUSED`` says
+    why): declared, so that they are refused by name rather than dropped in silence."""
+
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    echo: Any = None
+    prompt_logprobs: Any = None
+    logprob_token_ids: Any = None
+    return_token_ids: Any = None
+    return_tokens_as_token_ids: Any = None
+    return_token_offsets: Any = None
+    priority: Any = None
+    cache_salt: Any = None
+    kv_transfer_params: Any = None
+    ec_transfer_params: Any = None
+    mm_payload: Any = None
+    return_mm_kwargs: Any = None
+    repetition_detection: Any = None
+    routed_experts_prompt_start: Any = None
+    session_id: Any = None
+    stream_interval: Any = None
+    thinking_token_budget: Any = None
+    vllm_xargs: Any = None
+    watermarking: Any = None
+    request_id: Any = None
+
+
+class _Common(_Refusable, kw_only=True):
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: PositiveInt | None = None
     temperature: Annotated[float, _R["temperature"].meta()] = 1.0
     top_p: Annotated[float, _R["top_p"].meta()] = 1.0
-    stop: str | Annotated[list[str], msgspec.Meta(max_length=4)] | None = None
+    stop: str | Annotated[list[str], msgspec.Meta(max_length=64)] | None = None
     seed: Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)] | None = None
-    n: PositiveInt = 1
+    n: Annotated[int, _R["n"].meta()] = 1
     user: str | None = None
     presence_penalty: Annotated[float, _R["presence_penalty"].meta()] = 0.0
     frequency_penalty: Annotated[float, _R["frequency_penalty"].meta()] = 0.0
-    logprobs: bool | int | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[TokenKey, Annotated[float, msgspec.Meta(ge=-100, le=100)]] | None = None
+    response_format: dict[str, Any] | None = None
     # vLLM's extensions, which its clients and benchmarks send
     top_k: Annotated[int, _R["top_k"].meta()] = 0
+    min_p: Annotated[float, _R["min_p"].meta()] = 0.0
     repetition_penalty: Annotated[float, _R["repetition_penalty"].meta()] = 1.0
     ignore_eos: bool = False
-    stop_token_ids: list[Annotated[int, msgspec.Meta(ge=0, le=_I32)]] = []
+    min_tokens: Annotated[int, _R["min_tokens"].meta()] = 0
+    stop_token_ids: list[TokenId] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: Annotated[int, _R["truncate_prompt_tokens"].meta()] | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    allowed_token_ids: list[TokenId] | None = None
+    bad_words: list[str] | None = None
+    structured_outputs: StructuredOutputsIn | None = None
+    add_special_tokens: bool | None = None
 
 
 class ChatCompletionRequest(_Common, kw_only=True):
     messages: Annotated[list[ChatMessageIn], msgspec.Meta(min_length=1)]
     max_completion_tokens: PositiveInt | None = None
-    top_logprobs: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, _R["logprobs"].meta()] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, str]] | None = None
+    reasoning_effort: str | None = None
+    include_reasoning: bool = True
+    """Without a reasoning parser (none is configured yet) nothing is taken apart as
+    reasoning, so either value gives the same answer, as on vLLM without one."""
+    chat_template: Any = None
+    media_io_kwargs: Any = None
+    mm_processor_kwargs: Any = None
+    return_prompt_text: Any = None
 
 
 class CompletionRequest(_Common, kw_only=True):
     prompt: str | Annotated[list[str], msgspec.Meta(min_length=1, max_length=1)]
     """One prompt per request (a list of exactly one is taken too)."""
-    echo: bool = False
+    logprobs: Annotated[int, _R["logprobs"].meta()] | None = None
     best_of: int | None = None
     suffix: str | None = None
+    prompt_embeds: Any = None
+
+
+REFUSED: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "use_beam_search": ("beam search", (None, False)),
+    "length_penalty": ("length_penalty (beam search)", (None, 1, 1.0)),
+    "echo": ("echo", (None, False)),
+    "prompt_logprobs": ("prompt_logprobs", (None,)),
+    "logprob_token_ids": ("logprob_token_ids", (None, [])),
+    "return_token_ids": ("return_token_ids", (None, False)),
+    "return_tokens_as_token_ids": ("return_tokens_as_token_ids", (None, False)),
+    "return_token_offsets": ("return_token_offsets", (None, False)),
+    "priority": (
+        "a request's own priority (it comes from its API key's priority class)",
+        (None, 0),
+    ),
+    "cache_salt": ("cache_salt", (None, "")),
+    "kv_transfer_params": ("kv_transfer_params (the platform moves KV itself)", (None, {})),
+    "ec_transfer_params": ("ec_transfer_params", (None, {})),
+    "mm_payload": ("multimodal input", (None,)),
+    "return_mm_kwargs": ("multimodal input", (None, False)),
+    "media_io_kwargs": ("multimodal input", (None, {})),
+    "mm_processor_kwargs": ("multimodal input", (None, {})),
+    "prompt_embeds": ("prompt embeddings", (None,)),
+    "repetition_detection": ("repetition_detection", (None,)),
+    "routed_experts_prompt_start": ("routed_experts_prompt_start", (None, 0)),
+    "session_id": ("session_id", (None,)),
+    "stream_interval": ("stream_interval", (None, 1)),
+    "thinking_token_budget": ("thinking_token_budget (it needs a reasoning parser)", (None,)),
+    "vllm_xargs": ("vllm_xargs", (None, {})),
+    "watermarking": ("watermarking", (None, False)),
+    "chat_template": (
+        "a request's own chat template (vLLM refuses it too unless trusted)",
+        (None,),
+    ),
+    "return_prompt_text": ("return_prompt_text", (None, False)),
+    "request_id": ("request_id in the body (send it as the x-request-id header)", (None,)),
+}
+"""vLLM request fields this server refuses when set to anything but these no-op values:
+what each is, and the values that change nothing."""
 
 
 def _unsupported(param: str, what: str) -> ApiError:
@@ -93,29 +235,35 @@ def _unsupported(param: str, what: str) -> ApiError:
 
 def _refuse_unsupported(req: _Common) -> None:
     """Fields clients send that would change the answer's meaning: refused, not ignored."""
-    if req.logit_bias:
-        raise _unsupported("logit_bias", "logit_bias")
-    if req.logprobs not in (None, False, 0):
-        raise _unsupported("logprobs", "logprobs")
+    for name, (what, no_ops) in REFUSED.items():
+        value = getattr(req, name, None)
+        if not any((value == v and type(value) is type(v)) or value is v for v in no_ops):
+            raise _unsupported(name, what)
+    if req.truncation_side == "right":
+        raise _unsupported("truncation_side", 'truncation_side "right"')
+    if req.stream_options is not None and req.stream_options.continuous_usage_stats:
+        raise _unsupported("stream_options.continuous_usage_stats", "continuous_usage_stats")
     if isinstance(req, ChatCompletionRequest):
-        if req.top_logprobs:
-            raise _unsupported("top_logprobs", "top_logprobs")
         for name in ("tools", "functions"):
             if getattr(req, name):
                 raise _unsupported(name, "tool and function calling")
         for name in ("tool_choice", "function_call"):
             if getattr(req, name) not in (None, "none", "auto"):
                 raise _unsupported(name, "tool and function calling")
-        fmt = req.response_format
-        if fmt is not None and fmt.get("type", "text") != "text":
-            raise _unsupported("response_format", f"response_format {fmt.get('type')!r}")
+        if req.top_logprobs and not req.logprobs:
+            raise ApiError(
+                400,
+                "top_logprobs needs logprobs set to true",
+                param="top_logprobs",
+                code="invalid_value",
+            )
     elif isinstance(req, CompletionRequest):
-        if req.echo:
-            raise _unsupported("echo", "echo")
-        if req.best_of not in (None, 1):
-            raise _unsupported("best_of", "best_of other than 1")
+        if req.best_of not in (None, req.n):
+            raise _unsupported("best_of", "best_of other than n")
         if req.suffix:
             raise _unsupported("suffix", "suffix")
+        if req.add_special_tokens is False:
+            raise _unsupported("add_special_tokens", "add_special_tokens false for a prompt")
 
 
 _AT = re.compile(r"at `\$\.?([^`]*)`")
@@ -168,25 +316,115 @@ def _integral(value: Any) -> Any:
     return value
 
 
+def _structured(req: _Common) -> StructuredOutput | None:
+    """``response_format`` over ``structured_outputs``, as vLLM's server merges them."""
+    base = req.structured_outputs
+    out: StructuredOutput | None = None
+    if base is not None:
+        schema = base.json
+        if isinstance(schema, str):
+            try:
+                schema = msgspec.json.decode(schema)
+            except msgspec.DecodeError as exc:
+                raise ApiError(
+                    400,
+                    f"structured_outputs.json is not JSON: {exc}",
+                    param="structured_outputs.json",
+                    code="invalid_value",
+                ) from None
+            if not isinstance(schema, dict):
+                raise ApiError(
+                    400,
+                    "structured_outputs.json must be a JSON Schema object",
+                    param="structured_outputs.json",
+                    code="invalid_value",
+                )
+        out = StructuredOutput(
+            json_schema=schema,
+            json_object=bool(base.json_object),
+            regex=base.regex,
+            choice=base.choice,
+            grammar=base.grammar,
+            structural_tag=base.structural_tag,
+            disable_any_whitespace=base.disable_any_whitespace,
+            disable_additional_properties=base.disable_additional_properties,
+            whitespace_pattern=base.whitespace_pattern,
+        )
+    fmt = req.response_format
+    if fmt is None:
+        return out
+    try:
+        parsed = msgspec.convert(fmt, ResponseFormat)
+    except msgspec.ValidationError as exc:
+        raise ApiError(
+            400, f"invalid response_format: {exc}", param="response_format", code="invalid_value"
+        ) from None
+    if parsed.type == "text":
+        return out
+    override: dict[str, Any]
+    if parsed.type == "json_object":
+        override = {"json_object": True}
+    elif parsed.type == "json_schema":
+        if parsed.json_schema is None or parsed.json_schema.schema is None:
+            raise ApiError(
+                400,
+                "response_format json_schema needs json_schema.schema",
+                param="response_format.json_schema",
+                code="invalid_value",
+            )
+        override = {"json_schema": parsed.json_schema.schema}
+    else:  # a structural tag goes to the engine whole, as vLLM's server sends it
+        override = {"structural_tag": msgspec.json.encode(fmt).decode()}
+    cleared = {k: None for k in ("json_schema", "regex", "choice", "grammar", "structural_tag")}
+    base_out = out or StructuredOutput()
+    return msgspec.structs.replace(base_out, **{**cleared, "json_object": False, **override})
+
+
+def _logit_bias(req: _Common) -> dict[int, float]:
+    return {int(token): bias for token, bias in (req.logit_bias or {}).items()}
+
+
+def _logprobs(req: _Common) -> int | None:
+    if isinstance(req, ChatCompletionRequest):
+        return (req.top_logprobs or 0) if req.logprobs else None
+    assert isinstance(req, CompletionRequest)
+    return req.logprobs
+
+
 def _sampling(req: _Common, max_tokens: int | None, default_max_tokens: int) -> SamplingParams:
     """Ranges are checked by the request Structs' constraints; what is left is support."""
-    if req.n != 1:
-        raise ApiError(400, "only n=1 is supported", param="n", code="unsupported_value")
     _refuse_unsupported(req)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    return SamplingParams(
+    sampling = SamplingParams(
         max_tokens=default_max_tokens if max_tokens is None else max_tokens,
         temperature=req.temperature,
         top_p=req.top_p,
         top_k=max(0, req.top_k),
+        min_p=req.min_p,
         stop=stop,
         seed=req.seed,
         presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty,
         repetition_penalty=req.repetition_penalty,
         ignore_eos=req.ignore_eos,
-        stop_token_ids=list(req.stop_token_ids),
+        stop_token_ids=list(req.stop_token_ids or ()),
+        n=req.n,
+        min_tokens=req.min_tokens,
+        logprobs=_logprobs(req),
+        logit_bias=_logit_bias(req),
+        allowed_token_ids=list(req.allowed_token_ids or ()),
+        bad_words=list(req.bad_words or ()),
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=req.skip_special_tokens,
+        spaces_between_special_tokens=req.spaces_between_special_tokens,
+        truncate_prompt_tokens=req.truncate_prompt_tokens,
+        structured=_structured(req),
     )
+    wrong = out_of_range(sampling)  # what spans fields: min_tokens, one constraint
+    if wrong is not None:
+        param, why = wrong
+        raise ApiError(400, why, param=param, code="invalid_value")
+    return sampling
 
 
 def _content(msg: ChatMessageIn) -> str:
@@ -197,11 +435,55 @@ def _content(msg: ChatMessageIn) -> str:
     return "".join(part.text for part in msg.content)
 
 
+def _message(m: ChatMessageIn) -> ChatMessage:
+    return ChatMessage(
+        role=m.role,
+        content=_content(m),
+        name=m.name,
+        tool_calls=[
+            ToolCall(
+                id=c.id,
+                type=c.type,
+                function=ToolCallFunction(name=c.function.name, arguments=c.function.arguments),
+            )
+            for c in m.tool_calls or ()
+        ],
+        tool_call_id=m.tool_call_id,
+        reasoning=m.reasoning if m.reasoning is not None else m.reasoning_content,
+    )
+
+
+def chat_template(req: ChatCompletionRequest) -> ChatTemplateOptions | None:
+    """How the messages become the prompt, as vLLM's server builds its chat params
+    (``documents`` and ``reasoning_effort`` go to the template as variables); None:
+    the default (the assistant's turn opened)."""
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.documents is not None:
+        kwargs["documents"] = req.documents
+    if req.reasoning_effort is not None:
+        kwargs["reasoning_effort"] = req.reasoning_effort
+        kwargs.setdefault("enable_thinking", req.reasoning_effort != "none")
+    options = ChatTemplateOptions(
+        add_generation_prompt=req.add_generation_prompt,
+        continue_final_message=req.continue_final_message,
+        kwargs=kwargs,
+        add_special_tokens=bool(req.add_special_tokens),
+    )
+    if options.add_generation_prompt and options.continue_final_message:
+        raise ApiError(
+            400,
+            "continue_final_message and add_generation_prompt cannot both be true",
+            param="continue_final_message",
+            code="invalid_value",
+        )
+    return None if options == ChatTemplateOptions() else options
+
+
 def parse_chat(
     body: bytes, default_max_tokens: int
 ) -> tuple[ChatCompletionRequest, SamplingParams, list[ChatMessage]]:
     req: ChatCompletionRequest = _decode(body, ChatCompletionRequest)
-    messages = [ChatMessage(role=m.role, content=_content(m), name=m.name) for m in req.messages]
+    messages = [_message(m) for m in req.messages]
     limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     return req, _sampling(req, limit, default_max_tokens), messages
 
@@ -226,6 +508,7 @@ def submitted(
     timeout_s: float | None = None,
     prompt: str | None = None,
     messages: list[ChatMessage] | None = None,
+    chat_template: ChatTemplateOptions | None = None,
     input_policy: str = "",
     mask_pii: bool | None = None,
 ) -> RequestSubmitted:
@@ -235,6 +518,7 @@ def submitted(
         reply_to=reply_to,
         prompt=prompt,
         messages=messages,
+        chat_template=chat_template,
         sampling=sampling,
         tenant=tenant,
         priority=priority,
@@ -268,94 +552,3 @@ def prompt_chars(prompt: str | None, messages: list[ChatMessage] | None) -> int:
     if messages is not None:
         return sum(len(m.content) for m in messages)
     return len(prompt or "")
-
-
-# -- OpenAI response shapes --------------------------------------------------------------
-
-
-def usage_dict(fin: RequestFinished) -> dict[str, int]:
-    u = fin.usage
-    return {
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.total_tokens,
-    }
-
-
-class Shapes:
-    """Builds the chat or text-completion objects of one response."""
-
-    def __init__(self, *, chat: bool, request_id: str, model: str, created: int) -> None:
-        self.chat = chat
-        self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
-        self.model = model
-        self.created = created
-        self._role_sent = False
-        self._event_parts: tuple[bytes, bytes] | None = None
-
-    def _choice(self, text: str | None, finish: str | None, stream: bool) -> dict[str, Any]:
-        if not self.chat:
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        if stream:
-            delta: dict[str, Any] = {}
-            if not self._role_sent:
-                delta["role"] = "assistant"
-                self._role_sent = True
-            if text is not None:
-                delta["content"] = text
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": finish,
-        }
-
-    def _envelope(self, choices: list[dict[str, Any]], stream: bool) -> dict[str, Any]:
-        obj = "chat.completion" if self.chat else "text_completion"
-        if stream and self.chat:
-            obj += ".chunk"
-        return {
-            "id": self.id,
-            "object": obj,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
-
-    def chunk(self, text: str) -> dict[str, Any]:
-        return self._envelope([self._choice(text, None, True)], True)
-
-    def chunk_event(self, text: str) -> bytes:
-        """``chunk`` as a ready SSE event; after the first, only the text is encoded."""
-        if self.chat and not self._role_sent:
-            return sse(self.chunk(text))
-        if self._event_parts is None:
-            head = msgspec.json.encode(self._envelope([], True))[: -len(b'"choices":[]}')]
-            field = b'"delta":{"content":' if self.chat else b'"text":'
-            tail = b"}" if self.chat else b""
-            self._event_parts = (
-                b"data: " + head + b'"choices":[{"index":0,' + field,
-                tail + b',"logprobs":null,"finish_reason":null}]}\n\n',
-            )
-        prefix, suffix = self._event_parts
-        return prefix + msgspec.json.encode(text) + suffix
-
-    def final_chunk(self, fin: RequestFinished) -> dict[str, Any]:
-        return self._envelope(
-            [self._choice(None if self.chat else "", fin.finish_reason, True)], True
-        )
-
-    def usage_chunk(self, fin: RequestFinished) -> dict[str, Any]:
-        env = self._envelope([], True)
-        env["usage"] = usage_dict(fin)
-        return env
-
-    def complete(self, text: str, fin: RequestFinished) -> dict[str, Any]:
-        env = self._envelope([self._choice(text, fin.finish_reason, False)], False)
-        env["usage"] = usage_dict(fin)
-        return env
-
-
-def sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + msgspec.json.encode(obj) + b"\n\n"

@@ -47,14 +47,14 @@ from .openapi import openapi_document
 from .protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    Shapes,
+    chat_template,
     parse_chat,
     parse_completion,
     prompt_chars,
     request_timeout,
-    sse,
     submitted,
 )
+from .shapes import Answer, Shapes, sse
 from .trace import HttpTrace, NoTrace, http_trace
 from .wiring import WIRING
 
@@ -316,8 +316,10 @@ class GatewayService(Service[GatewaySettings]):
         prompt: str | None = None
         messages: list[ChatMessage] | None = None
         req: ChatCompletionRequest | CompletionRequest
+        template = None
         if chat:
             req, sampling, messages = parse_chat(body, default_max)
+            template = chat_template(req)
         else:
             req, sampling, prompt = parse_completion(body, default_max)
         timeout_s = request_timeout(http.headers.get("X-Request-Timeout"))
@@ -329,6 +331,7 @@ class GatewayService(Service[GatewaySettings]):
             request_id=rid,
             model=req.model,
             max_tokens=sampling.max_tokens,
+            choices=sampling.n,
             prompt_chars=chars,
             in_flight=rid in self._pending,
             now=now,
@@ -346,10 +349,17 @@ class GatewayService(Service[GatewaySettings]):
                 timeout_s=timeout_s,
                 prompt=prompt,
                 messages=messages,
+                chat_template=template,
                 input_policy=key.input_policy,
                 mask_pii=key.mask_pii,
             )
-            shapes = Shapes(chat=chat, request_id=rid, model=req.model, created=int(time.time()))
+            shapes = Shapes(
+                chat=chat,
+                request_id=rid,
+                model=req.model,
+                created=int(time.time()),
+                logprobs=sampling.logprobs is not None,
+            )
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             readings = self._submit(event, timeout_s, flow, trace, restartable=not req.stream)
             ended = False
@@ -475,8 +485,8 @@ class GatewayService(Service[GatewaySettings]):
                 flow.completion_tokens = 0  # the older attempt's text is not the answer
             if reading.interrupts and not restartable:  # the text that went out is void
                 raise _Ended(error_for(reader.interrupted()), settled=False)
-            if reading.chunk is not None:
-                flow.completion_tokens += reading.chunk.tokens
+            if reading.chunks:
+                flow.completion_tokens += sum(c.tokens for c in reading.chunks)
                 trace.on_first_token()
             if isinstance(reading.end, RequestFinished):
                 flow.usage = reading.end.usage.total_tokens
@@ -488,20 +498,18 @@ class GatewayService(Service[GatewaySettings]):
     async def _complete(
         self, rid: str, readings: AsyncIterator[Reading], shapes: Shapes, started: float
     ) -> web.Response:
-        parts: list[str] = []
+        answer = Answer()
         async for reading in readings:
             if reading.restarted:
-                parts.clear()
-            if reading.chunk is not None:
-                parts.append(reading.chunk.text)
+                answer.clear()
+            for chunk in reading.chunks:
+                answer.add(chunk)
             ev = reading.end
             if ev is None:
                 continue
             if isinstance(ev, RequestFinished):
                 self._observe(shapes.model, started, "request.finished")
-                return web.json_response(
-                    shapes.complete("".join(parts), ev), headers={"x-request-id": rid}
-                )
+                return web.json_response(shapes.complete(answer, ev), headers={"x-request-id": rid})
             self._observe(shapes.model, started, str(ev.__struct_config__.tag))
             raise _Ended(error_for(ev))
         raise _Ended(
@@ -549,14 +557,14 @@ class GatewayService(Service[GatewaySettings]):
     ) -> web.StreamResponse:
         resp: web.StreamResponse | None = None
         async for reading in readings:
-            if reading.chunk is not None:
+            for chunk in reading.chunks:
                 if resp is None:
                     # headers go out with the first token, so early failures keep their status
                     resp = web.StreamResponse(headers={**_SSE_HEADERS, "x-request-id": rid})
                     await resp.prepare(http)
                     self._streaming[rid] = resp
                     metrics.TTFT.labels(self.name, shapes.model).observe(time.monotonic() - started)
-                await resp.write(shapes.chunk_event(reading.chunk.text))
+                await resp.write(shapes.chunk_event(chunk))
             ev = reading.end
             if ev is None:
                 continue
@@ -567,7 +575,8 @@ class GatewayService(Service[GatewaySettings]):
                 resp = web.StreamResponse(headers={**_SSE_HEADERS, "x-request-id": rid})
                 await resp.prepare(http)
             if isinstance(ev, RequestFinished):
-                await resp.write(sse(shapes.final_chunk(ev)))
+                for final in shapes.final_chunks(ev):
+                    await resp.write(sse(final))
                 if include_usage:
                     await resp.write(sse(shapes.usage_chunk(ev)))
             else:

@@ -25,12 +25,14 @@ from inferbus.contracts import (
     RequestSubmitted,
     TenantPolicy,
     TokenChunk,
+    TokenLogprob,
 )
 from inferbus.contracts.sampling import out_of_range
 from inferbus.shared.errors import ConfigError
 
+from .choicefilter import ChoiceFilter
 from .injection import Policy, decide, findings
-from .pii import StreamMasker
+from .pii import Entity
 from .tenants import admit_tenant
 
 # dot-separated tokens without whitespace or wildcards
@@ -45,7 +47,10 @@ class InputLimits(msgspec.Struct, kw_only=True, frozen=True):
 
 def prompt_chars(request: RequestSubmitted) -> int:
     if request.messages is not None:
-        return sum(len(m.content) for m in request.messages)
+        return sum(
+            len(m.content) + sum(len(c.function.arguments) for c in m.tool_calls)
+            for m in request.messages
+        )
     return len(request.prompt or "")
 
 
@@ -287,21 +292,22 @@ not here by then was lost (a bus outage drops core NATS messages)."""
 
 
 class FilteredStream:
-    """One request's output on its way to the client: chunks masked and renumbered,
-    a terminal event after the held-back text. The worker's events are read by the
-    newest-attempt rule (``ReplyReader``); a new attempt restarts the masked text."""
+    """One request's output on its way to the client: each choice's chunks masked, the
+    logprobs with them (choicefilter.py), renumbered, and a terminal event after the
+    held-back text. The worker's events are read by the newest-attempt rule
+    (``ReplyReader``); a new attempt restarts the masked text."""
 
     __slots__ = (
         "attempt",
         "busy_s",
+        "choices",
         "client_reply_to",
         "deadline",
+        "entities",
         "last_seen",
-        "masker",
         "reader",
         "request_id",
         "seq",
-        "tokens",
     )
 
     def __init__(
@@ -312,15 +318,16 @@ class FilteredStream:
         self.deadline = deadline
         """The request's deadline, Unix seconds (0: none)."""
         self.attempt = 0
-        self.masker = StreamMasker()
+        self.choices: dict[int, ChoiceFilter] = {}
         self.seq = 0
-        self.tokens = 0
-        """Tokens received and not yet sent on (they go with the next chunk out)."""
         self.last_seen = now
         self.reader = ReplyReader(request_id, whole=False)
         """The worker's side: attempts, and chunks lost before they reached us."""
         self.busy_s = 0.0
         """Time spent filtering it (the adapter measures)."""
+        self.entities: list[Entity] = []
+        """Everything masked, in every choice, in the order it was found (with offsets
+        into its choice's unmasked text); a restart keeps the older attempt's."""
 
     @property
     def lost(self) -> int:
@@ -341,38 +348,42 @@ class FilteredStream:
         reading = self.reader.read(event)
         if self.reader.attempt != self.attempt:
             # a new attempt restarts the text (the client drops the older attempt)
-            self.attempt, self.masker, self.seq, self.tokens = (
-                self.reader.attempt,
-                StreamMasker(),
-                0,
-                0,
-            )
+            self.attempt, self.choices, self.seq = self.reader.attempt, {}, 0
         out: list[ReplyEvent] = []
-        if reading.chunk is not None:
-            self.tokens += reading.chunk.tokens
-            text = self.masker.feed(reading.chunk.text)
-            if text:
-                out.append(self._chunk(text))
+        for chunk in reading.chunks:
+            choice = self.choices.get(chunk.index)
+            if choice is None:
+                choice = self.choices[chunk.index] = ChoiceFilter()
+            text, logprobs = choice.feed(chunk.text, chunk.logprobs, chunk.tokens)
+            self.entities += choice.new_entities()
+            if text or logprobs:
+                out.append(self._chunk(chunk.index, choice, text, logprobs))
         end = reading.end
         if end is None:
             return out, False
-        rest = self.masker.flush()
-        if rest or self.tokens:
-            out.append(self._chunk(rest))
+        for index, choice in sorted(self.choices.items()):
+            text, logprobs = choice.flush()
+            self.entities += choice.new_entities()
+            if text or logprobs or choice.tokens:
+                out.append(self._chunk(index, choice, text, logprobs))
         if isinstance(end, RequestFinished):
             # what the client got, plus what was lost: a gap it can see
             end = msgspec.structs.replace(end, chunks=self.seq + self.lost)
         out.append(end)
         return out, True
 
-    def _chunk(self, text: str) -> TokenChunk:
+    def _chunk(
+        self, index: int, choice: ChoiceFilter, text: str, logprobs: list[TokenLogprob]
+    ) -> TokenChunk:
         chunk = TokenChunk(
             request_id=self.request_id,
             seq=self.seq,
             text=text,
             attempt=max(1, self.attempt),
-            n_tokens=self.tokens,
+            n_tokens=choice.tokens,
+            index=index,
+            logprobs=logprobs,
         )
         self.seq += 1
-        self.tokens = 0
+        choice.tokens = 0
         return chunk

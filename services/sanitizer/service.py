@@ -163,10 +163,10 @@ class SanitizerService(Service[SanitizerSettings]):
         if stream is None:  # accepted by this instance before a restart: filter from here
             stream = self._streams[client] = FilteredStream(rid, client, time.monotonic())
         t0 = time.perf_counter()
-        before = len(stream.masker.entities)
+        before = len(stream.entities)
         out, over = stream.on_event(event, time.monotonic())
         stream.busy_s += time.perf_counter() - t0
-        for e in stream.masker.entities[before:]:
+        for e in stream.entities[before:]:
             metrics.PII_MASKED.labels(e.type).inc()
         traced = self._filter_traces.get(client)
         if traced is not None and not traced.start_ns:
@@ -205,7 +205,7 @@ class SanitizerService(Service[SanitizerSettings]):
 
     def _trace_filter(self, traced: _FilterTrace, stream: FilteredStream) -> None:
         by_type: dict[str, int] = {}
-        for e in stream.masker.entities:
+        for e in stream.entities:
             by_type[e.type] = by_type.get(e.type, 0) + 1
         attrs: dict[str, Any] = {
             t.REQUEST_ID: stream.request_id,

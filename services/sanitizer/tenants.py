@@ -41,11 +41,12 @@ def admit_tenant(
             f"tenant {tenant!r} may not use model {request.model!r}",
             "model",
         )
-    if policy.max_tokens and request.sampling.max_tokens > policy.max_tokens:
+    s = request.sampling
+    if policy.max_tokens and s.output_tokens > policy.max_tokens:
+        asked = f"max_tokens {s.max_tokens}" + (f" times n={s.n}" if s.n > 1 else "")
         return reject(
             FailureCode.PERMISSION_DENIED,
-            f"max_tokens {request.sampling.max_tokens} is over tenant {tenant!r}'s cap "
-            f"of {policy.max_tokens}",
+            f"{asked} is over tenant {tenant!r}'s cap of {policy.max_tokens}",
             "max_tokens",
         )
     return msgspec.structs.replace(

@@ -79,10 +79,16 @@ class Tokenizers:
             chars = len(request.prompt or "") + sum(len(m.content) for m in request.messages or ())
             try:
                 if chars <= _INLINE_CHARS:
-                    ids = prompt_token_ids(tok, request.prompt, request.messages)
+                    ids = prompt_token_ids(
+                        tok, request.prompt, request.messages, request.chat_template
+                    )
                 else:
                     ids = await asyncio.to_thread(
-                        prompt_token_ids, tok, request.prompt, request.messages
+                        prompt_token_ids,
+                        tok,
+                        request.prompt,
+                        request.messages,
+                        request.chat_template,
                     )
             except TemplateError:
                 ids = []

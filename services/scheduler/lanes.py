@@ -29,8 +29,9 @@ def prompt_tokens(request: Any) -> int:
 
 
 def cost_tokens(request: Any) -> int:
-    max_tokens: int = request.sampling.max_tokens
-    return prompt_tokens(request) + max_tokens
+    """Prompt and output tokens at most: ``n`` choices share their prompt's KV."""
+    output: int = request.sampling.output_tokens
+    return prompt_tokens(request) + output
 
 
 class ModelQueue:

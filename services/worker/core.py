@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from inferbus.contracts import (
+    ChoiceEnd,
     FailureCode,
     RequestCancelled,
     RequestFailed,
@@ -38,6 +39,7 @@ def engine_request(
         adapter=adapter,
         prompt=r.prompt,
         messages=r.messages,
+        chat_template=r.chat_template,
         sampling=r.sampling,
         weights=weights,
         adapter_weights=adapter_weights,
@@ -85,6 +87,7 @@ class RequestStream:
 
     __slots__ = (
         "assignment",
+        "ends",
         "first_token_at",
         "prompt_ids_given",
         "restored",
@@ -108,6 +111,8 @@ class RequestStream:
         """What its prefix restored from a KV spill tier (set at its end)."""
         self.prompt_ids_given = False
         """The engine ran the sanitizer's prompt ids rather than tokenizing again."""
+        self.ends: dict[int, ChoiceEnd] = {}
+        """Each choice's end and token count so far, by index."""
 
     @property
     def request_id(self) -> str:
@@ -122,6 +127,13 @@ class RequestStream:
         )
 
     def chunk(self, out: EngineOutput) -> TokenChunk | None:
+        end = self.ends.get(out.index)
+        if end is None:
+            end = self.ends[out.index] = ChoiceEnd(index=out.index, finish_reason="")
+        end.completion_tokens += len(out.token_ids)
+        if out.choice_finish_reason is not None:
+            end.finish_reason = _finish(out.choice_finish_reason)
+            end.stop_reason = out.stop_reason
         if not out.text and not out.token_ids:
             return None
         chunk = TokenChunk(
@@ -130,14 +142,26 @@ class RequestStream:
             text=out.text,
             token_ids=out.token_ids,
             attempt=self.assignment.attempt,
+            index=out.index,
+            logprobs=out.logprobs,
         )
         self.seq += 1
         return chunk
 
     def finished(self, out: EngineOutput, now: float) -> RequestFinished:
+        """The request's end, after ``chunk`` took its last output. A choice whose end
+        the engine did not name ended with the request (``out.finish_reason``)."""
+        n = max(self.assignment.request.sampling.n, len(self.ends))
+        ends = []
+        for i in range(n):
+            end = self.ends.get(i) or ChoiceEnd(index=i, finish_reason="")
+            if not end.finish_reason:
+                end.finish_reason = _finish(out.finish_reason)
+            ends.append(end)
         return RequestFinished(
             request_id=self.request_id,
-            finish_reason="stop" if out.finish_reason == "stop" else "length",
+            finish_reason="length" if ends[0].finish_reason == "length" else "stop",
+            choices=ends,
             usage=Usage(
                 prompt_tokens=out.prompt_tokens,
                 completion_tokens=out.completion_tokens,
@@ -199,6 +223,11 @@ class RequestStream:
         """Timings seen from the worker, for engines that report none of their own."""
         first = self.first_token_at if self.first_token_at is not None else now
         return StageTimings(first_token_s=first - self.started_at, decode_s=now - first)
+
+
+def _finish(reason: str | None) -> str:
+    """An engine's finish reason as the contract's: ``length``, else ``stop``."""
+    return "length" if reason == "length" else "stop"
 
 
 class CostMeter:

@@ -8,7 +8,13 @@ from typing import Annotated, Protocol
 
 import msgspec
 
-from inferbus.contracts import ChatMessage, SamplingParams, StageTimings
+from inferbus.contracts import (
+    ChatMessage,
+    ChatTemplateOptions,
+    SamplingParams,
+    StageTimings,
+    TokenLogprob,
+)
 
 
 class EngineRequest(msgspec.Struct, kw_only=True):
@@ -19,6 +25,7 @@ class EngineRequest(msgspec.Struct, kw_only=True):
     """The engine's adapter that answers it (``add_adapter``'s name); empty: the base."""
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    chat_template: ChatTemplateOptions | None = None
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     weights: str = ""
     """The model's registry version that serves it (``name@version``); empty: the
@@ -53,13 +60,23 @@ class KvRestore(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class EngineOutput(msgspec.Struct, kw_only=True):
-    """New text since the previous output; counts are cumulative."""
+    """New text of one choice since its previous output; counts are cumulative over
+    all the request's choices."""
 
     text: str
     token_ids: list[int]
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str | None = None
+    """Set on the request's last output: every choice has ended."""
+    index: int = 0
+    """The choice (of the request's ``n``) this output belongs to."""
+    logprobs: list[TokenLogprob] = []
+    """One per token of ``token_ids``, when the request asked for logprobs."""
+    choice_finish_reason: str | None = None
+    """Set on a choice's last output (with ``n`` = 1, when ``finish_reason`` is)."""
+    stop_reason: str | int | None = None
+    """The stop string or token id that ended the choice, when one did."""
     cached_tokens: int = 0
     timings: StageTimings | None = None
     """Set on the last output when the engine knows them."""
@@ -186,6 +203,15 @@ class EngineOptions(msgspec.Struct, kw_only=True, frozen=True):
     they leave. 0: level
     with the services. Not applied on GPUs, where the engine's CPU work is what keeps
     the device fed."""
+    structured_outputs_backend: str = "auto"
+    """vLLM's structured-output backend (``auto``, ``xgrammar``, ``guidance``,
+    ``outlines``, ``lm-format-enforcer``)."""
+    structured_outputs_disable_any_whitespace: bool = False
+    """JSON constrained outputs without free whitespace between tokens (vLLM reads this
+    per engine, not per request): a model that has not learnt JSON cannot then spend its
+    tokens on blank space."""
+    structured_outputs_disable_additional_properties: bool = False
+    """JSON schemas read as if ``additionalProperties: false`` (guidance backend)."""
     kv_events: bool = True
     """Republish vLLM's KV cache events onto ib.kv.<worker_id> (JetStream)."""
     kv_cache_blocks: int = 0

@@ -8,6 +8,11 @@ prompt and seed. It is never a stand-in where the real engine can run.
 A prompt (or last message) that starts with ``/echo `` is answered with the rest of
 it, three characters a token, then ends ("stop"): a way to put known text (PII, stop
 strings) into an output stream in tests.
+
+It runs ``n`` choices (the prompt's prefill paid once) and makes up logprobs (the
+token's, and alternatives from its vocabulary), so the token path carries what the
+real engine's would; it refuses what would change the text's meaning (an output
+constraint), which only a real engine can honour.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from collections.abc import AsyncGenerator
 
 import msgspec
 
-from inferbus.contracts import FailureCode
+from inferbus.contracts import FailureCode, TokenLogprob, TopLogprob
 
 from .engine import EngineError, EngineOutput, EngineRequest, EngineStats
 
@@ -64,6 +69,25 @@ def token_id(prompt_hash: int, index: int) -> int:
     return zlib.crc32(index.to_bytes(4, "little"), prompt_hash) % len(VOCAB)
 
 
+def logprob_of(tid: int, index: int, top: int, token: str) -> TokenLogprob:
+    """A made-up but deterministic logprob for the token ``token`` (id ``tid``), with
+    ``top`` alternatives (the token first: it was the most likely)."""
+    lp = -0.25 * (1 + (tid + index) % 7)
+    return TokenLogprob(
+        token=token,
+        logprob=lp,
+        token_id=tid,
+        top=[
+            TopLogprob(
+                token=token if j == 0 else VOCAB[(tid + j) % len(VOCAB)] + " ",
+                logprob=lp - j,
+                token_id=(tid + j) % len(VOCAB),
+            )
+            for j in range(top)
+        ],
+    )
+
+
 class _Sequence:
     __slots__ = (
         "aborted",
@@ -71,22 +95,34 @@ class _Sequence:
         "emitted",
         "generated",
         "holdback",
+        "index",
         "outputs",
+        "prefill_tokens",
         "prompt_hash",
         "prompt_tokens",
         "request",
         "text",
     )
 
-    def __init__(self, request: EngineRequest, weights: str = "") -> None:
+    def __init__(
+        self,
+        request: EngineRequest,
+        weights: str = "",
+        index: int = 0,
+        outputs: asyncio.Queue[EngineOutput] | None = None,
+    ) -> None:
         text = prompt_text(request)
         self.request = request
+        self.index = index
         self.prompt_tokens = count_tokens(text)
+        self.prefill_tokens = 0 if index else self.prompt_tokens
+        """What admitting it costs: a request's choices share their prompt's prefill."""
         seed = request.sampling.seed or 0
         # the weights (and adapter) change the output, as they would a real model's
         salt = f"{weights}\x00{request.adapter}\x00" if weights or request.adapter else ""
-        self.prompt_hash = zlib.crc32(f"{seed}\x00{salt}{text}".encode())
-        self.outputs: asyncio.Queue[EngineOutput] = asyncio.Queue()
+        choice = f"{index}\x00" if index else ""
+        self.prompt_hash = zlib.crc32(f"{seed}\x00{salt}{choice}{text}".encode())
+        self.outputs: asyncio.Queue[EngineOutput] = outputs or asyncio.Queue()
         self.generated = 0
         self.text = ""
         self.emitted = 0
@@ -102,11 +138,12 @@ class _Sequence:
         before = len(self.text)
         finish = None
         if self.echo is not None:
-            self.text += self.echo[before : before + 3]
-            if len(self.text) >= len(self.echo):
+            token = self.echo[before : before + 3]
+            if before + 3 >= len(self.echo):
                 finish = "stop"
         else:
-            self.text += VOCAB[tid] + " "
+            token = VOCAB[tid] + " "
+        self.text += token
         cuts = [
             c
             for stop in self.request.sampling.stop
@@ -122,27 +159,36 @@ class _Sequence:
         end = len(self.text) if finish else max(self.emitted, len(self.text) - self.holdback)
         piece = self.text[self.emitted : end]
         self.emitted = end
+        top = self.request.sampling.logprobs
         return EngineOutput(
             text=piece,
             token_ids=[tid],
+            index=self.index,
+            logprobs=[] if top is None else [logprob_of(tid, self.index, top, token)],
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.generated,
-            finish_reason=finish,
+            choice_finish_reason=finish,
         )
 
 
-def merge(outputs: list[EngineOutput]) -> EngineOutput:
-    """Coalesce outputs a slow reader let pile up into one delta."""
-    if len(outputs) == 1:
-        return outputs[0]
-    last = outputs[-1]
-    return EngineOutput(
-        text="".join(o.text for o in outputs),
-        token_ids=[t for o in outputs for t in o.token_ids],
-        prompt_tokens=last.prompt_tokens,
-        completion_tokens=last.completion_tokens,
-        finish_reason=last.finish_reason,
-    )
+def merge(outputs: list[EngineOutput]) -> list[EngineOutput]:
+    """Coalesce outputs a slow reader let pile up into one delta per run of a choice."""
+    merged: list[EngineOutput] = []
+    for o in outputs:
+        last = merged[-1] if merged else None
+        if last is None or last.index != o.index or last.choice_finish_reason is not None:
+            merged.append(o)
+            continue
+        merged[-1] = EngineOutput(
+            text=last.text + o.text,
+            token_ids=last.token_ids + o.token_ids,
+            index=o.index,
+            logprobs=last.logprobs + o.logprobs,
+            prompt_tokens=o.prompt_tokens,
+            completion_tokens=o.completion_tokens,
+            choice_finish_reason=o.choice_finish_reason,
+        )
+    return merged
 
 
 class SimEngine:
@@ -223,27 +269,42 @@ class SimEngine:
             raise EngineError(
                 FailureCode.MODEL_NOT_FOUND, f"this worker has no adapter {request.adapter!r}"
             )
-        seq = _Sequence(request, self.weights)
-        if seq.prompt_tokens + request.sampling.max_tokens > self.max_model_len:
+        if request.sampling.structured is not None:
+            raise EngineError(
+                FailureCode.UNSUPPORTED_BY_ENGINE,
+                "the sim engine cannot constrain its output (structured outputs): "
+                "serve this model with the vllm engine",
+            )
+        outputs: asyncio.Queue[EngineOutput] = asyncio.Queue()
+        seqs = [_Sequence(request, self.weights, i, outputs) for i in range(request.sampling.n)]
+        first = seqs[0]
+        if first.prompt_tokens + request.sampling.max_tokens > self.max_model_len:
             raise EngineError(
                 FailureCode.CONTEXT_LENGTH_EXCEEDED,
-                f"the prompt ({seq.prompt_tokens} tokens) plus max_tokens "
+                f"the prompt ({first.prompt_tokens} tokens) plus max_tokens "
                 f"({request.sampling.max_tokens}) exceeds the model's "
                 f"{self.max_model_len}-token context",
             )
-        self._waiting.append(seq)
+        self._waiting.extend(seqs)
         self._wake.set()
+        running = len(seqs)
+        completion = 0
         try:
-            while True:
-                batch = [await seq.outputs.get()]
-                while not seq.outputs.empty():
-                    batch.append(seq.outputs.get_nowait())
-                out = merge(batch)
-                yield out
-                if out.finish_reason is not None:
-                    return
+            while running:
+                batch = [await outputs.get()]
+                while not outputs.empty():
+                    batch.append(outputs.get_nowait())
+                for out in merge(batch):
+                    completion += len(out.token_ids)
+                    out.completion_tokens = completion
+                    if out.choice_finish_reason is not None:
+                        running -= 1
+                        if not running:  # the request's end: every choice has ended
+                            out.finish_reason = out.choice_finish_reason
+                    yield out
         finally:
-            seq.aborted = True  # frees the slot if the reader left early
+            for seq in seqs:
+                seq.aborted = True  # frees the slots if the reader left early
 
     async def _run(self) -> None:
         sleep = asyncio.sleep
@@ -262,7 +323,7 @@ class SimEngine:
                     admitted.append(seq)
             if admitted:
                 self._idle.clear()
-                await sleep(self.timing.prefill_seconds(sum(s.prompt_tokens for s in admitted)))
+                await sleep(self.timing.prefill_seconds(sum(s.prefill_tokens for s in admitted)))
                 self._running.extend(admitted)
             await sleep(self.timing.decode_step_seconds(len(self._running)))
             still = []
@@ -271,7 +332,7 @@ class SimEngine:
                     continue
                 out = seq.step()
                 seq.outputs.put_nowait(out)
-                if out.finish_reason is None:
+                if out.choice_finish_reason is None:
                     still.append(seq)
             self._running = still
             if not still:

@@ -25,6 +25,9 @@ from inferbus.contracts import (
     KvEvent,
     SamplingParams,
     StageTimings,
+    StructuredOutput,
+    TokenLogprob,
+    TopLogprob,
 )
 from inferbus.shared import logs
 from inferbus.shared.errors import ConfigError
@@ -146,7 +149,54 @@ def request_errors() -> tuple[type[BaseException], ...]:
     return (ValueError, TypeError, VLLMClientError)
 
 
+def structured_params(c: StructuredOutput | None) -> Any:
+    """Our output constraint as vLLM's StructuredOutputsParams (None: none)."""
+    if c is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return StructuredOutputsParams(
+        json=c.json_schema,
+        json_object=True if c.json_object else None,
+        regex=c.regex,
+        choice=c.choice,
+        grammar=c.grammar,
+        structural_tag=c.structural_tag,
+    )
+
+
+def engine_wide_only(c: StructuredOutput | None, o: EngineOptions) -> None:
+    """Refuse a constraint's option that vLLM takes per engine, not per request, when it
+    asks for other than this engine's (vLLM would ignore it)."""
+    if c is None:
+        return
+    asked = {
+        "disable_any_whitespace": (
+            c.disable_any_whitespace,
+            o.structured_outputs_disable_any_whitespace,
+        ),
+        "disable_additional_properties": (
+            c.disable_additional_properties,
+            o.structured_outputs_disable_additional_properties,
+        ),
+    }
+    for name, (wanted, engine) in asked.items():
+        if wanted and not engine:
+            raise EngineError(
+                FailureCode.UNSUPPORTED_BY_ENGINE,
+                f"structured_outputs.{name} is set per engine: this worker runs without it "
+                f"(start it with --structured-outputs-{name.replace('_', '-')})",
+            )
+    if c.whitespace_pattern is not None:
+        raise EngineError(
+            FailureCode.UNSUPPORTED_BY_ENGINE,
+            "structured_outputs.whitespace_pattern is not supported by vLLM's "
+            "structured-output backends",
+        )
+
+
 def sampling_params(s: SamplingParams, kv_namespace: str = "") -> Any:
+    """Every field of ours as vLLM's field of the same name (the contract mirrors it)."""
     from vllm import SamplingParams as VllmSampling
     from vllm.sampling_params import RequestOutputKind
 
@@ -154,10 +204,13 @@ def sampling_params(s: SamplingParams, kv_namespace: str = "") -> Any:
 
     try:
         return VllmSampling(
+            n=s.n,
             max_tokens=s.max_tokens,
+            min_tokens=s.min_tokens,
             temperature=s.temperature,
             top_p=s.top_p,
             top_k=s.top_k,
+            min_p=s.min_p,
             stop=list(s.stop) or None,
             stop_token_ids=list(s.stop_token_ids) or None,
             seed=s.seed,
@@ -165,6 +218,14 @@ def sampling_params(s: SamplingParams, kv_namespace: str = "") -> Any:
             frequency_penalty=s.frequency_penalty,
             repetition_penalty=s.repetition_penalty,
             ignore_eos=s.ignore_eos,
+            logprobs=s.logprobs,
+            logit_bias=dict(s.logit_bias) or None,
+            allowed_token_ids=list(s.allowed_token_ids) or None,
+            bad_words=list(s.bad_words) or None,
+            include_stop_str_in_output=s.include_stop_str_in_output,
+            skip_special_tokens=s.skip_special_tokens,
+            spaces_between_special_tokens=s.spaces_between_special_tokens,
+            structured_outputs=structured_params(s.structured),
             output_kind=RequestOutputKind.DELTA,
             # the KV spill connector keys blocks by the weights that computed them
             extra_args={"kv_transfer_params": {NAMESPACE_PARAM: kv_namespace}}
@@ -175,6 +236,46 @@ def sampling_params(s: SamplingParams, kv_namespace: str = "") -> Any:
         raise EngineError(
             FailureCode.INVALID_REQUEST, f"invalid sampling parameters: {exc}"
         ) from None
+
+
+def logprobs_of(
+    token_ids: Any, steps: Any, top: int, decode: Callable[[int], str]
+) -> list[TokenLogprob]:
+    """vLLM's per-position logprobs (a dict of token id to ``Logprob`` per output
+    token) as ours: the token chosen, and the ``top`` most likely at its position."""
+    out: list[TokenLogprob] = []
+    for tid, step in zip(token_ids, steps or (), strict=False):
+        chosen = step.get(tid)
+
+        def text(token_id: int, lp: Any) -> str:
+            return lp.decoded_token if lp.decoded_token is not None else decode(token_id)
+
+        alternatives = sorted(
+            ((t, lp) for t, lp in step.items() if lp.rank is not None and lp.rank <= top),
+            key=lambda item: item[1].rank,
+        )
+        out.append(
+            TokenLogprob(
+                token=text(tid, chosen) if chosen is not None else decode(tid),
+                logprob=max(chosen.logprob, -9999.0) if chosen is not None else -9999.0,
+                token_id=tid,
+                top=[
+                    TopLogprob(token=text(t, lp), logprob=max(lp.logprob, -9999.0), token_id=t)
+                    for t, lp in alternatives[:top]
+                ],
+            )
+        )
+    return out
+
+
+def truncated(ids: list[int], keep: int | None, max_len: int, max_tokens: int) -> list[int]:
+    """The prompt's last ``keep`` tokens (vLLM's ``truncate_prompt_tokens``, left side;
+    -1: as many as leave room for ``max_tokens``)."""
+    if keep is None:
+        return ids
+    if keep < 0:
+        keep = max(0, max_len - max_tokens)
+    return ids[-keep:] if keep else []
 
 
 def timings_of(metrics: Any, received_wall: float) -> StageTimings | None:
@@ -317,7 +418,7 @@ class VllmEngine:
         self.worker_id = worker_id
 
     def engine_args(self, kv_endpoint: str = "") -> Any:
-        from vllm.config import KVEventsConfig
+        from vllm.config import KVEventsConfig, StructuredOutputsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         o = self.options
@@ -348,6 +449,11 @@ class VllmEngine:
             num_gpu_blocks_override=o.kv_cache_blocks or None,
             disable_log_stats=False,
             kv_transfer_config=self.spill_config(),
+            structured_outputs_config=StructuredOutputsConfig(
+                backend=cast("Any", o.structured_outputs_backend),
+                disable_any_whitespace=o.structured_outputs_disable_any_whitespace,
+                disable_additional_properties=o.structured_outputs_disable_additional_properties,
+            ),
         )
 
     def spill_config(self) -> Any:
@@ -507,12 +613,21 @@ class VllmEngine:
         (made by a tokenizer alike this engine's) rather than tokenized here."""
         by = request.prompt_tokenizer
         if request.prompt_token_ids and by and by == self._tokenizer_id:
-            return {"prompt_token_ids": request.prompt_token_ids}, True
-        try:
-            ids = prompt_token_ids(self._tokenizer, request.prompt, request.messages)
-        except TemplateError as exc:
-            raise EngineError(FailureCode.INVALID_REQUEST, str(exc)) from None
-        return {"prompt_token_ids": ids}, False
+            ids, given = request.prompt_token_ids, True
+        else:
+            try:
+                ids = prompt_token_ids(
+                    self._tokenizer, request.prompt, request.messages, request.chat_template
+                )
+            except TemplateError as exc:
+                raise EngineError(FailureCode.INVALID_REQUEST, str(exc)) from None
+            given = False
+        s = request.sampling
+        ids = truncated(ids, s.truncate_prompt_tokens, self.max_model_len, s.max_tokens)
+        return {"prompt_token_ids": ids}, given
+
+    def _decode_token(self, token_id: int) -> str:
+        return str(self._tokenizer.decode([token_id]))
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         if self._engine is None:
@@ -531,30 +646,51 @@ class VllmEngine:
                 f"the prompt ({n_prompt} tokens) plus max_tokens "
                 f"({request.sampling.max_tokens}) exceeds the model's {max_len}-token context",
             )
+        engine_wide_only(request.sampling.structured, self.options)
         spill = self._engine.vllm_config.kv_transfer_config is not None
         namespace = f"{request.weights or self._weights}+{request.adapter_weights}"
         params = sampling_params(request.sampling, namespace if spill else "")
+        top = request.sampling.logprobs
         received = time.time()
         rid = request.request_id
         completion = 0
         outputs = self._engine.generate(prompt, params, rid, lora_request=lora)
         try:
             async for out in outputs:
-                o = out.outputs[0]
-                completion += len(o.token_ids)
-                yield EngineOutput(
-                    text=o.text,
-                    token_ids=list(o.token_ids),
-                    prompt_tokens=len(out.prompt_token_ids or ()),
-                    completion_tokens=completion,
-                    finish_reason=o.finish_reason if out.finished else None,
-                    cached_tokens=out.num_cached_tokens or 0,
-                    timings=timings_of(out.metrics, received) if out.finished else None,
-                    restored=restored_of(out.kv_transfer_params, self.kv_block_size)
-                    if out.finished
-                    else None,
-                    prompt_ids_given=given,
-                )
+                moved = out.outputs or [None]
+                # with n > 1 each output carries the choices that moved (DELTA); the
+                # request's end goes on the last of its last output
+                for k, o in enumerate(moved):
+                    done = out.finished and k == len(moved) - 1
+                    if o is None:  # nothing new, but the request's end
+                        o_text, o_ids, o_index, o_finish, o_stop = "", [], 0, None, None
+                        lps: list[TokenLogprob] = []
+                    else:
+                        o_text, o_ids, o_index = o.text, list(o.token_ids), o.index
+                        o_finish, o_stop = o.finish_reason, o.stop_reason
+                        lps = (
+                            logprobs_of(o.token_ids, o.logprobs, top, self._decode_token)
+                            if top is not None
+                            else []
+                        )
+                    completion += len(o_ids)
+                    yield EngineOutput(
+                        text=o_text,
+                        token_ids=o_ids,
+                        index=o_index,
+                        logprobs=lps,
+                        choice_finish_reason=o_finish,
+                        stop_reason=o_stop,
+                        prompt_tokens=len(out.prompt_token_ids or ()),
+                        completion_tokens=completion,
+                        finish_reason=(o_finish or "stop") if done else None,
+                        cached_tokens=out.num_cached_tokens or 0,
+                        timings=timings_of(out.metrics, received) if done else None,
+                        restored=restored_of(out.kv_transfer_params, self.kv_block_size)
+                        if done
+                        else None,
+                        prompt_ids_given=given,
+                    )
         except request_errors() as exc:  # vLLM refusing a request it cannot take
             raise EngineError(FailureCode.INVALID_REQUEST, str(exc)) from None
         finally:

@@ -20,9 +20,15 @@ from testkit.simplatform import MODEL
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 
 
-DEPLOYMENT_REFUSALS = {"prompt_too_long", "input_blocked", "context_length_exceeded"}
+DEPLOYMENT_REFUSALS = {
+    "prompt_too_long",
+    "input_blocked",
+    "context_length_exceeded",
+    "unsupported_by_engine",
+}
 """Schema-valid requests a deployment refuses by design: the fixture caps prompts at
-2000 characters, and fuzzed text can look like an injection payload."""
+2000 characters, fuzzed text can look like an injection payload, and its sim engine
+cannot constrain output (structured outputs need vLLM)."""
 
 
 def steer(case) -> None:
@@ -39,6 +45,10 @@ def steer(case) -> None:
         for name in ("max_tokens", "max_completion_tokens"):
             if isinstance(body.get(name), (int, float)) and body[name] > 64:
                 body[name] = 64
+        # min_tokens within max_tokens: a rule between two fields no schema states
+        limit = body.get("max_completion_tokens") or body.get("max_tokens") or 16
+        if isinstance(body.get("min_tokens"), int) and isinstance(limit, int):
+            body["min_tokens"] = min(body["min_tokens"], limit)
         for m in body.get("messages") or []:
             if isinstance(m, dict) and isinstance(m.get("content"), str):
                 m["content"] = m["content"][:200]

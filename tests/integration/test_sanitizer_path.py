@@ -52,6 +52,33 @@ async def test_pii_in_the_output_reaches_nats_clients_masked(client):
     assert plain.text == SECRET
 
 
+async def test_pii_never_comes_back_through_logprobs_or_another_choice(platform):
+    """The defect: a client asking for logprobs would read a masked card number back
+    from the tokens' strings; each of n choices must be masked too."""
+    body = {
+        "model": MODEL,
+        "max_tokens": 200,
+        "n": 2,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "messages": [{"role": "user", "content": ECHO}],
+    }
+    async with aiohttp.ClientSession(platform["gateway"].base) as http:
+        async with http.post("/v1/chat/completions", json=body) as r:
+            assert r.status == 200, await r.text()
+            raw = await r.text()
+        async with http.post("/v1/chat/completions", json={**body, "stream": True}) as r:
+            streamed = (await r.read()).decode()
+    reply = json.loads(raw)
+    for choice in reply["choices"]:
+        assert choice["message"]["content"] == MASKED
+        tokens = [t["token"] for t in choice["logprobs"]["content"]]
+        assert "".join(tokens) == MASKED
+    for text in (raw, streamed):
+        assert "4111" not in text.replace("****1111", "") and "0013" not in text
+        assert "li.wei" not in text
+
+
 OBFUSCATED = (
     "登录IP123.95.89.52，卡号４１１１ １１１１ １１１１ １１１１，"
     "card 4111\u200b1111\u200b1111\u200b1111, mail bob [at] example [dot] com."

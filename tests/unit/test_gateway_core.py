@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from inferbus.contracts import (
     ChatMessage,
+    ChoiceEnd,
     RequestCancelled,
     RequestFailed,
     RequestFinished,
     RequestRejected,
+    TokenChunk,
+    TokenLogprob,
+    TopLogprob,
     Usage,
     WorkerHeartbeat,
 )
 from inferbus.services.gateway.admission import ModelRegistry
 from inferbus.services.gateway.errors import ApiError, error_for
-from inferbus.services.gateway.protocol import Shapes, parse_chat, parse_completion, submitted
+from inferbus.services.gateway.protocol import parse_chat, parse_completion, submitted
+from inferbus.services.gateway.shapes import Answer, Shapes
 
 
 def body(**fields) -> bytes:
@@ -125,8 +131,11 @@ def test_stop_as_string_and_as_list():
     assert sampling.stop == ["\n"]
 
 
-def test_more_than_four_stop_sequences():
-    e = api_error(parse_chat, body(model="m", messages=USER, stop=list("abcde")))
+def test_stop_sequences_are_bounded_past_openai_s_four():
+    # vLLM takes more than OpenAI's 4; a bound stays (each one holds text back)
+    _, sampling, _ = parse_chat(body(model="m", messages=USER, stop=list("abcde")), 16)
+    assert sampling.stop == list("abcde")
+    e = api_error(parse_chat, body(model="m", messages=USER, stop=["x"] * 65))
     assert (e.status, e.param) == (400, "stop")
 
 
@@ -193,9 +202,12 @@ def test_empty_messages():
         (parse_completion, {"model": "m", "prompt": "p", "n": 2}),
     ],
 )
-def test_n_other_than_one(fn, fields):
-    e = api_error(fn, json.dumps(fields).encode())
-    assert (e.status, e.param, e.code) == (400, "n", "unsupported_value")
+def test_n_choices_are_taken_within_openai_s_bound(fn, fields):
+    _, sampling, _ = fn(json.dumps(fields).encode(), 16)
+    assert sampling.n == 2 and sampling.output_tokens == 32
+    for n in (0, 129):
+        e = api_error(fn, json.dumps({**fields, "n": n}).encode())
+        assert (e.status, e.param, e.code) == (400, "n", "invalid_value")
 
 
 def test_unknown_content_part_type():
@@ -334,11 +346,28 @@ FIN = RequestFinished(
     usage=Usage(prompt_tokens=5, completion_tokens=3),
     chunks=3,
 )
+USAGE = {
+    "prompt_tokens": 5,
+    "completion_tokens": 3,
+    "total_tokens": 8,
+    "prompt_tokens_details": {"cached_tokens": 0},
+}
+
+
+def tc(text: str, index: int = 0, logprobs: list[TokenLogprob] | None = None) -> TokenChunk:
+    return TokenChunk(request_id="r1", seq=0, text=text, index=index, logprobs=logprobs or [])
+
+
+def answer(*chunks: TokenChunk) -> Answer:
+    a = Answer()
+    for c in chunks:
+        a.add(c)
+    return a
 
 
 def test_chat_stream_first_chunk_has_role_later_ones_do_not():
     s = Shapes(chat=True, request_id="r1", model="m", created=100)
-    first, second, third = s.chunk("Hel"), s.chunk("lo"), s.chunk("!")
+    first, second, third = s.chunk(tc("Hel")), s.chunk(tc("lo")), s.chunk(tc("!"))
     for c in (first, second, third):
         assert c["object"] == "chat.completion.chunk"
         assert c["id"] == "chatcmpl-r1"
@@ -351,12 +380,12 @@ def test_chat_stream_first_chunk_has_role_later_ones_do_not():
 
 def test_chat_final_chunk_carries_finish_reason_and_no_content():
     s = Shapes(chat=True, request_id="r1", model="m", created=100)
-    s.chunk("x")
-    final = s.final_chunk(FIN)
+    s.chunk(tc("x"))
+    [final] = s.final_chunks(FIN)
     choice = final["choices"][0]
     assert choice["finish_reason"] == "length"
     assert choice["delta"] == {}
-    stop = s.final_chunk(
+    [stop] = s.final_chunks(
         RequestFinished(request_id="r1", finish_reason="stop", usage=Usage(), chunks=0)
     )
     assert stop["choices"][0]["finish_reason"] == "stop"
@@ -364,20 +393,22 @@ def test_chat_final_chunk_carries_finish_reason_and_no_content():
 
 def test_chat_final_chunk_carries_role_when_nothing_came_before():
     s = Shapes(chat=True, request_id="r1", model="m", created=100)
-    assert s.final_chunk(FIN)["choices"][0]["delta"] == {"role": "assistant"}
+    assert s.final_chunks(FIN)[0]["choices"][0]["delta"] == {"role": "assistant"}
 
 
 def test_usage_chunk_has_empty_choices_and_totals():
     s = Shapes(chat=True, request_id="r1", model="m", created=100)
-    u = s.usage_chunk(FIN)
+    fin = msgspec.structs.replace(FIN, usage=Usage(prompt_tokens=5, completion_tokens=3))
+    fin.usage.cached_prompt_tokens = 4
+    u = s.usage_chunk(fin)
     assert u["choices"] == []
-    assert u["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    assert u["usage"] == {**USAGE, "prompt_tokens_details": {"cached_tokens": 4}}
     assert u["object"] == "chat.completion.chunk"
 
 
 def test_chat_complete_has_message_and_usage():
     s = Shapes(chat=True, request_id="r1", model="m", created=100)
-    c = s.complete("Hello!", FIN)
+    c = s.complete(answer(tc("Hel"), tc("lo!")), FIN)
     assert c["object"] == "chat.completion"
     assert c["id"] == "chatcmpl-r1"
     assert c["choices"] == [
@@ -386,6 +417,7 @@ def test_chat_complete_has_message_and_usage():
             "message": {"role": "assistant", "content": "Hello!"},
             "logprobs": None,
             "finish_reason": "length",
+            "stop_reason": None,
         }
     ]
     assert c["usage"]["total_tokens"] == 8
@@ -393,23 +425,98 @@ def test_chat_complete_has_message_and_usage():
 
 def test_text_completion_shapes():
     s = Shapes(chat=False, request_id="r1", model="m", created=100)
-    c = s.chunk("Once")
+    c = s.chunk(tc("Once"))
     assert c["object"] == "text_completion"
     assert c["id"] == "cmpl-r1"
     assert c["choices"] == [{"index": 0, "text": "Once", "logprobs": None, "finish_reason": None}]
-    f = s.final_chunk(FIN)
+    [f] = s.final_chunks(FIN)
     assert f["object"] == "text_completion"
     assert f["choices"][0]["text"] == "" and f["choices"][0]["finish_reason"] == "length"
-    full = s.complete("Once upon", FIN)
+    full = s.complete(answer(tc("Once"), tc(" upon")), FIN)
     assert full["object"] == "text_completion"
     assert full["choices"][0]["text"] == "Once upon"
-    assert full["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    assert full["usage"] == USAGE
     assert s.usage_chunk(FIN)["choices"] == []
 
 
+N2 = RequestFinished(
+    request_id="r1",
+    finish_reason="stop",
+    usage=Usage(prompt_tokens=5, completion_tokens=3),
+    chunks=3,
+    choices=[
+        ChoiceEnd(index=0, finish_reason="stop", stop_reason="."),
+        ChoiceEnd(index=1, finish_reason="length"),
+    ],
+)
+
+
+def test_each_choice_is_its_own_in_a_whole_answer_and_in_a_stream():
+    s = Shapes(chat=True, request_id="r1", model="m", created=100)
+    c = s.complete(answer(tc("a"), tc("x", 1), tc("b"), tc("y", 1)), N2)
+    assert [
+        (ch["index"], ch["message"]["content"], ch["finish_reason"]) for ch in c["choices"]
+    ] == [
+        (0, "ab", "stop"),
+        (1, "xy", "length"),
+    ]
+    assert c["choices"][0]["stop_reason"] == "."
+    s = Shapes(chat=True, request_id="r1", model="m", created=100)
+    events = [s.chunk(tc("a")), s.chunk(tc("x", 1)), s.chunk(tc("b"))]
+    deltas = [(e["choices"][0]["index"], e["choices"][0]["delta"]) for e in events]
+    assert deltas == [
+        (0, {"role": "assistant", "content": "a"}),
+        (1, {"role": "assistant", "content": "x"}),
+        (0, {"content": "b"}),
+    ]
+    finals = s.final_chunks(N2)
+    assert [(f["choices"][0]["index"], f["choices"][0]["finish_reason"]) for f in finals] == [
+        (0, "stop"),
+        (1, "length"),
+    ]
+
+
+LP = [
+    TokenLogprob(token="Hi", logprob=-0.1, top=[TopLogprob(token="Hi", logprob=-0.1)]),
+    TokenLogprob(token=" é", logprob=-2.0, top=[TopLogprob(token=" a", logprob=-1.0)]),
+]
+
+
+def test_chat_logprobs_carry_bytes_and_alternatives():
+    s = Shapes(chat=True, request_id="r1", model="m", created=100, logprobs=True)
+    streamed = s.chunk(tc("Hi é", logprobs=LP))["choices"][0]["logprobs"]
+    whole = s.complete(answer(tc("Hi é", logprobs=LP)), FIN)["choices"][0]["logprobs"]
+    assert streamed == whole
+    assert whole["content"][1] == {
+        "token": " é",
+        "logprob": -2.0,
+        "bytes": [32, 195, 169],
+        "top_logprobs": [{"token": " a", "logprob": -1.0, "bytes": [32, 97]}],
+    }
+
+
+def test_completion_logprobs_are_the_legacy_form_with_offsets_across_chunks():
+    s = Shapes(chat=False, request_id="r1", model="m", created=100, logprobs=True)
+    first = s.chunk(tc("Hi", logprobs=LP[:1]))["choices"][0]["logprobs"]
+    second = s.chunk(tc(" é", logprobs=LP[1:]))["choices"][0]["logprobs"]
+    assert first["text_offset"] == [0] and second["text_offset"] == [2]
+    whole = s.complete(answer(tc("Hi é", logprobs=LP)), FIN)["choices"][0]["logprobs"]
+    assert whole == {
+        "tokens": ["Hi", " é"],
+        "token_logprobs": [-0.1, -2.0],
+        "top_logprobs": [{"Hi": -0.1}, {" a": -1.0, " é": -2.0}],
+        "text_offset": [0, 2],
+    }
+
+
 def test_shapes_are_json_serialisable():
-    s = Shapes(chat=True, request_id="r1", model="m", created=1)
-    for obj in (s.chunk("a"), s.final_chunk(FIN), s.usage_chunk(FIN), s.complete("a", FIN)):
+    s = Shapes(chat=True, request_id="r1", model="m", created=1, logprobs=True)
+    for obj in (
+        s.chunk(tc("a", logprobs=LP)),
+        *s.final_chunks(N2),
+        s.usage_chunk(FIN),
+        s.complete(answer(tc("a")), N2),
+    ):
         json.dumps(obj)
 
 
@@ -539,9 +646,9 @@ def test_fast_sse_events_equal_the_full_encoding(chat):
     fast = Shapes(chat=chat, request_id="r9", model='m "quoted"', created=5)
     slow = Shapes(chat=chat, request_id="r9", model='m "quoted"', created=5)
     for text in ["first", 'a "b"\n', "ünï ✓", ""]:
-        event = fast.chunk_event(text)
+        event = fast.chunk_event(tc(text))
         assert event.startswith(b"data: ") and event.endswith(b"\n\n")
-        assert json.loads(event[6:]) == slow.chunk(text)
+        assert json.loads(event[6:]) == slow.chunk(tc(text))
 
 
 def test_engine_refusals_are_client_errors():

@@ -18,6 +18,7 @@ from inferbus.contracts import (
     RequestFailed,
     RequestFinished,
     TokenChunk,
+    TokenLogprob,
     Usage,
 )
 
@@ -52,8 +53,7 @@ def read(events: list[ReplyEvent], whole: bool = True) -> tuple[str, object, boo
         r = reader.read(ev)
         if r.restarted:
             text, restarted = "", True
-        if r.chunk is not None:
-            text += r.chunk.text
+        text += "".join(c.text for c in r.chunks)
         if r.end is not None:
             return text, r.end, restarted
     return text, None, restarted
@@ -115,17 +115,34 @@ def test_chunks_read_together_are_merged_and_an_unsent_older_attempt_is_no_resta
     reader = ReplyReader(RID)
     r = reader.read_all([chunk(1, 0, "a", [1]), chunk(2, 0, "b", [2]), chunk(2, 1, "c", [3])])
     assert not r.restarted  # attempt 1's text never went out
-    assert r.chunk is not None and r.chunk.text == "bc" and r.chunk.token_ids == [2, 3]
+    [c] = r.chunks
+    assert c.text == "bc" and c.token_ids == [2, 3]
     r = reader.read_all([chunk(2, 2, "d"), finished(2, 3), chunk(2, 3, "late")])
-    assert r.chunk is not None and r.chunk.text == "d" and r.end == finished(2, 3)
+    assert [c.text for c in r.chunks] == ["d"] and r.end == finished(2, 3)
     assert reader.ended and reader.read(chunk(2, 4)) == reader.read(finished(2, 5))
 
 
 def test_merged_chunks_count_filtered_tokens():
     a = TokenChunk(request_id=RID, seq=0, text="x", n_tokens=2)
     b = TokenChunk(request_id=RID, seq=1, text="y", n_tokens=3)
-    r = ReplyReader(RID).read_all([a, b])
-    assert r.chunk is not None and r.chunk.tokens == 5 and r.chunk.text == "xy"
+    [c] = ReplyReader(RID).read_all([a, b]).chunks
+    assert c.tokens == 5 and c.text == "xy"
+
+
+def test_chunks_of_each_choice_merge_apart_with_their_logprobs():
+    def lp(t: str) -> TokenLogprob:
+        return TokenLogprob(token=t, logprob=-1.0)
+
+    events = [
+        TokenChunk(request_id=RID, seq=0, text="a", index=0, logprobs=[lp("a")]),
+        TokenChunk(request_id=RID, seq=1, text="x", index=1, logprobs=[lp("x")]),
+        TokenChunk(request_id=RID, seq=2, text="b", index=0, logprobs=[lp("b")]),
+    ]
+    r = ReplyReader(RID).read_all(events)
+    assert [(c.index, c.text, [x.token for x in c.logprobs]) for c in r.chunks] == [
+        (0, "ab", ["a", "b"]),
+        (1, "x", ["x"]),
+    ]
 
 
 def test_a_reader_that_cannot_take_text_back_gets_a_retryable_interruption():
@@ -169,7 +186,7 @@ def test_the_docs_example_reads_every_ordering_as_the_reader_does(example_replie
         for i in order:
             r = reader.read(EVENTS[i])
             action, restarted = port.read(as_json[i])
-            expected = "end" if r.end else ("text" if r.chunk else "skip")
+            expected = "end" if r.end else ("text" if r.chunks else "skip")
             assert (action, restarted) == (expected, r.restarted), (order, i)
             assert (port.attempt, port.lost) == (reader.attempt, reader.lost), (order, i)
             if r.end is not None:

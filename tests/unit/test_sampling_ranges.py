@@ -8,21 +8,34 @@ import json
 import msgspec
 import pytest
 
-from inferbus.contracts import RequestRejected, RequestSubmitted, SamplingParams
+from inferbus.contracts import (
+    RequestRejected,
+    RequestSubmitted,
+    SamplingParams,
+    StructuredOutput,
+)
 from inferbus.contracts.sampling import SAMPLING_RANGES, out_of_range
 from inferbus.services.gateway.protocol import ChatCompletionRequest, CompletionRequest
 from inferbus.services.sanitizer.core import InputLimits, check
 
+INTEGERS = {"top_k", "n", "min_tokens", "logprobs", "truncate_prompt_tokens"}
+BIG = 2**31 - 1
+
 
 def probes(name: str) -> list[float]:
     r = SAMPLING_RANGES[name]
-    step = 1 if name == "top_k" else 0.5  # an integer: its neighbours
+    step = 1 if name in INTEGERS else 0.5  # an integer: its neighbours
     edges = [x for x in (r.low, r.high) if x is not None]
     return sorted({v for e in edges for v in (e - step, e, e + step)} | {1.0})
 
 
 def gateway_takes(body_cls: type, name: str, value: float) -> bool:
-    body = {"model": "m", name: int(value) if name == "top_k" else value}
+    value = int(value) if name in INTEGERS else value
+    body: dict = {"model": "m", name: value}
+    if name == "logprobs" and body_cls is ChatCompletionRequest:  # chat's count
+        body = {"model": "m", "logprobs": True, "top_logprobs": value}
+    if name == "min_tokens":  # within max_tokens, which has its own bound
+        body["max_tokens"] = BIG
     body.update(
         {"messages": [{"role": "user", "content": "hi"}]}
         if body_cls is ChatCompletionRequest
@@ -36,15 +49,18 @@ def gateway_takes(body_cls: type, name: str, value: float) -> bool:
 
 
 def sanitizer_takes(name: str, value: float) -> bool:
-    value = int(value) if name == "top_k" else value
+    value = int(value) if name in INTEGERS else value
+    fields: dict = {name: value}
+    if name == "min_tokens":
+        fields["max_tokens"] = BIG
     request = RequestSubmitted(
         request_id="r1",
         model="m",
         reply_to="ib.reply.t.r1",
         prompt="hi",
-        sampling=SamplingParams(**{name: value}),
+        sampling=SamplingParams(**fields),
     )
-    verdict = check(request, InputLimits())
+    verdict = check(request, InputLimits(max_tokens=BIG))
     assert verdict is None or (isinstance(verdict, RequestRejected) and verdict.param == name)
     return verdict is None
 
@@ -70,3 +86,16 @@ def test_a_nats_client_s_penalty_out_of_range_is_refused_with_the_reason():
         "repetition_penalty must be greater than 0"
     )
     assert out_of_range(SamplingParams()) is None
+
+
+def test_what_spans_fields_is_refused_by_name_too():
+    assert out_of_range(SamplingParams(max_tokens=4, min_tokens=5)) == (
+        "min_tokens",
+        "min_tokens (5) must not exceed max_tokens (4)",
+    )
+    two = StructuredOutput(regex="a", choice=["b"])
+    param, why = out_of_range(SamplingParams(structured=two))
+    assert param == "structured_outputs" and "got 2: regex, choice" in why
+    param, why = out_of_range(SamplingParams(structured=StructuredOutput()))
+    assert param == "structured_outputs" and "got 0" in why
+    assert out_of_range(SamplingParams(structured=StructuredOutput(json_object=True))) is None

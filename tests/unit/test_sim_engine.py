@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from inferbus.contracts import ChatMessage, SamplingParams
+from inferbus.contracts import ChatMessage, SamplingParams, StructuredOutput
 from inferbus.services.worker.engine import EngineError, EngineOutput, EngineRequest
 from inferbus.services.worker.sim import (
     VOCAB,
@@ -84,16 +84,27 @@ def test_count_tokens_counts_words_and_punctuation_at_least_one():
 def test_merge_coalesces_outputs():
     a = EngineOutput(text="a ", token_ids=[1], prompt_tokens=3, completion_tokens=1)
     b = EngineOutput(
-        text="b ", token_ids=[2], prompt_tokens=3, completion_tokens=2, finish_reason="length"
+        text="b ",
+        token_ids=[2],
+        prompt_tokens=3,
+        completion_tokens=2,
+        choice_finish_reason="length",
     )
-    m = merge([a, b])
-    assert (m.text, m.token_ids, m.completion_tokens, m.finish_reason) == (
+    [m] = merge([a, b])
+    assert (m.text, m.token_ids, m.completion_tokens, m.choice_finish_reason) == (
         "a b ",
         [1, 2],
         2,
         "length",
     )
-    assert merge([a]) is a
+    assert merge([a]) == [a]
+
+
+def test_merge_keeps_each_choice_s_run_apart():
+    a0 = EngineOutput(text="a", token_ids=[1], prompt_tokens=3, completion_tokens=1)
+    b1 = EngineOutput(text="b", token_ids=[2], prompt_tokens=3, completion_tokens=2, index=1)
+    c1 = EngineOutput(text="c", token_ids=[3], prompt_tokens=3, completion_tokens=3, index=1)
+    assert [(o.index, o.text) for o in merge([a0, b1, c1])] == [(0, "a"), (1, "bc")]
 
 
 # -- generation ------------------------------------------------------------------------------
@@ -284,3 +295,45 @@ async def test_echo_prompts_are_answered_with_their_text():
         )
     assert "".join(o.text for o in outs) == "card 4111 1111 1111 1111."
     assert outs[-1].finish_reason == "stop" and len(outs) > 5
+
+
+# -- n, logprobs, constraints ------------------------------------------------------------------
+
+
+async def test_n_choices_each_end_and_differ_and_the_last_end_is_the_request_s():
+    async with Running() as engine:
+        outs = await collect(engine, request(n=3, max_tokens=6, seed=1))
+    by_index = {i: [o for o in outs if o.index == i] for i in range(3)}
+    texts = {i: text_of(o) for i, o in by_index.items()}
+    assert len(set(texts.values())) == 3  # three samples, not one copied
+    for runs in by_index.values():
+        assert [o.choice_finish_reason for o in runs][-1] == "length"
+        assert sum(len(o.token_ids) for o in runs) == 6
+    assert outs[-1].finish_reason == "length"
+    assert all(o.finish_reason is None for o in outs[:-1])
+    assert outs[-1].completion_tokens == 18
+    # choice 0 is the same text as the request with n=1
+    async with Running() as engine:
+        single = await collect(engine, request(max_tokens=6, seed=1))
+    assert texts[0] == text_of(single)
+
+
+async def test_logprobs_come_one_a_token_with_the_alternatives_asked_for():
+    async with Running() as engine:
+        outs = await collect(engine, request(max_tokens=5, logprobs=2))
+        plain = await collect(engine, request(max_tokens=5))
+    lps = [lp for o in outs for lp in o.logprobs]
+    ids = [t for o in outs for t in o.token_ids]
+    assert [lp.token_id for lp in lps] == ids
+    assert "".join(lp.token for lp in lps) == text_of(outs)
+    assert all(len(lp.top) == 2 and lp.top[0].token == lp.token for lp in lps)
+    assert all(lp.logprob < 0 for lp in lps)
+    assert all(not o.logprobs for o in plain)
+
+
+async def test_an_output_constraint_is_refused_not_ignored():
+    async with Running() as engine:
+        with pytest.raises(EngineError, match="structured outputs"):
+            await collect(
+                engine, request(structured=StructuredOutput(regex="[a-z]+"), max_tokens=3)
+            )

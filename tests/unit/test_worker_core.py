@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inferbus.contracts import (
+    ChoiceEnd,
     FailureCode,
     RequestCancelled,
     RequestFailed,
@@ -38,13 +39,24 @@ def assignment(attempt: int = 2) -> WorkAssigned:
     return WorkAssigned(request=req, worker_id="w1", attempt=attempt)
 
 
-def out(text: str, n: int, finish: str | None = None, ids: list[int] | None = None):
+def out(
+    text: str,
+    n: int,
+    finish: str | None = None,
+    ids: list[int] | None = None,
+    index: int = 0,
+    choice_finish: str | None = None,
+    stop_reason: str | None = None,
+):
     return EngineOutput(
         text=text,
         token_ids=[n] if ids is None else ids,
         prompt_tokens=3,
         completion_tokens=n,
         finish_reason=finish,
+        index=index,
+        choice_finish_reason=choice_finish,
+        stop_reason=stop_reason,
     )
 
 
@@ -96,8 +108,38 @@ def test_finished_carries_usage_chunk_count_and_attempt():
         worker_id="w1",
         attempt=3,
         timings=StageTimings(first_token_s=2.0),
+        choices=[ChoiceEnd(index=0, finish_reason="length", completion_tokens=2)],
     )
     assert fin.usage.total_tokens == 7
+
+
+def test_each_choice_ends_on_its_own_and_the_first_names_the_request_s_end():
+    # n=2: the engine's outputs interleave the choices; each one's end and tokens are
+    # its own, and chunks are numbered across both
+    a = assignment()
+    a.request.sampling.n = 2
+    s = RequestStream(a, "w1", now=0.0)
+    c0 = s.chunk(out("x", 1, index=0))
+    c1 = s.chunk(out("y", 2, index=1, choice_finish="stop", stop_reason="\n"))
+    c2 = s.chunk(out("z", 3, index=0, choice_finish="length"))
+    assert [(c.seq, c.index) for c in (c0, c1, c2)] == [(0, 0), (1, 1), (2, 0)]
+    fin = s.finished(out("", 3, finish="length", ids=[]), 1.0)
+    assert fin.finish_reason == "length"
+    assert fin.choices == [
+        ChoiceEnd(index=0, finish_reason="length", completion_tokens=2),
+        ChoiceEnd(index=1, finish_reason="stop", stop_reason="\n", completion_tokens=1),
+    ]
+    assert fin.choice_ends() == fin.choices
+
+
+def test_a_choice_with_no_output_still_ends():
+    a = assignment()
+    a.request.sampling.n = 2
+    s = RequestStream(a, "w1", now=0.0)
+    s.chunk(out("x", 1, index=0, choice_finish="stop"))
+    fin = s.finished(out("", 1, finish="stop", ids=[]), 1.0)
+    assert [c.index for c in fin.choices] == [0, 1]
+    assert fin.choices[1] == ChoiceEnd(index=1, finish_reason="stop")
 
 
 def test_finished_stop_reason_and_no_chunks():

@@ -1,0 +1,196 @@
+"""The OpenAI response objects of one request, whole or as SSE events, free of I/O:
+choices by index, logprobs in the chat or the completions form, usage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from inferbus.contracts import RequestFinished, TokenChunk, TokenLogprob
+
+
+def usage_dict(fin: RequestFinished) -> dict[str, Any]:
+    u = fin.usage
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens},
+    }
+
+
+def _bytes(token: str) -> list[int]:
+    return list(token.encode("utf-8", errors="replace"))
+
+
+def chat_logprobs(lps: list[TokenLogprob]) -> dict[str, Any]:
+    """OpenAI's chat form: each token with its bytes and its alternatives."""
+    return {
+        "content": [
+            {
+                "token": lp.token,
+                "logprob": lp.logprob,
+                "bytes": _bytes(lp.token),
+                "top_logprobs": [
+                    {"token": t.token, "logprob": t.logprob, "bytes": _bytes(t.token)}
+                    for t in lp.top
+                ],
+            }
+            for lp in lps
+        ]
+    }
+
+
+def completion_logprobs(lps: list[TokenLogprob], offset: int) -> dict[str, Any]:
+    """OpenAI's legacy completions form; ``offset``: the first token's place in the
+    choice's text. Each position's alternatives include the token itself, as vLLM's."""
+    offsets = []
+    for lp in lps:
+        offsets.append(offset)
+        offset += len(lp.token)
+    return {
+        "tokens": [lp.token for lp in lps],
+        "token_logprobs": [lp.logprob for lp in lps],
+        "top_logprobs": [
+            {**{t.token: t.logprob for t in lp.top}, lp.token: lp.logprob} for lp in lps
+        ],
+        "text_offset": offsets,
+    }
+
+
+class Answer:
+    """A whole response's choices as their chunks arrive (for a non-streamed reply)."""
+
+    __slots__ = ("logprobs", "texts")
+
+    def __init__(self) -> None:
+        self.texts: dict[int, list[str]] = {}
+        self.logprobs: dict[int, list[TokenLogprob]] = {}
+
+    def add(self, chunk: TokenChunk) -> None:
+        self.texts.setdefault(chunk.index, []).append(chunk.text)
+        if chunk.logprobs:
+            self.logprobs.setdefault(chunk.index, []).extend(chunk.logprobs)
+
+    def clear(self) -> None:
+        self.texts.clear()
+        self.logprobs.clear()
+
+    def text(self, index: int) -> str:
+        return "".join(self.texts.get(index, ()))
+
+
+class Shapes:
+    """Builds the chat or text-completion objects of one response. ``logprobs``: the
+    request asked for them (each choice then carries its own, else null)."""
+
+    def __init__(
+        self, *, chat: bool, request_id: str, model: str, created: int, logprobs: bool = False
+    ) -> None:
+        self.chat = chat
+        self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
+        self.model = model
+        self.created = created
+        self.logprobs = logprobs
+        self._role_sent: set[int] = set()
+        self._offsets: dict[int, int] = {}
+        """Each choice's text so far, in characters (completions' ``text_offset``)."""
+        self._event_parts: tuple[bytes, bytes] | None = None
+
+    def _logprobs(self, index: int, lps: list[TokenLogprob], text: str) -> Any:
+        if not self.logprobs:
+            return None
+        if self.chat:
+            return chat_logprobs(lps)
+        offset = self._offsets.get(index, 0)
+        self._offsets[index] = offset + len(text)
+        return completion_logprobs(lps, offset)
+
+    def _stream_choice(
+        self, index: int, text: str | None, lps: list[TokenLogprob], finish: Any = None
+    ) -> dict[str, Any]:
+        logprobs = self._logprobs(index, lps, text or "")
+        if not self.chat:
+            return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": None}
+        delta: dict[str, Any] = {}
+        if index not in self._role_sent:
+            delta["role"] = "assistant"
+            self._role_sent.add(index)
+        if text is not None:
+            delta["content"] = text
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+
+    def _envelope(self, choices: list[dict[str, Any]], stream: bool) -> dict[str, Any]:
+        obj = "chat.completion" if self.chat else "text_completion"
+        if stream and self.chat:
+            obj += ".chunk"
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def chunk(self, chunk: TokenChunk) -> dict[str, Any]:
+        choice = self._stream_choice(chunk.index, chunk.text, chunk.logprobs)
+        return self._envelope([choice], True)
+
+    def chunk_event(self, chunk: TokenChunk) -> bytes:
+        """``chunk`` as a ready SSE event. The common one (choice 0, no logprobs, the
+        role sent) is built from cached bytes: only the text is encoded."""
+        if chunk.index or self.logprobs or (self.chat and 0 not in self._role_sent):
+            return sse(self.chunk(chunk))
+        if self._event_parts is None:
+            head = msgspec.json.encode(self._envelope([], True))[: -len(b'"choices":[]}')]
+            field = b'"delta":{"content":' if self.chat else b'"text":'
+            tail = b"}" if self.chat else b""
+            self._event_parts = (
+                b"data: " + head + b'"choices":[{"index":0,' + field,
+                tail + b',"logprobs":null,"finish_reason":null}]}\n\n',
+            )
+        prefix, suffix = self._event_parts
+        return prefix + msgspec.json.encode(chunk.text) + suffix
+
+    def final_chunks(self, fin: RequestFinished) -> list[dict[str, Any]]:
+        """One closing chunk a choice, with its finish reason."""
+        out = []
+        for end in fin.choice_ends():
+            choice = self._stream_choice(end.index, None if self.chat else "", [])
+            choice["logprobs"] = None  # every token's went with its text
+            choice["finish_reason"] = end.finish_reason
+            choice["stop_reason"] = end.stop_reason
+            out.append(self._envelope([choice], True))
+        return out
+
+    def usage_chunk(self, fin: RequestFinished) -> dict[str, Any]:
+        env = self._envelope([], True)
+        env["usage"] = usage_dict(fin)
+        return env
+
+    def complete(self, answer: Answer, fin: RequestFinished) -> dict[str, Any]:
+        choices = []
+        for end in fin.choice_ends():
+            i = end.index
+            text = answer.text(i)
+            lps = answer.logprobs.get(i, [])
+            logprobs = None
+            if self.logprobs:
+                logprobs = chat_logprobs(lps) if self.chat else completion_logprobs(lps, 0)
+            choice: dict[str, Any] = {"index": i}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            choice.update(
+                logprobs=logprobs, finish_reason=end.finish_reason, stop_reason=end.stop_reason
+            )
+            choices.append(choice)
+        env = self._envelope(choices, False)
+        env["usage"] = usage_dict(fin)
+        return env
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + msgspec.json.encode(obj) + b"\n\n"

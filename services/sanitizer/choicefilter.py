@@ -1,0 +1,117 @@
+"""One choice's output through the PII filter: its text masked as a stream, and its
+token logprobs held back with the text they spell, so that what was masked in the
+text never comes back through a logprob (the token, or an alternative at its
+position). Pure: the filter's core (core.FilteredStream) keeps one per choice."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from inferbus.contracts import TokenLogprob, TopLogprob
+
+from .pii import Entity, StreamMasker, mask
+
+_MAYBE_PII = frozenset("0123456789@")
+"""An alternative token is checked on its own only when it holds one of these: every
+entity the masker finds has a digit or an @ in it."""
+
+
+class ChoiceFilter:
+    __slots__ = ("_entities_seen", "_pending", "masker", "received", "tokens")
+
+    def __init__(self) -> None:
+        self.masker = StreamMasker()
+        self.received = 0
+        """Characters of unmasked text received."""
+        self.tokens = 0
+        """Tokens received and not yet sent on (they go with the next chunk out)."""
+        self._pending: deque[tuple[int, int, TokenLogprob, bool]] = deque()
+        """Logprobs not yet sent on, with the span of unmasked text they stand for and
+        whether that span is the token's own (else its chunk's)."""
+        self._entities_seen = 0
+
+    @property
+    def entities(self) -> list[Entity]:
+        return self.masker.entities
+
+    def new_entities(self) -> list[Entity]:
+        """What was masked since the last call."""
+        found = self.masker.entities[self._entities_seen :]
+        self._entities_seen += len(found)
+        return found
+
+    def feed(
+        self, text: str, logprobs: list[TokenLogprob], tokens: int
+    ) -> tuple[str, list[TokenLogprob]]:
+        """(masked text final so far, the logprobs of the text released)."""
+        self._hold(text, logprobs)
+        self.tokens += tokens
+        out = self.masker.feed(text)
+        return out, self._release(self.received - self.masker.held)
+
+    def flush(self) -> tuple[str, list[TokenLogprob]]:
+        out = self.masker.flush()
+        return out, self._release(self.received)
+
+    def _hold(self, text: str, logprobs: list[TokenLogprob]) -> None:
+        start, end = self.received, self.received + len(text)
+        self.received = end
+        if not logprobs:
+            return
+        spelled = "".join(lp.token for lp in logprobs)
+        if spelled == text:  # each token its own span
+            at = start
+            for lp in logprobs:
+                self._pending.append((at, at + len(lp.token), lp, True))
+                at += len(lp.token)
+        else:  # the text was held back or cut by the engine (a stop string): the chunk's
+            for lp in logprobs:
+                self._pending.append((start, end, lp, False))
+
+    def _release(self, upto: int) -> list[TokenLogprob]:
+        """The pending logprobs whose text is out by ``upto``, masked where it was."""
+        entities = self.masker.entities
+        out: list[TokenLogprob] = []
+        while self._pending and self._pending[0][1] <= upto:
+            start, end, lp, own = self._pending.popleft()
+            hits = [e for e in entities if e.start < end and start < e.end]
+            out.append(_masked(lp, hits, start, end, own) if hits else _alternatives(lp))
+        return out
+
+
+def _masked(lp: TokenLogprob, hits: list[Entity], start: int, end: int, own: bool) -> TokenLogprob:
+    """A token that overlaps masked spans: its text outside them is kept, and the token
+    where a span starts stands for the span's masked form (so the tokens still spell
+    the masked text); the alternatives at its position are shown as the token, and no
+    token id is passed on (it would spell what was masked)."""
+    pieces: list[str] = []
+    at = start
+    for e in sorted(hits, key=lambda e: e.start):
+        if own and e.start > at:
+            pieces.append(lp.token[at - start : e.start - start])
+        if e.start >= start:
+            pieces.append(e.masked)
+        at = max(at, e.end)
+    if own and at < end:
+        pieces.append(lp.token[at - start :])
+    shown = "".join(pieces)
+    return TokenLogprob(
+        token=shown,
+        logprob=lp.logprob,
+        top=[TopLogprob(token=shown, logprob=t.logprob) for t in lp.top],
+    )
+
+
+def _alternatives(lp: TokenLogprob) -> TokenLogprob:
+    """A token outside every masked span, with any alternative that is PII on its own
+    masked (a token the model did not pick was never part of the text)."""
+    if not any(_MAYBE_PII.intersection(t.token) for t in lp.top):
+        return lp
+    top = []
+    for t in lp.top:
+        if _MAYBE_PII.intersection(t.token):
+            masked, found = mask(t.token)
+            if found:
+                t = TopLogprob(token=masked, logprob=t.logprob)
+        top.append(t)
+    return TokenLogprob(token=lp.token, logprob=lp.logprob, token_id=lp.token_id, top=top)

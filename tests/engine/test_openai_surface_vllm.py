@@ -1,0 +1,279 @@
+"""vLLM's OpenAI request surface through the bus, on the real engine with the tiny model:
+structured outputs, logprobs, n, vLLM's sampling extensions and chat-template options,
+sent as a client of vLLM's own server sends them (the official ``openai`` SDK,
+unchanged, and plain NATS events)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Literal
+
+import pytest
+
+pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip install -e '.[cpu]')")
+
+import openai
+from pydantic import BaseModel, Field
+from testkit.procs import ServiceProcess
+
+from inferbus.contracts import ChatTemplateOptions, StructuredOutput
+from inferbus.tinymodel import make_tiny
+
+pytestmark = [
+    pytest.mark.engine(seconds=60),
+    pytest.mark.slow,
+    pytest.mark.integration,
+    pytest.mark.usefixtures("platform"),
+]
+
+MODEL = "tiny-surface"
+CHAT = [{"role": "user", "content": "Describe a person."}]
+
+
+@pytest.fixture(scope="module")
+def vllm_worker(nats_url, log_dir, tmp_path_factory):
+    model = make_tiny(tmp_path_factory.mktemp("models") / MODEL)
+    worker = ServiceProcess(
+        "worker",
+        nats_url,
+        log_dir,
+        "--engine",
+        "vllm",
+        "--model",
+        str(model),
+        "--enforce-eager",
+        "true",
+        "--max-model-len",
+        "1024",
+        "--max-num-seqs",
+        "8",
+        # JSON without free whitespace: a model with random weights cannot spend its
+        # tokens on blank space (vLLM's engine-wide --structured-outputs-config option)
+        "--structured-outputs-backend",
+        "xgrammar",
+        "--structured-outputs-disable-any-whitespace",
+        "true",
+        "--heartbeat-interval-s",
+        "0.3",
+        "--state-dir",
+        str(log_dir / "vllm-surface-state"),
+        name="vllm-surface-worker",
+    )
+    worker.start().wait_ready(timeout=300)
+    yield worker
+    assert worker.stop(timeout=60) == 0, worker.logs()
+
+
+@pytest.fixture
+async def sdk(vllm_worker, platform):
+    async with openai.AsyncOpenAI(
+        base_url=platform["gateway"].base + "/v1", api_key="x", max_retries=0
+    ) as client:
+        yield client
+
+
+class Person(BaseModel):
+    name: str = Field(max_length=8)
+    age: int = Field(ge=0, le=120)
+    mood: Literal["happy", "sad"]
+
+
+async def test_parse_gives_a_document_of_the_schema(sdk):
+    # the SDK's own helper: response_format from a pydantic model (strict json_schema),
+    # the answer parsed back into it; random weights, yet the grammar holds it
+    for seed in range(3):
+        done = await sdk.chat.completions.parse(
+            model=MODEL,
+            messages=CHAT,
+            response_format=Person,
+            max_tokens=200,
+            seed=seed,
+        )
+        person = done.choices[0].message.parsed
+        assert isinstance(person, Person), done.choices[0].message.content
+
+
+async def test_json_object_regex_and_choice_constrain_the_text(sdk):
+    whole = await sdk.chat.completions.create(
+        model=MODEL,
+        messages=CHAT,
+        max_tokens=300,
+        response_format={"type": "json_object"},
+        seed=1,
+    )
+    if whole.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(whole.choices[0].message.content), dict)
+    regex = await sdk.completions.create(
+        model=MODEL,
+        prompt="Phone:",
+        max_tokens=30,
+        extra_body={"structured_outputs": {"regex": r"[0-9]{3}-[0-9]{4}"}},
+    )
+    assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", regex.choices[0].text)
+    pick = await sdk.chat.completions.create(
+        model=MODEL,
+        messages=CHAT,
+        max_tokens=10,
+        extra_body={"structured_outputs": {"choice": ["yes", "no", "maybe"]}},
+    )
+    assert pick.choices[0].message.content in ("yes", "no", "maybe")
+
+
+async def test_two_constraints_are_refused_by_name(sdk):
+    with pytest.raises(openai.BadRequestError) as e:
+        await sdk.completions.create(
+            model=MODEL,
+            prompt="x",
+            max_tokens=3,
+            extra_body={"structured_outputs": {"regex": "a", "choice": ["b"]}},
+        )
+    assert e.value.body["param"] == "structured_outputs"
+
+
+async def test_chat_logprobs_with_alternatives_streamed_and_whole(sdk):
+    args = dict(
+        model=MODEL,
+        messages=CHAT,
+        max_tokens=8,
+        temperature=0.0,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
+    whole = await sdk.chat.completions.create(**args)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == 8
+    assert "".join(t.token for t in content) == whole.choices[0].message.content
+    for t in content:
+        assert len(t.top_logprobs) == 3 and t.logprob <= 0
+        tops = [a.logprob for a in t.top_logprobs]
+        assert tops == sorted(tops, reverse=True)
+        # greedy: the token chosen is the most likely one (random weights tie often)
+        assert t.logprob >= tops[0] - 1e-3
+        assert bytes(t.bytes) == t.token.encode()
+    streamed = [
+        t
+        async for chunk in await sdk.chat.completions.create(**args, stream=True)
+        for choice in chunk.choices
+        if choice.logprobs is not None
+        for t in choice.logprobs.content
+    ]
+    assert [t.token for t in streamed] == [t.token for t in content]
+
+
+async def test_completion_logprobs_in_the_legacy_form(sdk):
+    done = await sdk.completions.create(
+        model=MODEL,
+        prompt="def main():",
+        max_tokens=6,
+        temperature=0.0,
+        logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
+    lp = done.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    assert "".join(lp.tokens) == done.choices[0].text
+    assert lp.text_offset[0] == 0 and lp.text_offset[1] == len(lp.tokens[0])
+    assert all(len(top) >= 2 for top in lp.top_logprobs)
+
+
+async def test_n_choices_sampled_apart_in_one_request(sdk):
+    done = await sdk.chat.completions.create(
+        model=MODEL,
+        messages=CHAT,
+        max_tokens=12,
+        n=3,
+        seed=5,
+        temperature=1.0,
+        extra_body={"ignore_eos": True},
+    )
+    assert [c.index for c in done.choices] == [0, 1, 2]
+    texts = {c.message.content for c in done.choices}
+    assert len(texts) == 3
+    assert all(c.finish_reason == "length" for c in done.choices)
+    assert done.usage.completion_tokens == 36
+    chunks = await sdk.chat.completions.create(
+        model=MODEL,
+        messages=CHAT,
+        max_tokens=12,
+        n=2,
+        seed=5,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    by_index: dict[int, str] = {}
+    ends = {}
+    async for chunk in chunks:
+        for c in chunk.choices:
+            by_index[c.index] = by_index.get(c.index, "") + (c.delta.content or "")
+            if c.finish_reason:
+                ends[c.index] = c.finish_reason
+    assert set(by_index) == {0, 1} and ends == {0: "length", 1: "length"}
+
+
+async def test_vllm_sampling_extensions_change_the_output(sdk):
+    # min_tokens: no early end; allowed_token_ids and logit_bias: which tokens come
+    base = dict(model=MODEL, prompt="Hello", max_tokens=8, temperature=0.0)
+    pinned = await sdk.completions.create(
+        **base, logprobs=0, extra_body={"allowed_token_ids": [42], "ignore_eos": True}
+    )
+    first = pinned.choices[0].logprobs.tokens
+    assert len(set(first)) == 1
+    biased = await sdk.completions.create(
+        **base, logit_bias={"43": 100}, logprobs=0, extra_body={"ignore_eos": True}
+    )
+    assert len(set(biased.choices[0].logprobs.tokens)) == 1
+    assert biased.choices[0].logprobs.tokens != first
+    floor = await sdk.completions.create(**base, extra_body={"min_tokens": 8})
+    assert floor.usage.completion_tokens == 8
+
+
+async def test_chat_template_options_change_the_prompt(vllm_worker, client):
+    history = [*CHAT, {"role": "assistant", "content": "A person"}]
+    opened = await client.generate(MODEL, messages=history, max_tokens=2, ignore_eos=True)
+    continued = await client.generate(
+        MODEL,
+        messages=history,
+        max_tokens=2,
+        ignore_eos=True,
+        chat_template=ChatTemplateOptions(add_generation_prompt=False, continue_final_message=True),
+    )
+    # continuing leaves the assistant's turn open: no end marker, no new turn opened
+    assert continued.outcome.usage.prompt_tokens < opened.outcome.usage.prompt_tokens
+
+
+async def test_an_agent_s_history_with_tool_calls_is_taken(sdk):
+    # the second turn of an agent: the assistant's call and the tool's answer
+    history = [
+        *CHAT,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"q": "person"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "Ada, 36"},
+    ]
+    done = await sdk.chat.completions.create(model=MODEL, messages=history, max_tokens=4)
+    assert done.choices[0].finish_reason in ("stop", "length")
+
+
+async def test_structured_outputs_over_nats(vllm_worker, client):
+    done = await client.generate(
+        MODEL,
+        "Answer:",
+        max_tokens=10,
+        n=2,
+        logprobs=1,
+        structured=StructuredOutput(choice=["left", "right"]),
+    )
+    assert done.outcome.finish_reason == "stop"
+    assert {done.choice_text(0), done.choice_text(1)} <= {"left", "right"}
+    # the end-of-sequence token has a logprob too, though its text is not shown
+    assert "".join(lp.token for lp in done.logprobs).startswith(done.text)

@@ -1,0 +1,114 @@
+"""The PII filter on the whole answer: each of ``n`` choices masked on its own, and the
+token logprobs (a token and its alternatives) never give back what the text masked."""
+
+from __future__ import annotations
+
+import msgspec
+
+from inferbus.contracts import (
+    RequestFinished,
+    TokenChunk,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+from inferbus.services.sanitizer.core import FilteredStream
+
+CARD = "4111 1111 1111 1111"
+
+
+def lp(token: str, *alternatives: str) -> TokenLogprob:
+    return TokenLogprob(
+        token=token,
+        logprob=-0.5,
+        token_id=7,
+        top=[TopLogprob(token=a, logprob=-1.0 - i, token_id=9) for i, a in enumerate(alternatives)],
+    )
+
+
+def run(chunks: list[TokenChunk]) -> list[TokenChunk]:
+    s = FilteredStream("r", "c", 0.0)
+    out = []
+    for c in chunks:
+        events, _ = s.on_event(c, 0.0)
+        out += events
+    fin = RequestFinished(
+        request_id="r", finish_reason="stop", chunks=len(chunks), usage=Usage(completion_tokens=9)
+    )
+    events, over = s.on_event(fin, 0.0)
+    assert over and events[-1].finish_reason == "stop"
+    return [*out, *events[:-1]]
+
+
+def tokens_of(text: str, size: int = 3) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def test_each_choice_is_masked_apart():
+    chunks = [
+        TokenChunk(request_id="r", seq=0, text="one ", index=0),
+        TokenChunk(request_id="r", seq=1, text=f"card {CARD[:7]}", index=1),
+        TokenChunk(request_id="r", seq=2, text="two", index=0),
+        TokenChunk(request_id="r", seq=3, text=f"{CARD[7:]} end", index=1),
+    ]
+    out = run(chunks)
+    texts = {i: "".join(c.text for c in out if c.index == i) for i in (0, 1)}
+    assert texts == {0: "one two", 1: "card ****1111 end"}
+    assert [c.seq for c in out] == list(range(len(out)))
+
+
+def test_a_card_number_is_masked_in_the_tokens_and_their_alternatives():
+    text = f"pay {CARD} now"
+    pieces = tokens_of(text)
+    chunks = [
+        TokenChunk(
+            request_id="r",
+            seq=i,
+            text=p,
+            n_tokens=1,
+            # the alternatives at each position: digits the model nearly wrote
+            logprobs=[lp(p, p, "4111", "9")],
+        )
+        for i, p in enumerate(pieces)
+    ]
+    out = run(chunks)
+    shown = "".join(c.text for c in out)
+    assert shown == "pay ****1111 now"
+    lps = [x for c in out for x in c.logprobs]
+    assert len(lps) == len(pieces)  # one a token, none lost or doubled
+    assert "".join(x.token for x in lps) == shown  # the tokens spell the masked text
+    everything = msgspec.json.encode([c.logprobs for c in out]).decode()
+    for digits in ("4111 1", "1111 1111", " 41", "11 "):
+        assert digits not in everything
+    inside = [x for x in lps if "*" in x.token or not x.token.strip()]
+    assert len(inside) >= 5
+    for x in inside:  # a masked position: no token id, alternatives shown as the token
+        assert x.token_id == -1 and [t.token for t in x.top] == [x.token] * 3
+    # outside the card the tokens and alternatives are as they came
+    assert lps[0] == lp("pay", "pay", "4111", "9")
+
+
+def test_an_alternative_that_is_pii_on_its_own_is_masked():
+    chunks = [
+        TokenChunk(
+            request_id="r",
+            seq=0,
+            text="mail ",
+            logprobs=[lp("mail ", "mail ", "bob@example.com")],
+        )
+    ]
+    [c] = run(chunks)
+    assert c.text == "mail "
+    assert [t.token for t in c.logprobs[0].top] == ["mail ", "b***@example.com"]
+
+
+def test_logprobs_that_do_not_spell_their_chunk_stay_with_it():
+    # the engine held text back for a stop string: the chunk's tokens and its text
+    # differ, so its logprobs go out with the chunk's whole span
+    chunks = [
+        TokenChunk(request_id="r", seq=0, text="", logprobs=[lp("a"), lp("b")]),
+        TokenChunk(request_id="r", seq=1, text="ab c", logprobs=[lp(" c")]),
+    ]
+    out = run(chunks)
+    assert "".join(c.text for c in out) == "ab c"
+    assert [x.token for c in out for x in c.logprobs] == ["a", "b", " c"]
