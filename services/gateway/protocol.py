@@ -169,7 +169,9 @@ class ChatCompletionRequest(_Common, kw_only=True):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, str]] | None = None
-    reasoning_effort: str | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = (
+        None
+    )
     include_reasoning: bool = True
     """Without a reasoning parser (none is configured yet) nothing is taken apart as
     reasoning, so either value gives the same answer, as on vLLM without one."""
