@@ -74,6 +74,21 @@ class FleetView:
         lens = [hb.max_model_len for hb, _ in self._beats.values() if model in hb.models]
         return min((n for n in lens if n), default=0)
 
+    def lineage(self, model: str) -> tuple[str, str | None]:
+        """(root, parent) of a served name, as vLLM's model cards give them: the
+        weights it is (``name@version`` when the registry versions it, else the name)
+        and, for a LoRA adapter, the base model it runs on (None for a base model)."""
+        for hb, _ in self._beats.values():
+            if model not in hb.models:
+                continue
+            version = hb.versions.get(model)
+            root = model if not version or "@" in model else f"{model}@{version}"
+            if model in hb.adapters:
+                bases = [m for m in hb.models if m not in hb.adapters and "@" not in m]
+                return root, bases[0] if bases else None
+            return root, None
+        return model, None
+
 
 def busy(hb: WorkerHeartbeat) -> int:
     """Sequences a worker runs or holds waiting."""

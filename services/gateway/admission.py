@@ -3,6 +3,8 @@ schedulers' backpressure, and the gate list every request passes in order."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from inferbus.contracts import (
@@ -87,6 +89,24 @@ class ModelRegistry:
     def max_model_len(self, model: str) -> int:
         """The smallest context of the workers serving ``model`` (0 when unknown)."""
         return self.fleet.max_model_len(model)
+
+    def card(self, model: str, created: int) -> dict[str, Any]:
+        """``model``'s entry in /v1/models, with vLLM's fields."""
+        root, parent = self.fleet.lineage(model)
+        return {
+            "id": model,
+            "object": "model",
+            "created": created,
+            "owned_by": "inferbus",
+            "root": root,
+            "parent": parent,
+            "max_model_len": self.max_model_len(model) or None,
+        }
+
+    def listed(self, model: str, now: float) -> bool:
+        """Whether /v1/models shows it: a ready worker serves it, or the autoscaler
+        holds it at zero (served on request)."""
+        return bool(self.models(now).get(model)) or self.scaled(model, now)
 
     def models(self, now: float) -> dict[str, int]:
         """Model → number of ready workers (0 when all are draining or starting, or

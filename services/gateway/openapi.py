@@ -127,7 +127,15 @@ class ModelCard(msgspec.Struct, kw_only=True):
     object: Literal["model"]
     created: int
     owned_by: str
+    root: str
+    """The weights: ``name@version`` when the model registry versions them."""
+    parent: str | None
+    """For a LoRA adapter, the base model it runs on."""
     max_model_len: int | None = None
+
+
+class Version(msgspec.Struct, kw_only=True):
+    version: str
 
 
 class ModelList(msgspec.Struct, kw_only=True):
@@ -352,6 +360,8 @@ def _document() -> dict[str, Any]:
             ChatCompletion,
             Completion,
             ModelList,
+            ModelCard,
+            Version,
             ErrorResponse,
             ChatCompletionChunk,
             CompletionChunk,
@@ -383,6 +393,11 @@ def _document() -> dict[str, Any]:
         "vLLM's structured_outputs: exactly one of json, regex, choice, grammar, "
         "json_object, structural_tag"
     )
+    components["StructuredOutputsIn"]["properties"]["json"] = {
+        "anyOf": [{"type": "object"}, {"type": "null"}],
+        "description": "A JSON Schema (its JSON text in a string is taken too)",
+        "default": None,
+    }
     components["StructuredOutputsIn"]["oneOf"] = [
         {"required": [k], "properties": {k: {"not": {"type": "null"}}}}
         for k in ("json", "regex", "choice", "grammar", "structural_tag")
@@ -412,6 +427,67 @@ def _document() -> dict[str, Any]:
                 "post": _completion_op(
                     "Create a text completion", "CompletionRequest", "Completion", "CompletionChunk"
                 )
+            },
+            "/v1/models/{model}": {
+                "get": {
+                    "summary": "One model live workers serve",
+                    "parameters": [
+                        {
+                            "name": "model",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "The model",
+                            "headers": _HEADERS,
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": _REF.format(name="ModelCard")}
+                                }
+                            },
+                        },
+                        "401": _error(_ERRORS["401"]),
+                        "404": _error(
+                            "No live worker serves this model (or the key may not see it)"
+                        ),
+                    },
+                }
+            },
+            "/health": {
+                "get": {
+                    "summary": "200 while the gateway serves, 503 while it drains (vLLM's)",
+                    "responses": {
+                        "200": {"description": "Serving"},
+                        "503": {"description": "Draining"},
+                    },
+                }
+            },
+            "/ping": {
+                "get": {
+                    "summary": "As /health (SageMaker's)",
+                    "responses": {
+                        "200": {"description": "Serving"},
+                        "503": {"description": "Draining"},
+                    },
+                }
+            },
+            "/version": {
+                "get": {
+                    "summary": "The platform's version",
+                    "responses": {
+                        "200": {
+                            "description": "The version",
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": _REF.format(name="Version")}
+                                }
+                            },
+                        }
+                    },
+                }
             },
             "/v1/models": {
                 "get": {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import re
 import secrets
 import time
@@ -133,7 +134,12 @@ class GatewayService(Service[GatewaySettings]):
             web.post("/v1/chat/completions", self.chat_completions),
             web.post("/v1/completions", self.completions),
             web.get("/v1/models", self.list_models),
+            web.get(r"/v1/models/{model:[\s\S]+}", self.model_card),
             web.get("/openapi.json", self.openapi),
+            web.get("/health", self.health),
+            web.get("/ping", self.health),
+            web.post("/ping", self.health),
+            web.get("/version", self.version),
         ]
 
     def subject_fields(self) -> dict[str, str]:
@@ -214,21 +220,38 @@ class GatewayService(Service[GatewaySettings]):
             key = self._authenticate(http)
         except ApiError as err:
             return _error_response(err, rid)
-        now = time.monotonic()
-        models = self.registry.models(now)
+        now, created = time.monotonic(), int(time.time())
         data = [
-            {
-                "id": m,
-                "object": "model",
-                "created": 0,
-                "owned_by": "inferbus",
-                "max_model_len": self.registry.max_model_len(m) or None,
-            }
-            for m, ready in sorted(models.items())
+            self.registry.card(m, created)
+            for m in sorted(self.registry.models(now))
             # a model the autoscaler holds at zero is served on request: listed
-            if (ready or self.registry.scaled(m, now)) and key.allows(m)
+            if self.registry.listed(m, now) and key.allows(m)
         ]
         return web.json_response({"object": "list", "data": data}, headers={"x-request-id": rid})
+
+    async def model_card(self, http: web.Request) -> web.Response:
+        rid = _request_id(http)
+        model = http.match_info["model"]
+        try:
+            key = self._authenticate(http)
+            if not (self.registry.listed(model, time.monotonic()) and key.allows(model)):
+                raise failure_error(
+                    FailureCode.MODEL_NOT_FOUND,
+                    f"the model {model!r} does not exist or no worker serves it",
+                    param="model",
+                )
+        except ApiError as err:
+            return _error_response(err, rid)
+        card = self.registry.card(model, int(time.time()))
+        return web.json_response(card, headers={"x-request-id": rid})
+
+    async def health(self, _: web.Request) -> web.Response:
+        """vLLM's /health (and SageMaker's /ping): 200 while the gateway serves, 503
+        while it drains (the platform's own readiness is /readyz)."""
+        return web.Response(status=503 if self._draining else 200)
+
+    async def version(self, _: web.Request) -> web.Response:
+        return web.json_response({"version": inferbus_version()})
 
     async def openapi(self, _: web.Request) -> web.Response:
         # the document needs no key, so it names the live models only on an open gateway
@@ -638,6 +661,13 @@ def _too_large(limit: int) -> ApiError:
 
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+
+def inferbus_version() -> str:
+    try:
+        return importlib.metadata.version("inferbus")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        return "unknown"
 
 
 def _request_id(http: web.Request) -> str:

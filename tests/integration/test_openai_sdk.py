@@ -3,6 +3,9 @@ sync and async, streaming and not, errors raised as the SDK's own exception type
 
 from __future__ import annotations
 
+import json
+import urllib.request
+
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
@@ -153,3 +156,23 @@ async def test_async_client_stream_and_non_stream(asdk: AsyncOpenAI):
     assert text == r.choices[0].message.content
     with pytest.raises(openai.NotFoundError):
         await asdk.completions.create(model="nope", prompt="x")
+
+
+def test_models_carry_vllm_s_fields_and_one_can_be_retrieved(sdk: OpenAI, platform):
+    listed = {m.id: m for m in sdk.models.list().data}
+    card = sdk.models.retrieve(MODEL)
+    assert card.id == MODEL and card.created > 0
+    assert card.model_extra["root"] == MODEL and card.model_extra["parent"] is None
+    assert listed[MODEL].model_extra["root"] == MODEL
+    with pytest.raises(openai.NotFoundError) as e:
+        sdk.models.retrieve("no-such-model")
+    assert e.value.code == "model_not_found"
+
+
+def test_health_ping_and_version_answer_as_vllm_s_do(platform):
+    base = platform["gateway"].base
+    for path in ("/health", "/ping"):
+        with urllib.request.urlopen(base + path) as r:
+            assert r.status == 200
+    with urllib.request.urlopen(base + "/version") as r:
+        assert json.loads(r.read())["version"]
