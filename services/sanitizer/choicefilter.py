@@ -11,13 +11,16 @@ from inferbus.contracts import TokenLogprob, TopLogprob
 
 from .pii import Entity, StreamMasker, mask
 
-_MAYBE_PII = frozenset("0123456789@")
-"""An alternative token is checked on its own only when it holds one of these: every
-entity the masker finds has a digit or an @ in it."""
+
+def _maybe_pii(token: str) -> bool:
+    """Whether a token could be an entity by itself: every entity the masker finds has
+    an @ or at least four digits (an IPv4 address; cards, phones and IDs have more).
+    Tokenizers cut numbers into groups of three digits or fewer, so this is rare."""
+    return "@" in token or sum(ch.isdigit() for ch in token) >= 4
 
 
 class ChoiceFilter:
-    __slots__ = ("_entities_seen", "_pending", "masker", "received", "tokens")
+    __slots__ = ("_entities_seen", "_live", "_pending", "masker", "received", "tokens")
 
     def __init__(self) -> None:
         self.masker = StreamMasker()
@@ -29,6 +32,9 @@ class ChoiceFilter:
         """Logprobs not yet sent on, with the span of unmasked text they stand for and
         whether that span is the token's own (else its chunk's)."""
         self._entities_seen = 0
+        self._live = 0
+        """The first entity that may still overlap a pending logprob (entities come in
+        the order of the text, and so do pending spans)."""
 
     @property
     def entities(self) -> list[Entity]:
@@ -74,7 +80,15 @@ class ChoiceFilter:
         out: list[TokenLogprob] = []
         while self._pending and self._pending[0][1] <= upto:
             start, end, lp, own = self._pending.popleft()
-            hits = [e for e in entities if e.start < end and start < e.end]
+            live = self._live
+            while live < len(entities) and entities[live].end <= start:
+                live += 1
+            self._live = live
+            hits = []
+            for e in entities[live:]:
+                if e.start >= end:
+                    break
+                hits.append(e)
             out.append(_masked(lp, hits, start, end, own) if hits else _alternatives(lp))
         return out
 
@@ -105,11 +119,11 @@ def _masked(lp: TokenLogprob, hits: list[Entity], start: int, end: int, own: boo
 def _alternatives(lp: TokenLogprob) -> TokenLogprob:
     """A token outside every masked span, with any alternative that is PII on its own
     masked (a token the model did not pick was never part of the text)."""
-    if not any(_MAYBE_PII.intersection(t.token) for t in lp.top):
+    if not any(_maybe_pii(t.token) for t in lp.top):
         return lp
     top = []
     for t in lp.top:
-        if _MAYBE_PII.intersection(t.token):
+        if _maybe_pii(t.token):
             masked, found = mask(t.token)
             if found:
                 t = TopLogprob(token=masked, logprob=t.logprob)
