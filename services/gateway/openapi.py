@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from .protocol import REFUSED, ChatCompletionRequest, CompletionRequest
+from .protocol import MAX_BATCH, REFUSED, ChatCompletionRequest, CompletionRequest
 
 # -- response shapes, as documentation (the handlers build them in shapes.Shapes) ---------
 
@@ -279,6 +279,14 @@ _UNSUPPORTED_CHAT: dict[str, dict[str, Any]] = {
     "function_call": {"enum": ["none", "auto", None], "description": _ONLY.format('"none"')},
 }
 _UNSUPPORTED_COMPLETION: dict[str, dict[str, Any]] = {
+    "prompt": {
+        "anyOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_BATCH},
+        ],
+        "description": "A prompt or a batch of them (each runs as a request of its own; "
+        "choice i of the answer is prompt i // n's). Prompts as token ids get 400.",
+    },
     "best_of": {"enum": [None], "description": "Taken only equal to n (else 400)."},
     "suffix": {"enum": ["", None], "description": _ONLY.format('""')},
     "add_special_tokens": {"enum": [True, None], "description": _ONLY.format("true")},

@@ -181,9 +181,19 @@ class ChatCompletionRequest(_Common, kw_only=True):
     return_prompt_text: Any = None
 
 
+MAX_BATCH = 256
+"""Prompts one /v1/completions request may carry (each runs as a request of its own)."""
+
+
 class CompletionRequest(_Common, kw_only=True):
-    prompt: str | Annotated[list[str], msgspec.Meta(min_length=1, max_length=1)]
-    """One prompt per request (a list of exactly one is taken too)."""
+    prompt: (
+        str
+        | Annotated[
+            list[str | TokenId | list[TokenId]], msgspec.Meta(min_length=1, max_length=MAX_BATCH)
+        ]
+    )
+    """A prompt, or a batch of them: each runs as a request of its own, and the answer
+    numbers their choices prompt by prompt (``index`` = prompt × n + choice)."""
     logprobs: Annotated[int, _R["logprobs"].meta()] | None = None
     best_of: int | None = None
     suffix: str | None = None
@@ -492,10 +502,14 @@ def parse_chat(
 
 def parse_completion(
     body: bytes, default_max_tokens: int
-) -> tuple[CompletionRequest, SamplingParams, str]:
+) -> tuple[CompletionRequest, SamplingParams, list[str]]:
+    """The request, its sampling, and its prompts (one, or a batch)."""
     req: CompletionRequest = _decode(body, CompletionRequest)
-    prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
-    return req, _sampling(req, req.max_tokens, default_max_tokens), prompt
+    prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
+    texts = [p for p in prompts if isinstance(p, str)]
+    if len(texts) != len(prompts):
+        raise _unsupported("prompt", "a prompt of token ids")
+    return req, _sampling(req, req.max_tokens, default_max_tokens), texts
 
 
 def submitted(

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import msgspec
 import nats.errors
 from aiohttp import web
 from nats.aio.msg import Msg
@@ -55,7 +56,7 @@ from .protocol import (
     request_timeout,
     submitted,
 )
-from .shapes import Answer, Shapes, sse
+from .shapes import Answer, Shapes, batch_finished, sse
 from .trace import HttpTrace, NoTrace, http_trace
 from .wiring import WIRING
 
@@ -336,7 +337,7 @@ class GatewayService(Service[GatewaySettings]):
         body = await self._read_body(http)
         # a request that names no max_tokens gets the default, within the key's cap
         default_max = min(self.settings.default_max_tokens, key.max_tokens or 2**31)
-        prompt: str | None = None
+        prompts: list[str | None] = [None]
         messages: list[ChatMessage] | None = None
         req: ChatCompletionRequest | CompletionRequest
         template = None
@@ -344,38 +345,44 @@ class GatewayService(Service[GatewaySettings]):
             req, sampling, messages = parse_chat(body, default_max)
             template = chat_template(req)
         else:
-            req, sampling, prompt = parse_completion(body, default_max)
+            req, sampling, texts = parse_completion(body, default_max)
+            prompts = list(texts)
         timeout_s = request_timeout(http.headers.get("X-Request-Timeout"))
         now = time.monotonic()
         trace.describe(req.model, sampling, key.tenant_id, bool(req.stream))
-        chars = prompt_chars(prompt, messages)
+        chars = sum(prompt_chars(p, messages) for p in prompts)
+        # a batch of prompts runs as a request apiece, under ids of the client's id
+        ids = [rid] if len(prompts) == 1 else [f"{rid}_{i}" for i in range(len(prompts))]
         admission = self.gates.admit(
             key,
             request_id=rid,
             model=req.model,
             max_tokens=sampling.max_tokens,
-            choices=sampling.n,
+            choices=sampling.n * len(prompts),
             prompt_chars=chars,
-            in_flight=rid in self._pending,
+            in_flight=any(i in self._pending for i in ids),
             now=now,
         )
         flow = _Flow()
         try:
-            event = submitted(
-                request_id=rid,
-                model=req.model,
-                sampling=sampling,
-                reply_to=reply_subject(self.reply_owner, rid),
-                now=time.time(),
-                tenant=key.tenant_id,
-                priority=key.priority,
-                timeout_s=timeout_s,
-                prompt=prompt,
-                messages=messages,
-                chat_template=template,
-                input_policy=key.input_policy,
-                mask_pii=key.mask_pii,
-            )
+            events = [
+                submitted(
+                    request_id=sub,
+                    model=req.model,
+                    sampling=sampling,
+                    reply_to=reply_subject(self.reply_owner, sub),
+                    now=time.time(),
+                    tenant=key.tenant_id,
+                    priority=key.priority,
+                    timeout_s=timeout_s,
+                    prompt=prompt,
+                    messages=messages,
+                    chat_template=template,
+                    input_policy=key.input_policy,
+                    mask_pii=key.mask_pii,
+                )
+                for sub, prompt in zip(ids, prompts, strict=True)
+            ]
             shapes = Shapes(
                 chat=chat,
                 request_id=rid,
@@ -384,7 +391,12 @@ class GatewayService(Service[GatewaySettings]):
                 logprobs=sampling.logprobs is not None,
             )
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            readings = self._submit(event, timeout_s, flow, trace, restartable=not req.stream)
+            if len(events) == 1:
+                readings = self._submit(
+                    events[0], timeout_s, flow, trace, restartable=not req.stream
+                )
+            else:
+                readings = self._batch(events, timeout_s, flow, trace)
             ended = False
             try:
                 if req.stream:
@@ -399,13 +411,68 @@ class GatewayService(Service[GatewaySettings]):
                     return e.answered
                 raise e.error from None
             finally:
-                self._pending.pop(rid, None)
+                for sub in ids:
+                    self._pending.pop(sub, None)
                 if not self._pending:
                     self._none_pending.set()
                 if not ended:  # client gone, or we gave up waiting: stop the work
-                    await self._cancel(rid, "client disconnected or timed out")
+                    for sub in ids:
+                        await self._cancel(sub, "client disconnected or timed out")
         finally:
             self.access.settle(admission, flow.used_tokens(chars), time.monotonic())
+
+    async def _batch(
+        self,
+        events: list[RequestSubmitted],
+        timeout_s: float | None,
+        flow: _Flow,
+        trace: HttpTrace | NoTrace,
+    ) -> AsyncIterator[Reading]:
+        """A batch's requests read as one response's: prompt i's choice j is choice
+        i × n + j, and the end comes once every request ended (a failure ends it at once,
+        the others cancelled). A restart after text went out fails its request
+        (``stream_interrupted``, retryable) even when the answer is buffered: the
+        buffer cannot take back one prompt's text alone."""
+        n = events[0].sampling.n
+        got: asyncio.Queue[tuple[int, Reading | BaseException]] = asyncio.Queue()
+
+        async def pump(i: int, readings: AsyncIterator[Reading]) -> None:
+            try:
+                async for reading in readings:
+                    got.put_nowait((i, reading))
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # _Ended and the like: the batch's end
+                got.put_nowait((i, exc))
+
+        tasks = [
+            asyncio.create_task(pump(i, self._submit(ev, timeout_s, flow, trace, False)))
+            for i, ev in enumerate(events)
+        ]
+        ends: dict[int, RequestFinished] = {}
+        try:
+            while len(ends) < len(events):
+                i, reading = await got.get()
+                if isinstance(reading, BaseException):
+                    raise reading
+                chunks = tuple(
+                    msgspec.structs.replace(c, index=i * n + c.index) for c in reading.chunks
+                )
+                end = reading.end
+                if end is not None and not isinstance(end, RequestFinished):
+                    yield Reading(chunks=chunks, end=end)
+                    return
+                if end is not None:
+                    ends[i] = end
+                if chunks:
+                    yield Reading(chunks=chunks)
+            yield Reading(end=batch_finished([ends[i] for i in range(len(events))], n))
+        finally:
+            for task in tasks:
+                task.cancel()
+            for i, ev in enumerate(events):
+                if i not in ends:
+                    await self._cancel(ev.request_id, "another prompt of its batch ended it")
 
     def body_limit(self) -> int:
         """What a request body may weigh: the bus carries at most max_payload bytes a
@@ -512,7 +579,7 @@ class GatewayService(Service[GatewaySettings]):
                 flow.completion_tokens += sum(c.tokens for c in reading.chunks)
                 trace.on_first_token()
             if isinstance(reading.end, RequestFinished):
-                flow.usage = reading.end.usage.total_tokens
+                flow.usage = (flow.usage or 0) + reading.end.usage.total_tokens
                 trace.on_finished(reading.end)
             yield reading
             if reading.end is not None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from inferbus.contracts import RequestFinished, TokenChunk, TokenLogprob
+from inferbus.contracts import RequestFinished, TokenChunk, TokenLogprob, Usage
 
 
 def usage_dict(fin: RequestFinished) -> dict[str, Any]:
@@ -18,6 +18,26 @@ def usage_dict(fin: RequestFinished) -> dict[str, Any]:
         "total_tokens": u.total_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens},
     }
+
+
+def batch_finished(ends: list[RequestFinished], n: int) -> RequestFinished:
+    """The end of a batch of prompts (``ends`` in prompt order) as one request's: prompt
+    i's choice j as choice i × n + j, usage summed."""
+    first = ends[0]
+    return msgspec.structs.replace(
+        first,
+        usage=Usage(
+            prompt_tokens=sum(e.usage.prompt_tokens for e in ends),
+            completion_tokens=sum(e.usage.completion_tokens for e in ends),
+            cached_prompt_tokens=sum(e.usage.cached_prompt_tokens for e in ends),
+        ),
+        chunks=sum(e.chunks for e in ends),
+        choices=[
+            msgspec.structs.replace(c, index=i * n + c.index)
+            for i, e in enumerate(ends)
+            for c in e.choice_ends()
+        ],
+    )
 
 
 def _bytes(token: str) -> list[int]:

@@ -176,3 +176,31 @@ def test_health_ping_and_version_answer_as_vllm_s_do(platform):
             assert r.status == 200
     with urllib.request.urlopen(base + "/version") as r:
         assert json.loads(r.read())["version"]
+
+
+def test_a_batch_of_prompts_answers_each_prompt_s_choices_in_order(sdk: OpenAI):
+    """LangChain's OpenAI.batch and vLLM's clients send a list of prompts; the gateway
+    refused any list but one (400). Each prompt runs as a request of its own."""
+    prompts = ["/echo alpha", "/echo beta", "/echo gamma"]
+    done = sdk.completions.create(model=MODEL, prompt=prompts, max_tokens=20, n=2)
+    assert [c.index for c in done.choices] == list(range(6))
+    texts = [c.text for c in done.choices]
+    assert texts == ["alpha", "alpha", "beta", "beta", "gamma", "gamma"]
+    single = sdk.completions.create(model=MODEL, prompt="/echo alpha", max_tokens=20)
+    assert done.usage.prompt_tokens == 3 * single.usage.prompt_tokens
+    assert done.usage.completion_tokens == 6 * single.usage.completion_tokens
+    stream = sdk.completions.create(model=MODEL, prompt=prompts, max_tokens=20, stream=True)
+    got: dict[int, str] = {}
+    ends = {}
+    for chunk in stream:
+        for c in chunk.choices:
+            got[c.index] = got.get(c.index, "") + c.text
+            if c.finish_reason:
+                ends[c.index] = c.finish_reason
+    assert got == {0: "alpha", 1: "beta", 2: "gamma"} and set(ends) == {0, 1, 2}
+
+
+def test_a_failed_prompt_fails_its_batch(sdk: OpenAI):
+    with pytest.raises(openai.BadRequestError) as e:  # one prompt over the context
+        sdk.completions.create(model=MODEL, prompt=["/echo ok", "x " * 9000], max_tokens=20)
+    assert e.value.code in ("context_length_exceeded", "prompt_too_long")

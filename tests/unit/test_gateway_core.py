@@ -246,8 +246,8 @@ def test_bad_sampling_values(fields, param):
 
 
 def test_completion_with_string_prompt():
-    req, sampling, prompt = parse_completion(body(model="m", prompt="Once", max_tokens=5), 16)
-    assert (req.model, prompt, sampling.max_tokens) == ("m", "Once", 5)
+    req, sampling, prompts = parse_completion(body(model="m", prompt="Once", max_tokens=5), 16)
+    assert (req.model, prompts, sampling.max_tokens) == ("m", ["Once"], 5)
 
 
 def test_completion_default_max_tokens():
@@ -255,13 +255,15 @@ def test_completion_default_max_tokens():
     assert sampling.max_tokens == 33
 
 
-def test_completion_with_one_prompt_in_a_list():
-    _, _, prompt = parse_completion(body(model="m", prompt=["Once"]), 16)
-    assert prompt == "Once"
+def test_completion_with_a_batch_of_prompts():
+    _, _, prompts = parse_completion(body(model="m", prompt=["Once"]), 16)
+    assert prompts == ["Once"]
+    _, _, prompts = parse_completion(body(model="m", prompt=["a", "b", "c"]), 16)
+    assert prompts == ["a", "b", "c"]
 
 
-@pytest.mark.parametrize("prompts", [[], ["a", "b"]])
-def test_completion_with_not_exactly_one_prompt(prompts):
+@pytest.mark.parametrize("prompts", [[], ["a"] * 257, [1, 2]])
+def test_completion_with_no_prompt_too_many_or_token_ids(prompts):
     e = api_error(parse_completion, body(model="m", prompt=prompts))
     assert (e.status, e.param) == (400, "prompt")
 

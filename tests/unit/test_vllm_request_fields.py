@@ -111,7 +111,7 @@ HONOURED_CHAT: dict[str, tuple[Any, Any]] = {
     "parallel_tool_calls": (False, lambda p: p[0].parallel_tool_calls is False),
 }
 HONOURED_COMPLETION: dict[str, tuple[Any, Any]] = {
-    "prompt": ("other", lambda p: p[2] == "other"),
+    "prompt": (["a", "b"], lambda p: p[2] == ["a", "b"]),
     "logprobs": (3, s(lambda x: x.logprobs == 3)),
     "add_special_tokens": (True, lambda p: True),  # the default: a prompt gets BOS
 }
