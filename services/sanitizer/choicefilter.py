@@ -19,10 +19,51 @@ def _maybe_pii(token: str) -> bool:
     return "@" in token or sum(ch.isdigit() for ch in token) >= 4
 
 
-class ChoiceFilter:
-    __slots__ = ("_entities_seen", "_live", "_pending", "masker", "received", "tokens")
+class JsonNumbers:
+    """Keeps a masked JSON document valid: a masked digit outside a string (a number the
+    model wrote, a card number as an integer) becomes a digit, not a ``*``: ``0``, or
+    ``9`` where it leads the number (JSON numbers have no leading zeros). The value is
+    then another number of about the same size: valid JSON, and valid against a schema
+    that asks for an integer or a number without bounds; a schema bounding it may be
+    broken (the masked value is not the model's). Inside strings masks stay as they are."""
+
+    __slots__ = ("escaped", "in_number", "in_string")
 
     def __init__(self) -> None:
+        self.in_string = False
+        self.escaped = False
+        self.in_number = False
+        """Inside a number; False before its first digit."""
+
+    def fix(self, text: str) -> str:
+        out = []
+        for ch in text:
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string, self.in_number = True, False
+            elif ch == "*":
+                ch = "0" if self.in_number else "9"
+                self.in_number = True
+            elif ch.isdigit():
+                self.in_number = True
+            elif ch not in "-+.eE":
+                self.in_number = False
+            out.append(ch)
+        return "".join(out)
+
+
+class ChoiceFilter:
+    __slots__ = ("_entities_seen", "_json", "_live", "_pending", "masker", "received", "tokens")
+
+    def __init__(self, json_output: bool = False) -> None:
+        self._json = JsonNumbers() if json_output else None
+        """Set when the output is a JSON document (a JSON constraint): masks keep it one."""
         self.masker = StreamMasker()
         self.received = 0
         """Characters of unmasked text received."""
@@ -53,10 +94,14 @@ class ChoiceFilter:
         self._hold(text, logprobs)
         self.tokens += tokens
         out = self.masker.feed(text)
+        if self._json is not None:
+            out = self._json.fix(out)
         return out, self._release(self.received - self.masker.held)
 
     def flush(self) -> tuple[str, list[TokenLogprob]]:
         out = self.masker.flush()
+        if self._json is not None:
+            out = self._json.fix(out)
         return out, self._release(self.received)
 
     def _hold(self, text: str, logprobs: list[TokenLogprob]) -> None:

@@ -272,6 +272,13 @@ class InputRules(msgspec.Struct, kw_only=True, frozen=True):
         )
 
 
+def json_output(request: RequestSubmitted) -> bool:
+    """Whether the request's output is a JSON document (a JSON Schema or JSON object
+    constraint)."""
+    c = request.sampling.structured
+    return c is not None and (c.json_schema is not None or c.json_object)
+
+
 def through_filter(request: RequestSubmitted, filter_prefix: str) -> RequestSubmitted:
     """The request with its output sent to this sanitizer's filter first; the
     client's subject is kept in ``client_reply_to``."""
@@ -304,6 +311,7 @@ class FilteredStream:
         "client_reply_to",
         "deadline",
         "entities",
+        "json_output",
         "last_seen",
         "reader",
         "request_id",
@@ -311,11 +319,18 @@ class FilteredStream:
     )
 
     def __init__(
-        self, request_id: str, client_reply_to: str, now: float, deadline: float = 0.0
+        self,
+        request_id: str,
+        client_reply_to: str,
+        now: float,
+        deadline: float = 0.0,
+        json_output: bool = False,
     ) -> None:
         self.request_id = request_id
         self.client_reply_to = client_reply_to
         self.deadline = deadline
+        self.json_output = json_output
+        """The output is a JSON document (the request's constraint): masks keep it one."""
         """The request's deadline, Unix seconds (0: none)."""
         self.attempt = 0
         self.choices: dict[int, ChoiceFilter] = {}
@@ -353,7 +368,7 @@ class FilteredStream:
         for chunk in reading.chunks:
             choice = self.choices.get(chunk.index)
             if choice is None:
-                choice = self.choices[chunk.index] = ChoiceFilter()
+                choice = self.choices[chunk.index] = ChoiceFilter(self.json_output)
             text, logprobs = choice.feed(chunk.text, chunk.logprobs, chunk.tokens)
             self.entities += choice.new_entities()
             if text or logprobs:

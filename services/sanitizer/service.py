@@ -40,6 +40,7 @@ from .core import (
     FilteredStream,
     InputLimits,
     InputRules,
+    json_output,
     model_settings,
     parse_policies,
     through_filter,
@@ -293,7 +294,14 @@ class SanitizerService(Service[SanitizerSettings]):
                 # keyed by the client's subject: another request reusing the id (or a
                 # redelivery of this one) never shares or resets this stream
                 self._streams.setdefault(
-                    client, FilteredStream(rid, client, time.monotonic(), request.deadline)
+                    client,
+                    FilteredStream(
+                        rid,
+                        client,
+                        time.monotonic(),
+                        request.deadline,
+                        json_output=json_output(request),
+                    ),
                 )
                 if parent is not None:
                     self._filter_traces.setdefault(client, _FilterTrace(parent))

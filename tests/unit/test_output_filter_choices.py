@@ -3,6 +3,8 @@ token logprobs (a token and its alternatives) never give back what the text mask
 
 from __future__ import annotations
 
+import json
+
 import msgspec
 
 from inferbus.contracts import (
@@ -112,3 +114,35 @@ def test_logprobs_that_do_not_spell_their_chunk_stay_with_it():
     out = run(chunks)
     assert "".join(c.text for c in out) == "ab c"
     assert [x.token for c in out for x in c.logprobs] == ["a", "b", " c"]
+
+
+def test_masking_keeps_a_json_answer_valid_json():
+    """A json_schema answer: a card number written as a string stays a masked string,
+    one written as an integer stays an integer (a masked string there broke the
+    document: ``{"card": ****1111}``), escapes and split chunks included."""
+    doc = (
+        '{"card": "4111 1111 1111 1111", "number": 4111111111111111, '
+        '"phone": 13800138000, "note": "say \\"4111 1111 1111 1111\\"", "n": -1.5e3}'
+    )
+    s = FilteredStream("r", "c", 0.0, json_output=True)
+    out = []
+    for i, piece in enumerate(tokens_of(doc, 5)):
+        events, _ = s.on_event(TokenChunk(request_id="r", seq=i, text=piece), 0.0)
+        out += events
+    fin = RequestFinished(request_id="r", finish_reason="stop", chunks=99, usage=Usage())
+    events, _ = s.on_event(fin, 0.0)
+    text = "".join(c.text for c in [*out, *events[:-1]])
+    parsed = json.loads(text)
+    assert parsed["card"] == "****1111"
+    assert isinstance(parsed["number"], int) and str(parsed["number"]).endswith("1111")
+    assert "4111111111" not in text and parsed["number"] != 4111111111111111
+    assert isinstance(parsed["phone"], int) and parsed["phone"] != 13800138000
+    assert parsed["note"] == 'say "****1111"' and parsed["n"] == -1500.0
+
+
+def test_outside_json_a_masked_number_stays_masked_with_stars():
+    s = FilteredStream("r", "c", 0.0)
+    events, _ = s.on_event(TokenChunk(request_id="r", seq=0, text="n: 4111111111111111 ok"), 0.0)
+    fin = RequestFinished(request_id="r", finish_reason="stop", chunks=1, usage=Usage())
+    rest, _ = s.on_event(fin, 0.0)
+    assert "".join(c.text for c in [*events, *rest[:-1]]) == "n: ****1111 ok"
