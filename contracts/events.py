@@ -141,7 +141,8 @@ class Usage(msgspec.Struct, kw_only=True):
 
 
 class RequestSubmitted(Event, tag="request.submitted"):
-    """A client asks for a completion. Either ``prompt`` or ``messages`` is set.
+    """A client asks for a completion. One of ``prompt``, ``messages`` and
+    ``token_prompt`` is set.
 
     ``reply_to`` is the core NATS subject the token chunks and the terminal event
     are published to; the client subscribes to it before submitting.
@@ -152,6 +153,9 @@ class RequestSubmitted(Event, tag="request.submitted"):
     reply_to: str
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    token_prompt: list[int] | None = None
+    """The prompt as token ids of the served model's tokenizer (a completions prompt
+    given as integers), run as they are."""
     chat_template: ChatTemplateOptions | None = None
     """How ``messages`` become the prompt; None: the assistant's turn opened after them."""
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
@@ -192,6 +196,8 @@ class RequestSubmitted(Event, tag="request.submitted"):
         """``prompt_tokens`` when the client knows it, else about 4 characters a token."""
         if self.prompt_tokens:
             return self.prompt_tokens
+        if self.token_prompt is not None:
+            return len(self.token_prompt)
         if self.prompt is not None:
             return len(self.prompt) // 4 + 1
         return sum(len(m.content) for m in self.messages or ()) // 4 + 1

@@ -285,6 +285,7 @@ class Client:
         *,
         messages: list[ChatMessage] | list[dict[str, Any]] | None = None,
         chat_template: ChatTemplateOptions | None = None,
+        token_prompt: list[int] | None = None,
         max_tokens: int = 16,
         temperature: float = 1.0,
         top_p: float = 1.0,
@@ -322,6 +323,7 @@ class Client:
             reply_to=self.reply_subject(request_id),
             prompt=prompt,
             messages=msgs,
+            token_prompt=token_prompt,
             chat_template=chat_template,
             sampling=SamplingParams(
                 max_tokens=max_tokens,

@@ -278,14 +278,26 @@ _UNSUPPORTED_CHAT: dict[str, dict[str, Any]] = {
     "tool_choice": {"enum": ["none", "auto", None], "description": _ONLY.format('"none"')},
     "function_call": {"enum": ["none", "auto", None], "description": _ONLY.format('"none"')},
 }
+_TOKEN_IDS = {
+    "type": "array",
+    "items": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
+    "minItems": 1,
+}
 _UNSUPPORTED_COMPLETION: dict[str, dict[str, Any]] = {
     "prompt": {
         "anyOf": [
             {"type": "string"},
-            {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_BATCH},
+            _TOKEN_IDS,
+            {
+                "type": "array",
+                "items": {"anyOf": [{"type": "string"}, _TOKEN_IDS]},
+                "minItems": 1,
+                "maxItems": MAX_BATCH,
+            },
         ],
-        "description": "A prompt or a batch of them (each runs as a request of its own; "
-        "choice i of the answer is prompt i // n's). Prompts as token ids get 400.",
+        "description": "A prompt (text, or token ids of the model's tokenizer) or a batch "
+        "of them (each runs as a request of its own; choice i of the answer is prompt "
+        "i // n's).",
     },
     "best_of": {"enum": [None], "description": "Taken only equal to n (else 400)."},
     "suffix": {"enum": ["", None], "description": _ONLY.format('""')},

@@ -192,8 +192,9 @@ class CompletionRequest(_Common, kw_only=True):
             list[str | TokenId | list[TokenId]], msgspec.Meta(min_length=1, max_length=MAX_BATCH)
         ]
     )
-    """A prompt, or a batch of them: each runs as a request of its own, and the answer
-    numbers their choices prompt by prompt (``index`` = prompt × n + choice)."""
+    """A prompt (text, or token ids), or a batch of them: each runs as a request of its
+    own, and the answer numbers their choices prompt by prompt (``index`` = prompt × n
+    + choice)."""
     logprobs: Annotated[int, _R["logprobs"].meta()] | None = None
     best_of: int | None = None
     suffix: str | None = None
@@ -500,16 +501,35 @@ def parse_chat(
     return req, _sampling(req, limit, default_max_tokens), messages
 
 
+Prompt = str | list[int]
+"""A completions prompt: text, or token ids of the model's tokenizer."""
+
+
+def _prompts(prompt: str | list[str | int | list[int]]) -> list[Prompt]:
+    """OpenAI's prompt forms as a batch: a string, token ids, or a list of either."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if all(isinstance(p, int) for p in prompt):
+        return [[p for p in prompt if isinstance(p, int)]]
+    if any(isinstance(p, int) for p in prompt):
+        raise ApiError(
+            400,
+            "a prompt is a string, a list of token ids, or a list of either; not both kinds",
+            param="prompt",
+            code="invalid_value",
+        )
+    out: list[Prompt] = [p for p in prompt if not isinstance(p, int)]
+    if any(not p for p in out if isinstance(p, list)):
+        raise ApiError(400, "a prompt of token ids is empty", param="prompt", code="invalid_value")
+    return out
+
+
 def parse_completion(
     body: bytes, default_max_tokens: int
-) -> tuple[CompletionRequest, SamplingParams, list[str]]:
+) -> tuple[CompletionRequest, SamplingParams, list[Prompt]]:
     """The request, its sampling, and its prompts (one, or a batch)."""
     req: CompletionRequest = _decode(body, CompletionRequest)
-    prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
-    texts = [p for p in prompts if isinstance(p, str)]
-    if len(texts) != len(prompts):
-        raise _unsupported("prompt", "a prompt of token ids")
-    return req, _sampling(req, req.max_tokens, default_max_tokens), texts
+    return req, _sampling(req, req.max_tokens, default_max_tokens), _prompts(req.prompt)
 
 
 def submitted(
@@ -522,7 +542,7 @@ def submitted(
     tenant: str = "default",
     priority: str = "standard",
     timeout_s: float | None = None,
-    prompt: str | None = None,
+    prompt: Prompt | None = None,
     messages: list[ChatMessage] | None = None,
     chat_template: ChatTemplateOptions | None = None,
     input_policy: str = "",
@@ -532,7 +552,8 @@ def submitted(
         request_id=request_id,
         model=model,
         reply_to=reply_to,
-        prompt=prompt,
+        prompt=prompt if isinstance(prompt, str) else None,
+        token_prompt=prompt if isinstance(prompt, list) else None,
         messages=messages,
         chat_template=chat_template,
         sampling=sampling,
@@ -564,7 +585,10 @@ def request_timeout(header: str | None) -> float | None:
     return value
 
 
-def prompt_chars(prompt: str | None, messages: list[ChatMessage] | None) -> int:
+def prompt_chars(prompt: Prompt | None, messages: list[ChatMessage] | None) -> int:
+    """The prompt's size in characters (token ids at about 4 a token)."""
     if messages is not None:
         return sum(len(m.content) for m in messages)
+    if isinstance(prompt, list):
+        return 4 * len(prompt)
     return len(prompt or "")

@@ -49,6 +49,7 @@ from .openapi import openapi_document
 from .protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    Prompt,
     chat_template,
     parse_chat,
     parse_completion,
@@ -337,7 +338,7 @@ class GatewayService(Service[GatewaySettings]):
         body = await self._read_body(http)
         # a request that names no max_tokens gets the default, within the key's cap
         default_max = min(self.settings.default_max_tokens, key.max_tokens or 2**31)
-        prompts: list[str | None] = [None]
+        prompts: list[Prompt | None] = [None]
         messages: list[ChatMessage] | None = None
         req: ChatCompletionRequest | CompletionRequest
         template = None

@@ -46,6 +46,9 @@ class InputLimits(msgspec.Struct, kw_only=True, frozen=True):
 
 
 def prompt_chars(request: RequestSubmitted) -> int:
+    """The prompt's size in characters (a token prompt's at about 4 a token)."""
+    if request.token_prompt is not None:
+        return 4 * len(request.token_prompt)
     if request.messages is not None:
         return sum(
             len(m.content) + sum(len(c.function.arguments) for c in m.tool_calls)
@@ -72,10 +75,18 @@ def check(request: RequestSubmitted, limits: InputLimits) -> RequestRejected | N
             f"reply_to {request.reply_to!r} is not a subject one can publish to",
             "reply_to",
         )
-    if (request.prompt is None) == (request.messages is None):
+    given = [x is not None for x in (request.prompt, request.messages, request.token_prompt)]
+    if sum(given) != 1:
         return reject(
-            FailureCode.INVALID_REQUEST, "give exactly one of prompt or messages", "messages"
+            FailureCode.INVALID_REQUEST,
+            "give exactly one of prompt, messages or token_prompt",
+            "messages",
         )
+    if request.token_prompt is not None:
+        if not request.token_prompt:
+            return reject(FailureCode.INVALID_REQUEST, "token_prompt is empty", "prompt")
+        if min(request.token_prompt) < 0:
+            return reject(FailureCode.INVALID_REQUEST, "token ids must not be negative", "prompt")
     if request.messages is not None:
         if not request.messages:
             return reject(FailureCode.INVALID_REQUEST, "messages must not be empty", "messages")
@@ -179,13 +190,18 @@ _TRUSTED_ROLES = frozenset({"system", "developer", "assistant"})
 text (user, tool, or a role a NATS client made up) is checked."""
 
 
-def inspect(request: RequestSubmitted, policy: Policy) -> tuple[str, list[InputFinding]]:
-    """(decision, findings) for the text a user controls: the prompt, or every message
-    but the system's, developer's and assistant's (the application's own)."""
+def inspect(
+    request: RequestSubmitted, policy: Policy, token_text: str | None = None
+) -> tuple[str, list[InputFinding]]:
+    """(decision, findings) for the text a user controls: the prompt (a token prompt's
+    text is ``token_text``), or every message but the system's, developer's and
+    assistant's (the application's own)."""
     if policy == "off":
         return "pass", []
     texts: list[tuple[str, str, bool]] = []
-    if request.messages is not None:
+    if request.token_prompt is not None:
+        texts = [("prompt", token_text or "", False)]
+    elif request.messages is not None:
         # a tool's output (fetched HTML, query results) is checked for prompt injection only
         texts = [
             (f"messages[{i}].content", m.content, m.role == "tool")
@@ -243,11 +259,15 @@ class InputRules(msgspec.Struct, kw_only=True, frozen=True):
     tenants: dict[str, TenantPolicy] = {}
     mask_output_default: bool = True
 
-    def decide(self, request: RequestSubmitted, tenant: str | None) -> InputVerdict:
+    def decide(
+        self, request: RequestSubmitted, tenant: str | None, token_text: str | None = None
+    ) -> InputVerdict:
         """The checks in order: the tenant's record (``tenant``: the tenant whose
         subject it came on), the request's shape and sizes, then the injection checks
-        under its policy. Tokenizing, the one step with I/O, comes after, in the
-        adapter, for the requests that go on."""
+        under its policy. A token prompt is checked as ``token_text`` (the adapter
+        decodes it with the model's tokenizer); with none to read it, only a policy
+        other than ``block`` lets it through. Tokenizing comes after, in the adapter,
+        for the requests that go on."""
         if tenant:
             admitted = admit_tenant(request, tenant, self.tenants.get(tenant))
             if isinstance(admitted, RequestRejected):
@@ -256,7 +276,20 @@ class InputRules(msgspec.Struct, kw_only=True, frozen=True):
         rejection = check(request, self.limits)
         if rejection is not None:
             return InputVerdict(request=request, rejection=rejection)
-        decision, found = inspect(request, self.policies.for_request(request))
+        policy = self.policies.for_request(request)
+        if request.token_prompt is not None and token_text is None and policy == "block":
+            return InputVerdict(
+                request=request,
+                rejection=RequestRejected(
+                    request_id=request.request_id,
+                    code=FailureCode.INVALID_REQUEST,
+                    param="prompt",
+                    reason=f"a prompt of token ids cannot be checked here: the sanitizer "
+                    f"has no tokenizer for {request.model!r} (its --tokenizers); send the "
+                    "text, or use an input policy of flag or off",
+                ),
+            )
+        decision, found = inspect(request, policy, token_text)
         if decision == "block":
             return InputVerdict(
                 request=request,

@@ -258,7 +258,9 @@ class SanitizerService(Service[SanitizerSettings]):
             await self._invalid(msg, str(exc))
             return
         rid = request.request_id
-        verdict = self.rules.decide(request, tenant_of_subject(msg.subject, SUBMIT))
+        verdict = self.rules.decide(
+            request, tenant_of_subject(msg.subject, SUBMIT), self.tokenizers.text_of(request)
+        )
         request, rejection, found = verdict.request, verdict.rejection, verdict.findings
         tracing = self.ctx.tracing
         trace = valid_context(msg.headers or {})

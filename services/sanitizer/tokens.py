@@ -68,6 +68,16 @@ class Tokenizers:
     def loaded(self) -> list[str]:
         return sorted(self._loaded)
 
+    def text_of(self, request: RequestSubmitted) -> str | None:
+        """A token prompt's text, read with its model's tokenizer (None: no prompt of
+        token ids, or no tokenizer to read it, or ids it does not have)."""
+        tok, _ = self._loaded.get(request.model, (None, ""))
+        if request.token_prompt is None or tok is None:
+            return None
+        if max(request.token_prompt, default=0) >= len(tok):
+            return None
+        return str(tok.decode(request.token_prompt))
+
     async def tokenized(self, request: RequestSubmitted) -> RequestSubmitted:
         """``request`` with ``prompt_token_ids`` (and ``prompt_tokens``, and the
         tokenizer's fingerprint) from its model's tokenizer; with none, or a template
@@ -75,7 +85,9 @@ class Tokenizers:
         never passed on, or the worker would run ids other than the text checked."""
         tok, fingerprint = self._loaded.get(request.model, (None, ""))
         ids: list[int] = []
-        if tok is not None:
+        if request.token_prompt is not None:  # the ids themselves: exact routing
+            ids = list(request.token_prompt) if tok is not None else []
+        elif tok is not None:
             chars = len(request.prompt or "") + sum(len(m.content) for m in request.messages or ())
             try:
                 if chars <= _INLINE_CHARS:

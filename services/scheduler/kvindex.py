@@ -212,11 +212,13 @@ def prefix_blocks(
 ) -> PrefixBlocks:
     """A request's prefix blocks: the client's ``prefix_hashes``; else, with its token
     ids and the engines' ``block_size`` known, the engine's block hashes of them; else
-    ``text_blocks`` of its prompt, or of its messages as role and content lines."""
+    ``text_blocks`` of its prompt, or of its messages as role and content lines. A
+    prompt of token ids is its ids."""
     if request.prefix_hashes:
         return PrefixBlocks(list(request.prefix_hashes), True)
-    if request.prompt_token_ids and block_size > 0:
-        return PrefixBlocks(block_hashes(request.prompt_token_ids, block_size, seed), True)
+    ids = request.prompt_token_ids or request.token_prompt  # a token prompt is the ids
+    if ids and block_size > 0:
+        return PrefixBlocks(block_hashes(ids, block_size, seed), True)
     text = (
         request.prompt
         if request.prompt is not None

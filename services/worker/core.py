@@ -39,6 +39,7 @@ def engine_request(
         adapter=adapter,
         prompt=r.prompt,
         messages=r.messages,
+        token_prompt=r.token_prompt,
         chat_template=r.chat_template,
         sampling=r.sampling,
         weights=weights,

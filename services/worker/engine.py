@@ -25,6 +25,7 @@ class EngineRequest(msgspec.Struct, kw_only=True):
     """The engine's adapter that answers it (``add_adapter``'s name); empty: the base."""
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    token_prompt: list[int] | None = None
     chat_template: ChatTemplateOptions | None = None
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     weights: str = ""

@@ -56,6 +56,8 @@ ECHO = "/echo "
 
 
 def prompt_text(request: EngineRequest) -> str:
+    if request.token_prompt is not None:
+        return " ".join(map(str, request.token_prompt))
     if request.messages is not None:
         return "".join(f"<|{m.role}|>{m.content}\n" for m in request.messages) + "<|assistant|>"
     return request.prompt or ""

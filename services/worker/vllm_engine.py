@@ -612,7 +612,9 @@ class VllmEngine:
         """The prompt as vLLM takes it, and whether it is the ids the request carried
         (made by a tokenizer alike this engine's) rather than tokenized here."""
         by = request.prompt_tokenizer
-        if request.prompt_token_ids and by and by == self._tokenizer_id:
+        if request.token_prompt is not None:
+            ids, given = request.token_prompt, True
+        elif request.prompt_token_ids and by and by == self._tokenizer_id:
             ids, given = request.prompt_token_ids, True
         else:
             try:

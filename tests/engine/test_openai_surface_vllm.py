@@ -277,3 +277,17 @@ async def test_structured_outputs_over_nats(vllm_worker, client):
     assert {done.choice_text(0), done.choice_text(1)} <= {"left", "right"}
     # the end-of-sequence token has a logprob too, though its text is not shown
     assert "".join(lp.token for lp in done.logprobs).startswith(done.text)
+
+
+async def test_a_prompt_of_token_ids_runs_as_given(vllm_worker, client, sdk):
+    ids = [5, 17, 42, 99, 7]
+    done = await client.generate(
+        MODEL, token_prompt=ids, max_tokens=4, ignore_eos=True, input_policy="off"
+    )
+    assert done.outcome.usage.prompt_tokens == len(ids)
+    assert done.outcome.usage.completion_tokens == 4
+    # over HTTP the fixture's sanitizer has no tokenizer to check them with (up gives it
+    # one for its model): refused by name rather than passed unread
+    with pytest.raises(openai.BadRequestError) as e:
+        await sdk.completions.create(model=MODEL, prompt=ids, max_tokens=2)
+    assert e.value.body["param"] == "prompt" and "no tokenizer" in e.value.message

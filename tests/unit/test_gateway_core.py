@@ -14,6 +14,7 @@ from inferbus.contracts import (
     RequestFailed,
     RequestFinished,
     RequestRejected,
+    SamplingParams,
     TokenChunk,
     TokenLogprob,
     TopLogprob,
@@ -262,10 +263,21 @@ def test_completion_with_a_batch_of_prompts():
     assert prompts == ["a", "b", "c"]
 
 
-@pytest.mark.parametrize("prompts", [[], ["a"] * 257, [1, 2]])
-def test_completion_with_no_prompt_too_many_or_token_ids(prompts):
+def test_completion_prompts_as_token_ids_one_or_a_batch():
+    _, _, prompts = parse_completion(body(model="m", prompt=[1, 2, 3]), 16)
+    assert prompts == [[1, 2, 3]]
+    _, _, prompts = parse_completion(body(model="m", prompt=[[1, 2], "text", [3]]), 16)
+    assert prompts == [[1, 2], "text", [3]]
+    ev = submitted(
+        request_id="r", model="m", reply_to="x", sampling=SamplingParams(), now=0.0, prompt=[5]
+    )
+    assert ev.token_prompt == [5] and ev.prompt is None
+
+
+@pytest.mark.parametrize("prompts", [[], ["a"] * 257, [1, "a"], [[]], [-1]])
+def test_completion_with_no_prompt_too_many_or_mixed(prompts):
     e = api_error(parse_completion, body(model="m", prompt=prompts))
-    assert (e.status, e.param) == (400, "prompt")
+    assert (e.status, e.param[:6]) == (400, "prompt")
 
 
 def test_submitted_builds_the_contract_event():

@@ -341,3 +341,43 @@ def test_a_request_that_goes_on_carries_its_findings_and_whether_its_output_is_m
 def test_a_masked_request_replies_through_the_filter():
     req = through_filter(prompt_req(), "ib.filter.s1.")
     assert (req.reply_to, req.client_reply_to) == ("ib.filter.s1.ib.reply.t.r1", "ib.reply.t.r1")
+
+
+# -- prompts as token ids --------------------------------------------------------------
+
+
+def token_req(ids: list[int], policy: str = "") -> RequestSubmitted:
+    return RequestSubmitted(
+        request_id="r1", model="m", reply_to="ib.reply.t.r1", token_prompt=ids, input_policy=policy
+    )
+
+
+def test_a_token_prompt_is_checked_as_the_text_it_spells():
+    rules = InputRules()
+    assert rules.decide(token_req([1, 2]), None, "Tell me a story.").rejection is None
+    v = rules.decide(token_req([1, 2]), None, "username: ' OR 1=1 --")
+    assert v.rejection is not None and v.rejection.code == "input_blocked"
+    assert v.rejection.param == "prompt"
+
+
+def test_a_token_prompt_nobody_can_read_passes_only_a_policy_that_lets_it():
+    rules = InputRules()
+    v = rules.decide(token_req([1, 2]), None, None)
+    assert v.rejection is not None and v.rejection.code == "invalid_request"
+    assert "no tokenizer" in v.rejection.reason and v.rejection.param == "prompt"
+    for policy in ("flag", "off"):
+        assert rules.decide(token_req([1, 2], policy), None, None).rejection is None
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"token_prompt": []},
+        {"token_prompt": [-1]},
+        {"token_prompt": [1], "prompt": "x"},
+    ],
+)
+def test_a_bad_token_prompt_is_refused(fields):
+    req = RequestSubmitted(request_id="r1", model="m", reply_to="ib.reply.t.r1", **fields)
+    v = InputRules().decide(req, None, "x")
+    assert v.rejection is not None and v.rejection.code == "invalid_request"
