@@ -306,7 +306,28 @@ _UNSUPPORTED_COMPLETION: dict[str, dict[str, Any]] = {
 _UNSUPPORTED_BOTH: dict[str, dict[str, Any]] = {
     "truncation_side": {"enum": ["left", None], "description": _ONLY.format('"left"')},
 }
+_ECHOING = {"required": ["echo"], "properties": {"echo": {"const": True}}}
+_RULES_COMPLETION: list[dict[str, Any]] = [
+    {  # echo repeats text prompts, without logprobs
+        "if": _ECHOING,
+        "then": {
+            "properties": {
+                "logprobs": {"type": "null"},
+                "prompt": {
+                    "anyOf": [
+                        {"type": "string"},
+                        {"type": "array", "items": {"type": "string"}},
+                    ]
+                },
+            }
+        },
+    }
+]
 _RULES_CHAT: list[dict[str, Any]] = [
+    {  # echo without logprobs
+        "if": _ECHOING,
+        "then": {"properties": {"logprobs": {"enum": [False, None]}}},
+    },
     {  # top_logprobs needs logprobs
         "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"minimum": 1}}},
         "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
@@ -403,6 +424,7 @@ def _document() -> dict[str, Any]:
                 **({"default": props[field]["default"]} if "default" in props[field] else {}),
             }
     components["ChatCompletionRequest"]["allOf"] = _RULES_CHAT
+    components["CompletionRequest"]["allOf"] = _RULES_COMPLETION
     stream_options = components["StreamOptions"]["properties"]
     stream_options["continuous_usage_stats"] = {
         "enum": [False],

@@ -100,7 +100,6 @@ class _Refusable(msgspec.Struct, kw_only=True):
 
     use_beam_search: Any = None
     length_penalty: Any = None
-    echo: Any = None
     prompt_logprobs: Any = None
     logprob_token_ids: Any = None
     return_token_ids: Any = None
@@ -126,6 +125,9 @@ class _Common(_Refusable, kw_only=True):
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
+    echo: bool = False
+    """The prompt (chat: the last message, when it is the assistant's) before the
+    answer's text."""
     max_tokens: PositiveInt | None = None
     temperature: Annotated[float, _R["temperature"].meta()] = 1.0
     top_p: Annotated[float, _R["top_p"].meta()] = 1.0
@@ -204,7 +206,6 @@ class CompletionRequest(_Common, kw_only=True):
 REFUSED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "use_beam_search": ("beam search", (None, False)),
     "length_penalty": ("length_penalty (beam search)", (None, 1, 1.0)),
-    "echo": ("echo", (None, False)),
     "prompt_logprobs": ("prompt_logprobs", (None,)),
     "logprob_token_ids": ("logprob_token_ids", (None, [])),
     "return_token_ids": ("return_token_ids", (None, False)),
@@ -252,6 +253,8 @@ def _refuse_unsupported(req: _Common) -> None:
         value = getattr(req, name, None)
         if not any((value == v and type(value) is type(v)) or value is v for v in no_ops):
             raise _unsupported(name, what)
+    if req.echo and _logprobs(req) is not None:
+        raise _unsupported("echo", "echo with logprobs (the prompt's logprobs)")
     if req.truncation_side == "right":
         raise _unsupported("truncation_side", 'truncation_side "right"')
     if req.stream_options is not None and req.stream_options.continuous_usage_stats:
@@ -529,7 +532,28 @@ def parse_completion(
 ) -> tuple[CompletionRequest, SamplingParams, list[Prompt]]:
     """The request, its sampling, and its prompts (one, or a batch)."""
     req: CompletionRequest = _decode(body, CompletionRequest)
-    return req, _sampling(req, req.max_tokens, default_max_tokens), _prompts(req.prompt)
+    prompts = _prompts(req.prompt)
+    if req.echo and any(isinstance(p, list) for p in prompts):
+        raise _unsupported("echo", "echo of a prompt of token ids")
+    return req, _sampling(req, req.max_tokens, default_max_tokens), prompts
+
+
+def echoed(
+    req: ChatCompletionRequest | CompletionRequest,
+    prompts: list[Prompt | None],
+    messages: list[ChatMessage] | None,
+    n: int,
+) -> dict[int, str]:
+    """What ``echo`` puts before each choice's text, by choice index (vLLM's rule:
+    a completion's prompt; in a chat, the last message when it is the assistant's)."""
+    if not req.echo:
+        return {}
+    if messages is not None:
+        last = messages[-1]
+        if last.role != "assistant" or not last.content:
+            return {}
+        return {j: last.content for j in range(n)}
+    return {i * n + j: p for i, p in enumerate(prompts) if isinstance(p, str) for j in range(n)}
 
 
 def submitted(

@@ -51,6 +51,7 @@ from .protocol import (
     CompletionRequest,
     Prompt,
     chat_template,
+    echoed,
     parse_chat,
     parse_completion,
     prompt_chars,
@@ -390,6 +391,7 @@ class GatewayService(Service[GatewaySettings]):
                 model=req.model,
                 created=int(time.time()),
                 logprobs=sampling.logprobs is not None,
+                echo=echoed(req, prompts, messages, sampling.n),
             )
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             if len(events) == 1:

@@ -106,9 +106,19 @@ class Shapes:
     request asked for them (each choice then carries its own, else null)."""
 
     def __init__(
-        self, *, chat: bool, request_id: str, model: str, created: int, logprobs: bool = False
+        self,
+        *,
+        chat: bool,
+        request_id: str,
+        model: str,
+        created: int,
+        logprobs: bool = False,
+        echo: dict[int, str] | None = None,
     ) -> None:
         self.chat = chat
+        self._echo = dict(echo or {})
+        """Text each choice starts with (``echo``), by index, until it went out."""
+        self._echoed = dict(self._echo)
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
         self.model = model
         self.created = created
@@ -130,6 +140,8 @@ class Shapes:
     def _stream_choice(
         self, index: int, text: str | None, lps: list[TokenLogprob], finish: Any = None
     ) -> dict[str, Any]:
+        if index in self._echo:
+            text = self._echo.pop(index) + (text or "")
         logprobs = self._logprobs(index, lps, text or "")
         if not self.chat:
             return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": None}
@@ -160,7 +172,12 @@ class Shapes:
     def chunk_event(self, chunk: TokenChunk) -> bytes:
         """``chunk`` as a ready SSE event. The common one (choice 0, no logprobs, the
         role sent) is built from cached bytes: only the text is encoded."""
-        if chunk.index or self.logprobs or (self.chat and 0 not in self._role_sent):
+        if (
+            chunk.index
+            or self.logprobs
+            or (self.chat and 0 not in self._role_sent)
+            or 0 in self._echo
+        ):
             return sse(self.chunk(chunk))
         if self._event_parts is None:
             head = msgspec.json.encode(self._envelope([], True))[: -len(b'"choices":[]}')]
@@ -178,6 +195,8 @@ class Shapes:
         out = []
         for end in fin.choice_ends():
             choice = self._stream_choice(end.index, None if self.chat else "", [])
+            if self.chat and "content" in choice["delta"] and not choice["delta"]["content"]:
+                del choice["delta"]["content"]
             choice["logprobs"] = None  # every token's went with its text
             choice["finish_reason"] = end.finish_reason
             choice["stop_reason"] = end.stop_reason
@@ -193,7 +212,7 @@ class Shapes:
         choices = []
         for end in fin.choice_ends():
             i = end.index
-            text = answer.text(i)
+            text = self._echoed.get(i, "") + answer.text(i)
             lps = answer.logprobs.get(i, [])
             logprobs = None
             if self.logprobs:

@@ -280,9 +280,9 @@ class InputRules(msgspec.Struct, kw_only=True, frozen=True):
         if request.token_prompt is not None and token_text is None and policy == "block":
             return InputVerdict(
                 request=request,
-                rejection=RequestRejected(
+                rejection=RequestRejected(  # what cannot be checked, the policy blocks
                     request_id=request.request_id,
-                    code=FailureCode.INVALID_REQUEST,
+                    code=FailureCode.INPUT_BLOCKED,
                     param="prompt",
                     reason=f"a prompt of token ids cannot be checked here: the sanitizer "
                     f"has no tokenizer for {request.model!r} (its --tokenizers); send the "

@@ -291,3 +291,26 @@ async def test_a_prompt_of_token_ids_runs_as_given(vllm_worker, client, sdk):
     with pytest.raises(openai.BadRequestError) as e:
         await sdk.completions.create(model=MODEL, prompt=ids, max_tokens=2)
     assert e.value.body["param"] == "prompt" and "no tokenizer" in e.value.message
+
+
+async def test_langchain_structured_output_runs_unchanged(vllm_worker, platform):
+    """LangChain's ChatOpenAI, as an application writes it: with_structured_output by
+    JSON Schema (response_format) and by JSON mode; function calling waits for tools."""
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(
+        model=MODEL,
+        base_url=platform["gateway"].base + "/v1",
+        api_key="x",
+        max_retries=0,
+        max_tokens=200,
+        temperature=0.0,
+    )
+    person = await llm.with_structured_output(Person, method="json_schema").ainvoke(
+        "Describe a person."
+    )
+    assert isinstance(person, Person)
+    raw = await llm.with_structured_output(None, method="json_mode").ainvoke(
+        "Describe a person as JSON."
+    )
+    assert isinstance(raw, dict)

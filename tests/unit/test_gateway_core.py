@@ -23,7 +23,7 @@ from inferbus.contracts import (
 )
 from inferbus.services.gateway.admission import ModelRegistry
 from inferbus.services.gateway.errors import ApiError, error_for
-from inferbus.services.gateway.protocol import parse_chat, parse_completion, submitted
+from inferbus.services.gateway.protocol import echoed, parse_chat, parse_completion, submitted
 from inferbus.services.gateway.shapes import Answer, Shapes
 
 
@@ -695,3 +695,36 @@ def test_integral_floats_are_taken_as_integers_but_strings_are_not():
         parse_chat, body(model="m", max_tokens="16", messages=[{"role": "user", "content": "x"}])
     )
     assert e.param == "max_tokens"
+
+
+def test_echo_puts_the_prompt_before_each_choice_s_text():
+    req, sampling, prompts = parse_completion(
+        body(model="m", prompt=["Once", "Twice"], echo=True, n=2), 16
+    )
+    echo = echoed(req, prompts, None, sampling.n)
+    assert echo == {0: "Once", 1: "Once", 2: "Twice", 3: "Twice"}
+    s = Shapes(chat=False, request_id="r1", model="m", created=1, echo=echo)
+    assert s.chunk(tc(" upon", 1))["choices"][0]["text"] == "Once upon"
+    assert s.chunk(tc(" more", 1))["choices"][0]["text"] == " more"
+    fin = RequestFinished(
+        request_id="r1",
+        finish_reason="stop",
+        usage=Usage(),
+        chunks=1,
+        choices=[ChoiceEnd(index=i, finish_reason="stop") for i in range(4)],
+    )
+    finals = s.final_chunks(fin)  # a choice that said nothing still gets its prompt
+    assert [f["choices"][0]["text"] for f in finals] == ["Once", "", "Twice", "Twice"]
+    whole = Shapes(chat=False, request_id="r1", model="m", created=1, echo=echo)
+    texts = [c["text"] for c in whole.complete(answer(tc(" upon", 1)), fin)["choices"]]
+    assert texts == ["Once", "Once upon", "Twice", "Twice"]
+
+
+def test_chat_echo_repeats_the_assistant_s_last_message_only():
+    history = [*USER, {"role": "assistant", "content": "Hel"}]
+    req, _, messages = parse_chat(body(model="m", messages=history, echo=True), 16)
+    assert echoed(req, [None], messages, 1) == {0: "Hel"}
+    req, _, messages = parse_chat(body(model="m", messages=USER, echo=True), 16)
+    assert echoed(req, [None], messages, 1) == {}
+    e = api_error(parse_chat, body(model="m", messages=USER, echo=True, logprobs=True))
+    assert (e.status, e.param, e.code) == (400, "echo", "unsupported_parameter")

@@ -363,7 +363,7 @@ def test_a_token_prompt_is_checked_as_the_text_it_spells():
 def test_a_token_prompt_nobody_can_read_passes_only_a_policy_that_lets_it():
     rules = InputRules()
     v = rules.decide(token_req([1, 2]), None, None)
-    assert v.rejection is not None and v.rejection.code == "invalid_request"
+    assert v.rejection is not None and v.rejection.code == "input_blocked"
     assert "no tokenizer" in v.rejection.reason and v.rejection.param == "prompt"
     for policy in ("flag", "off"):
         assert rules.decide(token_req([1, 2], policy), None, None).rejection is None

@@ -88,6 +88,7 @@ HONOURED_BOTH: dict[str, tuple[Any, Any]] = {
     "stream_options": ({"include_usage": True}, lambda p: p[0].stream_options.include_usage),
     # vLLM takes it and does nothing with it either
     "user": ("u1", lambda p: p[0].user == "u1"),
+    "echo": (True, lambda p: p[0].echo),
 }
 HONOURED_CHAT: dict[str, tuple[Any, Any]] = {
     "messages": (
