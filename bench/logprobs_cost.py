@@ -3,7 +3,7 @@ without them: the platform's own work on each token, with the engine left out.
 
 Each token goes the way the services take it, in this process, one token a chunk
 (what vLLM's engine yields a streamed request): the worker turns vLLM's per-position
-logprob dicts into the contract's (``vllm_engine.logprobs_of``; absent without
+logprob dicts into the contract's (``vllm_params.logprobs_of``; absent without
 logprobs) and its chunk (``RequestStream.chunk``), encodes it; the sanitizer decodes
 it, masks it (``FilteredStream``: text, and with logprobs the tokens and their
 alternatives) and encodes what it passes on; the gateway decodes that, reads it
@@ -37,7 +37,7 @@ from inferbus.services.gateway.shapes import Shapes
 from inferbus.services.sanitizer.core import FilteredStream
 from inferbus.services.worker.core import RequestStream
 from inferbus.services.worker.engine import EngineOutput
-from inferbus.services.worker.vllm_engine import logprobs_of
+from inferbus.services.worker.vllm_params import logprobs_of
 from inferbus.shared.codec import decode, encode
 
 PROSE = (

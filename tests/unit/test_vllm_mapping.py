@@ -70,7 +70,7 @@ def test_lora_modules_parse_and_refuse_bad_pairs():
 
 def test_sampling_maps_onto_vllm_and_bad_values_are_request_errors():
     pytest.importorskip("vllm")
-    from inferbus.services.worker.vllm_engine import sampling_params
+    from inferbus.services.worker.vllm_params import sampling_params
 
     sp = sampling_params(
         SamplingParams(
@@ -117,3 +117,69 @@ def test_the_engine_niceness_is_a_bounded_setting() -> None:
     assert load_settings(WorkerSettings, ["--cpu-nice", "0"]).engine_options.cpu_nice == 0
     with pytest.raises(ConfigError):
         load_settings(WorkerSettings, ["--cpu-nice", "20"])
+
+
+ONE_EACH = {
+    "max_tokens": 9,
+    "temperature": 0.5,
+    "top_p": 0.5,
+    "top_k": 3,
+    "stop": ["x"],
+    "stop_token_ids": [4],
+    "seed": 2,
+    "presence_penalty": 0.5,
+    "frequency_penalty": 0.5,
+    "repetition_penalty": 1.3,
+    "ignore_eos": True,
+    "n": 2,
+    "min_p": 0.2,
+    "min_tokens": 2,
+    "logprobs": 3,
+    "logit_bias": {5: 1.0},
+    "allowed_token_ids": [1, 2],
+    "bad_words": ["no"],
+    "include_stop_str_in_output": True,
+    "skip_special_tokens": False,
+    "spaces_between_special_tokens": False,
+}
+"""A value other than the default for every contract field vLLM takes as it is."""
+
+
+def test_every_sampling_field_reaches_vllm_s_field_of_its_name():
+    """The contract mirrors vLLM's SamplingParams: a field added to one and not mapped
+    fails here (the defect: min_tokens, min_p and the rest never reached the engine)."""
+    pytest.importorskip("vllm")
+    from inferbus.contracts import StructuredOutput
+    from inferbus.services.worker.vllm_params import sampling_params
+
+    mapped_elsewhere = {"structured", "truncate_prompt_tokens"}
+    assert set(ONE_EACH) | mapped_elsewhere == set(SamplingParams.__struct_fields__)
+    sp = sampling_params(SamplingParams(**ONE_EACH))
+    for name, value in ONE_EACH.items():
+        assert getattr(sp, name) == value, name
+    constrained = sampling_params(SamplingParams(structured=StructuredOutput(choice=["a", "b"])))
+    assert constrained.structured_outputs.choice == ["a", "b"]
+    assert sampling_params(SamplingParams()).structured_outputs is None
+
+
+def test_truncation_keeps_the_prompt_s_end():
+    from inferbus.services.worker.vllm_params import truncated
+
+    ids = list(range(10))
+    assert truncated(ids, None, 100, 5) == ids
+    assert truncated(ids, 3, 100, 5) == [7, 8, 9]
+    assert truncated(ids, -1, 12, 5) == [3, 4, 5, 6, 7, 8, 9]  # room for max_tokens
+
+
+def test_an_engine_wide_constraint_option_is_refused_where_the_engine_lacks_it():
+    from inferbus.contracts import StructuredOutput
+    from inferbus.services.worker.engine import EngineOptions
+    from inferbus.services.worker.vllm_params import engine_wide_only
+
+    tight = StructuredOutput(json_object=True, disable_any_whitespace=True)
+    with pytest.raises(EngineError) as exc:
+        engine_wide_only(tight, EngineOptions())
+    assert exc.value.code == "unsupported_by_engine"
+    assert "--structured-outputs-disable-any-whitespace" in str(exc.value)
+    engine_wide_only(tight, EngineOptions(structured_outputs_disable_any_whitespace=True))
+    engine_wide_only(StructuredOutput(json_object=True), EngineOptions())
