@@ -172,6 +172,7 @@ class SchedulerCore:
             tokens = cost_tokens(request)
             w.assigned.add(rid)
             w.assigned_tokens += tokens
+            w.assigned_seqs += request.sampling.n
             self.inflight[rid] = Inflight(
                 request=request,
                 worker_id=worker_id,
@@ -245,6 +246,7 @@ class SchedulerCore:
                 w.assigned.discard(request_id)
                 w.prefilling_long.pop(request_id, None)
                 w.assigned_tokens -= f.tokens
+                w.assigned_seqs -= f.request.sampling.n
             return self._dispatch(now)
         return []
 
@@ -348,7 +350,7 @@ class SchedulerCore:
                 queued=len(q),
                 queue_limit=self.policy.max_queue_per_model,
                 ready_workers=len(ready),
-                free_slots=sum(max(0, w.max_num_seqs - len(w.assigned)) for w in ready),
+                free_slots=sum(max(0, w.max_num_seqs - w.assigned_seqs) for w in ready),
                 oldest_wait_s=max((now - item.since for item in q), default=0.0),
                 dispatch_per_s=self._dispatch_rate(model, now),
             )
@@ -560,7 +562,9 @@ class SchedulerCore:
         pool = candidates.of(target)
         if not pool:
             return None
-        eligible = self._eligible(pool, lane, unreserved, tokens, prompt_tokens(item.request))
+        eligible = self._eligible(
+            pool, lane, unreserved, tokens, prompt_tokens(item.request), item.request.sampling.n
+        )
         return self._route(target, item, eligible)
 
     def _assign(
@@ -572,6 +576,7 @@ class SchedulerCore:
         w.foreign.discard(rid)  # listed by its heartbeat, now placed here
         w.assigned.add(rid)
         w.assigned_tokens += tokens
+        w.assigned_seqs += item.request.sampling.n
         if lane == "long" and self.policy.lanes:
             w.prefilling_long[rid] = prompt_tokens(item.request)
         self.inflight[rid] = Inflight(
@@ -605,6 +610,7 @@ class SchedulerCore:
         unreserved: bool,
         tokens: int = 0,
         prompt: int = 0,
+        seqs: int = 1,
     ) -> list[Worker]:
         """Workers a request of ``lane`` may go to: long prompts prefill within each
         worker's budget (``_prefills_more``), off the reserved share unless
@@ -617,7 +623,7 @@ class SchedulerCore:
         if lane == "short":
             # away from long prefills when possible: they would stall its first token
             clear = [w for w in candidates if not w.prefilling_long]
-            return clear if any(w.can_take(tokens) for w in clear) else candidates
+            return clear if any(w.can_take(tokens, seqs) for w in clear) else candidates
         reserved = (
             max(1, round(p.short_reserve * len(candidates)))
             if len(candidates) > 1 and p.short_reserve > 0 and prompt >= p.reserve_above_tokens
@@ -643,7 +649,7 @@ class SchedulerCore:
         """The worker of ``candidates`` the routing strategy picks for ``item``, among
         those with room for it; None when none has."""
         tokens = cost_tokens(item.request)
-        free = [w for w in candidates if w.can_take(tokens)]
+        free = [w for w in candidates if w.can_take(tokens, item.request.sampling.n)]
         if not free:
             return None
         if not self.router.uses_prefix:

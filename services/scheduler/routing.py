@@ -73,7 +73,7 @@ class KvRouter:
         self, model: str, blocks: list[int], candidates: list[Worker], free: list[Worker]
     ) -> tuple[Worker, int]:
         p = self.policy
-        load = {w.worker_id: len(w.assigned) / max(1, w.max_num_seqs) for w in candidates}
+        load = {w.worker_id: w.assigned_seqs / max(1, w.max_num_seqs) for w in candidates}
         mean = sum(load.values()) / len(load)
         ceiling = (1 + p.max_load_skew) * mean + 1 / max(1, min(w.max_num_seqs for w in candidates))
         allowed = [w for w in free if load[w.worker_id] <= ceiling] or free

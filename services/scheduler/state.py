@@ -94,6 +94,9 @@ class Worker:
     assigned: set[str] = field(default_factory=set)
     assigned_tokens: int = 0
     """Prompt + max output tokens of what it holds: against ``kv_capacity_tokens``."""
+    assigned_seqs: int = 0
+    """Sequences the engine runs for what it holds: a request for ``n`` choices runs
+    ``n`` of them, each one of the engine's ``max_num_seqs``."""
     prefilling_long: dict[str, int] = field(default_factory=dict)
     """Long prompts assigned here whose first token has not come yet, and their tokens."""
     foreign: set[str] = field(default_factory=set)
@@ -103,8 +106,11 @@ class Worker:
     """What a block it would restore from its KV spill tiers is worth against one in
     its engine's cache, from its measured costs (None: not measured yet)."""
 
-    def can_take(self, tokens: int = 0) -> bool:
-        if self.state != "ready" or len(self.assigned) + len(self.foreign) >= self.max_num_seqs:
+    def can_take(self, tokens: int = 0, seqs: int = 1) -> bool:
+        """Room for a request of ``tokens`` running ``seqs`` sequences (its ``n``); an
+        idle worker takes one whatever its ``n`` (the engine queues the rest)."""
+        used = self.assigned_seqs + len(self.foreign)
+        if self.state != "ready" or used + (seqs if used else 1) > self.max_num_seqs:
             return False
         # a request bigger than the whole cache still goes to an idle worker
         return (

@@ -271,6 +271,7 @@ def test_every_strategy_chooses_a_worker_that_can_take_the_request(name, workers
                 kv_capacity_tokens=cap,
                 assigned={f"{wid}.{j}" for j in range(n)},
                 assigned_tokens=n * per,
+                assigned_seqs=n,
                 foreign={f"{wid}.f{j}" for j in range(foreign)},
             )
         )

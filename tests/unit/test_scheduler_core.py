@@ -5,10 +5,11 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
+import msgspec
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from inferbus.contracts import RequestSubmitted, WorkerHeartbeat
+from inferbus.contracts import RequestSubmitted, SamplingParams, WorkerHeartbeat
 from inferbus.services.scheduler.core import (
     Assign,
     Cancel,
@@ -892,3 +893,23 @@ def test_a_start_from_the_worker_holding_the_request_counts_whatever_the_attempt
     core.on_heartbeat(hb("w2"), 7.0)
     [fail] = only(core.tick(7.0), Fail)  # w1 lost again: r fails, never streams twice
     assert fail.code == "worker_lost"
+
+
+def test_a_request_for_n_choices_takes_n_of_the_engine_s_sequences():
+    """The engine runs n sequences for it; counted as one, a worker took max_num_seqs
+    requests of n=4 and its engine queued three quarters of them."""
+    core = SchedulerCore(POLICY)
+    core.on_heartbeat(hb("w1", max_num_seqs=4), 0.0)
+
+    def wide(rid: str, n: int) -> RequestSubmitted:
+        return msgspec.structs.replace(req(rid), sampling=SamplingParams(n=n))
+
+    assert assigns(core.on_accepted(wide("a", 3), 0.1)) == [("a", "w1", 1)]
+    assert assigns(core.on_accepted(wide("b", 2), 0.2)) == []  # 3 + 2 > 4: it waits
+    assert assigns(core.on_accepted(wide("c", 1), 0.3)) == []  # behind b, in order
+    placed = assigns(core.on_ended("a", 0.4))
+    assert [rid for rid, _, _ in placed] == ["b", "c"]  # 2 + 1 fit once a ended
+    core2 = SchedulerCore(POLICY)
+    core2.on_heartbeat(hb("w1", max_num_seqs=2), 0.0)
+    # wider than the engine: an idle worker takes it all the same (the engine queues)
+    assert assigns(core2.on_accepted(wide("big", 5), 0.1)) == [("big", "w1", 1)]
