@@ -46,19 +46,17 @@ from .admission import Gates, LoadView, ModelRegistry
 from .auth import AccessControl, ApiKey, estimate_prompt_tokens, load_keys
 from .errors import ApiError, error_for, failure_error
 from .openapi import openapi_document
-from .protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
+from .protocol import ChatCompletionRequest, CompletionRequest, request_timeout
+from .shapes import Answer, Shapes, batch_finished, sse
+from .torequest import (
     Prompt,
     chat_template,
     echoed,
     parse_chat,
     parse_completion,
     prompt_chars,
-    request_timeout,
     submitted,
 )
-from .shapes import Answer, Shapes, batch_finished, sse
 from .trace import HttpTrace, NoTrace, http_trace
 from .wiring import WIRING
 

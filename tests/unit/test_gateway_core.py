@@ -23,8 +23,8 @@ from inferbus.contracts import (
 )
 from inferbus.services.gateway.admission import ModelRegistry
 from inferbus.services.gateway.errors import ApiError, error_for
-from inferbus.services.gateway.protocol import echoed, parse_chat, parse_completion, submitted
 from inferbus.services.gateway.shapes import Answer, Shapes
+from inferbus.services.gateway.torequest import echoed, parse_chat, parse_completion, submitted
 
 
 def body(**fields) -> bytes:

@@ -23,13 +23,8 @@ from vllm.sampling_params import StructuredOutputsParams
 
 from inferbus.contracts import SamplingParams, StructuredOutput
 from inferbus.services.gateway.errors import ApiError
-from inferbus.services.gateway.protocol import (
-    REFUSED,
-    StructuredOutputsIn,
-    chat_template,
-    parse_chat,
-    parse_completion,
-)
+from inferbus.services.gateway.protocol import REFUSED, StructuredOutputsIn
+from inferbus.services.gateway.torequest import chat_template, parse_chat, parse_completion
 
 USER = [{"role": "user", "content": "hi"}]
 
