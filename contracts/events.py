@@ -11,7 +11,15 @@ from typing import Literal
 
 import msgspec
 
-from .generation import ChatTemplateOptions, ChoiceEnd, StructuredOutput, TokenLogprob, ToolCall
+from .generation import (
+    ChatTemplateOptions,
+    ChoiceEnd,
+    StructuredOutput,
+    TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
+    ToolUse,
+)
 
 __all__ = [
     "ALL_EVENTS",
@@ -158,6 +166,8 @@ class RequestSubmitted(Event, tag="request.submitted"):
     given as integers), run as they are."""
     chat_template: ChatTemplateOptions | None = None
     """How ``messages`` become the prompt; None: the assistant's turn opened after them."""
+    tools: ToolUse | None = None
+    """Functions the model may call (chat requests only), and how."""
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     tenant: str = "default"
     created_at: float = 0.0
@@ -247,6 +257,12 @@ class TokenChunk(Event, tag="token.chunk"):
     ``seq`` counts a request's chunks across all its choices."""
     logprobs: list[TokenLogprob] = []
     """Each token's log probability, when the request asked for them."""
+    tool_calls: list[ToolCallDelta] = []
+    """Pieces of the tool calls these tokens spell (the worker's tool-call parser took
+    them out of the text, which then holds what is left, if anything)."""
+    reasoning: str = ""
+    """Reasoning these tokens spell, taken apart from the text by the worker's
+    reasoning parser."""
 
     @property
     def tokens(self) -> int:

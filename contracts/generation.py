@@ -11,12 +11,16 @@ import msgspec
 
 __all__ = [
     "STRUCTURED_KINDS",
+    "TOOL_CHOICES",
     "ChatTemplateOptions",
     "ChoiceEnd",
+    "FunctionTool",
     "StructuredOutput",
     "TokenLogprob",
     "ToolCall",
+    "ToolCallDelta",
     "ToolCallFunction",
+    "ToolUse",
     "TopLogprob",
 ]
 
@@ -95,7 +99,8 @@ class ChoiceEnd(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     index: int
     finish_reason: str
-    """``stop`` or ``length``."""
+    """``stop``, ``length``, or ``tool_calls`` (the choice ended calling tools: under
+    ``tool_choice`` ``auto`` when calls were found, or ``required``)."""
     stop_reason: str | int | None = None
     """The stop string or stop token id that ended it, when one did."""
     completion_tokens: int = 0
@@ -113,3 +118,61 @@ class ToolCall(msgspec.Struct, kw_only=True):
     id: str
     function: ToolCallFunction
     type: str = "function"
+
+
+TOOL_CHOICES = ("auto", "none", "required", "function")
+"""``ToolUse.choice``: the model may call tools, may not, must call at least one, or
+must call ``ToolUse.function``."""
+
+
+class FunctionTool(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A function the model may call (OpenAI's ``tools[].function``)."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    """A JSON Schema of the arguments (an object)."""
+    strict: bool | None = None
+
+
+class ToolUse(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The tools a chat request offers the model and how it may call them. The chat
+    template renders ``tools`` into the prompt; ``required`` and ``function`` are
+    decoded under a constraint of the tools' schemas; the worker's tool-call parser
+    (the model's own format) takes the calls out of the text."""
+
+    tools: list[FunctionTool]
+    choice: str = "auto"
+    """One of ``TOOL_CHOICES``."""
+    function: str | None = None
+    """The function ``choice`` ``function`` names (one of ``tools``)."""
+    parallel: bool = True
+    """More than one call in a turn (OpenAI's ``parallel_tool_calls``)."""
+
+    def template_tools(self) -> list[dict[str, Any]]:
+        """The tools as chat templates read them (OpenAI's shape, as vLLM passes them)."""
+        return [{"type": "function", "function": msgspec.to_builtins(t)} for t in self.tools]
+
+    def problem(self) -> tuple[str, str] | None:
+        """(param, why) when the choice does not fit the tools; None when it does."""
+        if self.choice not in TOOL_CHOICES:
+            return "tool_choice", f"tool_choice must be one of {', '.join(TOOL_CHOICES)}"
+        names = [t.name for t in self.tools]
+        if len(set(names)) != len(names):
+            return "tools", "two tools have the same name"
+        if self.choice == "function" and self.function not in names:
+            return "tool_choice", f"tool_choice names {self.function!r}, which is not in tools"
+        if self.choice != "function" and self.function is not None:
+            return "tool_choice", "a function is named only with tool_choice function"
+        return None
+
+
+class ToolCallDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A piece of one tool call in a choice's stream: the first piece of a call has its
+    ``id`` and ``name``; ``arguments`` pieces join into the call's JSON arguments."""
+
+    index: int
+    """The call, counted from 0 within its choice."""
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""

@@ -17,8 +17,19 @@ import numpy as np
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    # tools as Hermes-style models are shown them: vLLM's hermes tool parser reads the
+    # <tool_call> blocks back out of the output
+    "{% if tools %}<|system|>You may call one or more functions. Their signatures:"
+    "<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools>"
+    ' For each call write <tool_call>{"name": <name>, "arguments": <arguments>}'
+    "</tool_call><|end|>{% endif %}"
     "{% for message in messages %}"
-    "<|{{ message['role'] }}|>{{ message['content'] }}<|end|>"
+    "<|{{ message['role'] }}|>{{ message['content'] or '' }}"
+    "{% for call in message.get('tool_calls') or [] %}"
+    "{% set args = call['function']['arguments'] %}"
+    "<tool_call>{\"name\": {{ call['function']['name'] | tojson }}, \"arguments\": "
+    "{% if args is string %}{{ args }}{% else %}{{ args | tojson }}{% endif %}}</tool_call>"
+    "{% endfor %}<|end|>"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
@@ -138,6 +149,17 @@ def _weights(arch: dict[str, int], seed: int, dtype: type) -> dict[str, np.ndarr
             p + "post_attention_layernorm.weight": ones(h),
         }
     return out
+
+
+def is_current(path: str | Path) -> bool:
+    """Whether ``path`` holds the tiny model as this release builds it (its chat
+    template too: a state dir kept across upgrades gets the new one)."""
+    p = Path(path)
+    try:
+        config = json.loads((p / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (p / "model.safetensors").exists() and config.get("chat_template") == CHAT_TEMPLATE
 
 
 def make_tiny(out_dir: str | Path, seed: int = 0, arch: str = "tiny") -> Path:

@@ -214,8 +214,13 @@ class Platform:
         if not any(a.startswith("--trusted-keys") for a in o.worker_args):
             args += ["--trusted-keys", str(signing_key(o.state_dir)) + ".pub"]
         if o.engine == "vllm" and o.model is None:
-            # the tiny model: eager mode starts in seconds on a CPU, and 2k tokens is its context
+            # the tiny model: eager mode starts in seconds on a CPU, and 2k tokens is its
+            # context; its template shows tools and calls as Hermes models write them; and
+            # random weights, which never learnt JSON, get no free whitespace in it
             args += ["--enforce-eager", "true", "--max-model-len", "2048"]
+            args += ["--tool-call-parser", "hermes", "--enable-auto-tool-choice", "true"]
+            args += ["--structured-outputs-backend", "xgrammar"]
+            args += ["--structured-outputs-disable-any-whitespace", "true"]
         return args + o.worker_args
 
 
@@ -411,9 +416,9 @@ def _model(o: Options) -> tuple[str, str]:
     if o.model:
         return o.model, Path(o.model.rstrip("/")).name
     path = o.state_dir / "models" / TINY_MODEL
-    if not (path / "model.safetensors").exists():
-        from inferbus.tinymodel import make_tiny
+    from inferbus.tinymodel import is_current, make_tiny
 
+    if not is_current(path):  # absent, or built by an older release (another template)
         _say(f"building the tiny local model in {path}")
         make_tiny(path)
     return str(path), TINY_MODEL

@@ -10,7 +10,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from inferbus.contracts import ChatMessage, ChatTemplateOptions
+from inferbus.contracts import ChatMessage, ChatTemplateOptions, ToolUse
 
 
 class TemplateError(ValueError):
@@ -22,23 +22,28 @@ def prompt_token_ids(
     prompt: str | None,
     messages: Sequence[ChatMessage] | None,
     template: ChatTemplateOptions | None = None,
+    tools: ToolUse | None = None,
 ) -> list[int]:
     """The ids of a completion ``prompt``, or of chat ``messages`` through the
     tokenizer's chat template (the assistant's turn opened, unless ``template`` says
-    otherwise), as vLLM's server renders them."""
+    otherwise; ``tools`` offered, even under ``tool_choice`` none), as vLLM's server
+    renders them."""
     if messages is None:
         return list(tokenizer.encode(prompt or ""))
     t = template or _DEFAULT_TEMPLATE
     if t.add_generation_prompt and t.continue_final_message:
         raise TemplateError("continue_final_message and add_generation_prompt cannot both be true")
     msgs = [m.template_dict() for m in messages]
+    extra = dict(t.kwargs)
+    if tools is not None and tools.tools:
+        extra["tools"] = tools.template_tools()
     try:
         ids = tokenizer.apply_chat_template(
             msgs,
             tokenize=True,
             add_generation_prompt=t.add_generation_prompt,
             continue_final_message=t.continue_final_message,
-            **t.kwargs,
+            **extra,
         )
     except Exception as exc:  # a template that rejects these roles, say
         raise TemplateError(f"chat template failed: {exc}") from None

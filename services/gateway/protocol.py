@@ -252,12 +252,10 @@ def refuse_unsupported(req: CommonFields) -> None:
     if req.stream_options is not None and req.stream_options.continuous_usage_stats:
         raise unsupported("stream_options.continuous_usage_stats", "continuous_usage_stats")
     if isinstance(req, ChatCompletionRequest):
-        for name in ("tools", "functions"):
-            if getattr(req, name):
-                raise unsupported(name, "tool and function calling")
-        for name in ("tool_choice", "function_call"):
-            if getattr(req, name) not in (None, "none", "auto"):
-                raise unsupported(name, "tool and function calling")
+        if req.functions:
+            raise unsupported("functions", "functions (deprecated: send them as tools)")
+        if req.function_call not in (None, "none", "auto"):
+            raise unsupported("function_call", "function_call (deprecated: use tool_choice)")
         if req.top_logprobs and not req.logprobs:
             raise ApiError(
                 400,

@@ -56,6 +56,7 @@ from .torequest import (
     parse_completion,
     prompt_chars,
     submitted,
+    tool_use,
 )
 from .trace import HttpTrace, NoTrace, http_trace
 from .wiring import WIRING
@@ -341,9 +342,11 @@ class GatewayService(Service[GatewaySettings]):
         messages: list[ChatMessage] | None = None
         req: ChatCompletionRequest | CompletionRequest
         template = None
+        tools = None
         if chat:
             req, sampling, messages = parse_chat(body, default_max)
             template = chat_template(req)
+            tools = tool_use(req)
         else:
             req, sampling, texts = parse_completion(body, default_max)
             prompts = list(texts)
@@ -378,6 +381,7 @@ class GatewayService(Service[GatewaySettings]):
                     prompt=prompt,
                     messages=messages,
                     chat_template=template,
+                    tools=tools,
                     input_policy=key.input_policy,
                     mask_pii=key.mask_pii,
                 )

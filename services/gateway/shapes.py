@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from inferbus.contracts import RequestFinished, TokenChunk, TokenLogprob, Usage
+from inferbus.contracts import RequestFinished, TokenChunk, TokenLogprob, ToolCallDelta, Usage
 
 
 def usage_dict(fin: RequestFinished) -> dict[str, Any]:
@@ -79,26 +79,74 @@ def completion_logprobs(lps: list[TokenLogprob], offset: int) -> dict[str, Any]:
     }
 
 
+def tool_call_deltas(calls: list[ToolCallDelta]) -> list[dict[str, Any]]:
+    """OpenAI's streamed tool-call pieces: a call's first carries its id and name."""
+    out = []
+    for c in calls:
+        function: dict[str, Any] = {"arguments": c.arguments}
+        d: dict[str, Any] = {"index": c.index}
+        if c.id is not None:
+            d["id"], d["type"] = c.id, "function"
+        if c.name is not None:
+            function["name"] = c.name
+        d["function"] = function
+        out.append(d)
+    return out
+
+
+class _Call:
+    __slots__ = ("arguments", "id", "name")
+
+    def __init__(self) -> None:
+        self.id = ""
+        self.name = ""
+        self.arguments: list[str] = []
+
+
 class Answer:
     """A whole response's choices as their chunks arrive (for a non-streamed reply)."""
 
-    __slots__ = ("logprobs", "texts")
+    __slots__ = ("calls", "logprobs", "reasoning", "texts")
 
     def __init__(self) -> None:
         self.texts: dict[int, list[str]] = {}
         self.logprobs: dict[int, list[TokenLogprob]] = {}
+        self.reasoning: dict[int, list[str]] = {}
+        self.calls: dict[int, dict[int, _Call]] = {}
+        """Each choice's tool calls, by the call's index, as their pieces join."""
 
     def add(self, chunk: TokenChunk) -> None:
         self.texts.setdefault(chunk.index, []).append(chunk.text)
         if chunk.logprobs:
             self.logprobs.setdefault(chunk.index, []).extend(chunk.logprobs)
+        if chunk.reasoning:
+            self.reasoning.setdefault(chunk.index, []).append(chunk.reasoning)
+        for piece in chunk.tool_calls:
+            call = self.calls.setdefault(chunk.index, {}).setdefault(piece.index, _Call())
+            call.id = call.id or piece.id or ""
+            call.name = call.name or piece.name or ""
+            call.arguments.append(piece.arguments)
 
     def clear(self) -> None:
         self.texts.clear()
         self.logprobs.clear()
+        self.reasoning.clear()
+        self.calls.clear()
 
     def text(self, index: int) -> str:
         return "".join(self.texts.get(index, ()))
+
+    def tool_calls(self, index: int) -> list[dict[str, Any]]:
+        """A choice's calls in OpenAI's message form."""
+        calls = self.calls.get(index, {})
+        return [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": "".join(c.arguments)},
+            }
+            for _, c in sorted(calls.items())
+        ]
 
 
 class Shapes:
@@ -138,7 +186,11 @@ class Shapes:
         return completion_logprobs(lps, offset)
 
     def _stream_choice(
-        self, index: int, text: str | None, lps: list[TokenLogprob], finish: Any = None
+        self,
+        index: int,
+        text: str | None,
+        lps: list[TokenLogprob],
+        chunk: TokenChunk | None = None,
     ) -> dict[str, Any]:
         if index in self._echo:
             text = self._echo.pop(index) + (text or "")
@@ -149,8 +201,12 @@ class Shapes:
         if index not in self._role_sent:
             delta["role"] = "assistant"
             self._role_sent.add(index)
-        if text is not None:
+        if chunk is not None and chunk.reasoning:
+            delta["reasoning"] = chunk.reasoning
+        if text is not None and (text or chunk is None or not chunk.tool_calls):
             delta["content"] = text
+        if chunk is not None and chunk.tool_calls:
+            delta["tool_calls"] = tool_call_deltas(chunk.tool_calls)
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
 
     def _envelope(self, choices: list[dict[str, Any]], stream: bool) -> dict[str, Any]:
@@ -166,7 +222,7 @@ class Shapes:
         }
 
     def chunk(self, chunk: TokenChunk) -> dict[str, Any]:
-        choice = self._stream_choice(chunk.index, chunk.text, chunk.logprobs)
+        choice = self._stream_choice(chunk.index, chunk.text, chunk.logprobs, chunk)
         return self._envelope([choice], True)
 
     def chunk_event(self, chunk: TokenChunk) -> bytes:
@@ -177,6 +233,8 @@ class Shapes:
             or self.logprobs
             or (self.chat and 0 not in self._role_sent)
             or 0 in self._echo
+            or chunk.tool_calls
+            or chunk.reasoning
         ):
             return sse(self.chunk(chunk))
         if self._event_parts is None:
@@ -219,7 +277,16 @@ class Shapes:
                 logprobs = chat_logprobs(lps) if self.chat else completion_logprobs(lps, 0)
             choice: dict[str, Any] = {"index": i}
             if self.chat:
-                choice["message"] = {"role": "assistant", "content": text}
+                calls = answer.tool_calls(i)
+                message: dict[str, Any] = {
+                    "role": "assistant",
+                    "content": text if text or not calls else None,
+                }
+                if calls:
+                    message["tool_calls"] = calls
+                if i in answer.reasoning:
+                    message["reasoning"] = "".join(answer.reasoning[i])
+                choice["message"] = message
             else:
                 choice["text"] = text
             choice.update(

@@ -11,11 +11,13 @@ import msgspec
 from inferbus.contracts import (
     ChatMessage,
     ChatTemplateOptions,
+    FunctionTool,
     RequestSubmitted,
     SamplingParams,
     StructuredOutput,
     ToolCall,
     ToolCallFunction,
+    ToolUse,
 )
 from inferbus.contracts.sampling import out_of_range
 
@@ -189,6 +191,55 @@ def chat_template(req: ChatCompletionRequest) -> ChatTemplateOptions | None:
     return None if options == ChatTemplateOptions() else options
 
 
+def _tool(entry: dict[str, Any], at: int) -> FunctionTool:
+    if entry.get("type", "function") != "function":
+        raise unsupported(f"tools[{at}].type", f"tools of type {entry.get('type')!r}")
+    try:
+        return msgspec.convert(entry.get("function"), FunctionTool)
+    except msgspec.ValidationError as exc:
+        raise ApiError(
+            400, f"invalid tool: {exc}", param=f"tools[{at}].function", code="invalid_value"
+        ) from None
+
+
+def _tool_choice(choice: str | dict[str, Any] | None) -> tuple[str, str | None]:
+    if choice is None or isinstance(choice, str):
+        return choice or "auto", None
+    function = choice.get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    if choice.get("type") != "function" or not isinstance(name, str):
+        raise ApiError(
+            400,
+            'tool_choice names a function as {"type": "function", "function": {"name": ...}}',
+            param="tool_choice",
+            code="invalid_value",
+        )
+    return "function", name
+
+
+def tool_use(req: ChatCompletionRequest) -> ToolUse | None:
+    """The tools offered and how they may be called (``tool_choice`` ``auto`` when
+    unset, as OpenAI's and vLLM's); None: none offered."""
+    if not req.tools:
+        if req.tool_choice not in (None, "none"):
+            raise ApiError(
+                400, "tool_choice needs tools", param="tool_choice", code="invalid_value"
+            )
+        return None
+    choice, function = _tool_choice(req.tool_choice)
+    tools = ToolUse(
+        tools=[_tool(t, i) for i, t in enumerate(req.tools)],
+        choice=choice,
+        function=function,
+        parallel=req.parallel_tool_calls is not False,
+    )
+    wrong = tools.problem()
+    if wrong is not None:
+        param, why = wrong
+        raise ApiError(400, why, param=param, code="invalid_value")
+    return tools
+
+
 def parse_chat(
     body: bytes, default_max_tokens: int
 ) -> tuple[ChatCompletionRequest, SamplingParams, list[ChatMessage]]:
@@ -263,6 +314,7 @@ def submitted(
     prompt: Prompt | None = None,
     messages: list[ChatMessage] | None = None,
     chat_template: ChatTemplateOptions | None = None,
+    tools: ToolUse | None = None,
     input_policy: str = "",
     mask_pii: bool | None = None,
 ) -> RequestSubmitted:
@@ -274,6 +326,7 @@ def submitted(
         token_prompt=prompt if isinstance(prompt, list) else None,
         messages=messages,
         chat_template=chat_template,
+        tools=tools,
         sampling=sampling,
         tenant=tenant,
         priority=priority,

@@ -1,13 +1,17 @@
 """One choice's output through the PII filter: its text masked as a stream, and its
 token logprobs held back with the text they spell, so that what was masked in the
 text never comes back through a logprob (the token, or an alternative at its
-position). Pure: the filter's core (core.FilteredStream) keeps one per choice."""
+position); its reasoning and each tool call's arguments masked as streams of their
+own (arguments as JSON documents). Pure: the filter's core (core.FilteredStream)
+keeps one ``ChoiceParts`` per choice."""
 
 from __future__ import annotations
 
 from collections import deque
 
-from inferbus.contracts import TokenLogprob, TopLogprob
+import msgspec
+
+from inferbus.contracts import TokenChunk, TokenLogprob, ToolCallDelta, TopLogprob
 
 from .pii import Entity, StreamMasker, mask
 
@@ -174,3 +178,73 @@ def _alternatives(lp: TokenLogprob) -> TokenLogprob:
                 t = TopLogprob(token=masked, logprob=t.logprob)
         top.append(t)
     return TokenLogprob(token=lp.token, logprob=lp.logprob, token_id=lp.token_id, top=top)
+
+
+class Filtered(msgspec.Struct, kw_only=True):
+    """What may go out of one choice now, masked."""
+
+    text: str = ""
+    logprobs: list[TokenLogprob] = []
+    reasoning: str = ""
+    tool_calls: list[ToolCallDelta] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.text or self.logprobs or self.reasoning or self.tool_calls)
+
+
+class ChoiceParts:
+    """One choice's parts through the filter: its text (with its logprobs), its
+    reasoning, and each tool call's arguments, each masked as a stream of its own: a
+    call's arguments are a JSON document (masks keep it one), and what an agent's tool
+    would be sent is masked as what a reader would be shown is."""
+
+    __slots__ = ("calls", "reasoning", "text")
+
+    def __init__(self, json_output: bool = False) -> None:
+        self.text = ChoiceFilter(json_output)
+        self.reasoning: ChoiceFilter | None = None
+        self.calls: dict[int, ChoiceFilter] = {}
+
+    @property
+    def tokens(self) -> int:
+        return self.text.tokens
+
+    @tokens.setter
+    def tokens(self, value: int) -> None:
+        self.text.tokens = value
+
+    def _filters(self) -> list[ChoiceFilter]:
+        rest = [self.reasoning] if self.reasoning is not None else []
+        return [self.text, *rest, *self.calls.values()]
+
+    def new_entities(self) -> list[Entity]:
+        return [e for f in self._filters() for e in f.new_entities()]
+
+    def feed(self, chunk: TokenChunk) -> Filtered:
+        text, logprobs = self.text.feed(chunk.text, chunk.logprobs, chunk.tokens)
+        out = Filtered(text=text, logprobs=logprobs)
+        if chunk.reasoning:
+            if self.reasoning is None:
+                self.reasoning = ChoiceFilter()
+            out.reasoning, _ = self.reasoning.feed(chunk.reasoning, [], 0)
+        for piece in chunk.tool_calls:
+            args = self.calls.get(piece.index)
+            if args is None:
+                args = self.calls[piece.index] = ChoiceFilter(json_output=True)
+            masked, _ = args.feed(piece.arguments, [], 0)
+            if masked or piece.id is not None or piece.name is not None:
+                out.tool_calls.append(
+                    ToolCallDelta(index=piece.index, id=piece.id, name=piece.name, arguments=masked)
+                )
+        return out
+
+    def flush(self) -> Filtered:
+        text, logprobs = self.text.flush()
+        out = Filtered(text=text, logprobs=logprobs)
+        if self.reasoning is not None:
+            out.reasoning, _ = self.reasoning.flush()
+        for index, args in sorted(self.calls.items()):
+            masked, _ = args.flush()
+            if masked:
+                out.tool_calls.append(ToolCallDelta(index=index, arguments=masked))
+        return out

@@ -25,12 +25,11 @@ from inferbus.contracts import (
     RequestSubmitted,
     TenantPolicy,
     TokenChunk,
-    TokenLogprob,
 )
 from inferbus.contracts.sampling import out_of_range
 from inferbus.shared.errors import ConfigError
 
-from .choicefilter import ChoiceFilter
+from .choicefilter import ChoiceParts, Filtered
 from .injection import Policy, decide, findings
 from .pii import Entity
 from .tenants import admit_tenant
@@ -366,7 +365,7 @@ class FilteredStream:
         """The output is a JSON document (the request's constraint): masks keep it one."""
         """The request's deadline, Unix seconds (0: none)."""
         self.attempt = 0
-        self.choices: dict[int, ChoiceFilter] = {}
+        self.choices: dict[int, ChoiceParts] = {}
         self.seq = 0
         self.last_seen = now
         self.reader = ReplyReader(request_id, whole=False)
@@ -401,36 +400,36 @@ class FilteredStream:
         for chunk in reading.chunks:
             choice = self.choices.get(chunk.index)
             if choice is None:
-                choice = self.choices[chunk.index] = ChoiceFilter(self.json_output)
-            text, logprobs = choice.feed(chunk.text, chunk.logprobs, chunk.tokens)
+                choice = self.choices[chunk.index] = ChoiceParts(self.json_output)
+            parts = choice.feed(chunk)
             self.entities += choice.new_entities()
-            if text or logprobs:
-                out.append(self._chunk(chunk.index, choice, text, logprobs))
+            if parts:
+                out.append(self._chunk(chunk.index, choice, parts))
         end = reading.end
         if end is None:
             return out, False
         for index, choice in sorted(self.choices.items()):
-            text, logprobs = choice.flush()
+            parts = choice.flush()
             self.entities += choice.new_entities()
-            if text or logprobs or choice.tokens:
-                out.append(self._chunk(index, choice, text, logprobs))
+            if parts or choice.tokens:
+                out.append(self._chunk(index, choice, parts))
         if isinstance(end, RequestFinished):
             # what the client got, plus what was lost: a gap it can see
             end = msgspec.structs.replace(end, chunks=self.seq + self.lost)
         out.append(end)
         return out, True
 
-    def _chunk(
-        self, index: int, choice: ChoiceFilter, text: str, logprobs: list[TokenLogprob]
-    ) -> TokenChunk:
+    def _chunk(self, index: int, choice: ChoiceParts, parts: Filtered) -> TokenChunk:
         chunk = TokenChunk(
             request_id=self.request_id,
             seq=self.seq,
-            text=text,
+            text=parts.text,
             attempt=max(1, self.attempt),
             n_tokens=choice.tokens,
             index=index,
-            logprobs=logprobs,
+            logprobs=parts.logprobs,
+            reasoning=parts.reasoning,
+            tool_calls=parts.tool_calls,
         )
         self.seq += 1
         choice.tokens = 0

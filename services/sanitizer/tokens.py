@@ -92,7 +92,7 @@ class Tokenizers:
             try:
                 if chars <= _INLINE_CHARS:
                     ids = prompt_token_ids(
-                        tok, request.prompt, request.messages, request.chat_template
+                        tok, request.prompt, request.messages, request.chat_template, request.tools
                     )
                 else:
                     ids = await asyncio.to_thread(
@@ -101,6 +101,7 @@ class Tokenizers:
                         request.prompt,
                         request.messages,
                         request.chat_template,
+                        request.tools,
                     )
             except TemplateError:
                 ids = []

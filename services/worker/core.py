@@ -41,6 +41,7 @@ def engine_request(
         messages=r.messages,
         token_prompt=r.token_prompt,
         chat_template=r.chat_template,
+        tools=r.tools,
         sampling=r.sampling,
         weights=weights,
         adapter_weights=adapter_weights,
@@ -135,7 +136,7 @@ class RequestStream:
         if out.choice_finish_reason is not None:
             end.finish_reason = _finish(out.choice_finish_reason)
             end.stop_reason = out.stop_reason
-        if not out.text and not out.token_ids:
+        if not out.text and not out.token_ids and not out.tool_calls and not out.reasoning:
             return None
         chunk = TokenChunk(
             request_id=self.request_id,
@@ -145,6 +146,8 @@ class RequestStream:
             attempt=self.assignment.attempt,
             index=out.index,
             logprobs=out.logprobs,
+            tool_calls=out.tool_calls,
+            reasoning=out.reasoning,
         )
         self.seq += 1
         return chunk
@@ -227,8 +230,9 @@ class RequestStream:
 
 
 def _finish(reason: str | None) -> str:
-    """An engine's finish reason as the contract's: ``length``, else ``stop``."""
-    return "length" if reason == "length" else "stop"
+    """An engine's finish reason as the contract's: ``length``, ``tool_calls`` (the
+    engine's parser found calls), else ``stop``."""
+    return reason if reason in ("length", "tool_calls") else "stop"
 
 
 class CostMeter:

@@ -14,6 +14,8 @@ from inferbus.contracts import (
     SamplingParams,
     StageTimings,
     TokenLogprob,
+    ToolCallDelta,
+    ToolUse,
 )
 
 
@@ -27,6 +29,7 @@ class EngineRequest(msgspec.Struct, kw_only=True):
     messages: list[ChatMessage] | None = None
     token_prompt: list[int] | None = None
     chat_template: ChatTemplateOptions | None = None
+    tools: ToolUse | None = None
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     weights: str = ""
     """The model's registry version that serves it (``name@version``); empty: the
@@ -83,6 +86,10 @@ class EngineOutput(msgspec.Struct, kw_only=True):
     """Set on the last output when the engine knows them."""
     restored: KvRestore | None = None
     """On the last output: what the request's prefix restored from a KV spill tier."""
+    tool_calls: list[ToolCallDelta] = []
+    """Pieces of tool calls its tokens spell (taken out of ``text``)."""
+    reasoning: str = ""
+    """Reasoning its tokens spell (taken out of ``text``)."""
     prompt_ids_given: bool = False
     """The engine ran the prompt's ids as the request carried them (the sanitizer's,
     by a tokenizer alike) rather than tokenizing the prompt itself."""
@@ -204,6 +211,17 @@ class EngineOptions(msgspec.Struct, kw_only=True, frozen=True):
     they leave. 0: level
     with the services. Not applied on GPUs, where the engine's CPU work is what keeps
     the device fed."""
+    tool_call_parser: str = ""
+    """vLLM's tool-call parser for the model's call format (``hermes``, ``llama3_json``,
+    ``mistral``...): with one, requests may carry tools (``tool_choice`` ``required``
+    or a named function); with ``enable_auto_tool_choice`` too, ``auto``. Without one,
+    only ``tool_choice`` ``none`` is served, as on vLLM's server."""
+    enable_auto_tool_choice: bool = False
+    """Let the model decide whether to call tools (``tool_choice`` ``auto``); needs
+    ``tool_call_parser``."""
+    reasoning_parser: str = ""
+    """vLLM's reasoning parser (``deepseek_r1``, ``qwen3``...): the model's reasoning
+    streams apart from its answer (``reasoning`` on chunks and messages)."""
     structured_outputs_backend: str = "auto"
     """vLLM's structured-output backend (``auto``, ``xgrammar``, ``guidance``,
     ``outlines``, ``lm-format-enforcer``)."""

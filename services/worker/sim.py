@@ -277,6 +277,12 @@ class SimEngine:
                 "the sim engine cannot constrain its output (structured outputs): "
                 "serve this model with the vllm engine",
             )
+        if request.tools is not None and request.tools.choice != "none":
+            raise EngineError(
+                FailureCode.UNSUPPORTED_BY_ENGINE,
+                "the sim engine has no tool-call parser (its text is noise): serve this "
+                "model with the vllm engine and --tool-call-parser",
+            )
         outputs: asyncio.Queue[EngineOutput] = asyncio.Queue()
         seqs = [_Sequence(request, self.weights, i, outputs) for i in range(request.sampling.n)]
         first = seqs[0]

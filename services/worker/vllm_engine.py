@@ -46,6 +46,7 @@ from .vllm_params import (
     sampling_params,
     truncated,
 )
+from .vllm_parsing import ChatParsing, ParsedDelta, parser_class, refuse_tools
 
 if TYPE_CHECKING:
     from vllm.config.lora import MaxLoRARanks
@@ -269,6 +270,8 @@ class VllmEngine:
         self._engine: Any = None
         self._tokenizer: Any = None
         self._tokenizer_id = ""
+        self._parser_cls: Any = None
+        """vLLM's parser of tool calls and reasoning, when the options name one."""
         """The tokenizer's fingerprint: a request tokenized by one alike is not again."""
         self._loras: dict[str, Any] = {}
         self._lora_ids = 0
@@ -378,6 +381,7 @@ class VllmEngine:
         self._renice(self._nice)
         self._tokenizer = self._engine.get_tokenizer()
         self._tokenizer_id = await asyncio.to_thread(tokenizer_fingerprint, self._tokenizer)
+        self._parser_cls = parser_class(self.options, self._tokenizer)
         for name, path in self.options.lora_modules.items():
             self._lora_ids += 1
             self._loras[name] = LoRARequest(
@@ -485,7 +489,11 @@ class VllmEngine:
         else:
             try:
                 ids = prompt_token_ids(
-                    self._tokenizer, request.prompt, request.messages, request.chat_template
+                    self._tokenizer,
+                    request.prompt,
+                    request.messages,
+                    request.chat_template,
+                    request.tools,
                 )
             except TemplateError as exc:
                 raise EngineError(FailureCode.INVALID_REQUEST, str(exc)) from None
@@ -493,6 +501,25 @@ class VllmEngine:
         s = request.sampling
         ids = truncated(ids, s.truncate_prompt_tokens, self.max_model_len, s.max_tokens)
         return {"prompt_token_ids": ids}, given
+
+    def _parsing(self, request: EngineRequest, prompt_ids: list[int]) -> ChatParsing | None:
+        """The parser of a chat request's answer: one that offers tools (but not under
+        ``none``), or any chat when the worker has a reasoning parser."""
+        if self._parser_cls is None or request.messages is None:
+            return None
+        offered = request.tools is not None and request.tools.choice != "none"
+        if not (offered or self.options.reasoning_parser):
+            return None
+        try:
+            return ChatParsing(
+                self._parser_cls,
+                self._tokenizer,
+                request,
+                prompt_ids,
+                no_free_whitespace=self.options.structured_outputs_disable_any_whitespace,
+            )
+        except request_errors() as exc:  # vLLM refusing the tools (a bad schema)
+            raise EngineError(FailureCode.INVALID_REQUEST, str(exc)) from None
 
     def _decode_token(self, token_id: int) -> str:
         return str(self._tokenizer.decode([token_id]))
@@ -515,9 +542,14 @@ class VllmEngine:
                 f"({request.sampling.max_tokens}) exceeds the model's {max_len}-token context",
             )
         engine_wide_only(request.sampling.structured, self.options)
+        refuse_tools(request.tools, self.options)
         spill = self._engine.vllm_config.kv_transfer_config is not None
         namespace = f"{request.weights or self._weights}+{request.adapter_weights}"
         params = sampling_params(request.sampling, namespace if spill else "")
+        parsing = self._parsing(request, prompt["prompt_token_ids"])
+        if parsing is not None:  # what the parser asks of the engine for tool calls
+            params.structured_outputs = parsing.constraint
+            params.skip_special_tokens = parsing.skip_special_tokens
         top = request.sampling.logprobs
         received = time.time()
         rid = request.request_id
@@ -541,9 +573,16 @@ class VllmEngine:
                             if top is not None
                             else []
                         )
+                    parsed = ParsedDelta(o_text, "", [])
+                    if parsing is not None and o is not None:
+                        parsed = parsing.feed(o_index, o_text, o_ids, o_finish is not None)
+                        if o_finish is not None:
+                            o_finish = parsing.finish_reason(o_index, o_finish)
                     completion += len(o_ids)
                     yield EngineOutput(
-                        text=o_text,
+                        text=parsed.text,
+                        reasoning=parsed.reasoning,
+                        tool_calls=parsed.tool_calls,
                         token_ids=o_ids,
                         index=o_index,
                         logprobs=lps,

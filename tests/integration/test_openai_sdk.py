@@ -97,13 +97,27 @@ def test_errors_are_the_sdks_own_exceptions(sdk: OpenAI):
             model=MODEL, messages=MESSAGES, extra_body={"use_beam_search": True}
         )
     assert (e.value.code, e.value.param) == ("unsupported_parameter", "use_beam_search")
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    with pytest.raises(openai.BadRequestError) as e:  # the sim engine has no tool parser
+        sdk.chat.completions.create(model=MODEL, messages=MESSAGES, tools=tools)
+    assert e.value.code == "unsupported_by_engine" and "--tool-call-parser" in e.value.message
     with pytest.raises(openai.BadRequestError) as e:
+        sdk.chat.completions.create(
+            model=MODEL, messages=MESSAGES, tools=tools, tool_choice={"type": "function"}
+        )
+    assert e.value.param == "tool_choice"
+    with pytest.raises(openai.BadRequestError) as e:  # a function that is not offered
         sdk.chat.completions.create(
             model=MODEL,
             messages=MESSAGES,
-            tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            tools=tools,
+            tool_choice={"type": "function", "function": {"name": "g"}},
         )
-    assert e.value.param == "tools"
+    assert e.value.param == "tool_choice"
+    offered = sdk.chat.completions.create(  # offered, not to be called: served anywhere
+        model=MODEL, messages=MESSAGES, tools=tools, tool_choice="none", max_tokens=3
+    )
+    assert offered.choices[0].message.tool_calls in (None, [])
     with pytest.raises(openai.BadRequestError) as e:
         sdk.chat.completions.create(model=MODEL, messages=[])
     assert e.value.param == "messages"

@@ -17,6 +17,7 @@ from inferbus.contracts import (
     SamplingParams,
     TokenChunk,
     TokenLogprob,
+    ToolCallDelta,
     TopLogprob,
     Usage,
     WorkerHeartbeat,
@@ -24,7 +25,13 @@ from inferbus.contracts import (
 from inferbus.services.gateway.admission import ModelRegistry
 from inferbus.services.gateway.errors import ApiError, error_for
 from inferbus.services.gateway.shapes import Answer, Shapes
-from inferbus.services.gateway.torequest import echoed, parse_chat, parse_completion, submitted
+from inferbus.services.gateway.torequest import (
+    echoed,
+    parse_chat,
+    parse_completion,
+    submitted,
+    tool_use,
+)
 
 
 def body(**fields) -> bytes:
@@ -728,3 +735,145 @@ def test_chat_echo_repeats_the_assistant_s_last_message_only():
     assert echoed(req, [None], messages, 1) == {}
     e = api_error(parse_chat, body(model="m", messages=USER, echo=True, logprobs=True))
     assert (e.status, e.param, e.code) == (400, "echo", "unsupported_parameter")
+
+
+# -- tools ------------------------------------------------------------------------------
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def _chat_body(**fields) -> bytes:
+    return json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+    ).encode()
+
+
+def test_tools_and_tool_choice_become_the_contract_s_tool_use():
+    req, _, _ = parse_chat(_chat_body(tools=[WEATHER_TOOL]), 16)
+    use = tool_use(req)
+    assert use is not None and use.choice == "auto" and use.parallel
+    assert use.tools[0].name == "get_weather" and use.tools[0].parameters["type"] == "object"
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    req, _, _ = parse_chat(
+        _chat_body(tools=[WEATHER_TOOL], tool_choice=named, parallel_tool_calls=False), 16
+    )
+    use = tool_use(req)
+    assert (use.choice, use.function, use.parallel) == ("function", "get_weather", False)
+    req, _, _ = parse_chat(_chat_body(tools=[WEATHER_TOOL], tool_choice="required"), 16)
+    assert tool_use(req).choice == "required"
+    req, _, _ = parse_chat(_chat_body(tool_choice="none"), 16)
+    assert tool_use(req) is None
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"tool_choice": "required"}, "tool_choice"),  # no tools
+        ({"tools": [WEATHER_TOOL], "tool_choice": "sometimes"}, "tool_choice"),
+        (
+            {
+                "tools": [WEATHER_TOOL],
+                "tool_choice": {"type": "function", "function": {"name": "other"}},
+            },
+            "tool_choice",
+        ),
+        ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function"}}, "tool_choice"),
+        ({"tools": [WEATHER_TOOL, WEATHER_TOOL]}, "tools"),
+        ({"tools": [{"type": "custom", "custom": {"name": "x"}}]}, "tools[0].type"),
+        ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, None),
+        ({"functions": [{"name": "f"}]}, "functions"),
+    ],
+)
+def test_bad_tools_get_400_naming_the_field(fields, param):
+    with pytest.raises(ApiError) as e:
+        req, _, _ = parse_chat(_chat_body(**fields), 16)
+        tool_use(req)
+    assert e.value.status == 400
+    if param is not None:
+        assert e.value.param == param
+    else:
+        assert e.value.param.startswith("tools[0]")
+
+
+def test_streamed_tool_calls_are_openai_deltas_and_end_tool_calls():
+    s = Shapes(chat=True, request_id="r1", model="m", created=100)
+    first = s.chunk(
+        TokenChunk(
+            request_id="r1",
+            seq=0,
+            text="",
+            tool_calls=[ToolCallDelta(index=0, id="call_a", name="get_weather", arguments='{"ci')],
+        )
+    )
+    delta = first["choices"][0]["delta"]
+    assert delta == {
+        "role": "assistant",
+        "tool_calls": [
+            {
+                "index": 0,
+                "id": "call_a",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"ci'},
+            }
+        ],
+    }
+    later = s.chunk_event(
+        TokenChunk(
+            request_id="r1",
+            seq=1,
+            text="",
+            tool_calls=[ToolCallDelta(index=0, arguments='ty": "Oslo"}')],
+        )
+    )
+    body = json.loads(later[len(b"data: ") :])
+    assert body["choices"][0]["delta"] == {
+        "tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Oslo"}'}}]
+    }
+    fin = msgspec.structs.replace(
+        FIN, finish_reason="stop", choices=[ChoiceEnd(index=0, finish_reason="tool_calls")]
+    )
+    assert s.final_chunks(fin)[0]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_whole_answer_carries_its_calls_and_reasoning():
+    s = Shapes(chat=True, request_id="r1", model="m", created=100)
+    chunks = [
+        TokenChunk(request_id="r1", seq=0, text="", reasoning="Need the "),
+        TokenChunk(request_id="r1", seq=1, text="", reasoning="weather."),
+        TokenChunk(
+            request_id="r1",
+            seq=2,
+            text="",
+            tool_calls=[ToolCallDelta(index=0, id="a", name="get_weather", arguments='{"city":')],
+        ),
+        TokenChunk(
+            request_id="r1",
+            seq=3,
+            text="",
+            tool_calls=[
+                ToolCallDelta(index=0, arguments=' "Oslo"}'),
+                ToolCallDelta(index=1, id="b", name="get_time", arguments="{}"),
+            ],
+        ),
+    ]
+    fin = msgspec.structs.replace(FIN, choices=[ChoiceEnd(index=0, finish_reason="tool_calls")])
+    message = s.complete(answer(*chunks), fin)["choices"][0]["message"]
+    assert message == {
+        "role": "assistant",
+        "content": None,
+        "reasoning": "Need the weather.",
+        "tool_calls": [
+            {
+                "id": "a",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+            },
+            {"id": "b", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+        ],
+    }

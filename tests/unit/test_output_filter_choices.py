@@ -11,6 +11,7 @@ from inferbus.contracts import (
     RequestFinished,
     TokenChunk,
     TokenLogprob,
+    ToolCallDelta,
     TopLogprob,
     Usage,
 )
@@ -146,3 +147,68 @@ def test_outside_json_a_masked_number_stays_masked_with_stars():
     fin = RequestFinished(request_id="r", finish_reason="stop", chunks=1, usage=Usage())
     rest, _ = s.on_event(fin, 0.0)
     assert "".join(c.text for c in [*events, *rest[:-1]]) == "n: ****1111 ok"
+
+
+def test_tool_call_arguments_are_masked_and_stay_json():
+    """What an agent's tool would be sent passes the same masking as the text: a card
+    number split across argument pieces, as a string and as a JSON number."""
+    args = json.dumps({"card": CARD, "amount": 4111111111111111, "to": "bob@example.com"})
+    pieces = [args[i : i + 5] for i in range(0, len(args), 5)]
+    chunks = [
+        TokenChunk(
+            request_id="r",
+            seq=i,
+            text="",
+            n_tokens=1,
+            tool_calls=[
+                ToolCallDelta(
+                    index=0,
+                    id="call_1" if i == 0 else None,
+                    name="pay" if i == 0 else None,
+                    arguments=p,
+                )
+            ],
+        )
+        for i, p in enumerate(pieces)
+    ]
+    out = run(chunks)
+    calls = [d for c in out for d in c.tool_calls]
+    assert calls[0].id == "call_1" and calls[0].name == "pay"
+    assert all(d.index == 0 for d in calls)
+    joined = "".join(d.arguments for d in calls)
+    masked = json.loads(joined)  # still a JSON document
+    assert CARD not in joined and "bob@example.com" not in joined
+    assert masked["card"].endswith("1111") and "*" in masked["card"]
+    assert isinstance(masked["amount"], int) and masked["amount"] != 4111111111111111
+    assert sum(c.tokens for c in out) == len(pieces)
+
+
+def test_reasoning_and_each_tool_call_are_masked_apart():
+    chunks = [
+        TokenChunk(request_id="r", seq=0, text="", reasoning=f"the card is {CARD[:9]}"),
+        TokenChunk(
+            request_id="r",
+            seq=1,
+            text="",
+            reasoning=CARD[9:],
+            tool_calls=[ToolCallDelta(index=0, id="a", name="f", arguments='{"x": "4111 ')],
+        ),
+        TokenChunk(
+            request_id="r",
+            seq=2,
+            text="done",
+            tool_calls=[
+                ToolCallDelta(index=0, arguments='1111 1111 1111"}'),
+                ToolCallDelta(index=1, id="b", name="g", arguments='{"y": 1}'),
+            ],
+        ),
+    ]
+    out = run(chunks)
+    reasoning = "".join(c.reasoning for c in out)
+    assert reasoning == "the card is ****1111"
+    by_call: dict[int, str] = {}
+    for d in (d for c in out for d in c.tool_calls):
+        by_call[d.index] = by_call.get(d.index, "") + d.arguments
+    assert json.loads(by_call[0]) == {"x": "****1111"}
+    assert json.loads(by_call[1]) == {"y": 1}
+    assert "".join(c.text for c in out) == "done"

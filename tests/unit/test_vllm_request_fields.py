@@ -24,9 +24,15 @@ from vllm.sampling_params import StructuredOutputsParams
 from inferbus.contracts import SamplingParams, StructuredOutput
 from inferbus.services.gateway.errors import ApiError
 from inferbus.services.gateway.protocol import REFUSED, StructuredOutputsIn
-from inferbus.services.gateway.torequest import chat_template, parse_chat, parse_completion
+from inferbus.services.gateway.torequest import (
+    chat_template,
+    parse_chat,
+    parse_completion,
+    tool_use,
+)
 
 USER = [{"role": "user", "content": "hi"}]
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 
 
 def chat(**fields: Any):
@@ -102,7 +108,7 @@ HONOURED_CHAT: dict[str, tuple[Any, Any]] = {
     # no reasoning parser yet: nothing is taken apart as reasoning either way, as on
     # vLLM without --reasoning-parser
     "include_reasoning": (False, lambda p: True),
-    # taken when no tools are sent (no tool is then called, as on vLLM)
+    "tools": (TOOLS, lambda p: tool_use(p[0]).tools[0].name == "f"),
     "tool_choice": ("none", lambda p: p[0].tool_choice == "none"),
     "parallel_tool_calls": (False, lambda p: p[0].parallel_tool_calls is False),
 }
@@ -111,12 +117,12 @@ HONOURED_COMPLETION: dict[str, tuple[Any, Any]] = {
     "logprobs": (3, s(lambda x: x.logprobs == 3)),
     "add_special_tokens": (True, lambda p: True),  # the default: a prompt gets BOS
 }
-REFUSED_CHAT = {"tools": [{"type": "function", "function": {"name": "f"}}]}
-"""Refused by name until tool calling lands (the issue that builds it)."""
+REFUSED_CHAT: dict[str, Any] = {}
 REFUSED_COMPLETION = {"suffix": "x"}
 """vLLM refuses it too."""
 
 EXTRA = {
+    "parallel_tool_calls": {"tools": TOOLS},
     "continue_final_message": {"add_generation_prompt": False},
     "top_logprobs": {"logprobs": True},
 }

@@ -15,6 +15,7 @@ from inferbus.contracts import (
     SamplingParams,
     StageTimings,
     TokenChunk,
+    ToolCallDelta,
     Usage,
     WorkAssigned,
 )
@@ -261,3 +262,18 @@ def test_an_assignment_delivered_again_is_served_once():
     assert not served.take(assignment(attempt=4), running=True)
     assert served.take(assignment(attempt=3), running=False)
     assert served.take(first, running=False)  # forgotten past ``remember``
+
+
+def test_tool_call_pieces_make_chunks_and_their_choice_ends_tool_calls():
+    s = RequestStream(assignment(), "w1", now=0.0)
+    o = out("", 1)
+    o.tool_calls = [ToolCallDelta(index=0, id="c", name="f", arguments="{}")]
+    o.choice_finish_reason = "tool_calls"
+    c = s.chunk(o)
+    assert c is not None and c.tool_calls == o.tool_calls and c.text == ""
+    reasoning = out("", 2, ids=[])
+    reasoning.reasoning = "thinking"
+    assert s.chunk(reasoning).reasoning == "thinking"  # no token ids, still a chunk
+    fin = s.finished(out("", 2, finish="stop", ids=[]), 1.0)
+    assert fin.finish_reason == "stop"  # the request's end keeps its two values
+    assert fin.choices[0].finish_reason == "tool_calls"
