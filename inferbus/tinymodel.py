@@ -33,6 +33,10 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
+REASONING_MARKERS = ("<think>", "</think>")
+"""A reasoning model's markers (vLLM's deepseek_r1 reasoning parser reads them)."""
+BUILD = 2
+"""Bumped when the build changes what the model is (its vocabulary, its template)."""
 SPECIAL_TOKENS = [
     "<s>",
     "</s>",
@@ -43,6 +47,7 @@ SPECIAL_TOKENS = [
     "<|tool|>",
     "<|developer|>",
     "<|end|>",
+    *REASONING_MARKERS,
 ]
 
 ARCH = {
@@ -98,6 +103,13 @@ def build_tokenizer(out: Path, vocab_size: int, max_len: int) -> None:
     )
     tok.train_from_iterator(_corpus(), trainer=trainer)
     tok.save(str(out / "tokenizer.json"))
+    # the reasoning markers are text a reader sees (as in DeepSeek-R1's and Qwen3's
+    # vocabularies), not special tokens that decoding drops
+    spec = json.loads((out / "tokenizer.json").read_text())
+    for added in spec["added_tokens"]:
+        if added["content"] in REASONING_MARKERS:
+            added["special"] = False
+    (out / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
     (out / "tokenizer_config.json").write_text(
         json.dumps(
             {
@@ -109,6 +121,7 @@ def build_tokenizer(out: Path, vocab_size: int, max_len: int) -> None:
                 "model_max_length": max_len,
                 "add_bos_token": False,
                 "chat_template": CHAT_TEMPLATE,
+                "inferbus_build": BUILD,
             },
             indent=2,
         )
@@ -159,7 +172,7 @@ def is_current(path: str | Path) -> bool:
         config = json.loads((p / "tokenizer_config.json").read_text())
     except (OSError, ValueError):
         return False
-    return (p / "model.safetensors").exists() and config.get("chat_template") == CHAT_TEMPLATE
+    return (p / "model.safetensors").exists() and config.get("inferbus_build") == BUILD
 
 
 def make_tiny(out_dir: str | Path, seed: int = 0, arch: str = "tiny") -> Path:

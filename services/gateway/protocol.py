@@ -167,8 +167,8 @@ class ChatCompletionRequest(CommonFields, kw_only=True):
         None
     )
     include_reasoning: bool = True
-    """Without a reasoning parser (none is configured yet) nothing is taken apart as
-    reasoning, so either value gives the same answer, as on vLLM without one."""
+    """Show the reasoning the worker's reasoning parser took apart (``reasoning`` in
+    deltas and messages); false: the answer alone, as vLLM's server."""
     chat_template: Any = None
     media_io_kwargs: Any = None
     mm_processor_kwargs: Any = None

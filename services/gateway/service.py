@@ -394,6 +394,7 @@ class GatewayService(Service[GatewaySettings]):
                 created=int(time.time()),
                 logprobs=sampling.logprobs is not None,
                 echo=echoed(req, prompts, messages, sampling.n),
+                reasoning=not isinstance(req, ChatCompletionRequest) or req.include_reasoning,
             )
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             if len(events) == 1:

@@ -162,8 +162,11 @@ class Shapes:
         created: int,
         logprobs: bool = False,
         echo: dict[int, str] | None = None,
+        reasoning: bool = True,
     ) -> None:
         self.chat = chat
+        self.reasoning = reasoning
+        """Show the reasoning (``include_reasoning``)."""
         self._echo = dict(echo or {})
         """Text each choice starts with (``echo``), by index, until it went out."""
         self._echoed = dict(self._echo)
@@ -201,7 +204,7 @@ class Shapes:
         if index not in self._role_sent:
             delta["role"] = "assistant"
             self._role_sent.add(index)
-        if chunk is not None and chunk.reasoning:
+        if chunk is not None and chunk.reasoning and self.reasoning:
             delta["reasoning"] = chunk.reasoning
         if text is not None and (text or chunk is None or not chunk.tool_calls):
             delta["content"] = text
@@ -284,7 +287,7 @@ class Shapes:
                 }
                 if calls:
                     message["tool_calls"] = calls
-                if i in answer.reasoning:
+                if i in answer.reasoning and self.reasoning:
                     message["reasoning"] = "".join(answer.reasoning[i])
                 choice["message"] = message
             else:

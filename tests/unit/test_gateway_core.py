@@ -877,3 +877,11 @@ def test_a_whole_answer_carries_its_calls_and_reasoning():
             {"id": "b", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
         ],
     }
+
+
+def test_include_reasoning_false_leaves_the_reasoning_out():
+    s = Shapes(chat=True, request_id="r1", model="m", created=100, reasoning=False)
+    chunk = TokenChunk(request_id="r1", seq=0, text="4", reasoning="2+2")
+    assert s.chunk(chunk)["choices"][0]["delta"] == {"role": "assistant", "content": "4"}
+    whole = s.complete(answer(chunk), FIN)["choices"][0]["message"]
+    assert whole == {"role": "assistant", "content": "4"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -60,3 +61,15 @@ def test_lora_adapter_targets_the_attention_projections(tiny, tmp_path):
     assert t["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"].shape == (4, 128)
     assert t["base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight"].shape == (64, 4)
     assert abs(t["base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight"]).sum() > 0
+
+
+def test_a_model_of_an_older_build_is_not_current(tiny, tmp_path):
+    from inferbus.tinymodel import is_current
+
+    assert is_current(tiny) and not is_current(tmp_path / "absent")
+    old = tmp_path / "old"
+    shutil.copytree(tiny, old)
+    config = json.loads((old / "tokenizer_config.json").read_text())
+    del config["inferbus_build"]
+    (old / "tokenizer_config.json").write_text(json.dumps(config))
+    assert not is_current(old)

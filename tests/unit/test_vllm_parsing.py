@@ -65,7 +65,8 @@ def _stream(parsing: ChatParsing, tokenizer, text: str, index: int = 0, piece: i
     texts, reasoning, calls = [], [], []
     for at in range(0, len(ids), piece):
         part = ids[at : at + piece]
-        out = parsing.feed(index, tokenizer.decode(part), part, at + piece >= len(ids))
+        text_of = tokenizer.decode(part, skip_special_tokens=True)  # as the engine shows it
+        out = parsing.feed(index, text_of, part, at + piece >= len(ids))
         texts.append(out.text)
         reasoning.append(out.reasoning)
         calls += out.tool_calls
@@ -178,3 +179,36 @@ def test_an_unknown_parser_is_refused_at_start(tokenizer):
     with pytest.raises(ValueError, match="--tool-call-parser"):
         parser_class(EngineOptions(enable_auto_tool_choice=True), tokenizer)
     assert parser_class(EngineOptions(), tokenizer) is None
+
+
+def test_reasoning_streams_apart_from_the_answer(tokenizer):
+    options = EngineOptions(model="tiny", reasoning_parser="deepseek_r1")
+    messages = [ChatMessage(role="user", content="2+2?")]
+    request = EngineRequest(request_id="r", model="tiny", messages=messages)
+    ids = prompt_token_ids(tokenizer, None, messages)
+    parsing = ChatParsing(parser_class(options, tokenizer), tokenizer, request, ids)
+    text, reasoning, calls = _stream(
+        parsing, tokenizer, "<think>Two and two make four.</think>It is 4.", piece=1
+    )
+    assert reasoning == "Two and two make four."
+    assert text == "It is 4." and calls == []
+    assert parsing.finish_reason(0, "stop") == "stop"
+
+
+def test_reasoning_and_tool_calls_from_one_answer(tokenizer):
+    options = EngineOptions(
+        model="tiny",
+        reasoning_parser="deepseek_r1",
+        tool_call_parser="hermes",
+        enable_auto_tool_choice=True,
+    )
+    parsing = _parsing(tokenizer, ToolUse(tools=[WEATHER]), options)
+    _, reasoning, calls = _stream(
+        parsing,
+        tokenizer,
+        '<think>Need the weather.</think><tool_call>{"name": "get_weather", '
+        '"arguments": {"city": "Oslo"}}</tool_call>',
+        piece=1,  # a token a step, as the engine streams (vLLM's parsers expect it)
+    )
+    assert reasoning == "Need the weather."
+    assert json.loads(_joined(calls)[0]["arguments"]) == {"city": "Oslo"}
