@@ -158,8 +158,6 @@ class ToolUse(msgspec.Struct, kw_only=True, omit_defaults=True):
         if self.choice not in TOOL_CHOICES:
             return "tool_choice", f"tool_choice must be one of {', '.join(TOOL_CHOICES)}"
         names = [t.name for t in self.tools]
-        if len(set(names)) != len(names):
-            return "tools", "two tools have the same name"
         if self.choice == "function" and self.function not in names:
             return "tool_choice", f"tool_choice names {self.function!r}, which is not in tools"
         if self.choice != "function" and self.function is not None:

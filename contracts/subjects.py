@@ -31,6 +31,7 @@ __all__ = [
     "MODEL_REGISTRY",
     "REPLY_PREFIX",
     "RESIDENCIES",
+    "RESPONSES",
     "ROLLOUTS",
     "SCALE_DECISIONS",
     "SCALING_STATUS",
@@ -125,6 +126,11 @@ SCALING_STATUS = "ib.scaling.status"
 KV_SPILL_INDEX = "ib-kvspill"
 """JetStream KV bucket: ``ns.<namespace>`` → KvSpillNamespace, what the shared tier
 holds of each model's weights (the kvspill service writes it after each scan)."""
+
+# the gateway's stored responses (OpenAI's Responses API, services/gateway/responses.py)
+RESPONSES = "ib-responses"
+"""JetStream KV bucket: ``r.<response id>`` → the stored response and the conversation a
+next turn (``previous_response_id``) continues; any gateway reads any."""
 
 # model delivery (contracts/delivery.py), JetStream IB_DELIVERY
 MODEL_REGISTRY = "ib-models"

@@ -29,6 +29,7 @@ from inferbus.contracts import (
     MODEL_ARTIFACTS,
     MODEL_REGISTRY,
     REPLY_PREFIX,
+    RESPONSES,
     TRACE_DECIDED,
     dead_letter_subject,
     status_subject,
@@ -95,23 +96,32 @@ JS_CONSUME = Permissions(
     ),
 )
 
-REGISTRY_READ: tuple[str, ...] = (
-    *(
-        f"$JS.API.{api}.{stream}{tail}"
-        for stream in (f"KV_{MODEL_REGISTRY}", f"OBJ_{MODEL_ARTIFACTS}")
-        for api, tail in (
-            ("STREAM.MSG.GET", ""),
-            ("DIRECT.GET", ".>"),
-            ("CONSUMER.CREATE", ""),
-            ("CONSUMER.CREATE", ".>"),
-            ("CONSUMER.INFO", ".>"),
-            ("CONSUMER.DELETE", ".>"),
-        )
-    ),
-    "$JS.FC.>",
-)
-"""Reading the model registry and artifacts (the KV bucket and Object Store behind them):
-get, and the ordered consumers the Object Store streams chunks through."""
+
+def stream_read(*streams: str) -> tuple[str, ...]:
+    """Reading these streams' messages: get, and the ordered consumers that the Object
+    Store streams chunks through."""
+    return (
+        *(
+            f"$JS.API.{api}.{stream}{tail}"
+            for stream in streams
+            for api, tail in (
+                ("STREAM.MSG.GET", ""),
+                ("DIRECT.GET", ".>"),
+                ("CONSUMER.CREATE", ""),
+                ("CONSUMER.CREATE", ".>"),
+                ("CONSUMER.INFO", ".>"),
+                ("CONSUMER.DELETE", ".>"),
+            )
+        ),
+        "$JS.FC.>",
+    )
+
+
+REGISTRY_READ = stream_read(f"KV_{MODEL_REGISTRY}", f"OBJ_{MODEL_ARTIFACTS}")
+"""Reading the model registry and artifacts (the KV bucket and Object Store behind them)."""
+
+RESPONSES_READ = stream_read(f"KV_{RESPONSES}")
+"""Reading the gateway's stored responses (it writes them through its wiring)."""
 
 SERVICE_BASE = JS_PROVISION + Permissions(
     publish=("{dead_letters}", TRACE_DECIDED),

@@ -15,7 +15,13 @@ import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from inferbus.busauth import REGISTRY_READ, REPLIES, Permissions, wiring_permissions
+from inferbus.busauth import (
+    REGISTRY_READ,
+    REPLIES,
+    RESPONSES_READ,
+    Permissions,
+    wiring_permissions,
+)
 
 if TYPE_CHECKING:
     from inferbus.shared.config import ServiceSettings
@@ -106,7 +112,8 @@ def _entry(name: str, cls: str, **kw: Any) -> ServiceEntry:
 SERVICES: tuple[ServiceEntry, ...] = (
     # in the order a request meets them
     _entry("gateway", "Gateway", start_order=9, stop_order=1, port_offset=None,
-           container_port=8000, launch="inferbus.up:launch_gateway"),
+           container_port=8000, launch="inferbus.up:launch_gateway",
+           grants=Permissions(publish=RESPONSES_READ)),
     _entry("sanitizer", "Sanitizer", start_order=1, stop_order=2, port_offset=1,
            launch="inferbus.up:launch_sanitizer", grants=REPLIES),
     _entry("scheduler", "Scheduler", start_order=2, stop_order=4, port_offset=2,

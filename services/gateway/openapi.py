@@ -266,16 +266,52 @@ def _refused() -> dict[str, dict[str, Any]]:
     return out
 
 
+_TOOL = {
+    "type": "object",
+    "required": ["function"],
+    "properties": {
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string"},
+                "description": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                "parameters": {"anyOf": [{"type": "object"}, {"type": "null"}]},
+                "strict": {"anyOf": [{"type": "boolean"}, {"type": "null"}]},
+            },
+        },
+    },
+}
 _UNSUPPORTED_CHAT: dict[str, dict[str, Any]] = {
     "tools": {
-        "anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}],
-        "description": _ONLY.format("[]"),
+        "anyOf": [{"type": "array", "items": _TOOL}, {"type": "null"}],
+        "description": "Functions the model may call (served by workers with a tool-call "
+        "parser; others answer 400 unsupported_by_engine)",
+    },
+    "tool_choice": {
+        "anyOf": [
+            {"enum": ["none", "auto", "required", None]},
+            {
+                "type": "object",
+                "required": ["type", "function"],
+                "properties": {
+                    "type": {"const": "function"},
+                    "function": {
+                        "type": "object",
+                        "required": ["name"],
+                        "properties": {"name": {"type": "string"}},
+                    },
+                },
+            },
+        ],
+        "description": "auto (the default with tools), none, required, or a function "
+        "named in tools",
     },
     "functions": {
         "anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}],
         "description": _ONLY.format("[]"),
     },
-    "tool_choice": {"enum": ["none", "auto", None], "description": _ONLY.format('"none"')},
     "function_call": {"enum": ["none", "auto", None], "description": _ONLY.format('"none"')},
 }
 _TOKEN_IDS = {
@@ -324,6 +360,15 @@ _RULES_COMPLETION: list[dict[str, Any]] = [
     }
 ]
 _RULES_CHAT: list[dict[str, Any]] = [
+    {  # a tool_choice other than none needs tools
+        "if": {
+            "required": ["tool_choice"],
+            "properties": {
+                "tool_choice": {"anyOf": [{"enum": ["auto", "required"]}, {"type": "object"}]}
+            },
+        },
+        "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
+    },
     {  # echo without logprobs
         "if": _ECHOING,
         "then": {"properties": {"logprobs": {"enum": [False, None]}}},

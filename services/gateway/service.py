@@ -16,10 +16,14 @@ import msgspec
 import nats.errors
 from aiohttp import web
 from nats.aio.msg import Msg
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
 
 from inferbus.contracts import (
     CANCEL,
     GATEWAY_REPLY_OWNER,
+    RESPONSES,
     SUBMIT,
     CancelRequest,
     ChatMessage,
@@ -47,7 +51,8 @@ from .auth import AccessControl, ApiKey, estimate_prompt_tokens, load_keys
 from .errors import ApiError, error_for, failure_error
 from .openapi import openapi_document
 from .protocol import ChatCompletionRequest, CompletionRequest, request_timeout
-from .shapes import Answer, Shapes, batch_finished, sse
+from .responses import ResponseShapes, StoredResponse, Turn, read_turn
+from .shapes import Answer, Presenter, Shapes, batch_finished
 from .torequest import (
     Prompt,
     chat_template,
@@ -90,9 +95,25 @@ class GatewaySettings(ServiceSettings, kw_only=True):
     max_body_bytes: int = 0
     """The largest request body taken (413 past it); 0: as much as the bus carries (the
     NATS server's max_payload, less room for the event around it)."""
+    responses_ttl_s: float = 30 * 24 * 3600.0
+    """How long a stored response (``/v1/responses`` with ``store``) is kept, to be
+    read back or continued (``previous_response_id``); 0: until deleted."""
+    responses_max_bytes: int = 1 << 30
+    """The stored responses' bound in bytes (the oldest go first past it); 0: none."""
     body_timeout_s: float = 30.0
     """A request body not received in this long is refused (408): slow uploads do not
     hold a connection and a handler."""
+
+
+class _Continues(msgspec.Struct):
+    previous_response_id: str | None = None
+
+
+_RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9_-]{1,128}")
+
+
+def _response_key(response_id: str) -> str:
+    return f"r.{response_id}"
 
 
 class _Ended(Exception):
@@ -128,6 +149,7 @@ class GatewayService(Service[GatewaySettings]):
         self._draining = False
         self._lost: set[str] = set()
         self._streaming: dict[str, web.StreamResponse] = {}
+        self._responses_kv: KeyValue | None = None
         """SSE responses whose headers went out, by request."""
         """Requests whose replies a NATS outage cut: cancelled once the bus is back."""
 
@@ -135,6 +157,9 @@ class GatewayService(Service[GatewaySettings]):
         return [
             web.post("/v1/chat/completions", self.chat_completions),
             web.post("/v1/completions", self.completions),
+            web.post("/v1/responses", self.create_response),
+            web.get("/v1/responses/{id}", self.get_response),
+            web.delete("/v1/responses/{id}", self.delete_response),
             web.get("/v1/models", self.list_models),
             web.get(r"/v1/models/{model:[\s\S]+}", self.model_card),
             web.get("/openapi.json", self.openapi),
@@ -261,10 +286,99 @@ class GatewayService(Service[GatewaySettings]):
         return web.json_response(openapi_document(tuple(sorted(m for m, n in live.items() if n))))
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._handle(request, chat=True)
+        return await self._handle(request, "chat")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._handle(request, chat=False)
+        return await self._handle(request, "completions")
+
+    async def create_response(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "responses")
+
+    async def get_response(self, http: web.Request) -> web.Response:
+        try:
+            self._authenticate(http)
+            stored = await self._stored_response(http.match_info["id"])
+        except ApiError as err:
+            return _error_response(err, "")
+        return web.json_response(stored.response)
+
+    async def delete_response(self, http: web.Request) -> web.Response:
+        try:
+            self._authenticate(http)
+            rid = http.match_info["id"]
+            await self._stored_response(rid)
+            await (await self._responses()).delete(_response_key(rid))
+        except ApiError as err:
+            return _error_response(err, "")
+        return web.json_response({"id": rid, "object": "response", "deleted": True})
+
+    async def _responses(self) -> KeyValue:
+        """The stored responses' bucket (created by the first gateway that needs it)."""
+        if self._responses_kv is None:
+            js = self.ctx.js
+            try:
+                self._responses_kv = await js.key_value(RESPONSES)
+            except (BucketNotFoundError, NotFoundError):
+                self._responses_kv = await js.create_key_value(
+                    KeyValueConfig(
+                        bucket=RESPONSES,
+                        history=1,
+                        ttl=self.settings.responses_ttl_s or None,
+                        max_bytes=self.settings.responses_max_bytes or -1,
+                        storage=StorageType.FILE,
+                    )
+                )
+        return self._responses_kv
+
+    async def _stored_response(self, response_id: str) -> StoredResponse:
+        unknown = ApiError(
+            404,
+            f"no stored response {response_id!r} (never stored, deleted, or expired)",
+            type="invalid_request_error",
+            param="previous_response_id",
+            code="response_not_found",
+        )
+        if not _RESPONSE_ID.fullmatch(response_id):
+            raise unknown
+        try:
+            entry = await (await self._responses()).get(_response_key(response_id))
+        except (KeyNotFoundError, KeyDeletedError):
+            raise unknown from None
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise failure_error(
+                FailureCode.BUS_UNAVAILABLE,
+                f"stored responses cannot be read now ({type(exc).__name__}); retry",
+                retry_after=1.0,
+            ) from None
+        if entry.value is None:
+            raise unknown
+        return msgspec.json.decode(entry.value, type=StoredResponse)
+
+    async def _earlier_turn(self, body: bytes) -> StoredResponse | None:
+        """The stored turn a Responses body continues (its previous_response_id)."""
+        try:
+            earlier = msgspec.json.decode(body, type=_Continues).previous_response_id
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None  # read_turn says what is wrong with the body
+        return None if earlier is None else await self._stored_response(earlier)
+
+    async def _store(self, shapes: Presenter) -> None:
+        """Keep the turn a next one may continue: before its end goes out, so that a
+        client that continues at once finds it."""
+        record = shapes.record()
+        if record is None:
+            return
+        try:
+            kv = await self._responses()
+            await kv.put(_response_key(shapes.id), msgspec.json.encode(record))
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise _Ended(
+                failure_error(
+                    FailureCode.BUS_UNAVAILABLE,
+                    f"the response could not be stored ({type(exc).__name__}); retry it",
+                    retry_after=1.0,
+                )
+            ) from None
 
     def authorize_metrics(self, request: web.Request) -> web.Response | None:
         """The API port is public: with keys on, /metrics takes a key marked metrics."""
@@ -289,11 +403,11 @@ class GatewayService(Service[GatewaySettings]):
             http.headers.get("Authorization"), http.headers.get("x-api-key")
         )
 
-    async def _handle(self, http: web.Request, chat: bool) -> web.StreamResponse:
+    async def _handle(self, http: web.Request, kind: str) -> web.StreamResponse:
         rid = _request_id(http)
-        trace = http_trace(self.ctx.tracing, http.headers, rid, chat)
+        trace = http_trace(self.ctx.tracing, http.headers, rid, kind != "completions")
         try:
-            resp = await self._serve(http, rid, chat, trace)
+            resp = await self._serve(http, rid, kind, trace)
         except ApiError as err:
             if err.status != 499:
                 metrics.GATEWAY_REFUSALS.labels(err.code or str(err.status)).inc()
@@ -317,8 +431,9 @@ class GatewayService(Service[GatewaySettings]):
         return resp
 
     async def _serve(
-        self, http: web.Request, rid: str, chat: bool, trace: HttpTrace | NoTrace
+        self, http: web.Request, rid: str, kind: str, trace: HttpTrace | NoTrace
     ) -> web.StreamResponse:
+        """``kind``: ``chat``, ``completions`` or ``responses`` (which runs as a chat)."""
         if self._draining:
             raise ApiError(
                 503,
@@ -343,7 +458,11 @@ class GatewayService(Service[GatewaySettings]):
         req: ChatCompletionRequest | CompletionRequest
         template = None
         tools = None
-        if chat:
+        turn: Turn | None = None
+        if kind == "responses":
+            turn = read_turn(body, await self._earlier_turn(body))
+            body = msgspec.json.encode(turn.chat)
+        if kind != "completions":
             req, sampling, messages = parse_chat(body, default_max)
             template = chat_template(req)
             tools = tool_use(req)
@@ -387,16 +506,22 @@ class GatewayService(Service[GatewaySettings]):
                 )
                 for sub, prompt in zip(ids, prompts, strict=True)
             ]
-            shapes = Shapes(
-                chat=chat,
-                request_id=rid,
-                model=req.model,
-                created=int(time.time()),
-                logprobs=sampling.logprobs is not None,
-                echo=echoed(req, prompts, messages, sampling.n),
-                reasoning=not isinstance(req, ChatCompletionRequest) or req.include_reasoning,
-            )
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            shapes: Presenter
+            if turn is not None:
+                shapes = ResponseShapes(
+                    request_id=rid, model=req.model, created=int(time.time()), turn=turn
+                )
+            else:
+                shapes = Shapes(
+                    chat=kind == "chat",
+                    request_id=rid,
+                    model=req.model,
+                    created=int(time.time()),
+                    logprobs=sampling.logprobs is not None,
+                    echo=echoed(req, prompts, messages, sampling.n),
+                    reasoning=not isinstance(req, ChatCompletionRequest) or req.include_reasoning,
+                    include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                )
             if len(events) == 1:
                 readings = self._submit(
                     events[0], timeout_s, flow, trace, restartable=not req.stream
@@ -406,7 +531,7 @@ class GatewayService(Service[GatewaySettings]):
             ended = False
             try:
                 if req.stream:
-                    resp = await self._stream(http, rid, readings, shapes, include_usage, now)
+                    resp = await self._stream(http, rid, readings, shapes, now)
                 else:
                     resp = await self._complete(rid, readings, shapes, now)
                 ended = True
@@ -592,7 +717,7 @@ class GatewayService(Service[GatewaySettings]):
                 return
 
     async def _complete(
-        self, rid: str, readings: AsyncIterator[Reading], shapes: Shapes, started: float
+        self, rid: str, readings: AsyncIterator[Reading], shapes: Presenter, started: float
     ) -> web.Response:
         answer = Answer()
         async for reading in readings:
@@ -604,8 +729,10 @@ class GatewayService(Service[GatewaySettings]):
             if ev is None:
                 continue
             if isinstance(ev, RequestFinished):
+                body = shapes.complete(answer, ev)
+                await self._store(shapes)
                 self._observe(shapes.model, started, "request.finished")
-                return web.json_response(shapes.complete(answer, ev), headers={"x-request-id": rid})
+                return web.json_response(body, headers={"x-request-id": rid})
             self._observe(shapes.model, started, str(ev.__struct_config__.tag))
             raise _Ended(error_for(ev))
         raise _Ended(
@@ -622,12 +749,11 @@ class GatewayService(Service[GatewaySettings]):
         http: web.Request,
         rid: str,
         readings: AsyncIterator[Reading],
-        shapes: Shapes,
-        include_usage: bool,
+        shapes: Presenter,
         started: float,
     ) -> web.StreamResponse:
         try:
-            return await self._stream_events(http, rid, readings, shapes, include_usage, started)
+            return await self._stream_events(http, rid, readings, shapes, started)
         except _Ended as e:
             resp = e.answered or self._streaming.pop(rid, None)
             if resp is None:
@@ -635,8 +761,7 @@ class GatewayService(Service[GatewaySettings]):
             # the headers went out with the first token: a second HTTP response would
             # break the chunked body, so the stream itself ends with the error
             self._observe(shapes.model, started, "request.failed")
-            await resp.write(sse(e.error.body()))
-            await resp.write(b"data: [DONE]\n\n")
+            await resp.write(shapes.failed_events(e.error))
             await resp.write_eof()
             raise _Ended(e.error, settled=e.settled, answered=resp) from None
         finally:
@@ -647,8 +772,7 @@ class GatewayService(Service[GatewaySettings]):
         http: web.Request,
         rid: str,
         readings: AsyncIterator[Reading],
-        shapes: Shapes,
-        include_usage: bool,
+        shapes: Presenter,
         started: float,
     ) -> web.StreamResponse:
         resp: web.StreamResponse | None = None
@@ -660,6 +784,7 @@ class GatewayService(Service[GatewaySettings]):
                     await resp.prepare(http)
                     self._streaming[rid] = resp
                     metrics.TTFT.labels(self.name, shapes.model).observe(time.monotonic() - started)
+                    await resp.write(shapes.opening())
                 await resp.write(shapes.chunk_event(chunk))
             ev = reading.end
             if ev is None:
@@ -667,18 +792,17 @@ class GatewayService(Service[GatewaySettings]):
             if resp is None and not isinstance(ev, RequestFinished):
                 self._observe(shapes.model, started, str(ev.__struct_config__.tag))
                 raise _Ended(error_for(ev))
+            if isinstance(ev, RequestFinished):
+                end = shapes.end_events(ev)
+                await self._store(shapes)
+            else:
+                end = shapes.failed_events(error_for(ev))
             if resp is None:
                 resp = web.StreamResponse(headers={**_SSE_HEADERS, "x-request-id": rid})
                 await resp.prepare(http)
-            if isinstance(ev, RequestFinished):
-                for final in shapes.final_chunks(ev):
-                    await resp.write(sse(final))
-                if include_usage:
-                    await resp.write(sse(shapes.usage_chunk(ev)))
-            else:
-                await resp.write(sse(error_for(ev).body()))
+                await resp.write(shapes.opening())
             self._observe(shapes.model, started, str(ev.__struct_config__.tag))
-            await resp.write(b"data: [DONE]\n\n")
+            await resp.write(end)
             await resp.write_eof()
             return resp
         raise _Ended(

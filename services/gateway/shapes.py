@@ -3,11 +3,35 @@ choices by index, logprobs in the chat or the completions form, usage."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from inferbus.contracts import RequestFinished, TokenChunk, TokenLogprob, ToolCallDelta, Usage
+
+from .errors import ApiError
+
+
+class Presenter(Protocol):
+    """What the gateway's reply path asks of an API's shapes: the whole answer, or the
+    stream's bytes (an opening, each chunk's, the end's or a failure's)."""
+
+    id: str
+    model: str
+
+    def complete(self, answer: Answer, fin: RequestFinished) -> dict[str, Any]: ...
+
+    def opening(self) -> bytes: ...
+
+    def chunk_event(self, chunk: TokenChunk) -> bytes: ...
+
+    def end_events(self, fin: RequestFinished) -> bytes: ...
+
+    def failed_events(self, error: ApiError) -> bytes: ...
+
+    def record(self) -> Any:
+        """What to store of the answer once it ended (None: nothing)."""
+        ...
 
 
 def usage_dict(fin: RequestFinished) -> dict[str, Any]:
@@ -163,10 +187,13 @@ class Shapes:
         logprobs: bool = False,
         echo: dict[int, str] | None = None,
         reasoning: bool = True,
+        include_usage: bool = False,
     ) -> None:
         self.chat = chat
         self.reasoning = reasoning
         """Show the reasoning (``include_reasoning``)."""
+        self.include_usage = include_usage
+        """A stream ends with a usage chunk (``stream_options.include_usage``)."""
         self._echo = dict(echo or {})
         """Text each choice starts with (``echo``), by index, until it went out."""
         self._echoed = dict(self._echo)
@@ -263,6 +290,21 @@ class Shapes:
             choice["stop_reason"] = end.stop_reason
             out.append(self._envelope([choice], True))
         return out
+
+    def opening(self) -> bytes:
+        return b""
+
+    def end_events(self, fin: RequestFinished) -> bytes:
+        events = [sse(final) for final in self.final_chunks(fin)]
+        if self.include_usage:
+            events.append(sse(self.usage_chunk(fin)))
+        return b"".join(events) + b"data: [DONE]\n\n"
+
+    def failed_events(self, error: ApiError) -> bytes:
+        return sse(error.body()) + b"data: [DONE]\n\n"
+
+    def record(self) -> None:
+        return None
 
     def usage_chunk(self, fin: RequestFinished) -> dict[str, Any]:
         env = self._envelope([], True)

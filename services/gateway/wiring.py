@@ -7,6 +7,7 @@ from inferbus.contracts import (
     GATEWAY_REPLY_OWNER,
     HEARTBEATS,
     REPLY_PREFIX,
+    RESPONSES,
     SCALING_STATUS,
     SCHEDULER_LOAD,
     SUBMIT,
@@ -40,5 +41,6 @@ WIRING = Wiring(
         Subscription(SCHEDULER_LOAD, SchedulerLoad, "_on_load", bad="drop"),
         Subscription(SCALING_STATUS, ScalingStatus, "_on_scaling", bad="drop"),
     ),
-    publishes=(SUBMIT, CANCEL),
+    # stored responses: written (and deleted) by key; reads are granted apart
+    publishes=(SUBMIT, CANCEL, f"$KV.{RESPONSES}.>"),
 )

@@ -452,3 +452,30 @@ async def test_auto_lets_the_model_answer_in_text(sdk):
     choice = done.choices[0]
     assert choice.finish_reason in ("stop", "length", "tool_calls")
     assert choice.message.content or choice.message.tool_calls
+
+
+async def test_an_agent_loop_over_the_responses_api(sdk):
+    """The Responses API as an agent runs it: a forced call of a function tool, its
+    output sent back by previous_response_id, then the answer."""
+    weather = openai.pydantic_function_tool(Weather)["function"]
+    tool = {"type": "function", **weather}
+    first = await sdk.responses.create(
+        model=MODEL,
+        input="Weather in Oslo?",
+        tools=[tool],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=300,
+    )
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert [c.name for c in calls] == ["Weather"]
+    Weather.model_validate_json(calls[0].arguments)
+    second = await sdk.responses.create(
+        model=MODEL,
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"}],
+        tools=[tool],
+        max_output_tokens=4,
+    )
+    assert second.status in ("completed", "incomplete")
+    assert second.usage.input_tokens > first.usage.input_tokens

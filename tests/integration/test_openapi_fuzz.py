@@ -49,6 +49,13 @@ def steer(case) -> None:
         limit = body.get("max_completion_tokens") or body.get("max_tokens") or 256
         if isinstance(body.get("min_tokens"), (int, float)) and isinstance(limit, (int, float)):
             body["min_tokens"] = min(body["min_tokens"], limit)
+        # a named tool_choice names one of the tools: a rule between fields too
+        choice, tools = body.get("tool_choice"), body.get("tools")
+        if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+            named = [t.get("function") for t in tools or () if isinstance(t, dict)]
+            names = [f.get("name") for f in named if isinstance(f, dict)]
+            if names and isinstance(names[0], str):
+                choice["function"]["name"] = names[0]
         for m in body.get("messages") or []:
             if isinstance(m, dict) and isinstance(m.get("content"), str):
                 m["content"] = m["content"][:200]

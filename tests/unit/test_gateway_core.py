@@ -784,7 +784,6 @@ def test_tools_and_tool_choice_become_the_contract_s_tool_use():
             "tool_choice",
         ),
         ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function"}}, "tool_choice"),
-        ({"tools": [WEATHER_TOOL, WEATHER_TOOL]}, "tools"),
         ({"tools": [{"type": "custom", "custom": {"name": "x"}}]}, "tools[0].type"),
         ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, None),
         ({"functions": [{"name": "f"}]}, "functions"),
