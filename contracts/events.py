@@ -14,6 +14,7 @@ import msgspec
 from .generation import (
     ChatTemplateOptions,
     ChoiceEnd,
+    EmbedParams,
     StructuredOutput,
     TokenLogprob,
     ToolCall,
@@ -168,6 +169,9 @@ class RequestSubmitted(Event, tag="request.submitted"):
     """How ``messages`` become the prompt; None: the assistant's turn opened after them."""
     tools: ToolUse | None = None
     """Functions the model may call (chat requests only), and how."""
+    embed: EmbedParams | None = None
+    """Set for an embedding request: the prompt's vector is the answer (on its end's
+    choice 0), no text is generated, and ``sampling`` is not read."""
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     tenant: str = "default"
     created_at: float = 0.0

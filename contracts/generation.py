@@ -14,6 +14,7 @@ __all__ = [
     "TOOL_CHOICES",
     "ChatTemplateOptions",
     "ChoiceEnd",
+    "EmbedParams",
     "FunctionTool",
     "StructuredOutput",
     "TokenLogprob",
@@ -104,6 +105,8 @@ class ChoiceEnd(msgspec.Struct, kw_only=True, omit_defaults=True):
     stop_reason: str | int | None = None
     """The stop string or stop token id that ended it, when one did."""
     completion_tokens: int = 0
+    embedding: list[float] = []
+    """An embedding request's vector (its one choice)."""
 
 
 class ToolCallFunction(msgspec.Struct, kw_only=True):
@@ -174,3 +177,14 @@ class ToolCallDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
     id: str | None = None
     name: str | None = None
     arguments: str = ""
+
+
+class EmbedParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """An embedding request (vLLM's ``PoolingParams`` for the ``embed`` task): the
+    prompt's vector instead of generated text, from a worker whose engine runs a pooling
+    model (``--runner pooling``)."""
+
+    dimensions: int | None = None
+    """Keep the vector's first this many dimensions (models trained for it only)."""
+    normalize: bool | None = None
+    """Normalize the vector (vLLM's ``use_activation``); None: the model's default."""

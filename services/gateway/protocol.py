@@ -195,6 +195,33 @@ class CompletionRequest(CommonFields, kw_only=True):
     prompt_embeds: Any = None
 
 
+class EmbeddingRequest(_Refusable, kw_only=True):
+    """OpenAI's (and vLLM's) embeddings body."""
+
+    model: str
+    input: (
+        str
+        | Annotated[
+            list[str | TokenId | list[TokenId]], msgspec.Meta(min_length=1, max_length=MAX_BATCH)
+        ]
+    )
+    """A text (or token ids), or a batch of them: one vector each, in order."""
+    encoding_format: Literal["float", "base64"] = "float"
+    """``base64``: each vector's float32 values, little-endian, as base64 (what the
+    OpenAI SDK asks for by default)."""
+    dimensions: PositiveInt | None = None
+    user: str | None = None
+    truncate_prompt_tokens: Annotated[int, _R["truncate_prompt_tokens"].meta()] | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    use_activation: bool | None = None
+    """Normalize the vectors (vLLM's name); None: the model's default."""
+    add_special_tokens: bool = True
+    embed_dtype: Literal["float32"] = "float32"
+    endianness: Literal["native", "little"] = "native"
+    padding: Any = None
+    mm_processor_kwargs: Any = None
+
+
 REFUSED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "use_beam_search": ("beam search", (None, False)),
     "length_penalty": ("length_penalty (beam search)", (None, 1, 1.0)),
@@ -239,12 +266,17 @@ def unsupported(param: str, what: str) -> ApiError:
     )
 
 
-def refuse_unsupported(req: CommonFields) -> None:
-    """Fields clients send that would change the answer's meaning: refused, not ignored."""
+def refuse_named(req: _Refusable) -> None:
+    """vLLM's fields this server refuses (``REFUSED``), when set to other than a no-op."""
     for name, (what, no_ops) in REFUSED.items():
         value = getattr(req, name, None)
         if not any((value == v and type(value) is type(v)) or value is v for v in no_ops):
             raise unsupported(name, what)
+
+
+def refuse_unsupported(req: CommonFields) -> None:
+    """Fields clients send that would change the answer's meaning: refused, not ignored."""
+    refuse_named(req)
     if req.echo and logprobs_asked(req) is not None:
         raise unsupported("echo", "echo with logprobs (the prompt's logprobs)")
     if req.truncation_side == "right":

@@ -9,7 +9,8 @@ import re
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -27,6 +28,8 @@ from inferbus.contracts import (
     SUBMIT,
     CancelRequest,
     ChatMessage,
+    ChatTemplateOptions,
+    EmbedParams,
     FailureCode,
     Reading,
     ReplyEvent,
@@ -34,8 +37,10 @@ from inferbus.contracts import (
     RequestFailed,
     RequestFinished,
     RequestSubmitted,
+    SamplingParams,
     ScalingStatus,
     SchedulerLoad,
+    ToolUse,
     WorkerHeartbeat,
     reply_subject,
     subject_token,
@@ -50,15 +55,17 @@ from .admission import Gates, LoadView, ModelRegistry
 from .auth import AccessControl, ApiKey, estimate_prompt_tokens, load_keys
 from .errors import ApiError, error_for, failure_error
 from .openapi import openapi_document
-from .protocol import ChatCompletionRequest, CompletionRequest, request_timeout
+from .protocol import request_timeout
 from .responses import ResponseShapes, StoredResponse, Turn, read_turn
-from .shapes import Answer, Presenter, Shapes, batch_finished
+from .shapes import Answer, EmbeddingShapes, Presenter, Shapes, batch_finished
 from .torequest import (
     Prompt,
     chat_template,
     echoed,
+    embedding_sampling,
     parse_chat,
     parse_completion,
+    parse_embeddings,
     prompt_chars,
     submitted,
     tool_use,
@@ -103,6 +110,23 @@ class GatewaySettings(ServiceSettings, kw_only=True):
     body_timeout_s: float = 30.0
     """A request body not received in this long is refused (408): slow uploads do not
     hold a connection and a handler."""
+
+
+@dataclass
+class _Asked:
+    """What a request body asks for, whatever its API: the contract's parts of the
+    request (one per prompt of a batch), and the shapes its answer takes."""
+
+    model: str
+    stream: bool
+    sampling: SamplingParams
+    prompts: list[Prompt | None]
+    shapes: Callable[[str, int], Presenter]
+    """(request id, created) → the presenter of its answer."""
+    messages: list[ChatMessage] | None = None
+    template: ChatTemplateOptions | None = None
+    tools: ToolUse | None = None
+    embed: EmbedParams | None = None
 
 
 class _Continues(msgspec.Struct):
@@ -158,6 +182,7 @@ class GatewayService(Service[GatewaySettings]):
             web.post("/v1/chat/completions", self.chat_completions),
             web.post("/v1/completions", self.completions),
             web.post("/v1/responses", self.create_response),
+            web.post("/v1/embeddings", self.embeddings),
             web.get("/v1/responses/{id}", self.get_response),
             web.delete("/v1/responses/{id}", self.delete_response),
             web.get("/v1/models", self.list_models),
@@ -290,6 +315,9 @@ class GatewayService(Service[GatewaySettings]):
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "completions")
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "embeddings")
 
     async def create_response(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "responses")
@@ -453,32 +481,18 @@ class GatewayService(Service[GatewaySettings]):
         body = await self._read_body(http)
         # a request that names no max_tokens gets the default, within the key's cap
         default_max = min(self.settings.default_max_tokens, key.max_tokens or 2**31)
-        prompts: list[Prompt | None] = [None]
-        messages: list[ChatMessage] | None = None
-        req: ChatCompletionRequest | CompletionRequest
-        template = None
-        tools = None
-        turn: Turn | None = None
-        if kind == "responses":
-            turn = read_turn(body, await self._earlier_turn(body))
-            body = msgspec.json.encode(turn.chat)
-        if kind != "completions":
-            req, sampling, messages = parse_chat(body, default_max)
-            template = chat_template(req)
-            tools = tool_use(req)
-        else:
-            req, sampling, texts = parse_completion(body, default_max)
-            prompts = list(texts)
+        asked = await self._asked(kind, body, default_max)
+        sampling, prompts, messages = asked.sampling, asked.prompts, asked.messages
         timeout_s = request_timeout(http.headers.get("X-Request-Timeout"))
         now = time.monotonic()
-        trace.describe(req.model, sampling, key.tenant_id, bool(req.stream))
+        trace.describe(asked.model, sampling, key.tenant_id, asked.stream)
         chars = sum(prompt_chars(p, messages) for p in prompts)
         # a batch of prompts runs as a request apiece, under ids of the client's id
         ids = [rid] if len(prompts) == 1 else [f"{rid}_{i}" for i in range(len(prompts))]
         admission = self.gates.admit(
             key,
             request_id=rid,
-            model=req.model,
+            model=asked.model,
             max_tokens=sampling.max_tokens,
             choices=sampling.n * len(prompts),
             prompt_chars=chars,
@@ -490,7 +504,7 @@ class GatewayService(Service[GatewaySettings]):
             events = [
                 submitted(
                     request_id=sub,
-                    model=req.model,
+                    model=asked.model,
                     sampling=sampling,
                     reply_to=reply_subject(self.reply_owner, sub),
                     now=time.time(),
@@ -499,38 +513,24 @@ class GatewayService(Service[GatewaySettings]):
                     timeout_s=timeout_s,
                     prompt=prompt,
                     messages=messages,
-                    chat_template=template,
-                    tools=tools,
+                    chat_template=asked.template,
+                    tools=asked.tools,
+                    embed=asked.embed,
                     input_policy=key.input_policy,
                     mask_pii=key.mask_pii,
                 )
                 for sub, prompt in zip(ids, prompts, strict=True)
             ]
-            shapes: Presenter
-            if turn is not None:
-                shapes = ResponseShapes(
-                    request_id=rid, model=req.model, created=int(time.time()), turn=turn
-                )
-            else:
-                shapes = Shapes(
-                    chat=kind == "chat",
-                    request_id=rid,
-                    model=req.model,
-                    created=int(time.time()),
-                    logprobs=sampling.logprobs is not None,
-                    echo=echoed(req, prompts, messages, sampling.n),
-                    reasoning=not isinstance(req, ChatCompletionRequest) or req.include_reasoning,
-                    include_usage=bool(req.stream_options and req.stream_options.include_usage),
-                )
+            shapes = asked.shapes(rid, int(time.time()))
             if len(events) == 1:
                 readings = self._submit(
-                    events[0], timeout_s, flow, trace, restartable=not req.stream
+                    events[0], timeout_s, flow, trace, restartable=not asked.stream
                 )
             else:
                 readings = self._batch(events, timeout_s, flow, trace)
             ended = False
             try:
-                if req.stream:
+                if asked.stream:
                     resp = await self._stream(http, rid, readings, shapes, now)
                 else:
                     resp = await self._complete(rid, readings, shapes, now)
@@ -551,6 +551,72 @@ class GatewayService(Service[GatewaySettings]):
                         await self._cancel(sub, "client disconnected or timed out")
         finally:
             self.access.settle(admission, flow.used_tokens(chars), time.monotonic())
+
+    async def _asked(self, kind: str, body: bytes, default_max: int) -> _Asked:
+        """What the body asks for, by API (``responses`` runs as a chat, after the turn
+        it continues), and the shapes its answer takes."""
+        if kind == "embeddings":
+            emb, embed, inputs = parse_embeddings(body)
+            return _Asked(
+                model=emb.model,
+                stream=False,
+                sampling=embedding_sampling(emb),
+                prompts=list(inputs),
+                embed=embed,
+                shapes=lambda rid, created: EmbeddingShapes(
+                    request_id=rid,
+                    model=emb.model,
+                    created=created,
+                    base64=emb.encoding_format == "base64",
+                ),
+            )
+        if kind == "completions":
+            req, sampling, texts = parse_completion(body, default_max)
+            return _Asked(
+                model=req.model,
+                stream=req.stream,
+                sampling=sampling,
+                prompts=list(texts),
+                shapes=lambda rid, created: Shapes(
+                    chat=False,
+                    request_id=rid,
+                    model=req.model,
+                    created=created,
+                    logprobs=sampling.logprobs is not None,
+                    echo=echoed(req, list(texts), None, sampling.n),
+                    include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                ),
+            )
+        turn: Turn | None = None
+        if kind == "responses":
+            turn = read_turn(body, await self._earlier_turn(body))
+            body = msgspec.json.encode(turn.chat)
+        chat, csampling, messages = parse_chat(body, default_max)
+
+        def shapes(rid: str, created: int) -> Presenter:
+            if turn is not None:
+                return ResponseShapes(request_id=rid, model=chat.model, created=created, turn=turn)
+            return Shapes(
+                chat=True,
+                request_id=rid,
+                model=chat.model,
+                created=created,
+                logprobs=csampling.logprobs is not None,
+                echo=echoed(chat, [None], messages, csampling.n),
+                reasoning=chat.include_reasoning,
+                include_usage=bool(chat.stream_options and chat.stream_options.include_usage),
+            )
+
+        return _Asked(
+            model=chat.model,
+            stream=turn.stream if turn is not None else chat.stream,
+            sampling=csampling,
+            prompts=[None],
+            messages=messages,
+            template=chat_template(chat),
+            tools=tool_use(chat),
+            shapes=shapes,
+        )
 
     async def _batch(
         self,

@@ -3,6 +3,8 @@ choices by index, logprobs in the chat or the completions form, usage."""
 
 from __future__ import annotations
 
+import base64
+import struct
 from typing import Any, Protocol
 
 import msgspec
@@ -341,6 +343,53 @@ class Shapes:
         env = self._envelope(choices, False)
         env["usage"] = usage_dict(fin)
         return env
+
+
+class EmbeddingShapes:
+    """An embeddings answer: each input's vector by index (a batch's prompt order), as
+    floats or as base64 of little-endian float32 (OpenAI's two encodings). Never
+    streamed."""
+
+    def __init__(self, *, request_id: str, model: str, created: int, base64: bool) -> None:
+        self.id = f"embd-{request_id}"
+        self.model = model
+        self.created = created
+        self.base64 = base64
+
+    def _vector(self, values: list[float]) -> list[float] | str:
+        if not self.base64:
+            return values
+        return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode()
+
+    def complete(self, answer: Answer, fin: RequestFinished) -> dict[str, Any]:
+        data = [
+            {"object": "embedding", "index": end.index, "embedding": self._vector(end.embedding)}
+            for end in fin.choice_ends()
+        ]
+        used = fin.usage.prompt_tokens
+        return {
+            "id": self.id,
+            "object": "list",
+            "created": self.created,
+            "model": self.model,
+            "data": data,
+            "usage": {"prompt_tokens": used, "total_tokens": used},
+        }
+
+    def opening(self) -> bytes:
+        return b""
+
+    def chunk_event(self, chunk: TokenChunk) -> bytes:
+        return b""
+
+    def end_events(self, fin: RequestFinished) -> bytes:
+        return msgspec.json.encode(self.complete(Answer(), fin))
+
+    def failed_events(self, error: ApiError) -> bytes:
+        return msgspec.json.encode(error.body())
+
+    def record(self) -> None:
+        return None
 
 
 def sse(obj: dict[str, Any]) -> bytes:

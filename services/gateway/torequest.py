@@ -11,6 +11,7 @@ import msgspec
 from inferbus.contracts import (
     ChatMessage,
     ChatTemplateOptions,
+    EmbedParams,
     FunctionTool,
     RequestSubmitted,
     SamplingParams,
@@ -27,9 +28,11 @@ from .protocol import (
     ChatMessageIn,
     CommonFields,
     CompletionRequest,
+    EmbeddingRequest,
     ResponseFormat,
     decode_body,
     logprobs_asked,
+    refuse_named,
     refuse_unsupported,
     unsupported,
 )
@@ -283,6 +286,31 @@ def parse_completion(
     return req, _sampling(req, req.max_tokens, default_max_tokens), prompts
 
 
+def parse_embeddings(body: bytes) -> tuple[EmbeddingRequest, EmbedParams, list[Prompt]]:
+    """The request, what its vectors are asked to be, and its inputs (one, or a batch)."""
+    req: EmbeddingRequest = decode_body(body, EmbeddingRequest)
+    refuse_named(req)
+    if req.truncation_side == "right":
+        raise unsupported("truncation_side", 'truncation_side "right"')
+    if not req.add_special_tokens:
+        raise unsupported("add_special_tokens", "add_special_tokens false")
+    for name in ("padding", "mm_processor_kwargs"):
+        if getattr(req, name) is not None:
+            raise unsupported(name, name)
+    try:
+        inputs = _prompts(req.input)
+    except ApiError as err:
+        raise ApiError(400, err.message, param="input", code=err.code) from None
+    if any(p == "" for p in inputs):
+        raise ApiError(400, "an input is empty", param="input", code="invalid_value")
+    return req, EmbedParams(dimensions=req.dimensions, normalize=req.use_activation), inputs
+
+
+def embedding_sampling(req: EmbeddingRequest) -> SamplingParams:
+    """What the platform budgets an embedding by: its prompt, and one step."""
+    return SamplingParams(max_tokens=1, truncate_prompt_tokens=req.truncate_prompt_tokens)
+
+
 def echoed(
     req: ChatCompletionRequest | CompletionRequest,
     prompts: list[Prompt | None],
@@ -315,6 +343,7 @@ def submitted(
     messages: list[ChatMessage] | None = None,
     chat_template: ChatTemplateOptions | None = None,
     tools: ToolUse | None = None,
+    embed: EmbedParams | None = None,
     input_policy: str = "",
     mask_pii: bool | None = None,
 ) -> RequestSubmitted:
@@ -327,6 +356,7 @@ def submitted(
         messages=messages,
         chat_template=chat_template,
         tools=tools,
+        embed=embed,
         sampling=sampling,
         tenant=tenant,
         priority=priority,

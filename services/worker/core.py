@@ -42,6 +42,7 @@ def engine_request(
         token_prompt=r.token_prompt,
         chat_template=r.chat_template,
         tools=r.tools,
+        embed=r.embed,
         sampling=r.sampling,
         weights=weights,
         adapter_weights=adapter_weights,
@@ -136,6 +137,8 @@ class RequestStream:
         if out.choice_finish_reason is not None:
             end.finish_reason = _finish(out.choice_finish_reason)
             end.stop_reason = out.stop_reason
+        if out.embedding:
+            end.embedding = out.embedding
         if not out.text and not out.token_ids and not out.tool_calls and not out.reasoning:
             return None
         chunk = TokenChunk(

@@ -11,6 +11,7 @@ import msgspec
 from inferbus.contracts import (
     ChatMessage,
     ChatTemplateOptions,
+    EmbedParams,
     SamplingParams,
     StageTimings,
     TokenLogprob,
@@ -30,6 +31,7 @@ class EngineRequest(msgspec.Struct, kw_only=True):
     token_prompt: list[int] | None = None
     chat_template: ChatTemplateOptions | None = None
     tools: ToolUse | None = None
+    embed: EmbedParams | None = None
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     weights: str = ""
     """The model's registry version that serves it (``name@version``); empty: the
@@ -88,6 +90,8 @@ class EngineOutput(msgspec.Struct, kw_only=True):
     """On the last output: what the request's prefix restored from a KV spill tier."""
     tool_calls: list[ToolCallDelta] = []
     """Pieces of tool calls its tokens spell (taken out of ``text``)."""
+    embedding: list[float] = []
+    """An embedding request's vector (on its one output)."""
     reasoning: str = ""
     """Reasoning its tokens spell (taken out of ``text``)."""
     prompt_ids_given: bool = False
@@ -211,6 +215,12 @@ class EngineOptions(msgspec.Struct, kw_only=True, frozen=True):
     they leave. 0: level
     with the services. Not applied on GPUs, where the engine's CPU work is what keeps
     the device fed."""
+    runner: str = "generate"
+    """vLLM's ``--runner``: ``generate`` (text) or ``pooling`` (embeddings: the worker
+    then serves ``/v1/embeddings`` requests for its model, and no text)."""
+    convert: str = "auto"
+    """vLLM's ``--convert``: ``embed`` makes a generative model's checkpoint an embedding
+    model (last-token pooling); ``auto`` takes an embedding model as it is."""
     tool_call_parser: str = ""
     """vLLM's tool-call parser for the model's call format (``hermes``, ``llama3_json``,
     ``mistral``...): with one, requests may carry tools (``tool_choice`` ``required``

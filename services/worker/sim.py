@@ -277,6 +277,12 @@ class SimEngine:
                 "the sim engine cannot constrain its output (structured outputs): "
                 "serve this model with the vllm engine",
             )
+        if request.embed is not None:
+            raise EngineError(
+                FailureCode.UNSUPPORTED_BY_ENGINE,
+                "the sim engine makes no embeddings: serve an embedding model with the "
+                "vllm engine and --runner pooling",
+            )
         if request.tools is not None and request.tools.choice != "none":
             raise EngineError(
                 FailureCode.UNSUPPORTED_BY_ENGINE,

@@ -300,6 +300,8 @@ class VllmEngine:
         return AsyncEngineArgs(
             model=o.model,
             served_model_name=[o.served_name],
+            runner=cast("Any", o.runner),
+            convert=cast("Any", o.convert),
             # settings are plain strings and ints; vLLM's configs (pydantic) validate
             # these and refuse a dtype or a LoRA rank outside their Literal
             dtype=cast("ModelDType", o.dtype),
@@ -328,7 +330,7 @@ class VllmEngine:
     def spill_config(self) -> Any:
         """The KV spill connector's configuration (None: spill off)."""
         o = self.options
-        if not (o.kv_spill and o.enable_prefix_caching):
+        if not (o.kv_spill and o.enable_prefix_caching) or self.pooling:
             return None
         from vllm.config import KVTransferConfig
 
@@ -502,6 +504,57 @@ class VllmEngine:
         ids = truncated(ids, s.truncate_prompt_tokens, self.max_model_len, s.max_tokens)
         return {"prompt_token_ids": ids}, given
 
+    @property
+    def pooling(self) -> bool:
+        """It runs a pooling model: embeddings, not text."""
+        return self.options.runner == "pooling"
+
+    def _task_fits(self, request: EngineRequest) -> None:
+        if self.pooling and request.embed is None:
+            raise EngineError(
+                FailureCode.UNSUPPORTED_BY_ENGINE,
+                f"{self.options.served_name} is served as an embedding model (--runner "
+                "pooling): it makes embeddings, not text",
+            )
+        if not self.pooling and request.embed is not None:
+            raise EngineError(
+                FailureCode.UNSUPPORTED_BY_ENGINE,
+                f"{self.options.served_name} is served for text: embeddings need a worker "
+                "started with --runner pooling",
+            )
+
+    async def _embed(
+        self, request: EngineRequest, prompt: dict[str, Any]
+    ) -> AsyncGenerator[EngineOutput, None]:
+        from vllm import PoolingParams
+
+        assert self._engine is not None and request.embed is not None
+        params = PoolingParams(
+            task="embed",
+            dimensions=request.embed.dimensions,
+            use_activation=request.embed.normalize,
+        )
+        received = time.time()
+        outputs = self._engine.encode(prompt, params, request.request_id)
+        try:
+            async for out in outputs:
+                if not out.finished:
+                    continue
+                yield EngineOutput(
+                    text="",
+                    token_ids=[],
+                    prompt_tokens=len(out.prompt_token_ids or ()),
+                    completion_tokens=0,
+                    finish_reason="stop",
+                    choice_finish_reason="stop",
+                    embedding=[float(x) for x in out.outputs.data.tolist()],
+                    timings=timings_of(getattr(out, "metrics", None), received),
+                )
+        except request_errors() as exc:  # a dimension the model was not trained for
+            raise EngineError(FailureCode.INVALID_REQUEST, str(exc)) from None
+        finally:
+            await outputs.aclose()
+
     def _parsing(self, request: EngineRequest, prompt_ids: list[int]) -> ChatParsing | None:
         """The parser of a chat request's answer: one that offers tools (but not under
         ``none``), or any chat when the worker has a reasoning parser."""
@@ -532,9 +585,19 @@ class VllmEngine:
             raise EngineError(
                 FailureCode.MODEL_NOT_FOUND, f"this worker has no adapter {request.adapter!r}"
             )
+        self._task_fits(request)
         prompt, given = self._prompt(request)
         max_len = self._engine.model_config.max_model_len
         n_prompt = len(prompt["prompt_token_ids"])
+        if request.embed is not None:
+            if n_prompt > max_len:
+                raise EngineError(
+                    FailureCode.CONTEXT_LENGTH_EXCEEDED,
+                    f"the input ({n_prompt} tokens) exceeds the model's {max_len}-token context",
+                )
+            async for out in self._embed(request, prompt):
+                yield out
+            return
         if n_prompt + request.sampling.max_tokens > max_len:
             raise EngineError(
                 FailureCode.CONTEXT_LENGTH_EXCEEDED,

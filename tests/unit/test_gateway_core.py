@@ -884,3 +884,50 @@ def test_include_reasoning_false_leaves_the_reasoning_out():
     assert s.chunk(chunk)["choices"][0]["delta"] == {"role": "assistant", "content": "4"}
     whole = s.complete(answer(chunk), FIN)["choices"][0]["message"]
     assert whole == {"role": "assistant", "content": "4"}
+
+
+# -- embeddings -------------------------------------------------------------------------
+
+
+def test_embedding_inputs_and_their_refusals():
+    from inferbus.services.gateway.torequest import parse_embeddings
+
+    _, embed, inputs = parse_embeddings(b'{"model": "e", "input": ["a", "b"], "dimensions": 8}')
+    assert inputs == ["a", "b"] and embed.dimensions == 8 and embed.normalize is None
+    _, embed, inputs = parse_embeddings(b'{"model": "e", "input": [1, 2], "use_activation": false}')
+    assert inputs == [[1, 2]] and embed.normalize is False
+    for body, param in [
+        (b'{"model": "e", "input": ""}', "input"),
+        (b'{"model": "e", "input": []}', "input"),
+        (b'{"model": "e", "input": "a", "encoding_format": "hex"}', "encoding_format"),
+        (b'{"model": "e", "input": "a", "priority": 3}', "priority"),
+        (b'{"model": "e", "input": "a", "truncation_side": "right"}', "truncation_side"),
+    ]:
+        with pytest.raises(ApiError) as e:
+            parse_embeddings(body)
+        assert (e.value.status, e.value.param) == (400, param), body
+
+
+def test_embeddings_in_both_encodings():
+    import base64
+    import struct
+
+    from inferbus.services.gateway.shapes import EmbeddingShapes
+
+    fin = RequestFinished(
+        request_id="r",
+        finish_reason="stop",
+        usage=Usage(prompt_tokens=6),
+        chunks=0,
+        choices=[
+            ChoiceEnd(index=0, finish_reason="stop", embedding=[0.5, -0.25]),
+            ChoiceEnd(index=1, finish_reason="stop", embedding=[1.0, 0.0]),
+        ],
+    )
+    floats = EmbeddingShapes(request_id="r", model="e", created=1, base64=False)
+    body = floats.complete(Answer(), fin)
+    assert [d["embedding"] for d in body["data"]] == [[0.5, -0.25], [1.0, 0.0]]
+    assert body["usage"] == {"prompt_tokens": 6, "total_tokens": 6}
+    packed = EmbeddingShapes(request_id="r", model="e", created=1, base64=True)
+    raw = base64.b64decode(packed.complete(Answer(), fin)["data"][0]["embedding"])
+    assert struct.unpack("<2f", raw) == (0.5, -0.25)
