@@ -117,6 +117,9 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     logprobs: int | None = None
     """Return each output token's log probability and this many alternatives at its
     position (0: the token's alone); None: no logprobs."""
+    prompt_logprobs: int | None = None
+    """Return each prompt token's log probability (and this many alternatives), on
+    each choice's end; None: none. Scores a text (loglikelihood)."""
     logit_bias: dict[int, float] = {}
     """Added to these token ids' logits."""
     allowed_token_ids: list[int] = []

@@ -90,7 +90,8 @@ class TokenLogprob(msgspec.Struct, kw_only=True, omit_defaults=True):
     its position (``top``, most likely first; the token itself may be among them)."""
 
     token: str
-    logprob: float
+    logprob: float | None
+    """None for a prompt's first token only (nothing comes before it)."""
     token_id: int = -1
     top: list[TopLogprob] = []
 
@@ -107,6 +108,9 @@ class ChoiceEnd(msgspec.Struct, kw_only=True, omit_defaults=True):
     completion_tokens: int = 0
     embedding: list[float] = []
     """An embedding request's vector (its one choice)."""
+    prompt_logprobs: list[TokenLogprob] = []
+    """Each prompt token with its log probability, when the request asked for them
+    (the first token's is None: nothing comes before it); the same for every choice."""
 
 
 class ToolCallFunction(msgspec.Struct, kw_only=True):

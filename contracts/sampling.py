@@ -63,6 +63,7 @@ SAMPLING_RANGES: dict[str, Range] = {
     "min_p": Range(low=0.0, high=1.0),
     "min_tokens": Range(low=0, high=I32),
     "logprobs": Range(low=0, high=MAX_LOGPROBS),
+    "prompt_logprobs": Range(low=0, high=MAX_LOGPROBS),
     "truncate_prompt_tokens": Range(low=-1, high=I32),
 }
 """OpenAI's ranges (temperature, top_p, the penalties, n) and vLLM's (top_k: -1 or 0

@@ -343,12 +343,23 @@ _UNSUPPORTED_BOTH: dict[str, dict[str, Any]] = {
     "truncation_side": {"enum": ["left", None], "description": _ONLY.format('"left"')},
 }
 _ECHOING = {"required": ["echo"], "properties": {"echo": {"const": True}}}
+_STREAMING = {"required": ["stream"], "properties": {"stream": {"const": True}}}
 _RULES_COMPLETION: list[dict[str, Any]] = [
-    {  # echo repeats text prompts, without logprobs
+    {  # echo with logprobs (the prompt's) is not streamed
+        "if": {
+            "required": ["stream", "echo"],
+            "properties": {"stream": {"const": True}, "echo": {"const": True}},
+        },
+        "then": {"properties": {"logprobs": {"type": "null"}}},
+    },
+    {  # max_tokens 0 scores the prompt: with echo only
+        "if": {"required": ["max_tokens"], "properties": {"max_tokens": {"const": 0}}},
+        "then": _ECHOING,
+    },
+    {  # echo repeats text prompts
         "if": _ECHOING,
         "then": {
             "properties": {
-                "logprobs": {"type": "null"},
                 "prompt": {
                     "anyOf": [
                         {"type": "string"},
@@ -357,7 +368,7 @@ _RULES_COMPLETION: list[dict[str, Any]] = [
                 },
             }
         },
-    }
+    },
 ]
 _RULES_CHAT: list[dict[str, Any]] = [
     {  # a tool_choice other than none needs tools

@@ -92,7 +92,6 @@ class _Refusable(msgspec.Struct, kw_only=True):
 
     use_beam_search: Any = None
     length_penalty: Any = None
-    prompt_logprobs: Any = None
     logprob_token_ids: Any = None
     return_token_ids: Any = None
     return_tokens_as_token_ids: Any = None
@@ -121,6 +120,8 @@ class CommonFields(_Refusable, kw_only=True):
     """The prompt (chat: the last message, when it is the assistant's) before the
     answer's text."""
     max_tokens: PositiveInt | None = None
+    prompt_logprobs: Annotated[int, _R["prompt_logprobs"].meta()] | None = None
+    """vLLM's: each prompt token's log probability, with this many alternatives."""
     temperature: Annotated[float, _R["temperature"].meta()] = 1.0
     top_p: Annotated[float, _R["top_p"].meta()] = 1.0
     stop: str | Annotated[list[str], msgspec.Meta(max_length=64)] | None = None
@@ -190,6 +191,8 @@ class CompletionRequest(CommonFields, kw_only=True):
     own, and the answer numbers their choices prompt by prompt (``index`` = prompt × n
     + choice)."""
     logprobs: Annotated[int, _R["logprobs"].meta()] | None = None
+    max_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    """0 with ``echo``: nothing is generated, the prompt is scored (its logprobs)."""
     best_of: int | None = None
     suffix: str | None = None
     prompt_embeds: Any = None
@@ -225,7 +228,6 @@ class EmbeddingRequest(_Refusable, kw_only=True):
 REFUSED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "use_beam_search": ("beam search", (None, False)),
     "length_penalty": ("length_penalty (beam search)", (None, 1, 1.0)),
-    "prompt_logprobs": ("prompt_logprobs", (None,)),
     "logprob_token_ids": ("logprob_token_ids", (None, [])),
     "return_token_ids": ("return_token_ids", (None, False)),
     "return_tokens_as_token_ids": ("return_tokens_as_token_ids", (None, False)),
@@ -278,7 +280,17 @@ def refuse_unsupported(req: CommonFields) -> None:
     """Fields clients send that would change the answer's meaning: refused, not ignored."""
     refuse_named(req)
     if req.echo and logprobs_asked(req) is not None:
-        raise unsupported("echo", "echo with logprobs (the prompt's logprobs)")
+        if isinstance(req, ChatCompletionRequest):
+            raise unsupported("echo", "echo with logprobs in a chat (use prompt_logprobs)")
+        if req.stream:
+            raise unsupported("echo", "echo with logprobs in a stream")
+    if req.max_tokens == 0 and not req.echo:
+        raise ApiError(
+            400,
+            "max_tokens 0 scores the prompt: it needs echo",
+            param="max_tokens",
+            code="invalid_value",
+        )
     if req.truncation_side == "right":
         raise unsupported("truncation_side", 'truncation_side "right"')
     if req.stream_options is not None and req.stream_options.continuous_usage_stats:

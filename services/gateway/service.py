@@ -585,6 +585,8 @@ class GatewayService(Service[GatewaySettings]):
                     logprobs=sampling.logprobs is not None,
                     echo=echoed(req, list(texts), None, sampling.n),
                     include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                    prompt_logprobs=req.prompt_logprobs is not None,
+                    score_only=req.echo and req.max_tokens == 0,
                 ),
             )
         turn: Turn | None = None
@@ -605,6 +607,7 @@ class GatewayService(Service[GatewaySettings]):
                 echo=echoed(chat, [None], messages, csampling.n),
                 reasoning=chat.include_reasoning,
                 include_usage=bool(chat.stream_options and chat.stream_options.include_usage),
+                prompt_logprobs=chat.prompt_logprobs is not None,
             )
 
         return _Asked(

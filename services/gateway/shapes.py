@@ -90,7 +90,8 @@ def chat_logprobs(lps: list[TokenLogprob]) -> dict[str, Any]:
 
 def completion_logprobs(lps: list[TokenLogprob], offset: int) -> dict[str, Any]:
     """OpenAI's legacy completions form; ``offset``: the first token's place in the
-    choice's text. Each position's alternatives include the token itself, as vLLM's."""
+    choice's text. Each position's alternatives include the token itself, as vLLM's; a
+    prompt's first token (echo) has no logprob and no alternatives (null)."""
     offsets = []
     for lp in lps:
         offsets.append(offset)
@@ -99,10 +100,27 @@ def completion_logprobs(lps: list[TokenLogprob], offset: int) -> dict[str, Any]:
         "tokens": [lp.token for lp in lps],
         "token_logprobs": [lp.logprob for lp in lps],
         "top_logprobs": [
-            {**{t.token: t.logprob for t in lp.top}, lp.token: lp.logprob} for lp in lps
+            None
+            if lp.logprob is None
+            else {**{t.token: t.logprob for t in lp.top}, lp.token: lp.logprob}
+            for lp in lps
         ],
         "text_offset": offsets,
     }
+
+
+def vllm_prompt_logprobs(lps: list[TokenLogprob]) -> list[dict[str, Any] | None]:
+    """vLLM's ``prompt_logprobs``: per prompt token, null for the first, else its id's
+    and each alternative's logprob and text."""
+    out: list[dict[str, Any] | None] = []
+    for lp in lps:
+        if lp.logprob is None:
+            out.append(None)
+            continue
+        entry = {str(t.token_id): {"logprob": t.logprob, "decoded_token": t.token} for t in lp.top}
+        entry[str(lp.token_id)] = {"logprob": lp.logprob, "decoded_token": lp.token}
+        out.append(entry)
+    return out
 
 
 def tool_call_deltas(calls: list[ToolCallDelta]) -> list[dict[str, Any]]:
@@ -190,12 +208,18 @@ class Shapes:
         echo: dict[int, str] | None = None,
         reasoning: bool = True,
         include_usage: bool = False,
+        prompt_logprobs: bool = False,
+        score_only: bool = False,
     ) -> None:
         self.chat = chat
         self.reasoning = reasoning
         """Show the reasoning (``include_reasoning``)."""
         self.include_usage = include_usage
         """A stream ends with a usage chunk (``stream_options.include_usage``)."""
+        self.prompt_logprobs = prompt_logprobs
+        """vLLM's ``prompt_logprobs`` asked for: shown (each choice's, or the chat's)."""
+        self.score_only = score_only
+        """``echo`` with ``max_tokens`` 0: the prompt and its logprobs, nothing generated."""
         self._echo = dict(echo or {})
         """Text each choice starts with (``echo``), by index, until it went out."""
         self._echoed = dict(self._echo)
@@ -290,7 +314,14 @@ class Shapes:
             choice["logprobs"] = None  # every token's went with its text
             choice["finish_reason"] = end.finish_reason
             choice["stop_reason"] = end.stop_reason
-            out.append(self._envelope([choice], True))
+            env = self._envelope([choice], True)
+            if self.prompt_logprobs:  # known at the end: they go with each choice's end
+                prompt = vllm_prompt_logprobs(end.prompt_logprobs)
+                if self.chat:
+                    env["prompt_logprobs"] = prompt
+                else:
+                    choice["prompt_logprobs"] = prompt
+            out.append(env)
         return out
 
     def opening(self) -> bytes:
@@ -317,8 +348,11 @@ class Shapes:
         choices = []
         for end in fin.choice_ends():
             i = end.index
-            text = self._echoed.get(i, "") + answer.text(i)
-            lps = answer.logprobs.get(i, [])
+            echo = self._echoed.get(i, "")
+            text = echo if self.score_only else echo + answer.text(i)
+            lps = [] if self.score_only else answer.logprobs.get(i, [])
+            if echo and not self.chat:  # the echoed prompt's logprobs come first
+                lps = [*end.prompt_logprobs, *lps]
             logprobs = None
             if self.logprobs:
                 logprobs = chat_logprobs(lps) if self.chat else completion_logprobs(lps, 0)
@@ -339,8 +373,12 @@ class Shapes:
             choice.update(
                 logprobs=logprobs, finish_reason=end.finish_reason, stop_reason=end.stop_reason
             )
+            if self.prompt_logprobs and not self.chat:
+                choice["prompt_logprobs"] = vllm_prompt_logprobs(end.prompt_logprobs)
             choices.append(choice)
         env = self._envelope(choices, False)
+        if self.prompt_logprobs and self.chat:  # vLLM's chat has them once, at the top
+            env["prompt_logprobs"] = vllm_prompt_logprobs(fin.choice_ends()[0].prompt_logprobs)
         env["usage"] = usage_dict(fin)
         return env
 

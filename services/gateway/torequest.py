@@ -110,8 +110,14 @@ def _sampling(req: CommonFields, max_tokens: int | None, default_max_tokens: int
     """Ranges are checked by the request Structs' constraints; what is left is support."""
     refuse_unsupported(req)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    # echo's max_tokens 0 runs one step, shown as nothing (vLLM's rule)
+    limit = default_max_tokens if max_tokens is None else max(1, max_tokens)
+    prompt_logprobs = req.prompt_logprobs
+    if prompt_logprobs is None and req.echo and isinstance(req, CompletionRequest):
+        prompt_logprobs = req.logprobs  # the echoed prompt's logprobs come first
     sampling = SamplingParams(
-        max_tokens=default_max_tokens if max_tokens is None else max_tokens,
+        max_tokens=limit,
+        prompt_logprobs=prompt_logprobs,
         temperature=req.temperature,
         top_p=req.top_p,
         top_k=max(0, req.top_k),

@@ -14,6 +14,7 @@ from inferbus.contracts import (
     RequestStarted,
     StageTimings,
     TokenChunk,
+    TokenLogprob,
     Usage,
     WorkAssigned,
     WorkerHeartbeat,
@@ -93,6 +94,7 @@ class RequestStream:
         "ends",
         "first_token_at",
         "prompt_ids_given",
+        "prompt_logprobs",
         "restored",
         "seq",
         "served_model",
@@ -116,6 +118,7 @@ class RequestStream:
         """The engine ran the sanitizer's prompt ids rather than tokenizing again."""
         self.ends: dict[int, ChoiceEnd] = {}
         """Each choice's end and token count so far, by index."""
+        self.prompt_logprobs: list[TokenLogprob] = []
 
     @property
     def request_id(self) -> str:
@@ -139,6 +142,8 @@ class RequestStream:
             end.stop_reason = out.stop_reason
         if out.embedding:
             end.embedding = out.embedding
+        if out.prompt_logprobs:
+            self.prompt_logprobs = out.prompt_logprobs
         if not out.text and not out.token_ids and not out.tool_calls and not out.reasoning:
             return None
         chunk = TokenChunk(
@@ -164,6 +169,7 @@ class RequestStream:
             end = self.ends.get(i) or ChoiceEnd(index=i, finish_reason="")
             if not end.finish_reason:
                 end.finish_reason = _finish(out.finish_reason)
+            end.prompt_logprobs = self.prompt_logprobs
             ends.append(end)
         return RequestFinished(
             request_id=self.request_id,

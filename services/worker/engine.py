@@ -92,6 +92,8 @@ class EngineOutput(msgspec.Struct, kw_only=True):
     """Pieces of tool calls its tokens spell (taken out of ``text``)."""
     embedding: list[float] = []
     """An embedding request's vector (on its one output)."""
+    prompt_logprobs: list[TokenLogprob] = []
+    """The prompt's tokens' logprobs, when asked for (on the first output that has them)."""
     reasoning: str = ""
     """Reasoning its tokens spell (taken out of ``text``)."""
     prompt_ids_given: bool = False

@@ -42,6 +42,7 @@ from .engine import (
 from .vllm_params import (
     engine_wide_only,
     logprobs_of,
+    prompt_logprobs_of,
     request_errors,
     sampling_params,
     truncated,
@@ -617,6 +618,7 @@ class VllmEngine:
         received = time.time()
         rid = request.request_id
         completion = 0
+        sent_prompt_logprobs = False
         outputs = self._engine.generate(prompt, params, rid, lora_request=lora)
         try:
             async for out in outputs:
@@ -636,6 +638,15 @@ class VllmEngine:
                             if top is not None
                             else []
                         )
+                    prompt_lps: list[TokenLogprob] = []
+                    if out.prompt_logprobs and not sent_prompt_logprobs:
+                        sent_prompt_logprobs = True
+                        prompt_lps = prompt_logprobs_of(
+                            out.prompt_token_ids,
+                            out.prompt_logprobs,
+                            request.sampling.prompt_logprobs or 0,
+                            self._decode_token,
+                        )
                     parsed = ParsedDelta(o_text, "", [])
                     if parsing is not None and o is not None:
                         parsed = parsing.feed(o_index, o_text, o_ids, o_finish is not None)
@@ -644,6 +655,7 @@ class VllmEngine:
                     completion += len(o_ids)
                     yield EngineOutput(
                         text=parsed.text,
+                        prompt_logprobs=prompt_lps,
                         reasoning=parsed.reasoning,
                         tool_calls=parsed.tool_calls,
                         token_ids=o_ids,

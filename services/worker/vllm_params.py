@@ -97,6 +97,7 @@ def sampling_params(s: SamplingParams, kv_namespace: str = "") -> Any:
             repetition_penalty=s.repetition_penalty,
             ignore_eos=s.ignore_eos,
             logprobs=s.logprobs,
+            prompt_logprobs=s.prompt_logprobs,
             logit_bias=dict(s.logit_bias) or None,
             allowed_token_ids=list(s.allowed_token_ids) or None,
             bad_words=list(s.bad_words) or None,
@@ -143,6 +144,20 @@ def logprobs_of(
                 ],
             )
         )
+    return out
+
+
+def prompt_logprobs_of(
+    token_ids: Any, steps: Any, top: int, decode: Callable[[int], str]
+) -> list[TokenLogprob]:
+    """vLLM's prompt logprobs as ours, token by token (vLLM's None for the first,
+    which nothing comes before: the token with no logprob)."""
+    out: list[TokenLogprob] = []
+    for tid, step in zip(token_ids, steps or (), strict=False):
+        if step is None:
+            out.append(TokenLogprob(token=decode(tid), logprob=None, token_id=tid))
+        else:
+            out.append(logprobs_of([tid], [step], top, decode)[0])
     return out
 
 

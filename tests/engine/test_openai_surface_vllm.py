@@ -479,3 +479,37 @@ async def test_an_agent_loop_over_the_responses_api(sdk):
     )
     assert second.status in ("completed", "incomplete")
     assert second.usage.input_tokens > first.usage.input_tokens
+
+
+async def test_a_prompt_is_scored_as_lm_eval_scores_it(sdk):
+    """Loglikelihood as lm-evaluation-harness asks for it: echo, logprobs, max_tokens 0
+    (the prompt's own tokens and logprobs, nothing generated); and the logprobs a
+    prompt's tokens get are those the same tokens got when the engine wrote them."""
+    written = await sdk.completions.create(
+        model=MODEL, prompt="def main():", max_tokens=6, temperature=0.0, logprobs=0
+    )
+    text = written.choices[0].text
+    scored = await sdk.completions.create(
+        model=MODEL, prompt="def main():" + text, max_tokens=0, echo=True, logprobs=1
+    )
+    choice = scored.choices[0]
+    lp = choice.logprobs
+    assert choice.text == "def main():" + text  # the prompt alone
+    assert "".join(lp.tokens) == choice.text
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(isinstance(x, float) and x <= 0 for x in lp.token_logprobs[1:])
+    gen = written.choices[0].logprobs
+    if lp.tokens[-len(gen.tokens) :] == gen.tokens:  # the text tokenized back the same
+        assert lp.token_logprobs[-len(gen.tokens) :] == pytest.approx(gen.token_logprobs, abs=1e-3)
+    # vLLM's prompt_logprobs field: the same numbers, by token id
+    raw = await sdk.completions.create(
+        model=MODEL,
+        prompt="def main():" + text,
+        max_tokens=1,
+        extra_body={"prompt_logprobs": 0},
+    )
+    prompt = raw.choices[0].model_extra["prompt_logprobs"]
+    assert prompt[0] is None and len(prompt) == len(lp.tokens)
+    # with 0 alternatives each entry holds the prompt's own token only
+    chosen = [next(iter(entry.values()))["logprob"] for entry in prompt[1:]]
+    assert chosen == pytest.approx(lp.token_logprobs[1:], abs=1e-4)

@@ -931,3 +931,57 @@ def test_embeddings_in_both_encodings():
     packed = EmbeddingShapes(request_id="r", model="e", created=1, base64=True)
     raw = base64.b64decode(packed.complete(Answer(), fin)["data"][0]["embedding"])
     assert struct.unpack("<2f", raw) == (0.5, -0.25)
+
+
+# -- the prompt's logprobs --------------------------------------------------------------
+
+
+def test_echo_with_logprobs_scores_the_prompt_first():
+    _, sampling, _ = parse_completion(
+        b'{"model": "m", "prompt": "ab", "echo": true, "logprobs": 1, "max_tokens": 0}', 16
+    )
+    assert sampling.prompt_logprobs == 1 and sampling.max_tokens == 1  # one step, not shown
+    prompt = [
+        TokenLogprob(token="a", logprob=None, token_id=1),
+        TokenLogprob(
+            token="b",
+            logprob=-1.5,
+            token_id=2,
+            top=[TopLogprob(token="c", logprob=-0.5, token_id=3)],
+        ),
+    ]
+    fin = msgspec.structs.replace(
+        FIN, choices=[ChoiceEnd(index=0, finish_reason="length", prompt_logprobs=prompt)]
+    )
+    s = Shapes(
+        chat=False, request_id="r1", model="m", created=1, logprobs=True, echo={0: "ab"},
+        score_only=True, prompt_logprobs=True,
+    )  # fmt: skip
+    choice = s.complete(answer(tc("zz", logprobs=[TokenLogprob(token="zz", logprob=-3.0)])), fin)[
+        "choices"
+    ][0]
+    assert choice["text"] == "ab"  # the generated step is not shown
+    assert choice["logprobs"]["tokens"] == ["a", "b"]
+    assert choice["logprobs"]["token_logprobs"] == [None, -1.5]
+    assert choice["logprobs"]["top_logprobs"] == [None, {"c": -0.5, "b": -1.5}]
+    assert choice["prompt_logprobs"] == [
+        None,
+        {
+            "3": {"logprob": -0.5, "decoded_token": "c"},
+            "2": {"logprob": -1.5, "decoded_token": "b"},
+        },
+    ]
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        (b'{"model": "m", "prompt": "a", "max_tokens": 0}', "max_tokens"),
+        (b'{"model": "m", "prompt": "a", "echo": true, "logprobs": 1, "stream": true}', "echo"),
+        (b'{"model": "m", "prompt": "a", "prompt_logprobs": 21}', "prompt_logprobs"),
+    ],
+)
+def test_what_scoring_cannot_be_is_refused(body, param):
+    with pytest.raises(ApiError) as e:
+        parse_completion(body, 16)
+    assert (e.value.status, e.value.param) == (400, param)

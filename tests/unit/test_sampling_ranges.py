@@ -18,7 +18,7 @@ from inferbus.contracts.sampling import SAMPLING_RANGES, out_of_range
 from inferbus.services.gateway.protocol import ChatCompletionRequest, CompletionRequest
 from inferbus.services.sanitizer.core import InputLimits, check
 
-INTEGERS = {"top_k", "n", "min_tokens", "logprobs", "truncate_prompt_tokens"}
+INTEGERS = {"top_k", "n", "min_tokens", "logprobs", "prompt_logprobs", "truncate_prompt_tokens"}
 BIG = 2**31 - 1
 
 

@@ -135,6 +135,7 @@ ONE_EACH = {
     "min_p": 0.2,
     "min_tokens": 2,
     "logprobs": 3,
+    "prompt_logprobs": 2,
     "logit_bias": {5: 1.0},
     "allowed_token_ids": [1, 2],
     "bad_words": ["no"],

@@ -75,6 +75,7 @@ HONOURED_BOTH: dict[str, tuple[Any, Any]] = {
     "include_stop_str_in_output": (True, s(lambda x: x.include_stop_str_in_output)),
     "skip_special_tokens": (False, s(lambda x: not x.skip_special_tokens)),
     "spaces_between_special_tokens": (False, s(lambda x: not x.spaces_between_special_tokens)),
+    "prompt_logprobs": (2, s(lambda x: x.prompt_logprobs == 2)),
     "truncate_prompt_tokens": (20, s(lambda x: x.truncate_prompt_tokens == 20)),
     "truncation_side": ("left", s(lambda x: x.truncate_prompt_tokens is None)),
     "structured_outputs": (
@@ -203,9 +204,8 @@ def test_the_contract_carries_vllm_s_sampling_fields_or_says_why_not():
         "skip_clone": "an engine-internal copy switch",
         "output_text_buffer_length": "engine-internal",
         # refused at the gateway, by name (REFUSED)
-        "prompt_logprobs": "refused",
-        "prompt_logprob_token_ids": "refused with prompt_logprobs",
-        "prompt_logprob_start": "refused with prompt_logprobs",
+        "prompt_logprob_token_ids": "logprob_token_ids' prompt twin: refused with it",
+        "prompt_logprob_start": "the whole prompt's are returned",
         "logprob_token_ids": "refused",
         "flat_logprobs": "an output layout switch",
         "watermarking": "refused",
