@@ -34,6 +34,7 @@ from inferbus.contracts import (
     CancelRequest,
     ChatMessage,
     ChatTemplateOptions,
+    EmbedParams,
     FailureCode,
     ReplyEvent,
     ReplyReader,
@@ -45,6 +46,9 @@ from inferbus.contracts import (
     SamplingParams,
     TokenChunk,
     TokenLogprob,
+    ToolCall,
+    ToolCallFunction,
+    ToolUse,
     request_failed,
     tenant_cancel_subject,
     tenant_reply_prefix,
@@ -120,6 +124,27 @@ class Stream:
     def logprobs(self) -> list[TokenLogprob]:
         """Choice 0's token logprobs, when the request asked for them."""
         return [lp for c in self.chunks if c.index == 0 for lp in c.logprobs]
+
+    def reasoning(self, index: int = 0) -> str:
+        """A choice's reasoning (with a worker's reasoning parser)."""
+        return "".join(c.reasoning for c in self.chunks if c.index == index)
+
+    def tool_calls(self, index: int = 0) -> list[ToolCall]:
+        """The tool calls a choice made, their streamed pieces joined."""
+        calls: dict[int, ToolCall] = {}
+        for piece in (p for c in self.chunks if c.index == index for p in c.tool_calls):
+            call = calls.get(piece.index)
+            if call is None:
+                function = ToolCallFunction(name=piece.name or "", arguments="")
+                call = calls[piece.index] = ToolCall(id=piece.id or "", function=function)
+            call.function.arguments += piece.arguments
+        return [calls[i] for i in sorted(calls)]
+
+    @property
+    def embedding(self) -> list[float]:
+        """An embedding request's vector."""
+        ends = self.outcome.choice_ends() if self.outcome is not None else []
+        return ends[0].embedding if ends else []
 
     async def _open(self) -> None:
         nc = self._client.nc
@@ -286,6 +311,8 @@ class Client:
         messages: list[ChatMessage] | list[dict[str, Any]] | None = None,
         chat_template: ChatTemplateOptions | None = None,
         token_prompt: list[int] | None = None,
+        tools: ToolUse | None = None,
+        embed: EmbedParams | None = None,
         max_tokens: int = 16,
         temperature: float = 1.0,
         top_p: float = 1.0,
@@ -306,7 +333,9 @@ class Client:
         sanitizer defaults. ``traceparent`` (W3C) makes the request's trace a part of
         the caller's. ``sampling`` takes the other SamplingParams fields (``n``,
         ``logprobs``, ``min_tokens``, ``structured``...; docs/nats-api.md lists them);
-        ``messages`` may be dicts in OpenAI's shape, tool calls included.
+        ``messages`` may be dicts in OpenAI's shape, tool calls included; ``tools``
+        offers functions to call (the stream's ``tool_calls()`` joins the calls made);
+        ``embed`` asks a pooling model for the prompt's vector (``embedding``).
         """
         msgs = None
         if messages is not None:
@@ -325,6 +354,8 @@ class Client:
             messages=msgs,
             token_prompt=token_prompt,
             chat_template=chat_template,
+            tools=tools,
+            embed=embed,
             sampling=SamplingParams(
                 max_tokens=max_tokens,
                 temperature=temperature,
@@ -338,6 +369,12 @@ class Client:
             mask_pii=mask_pii,
         )
         return Stream(self, request, timeout, {"traceparent": traceparent} if traceparent else None)
+
+    async def embed(self, model: str, text: str, **kwargs: Any) -> list[float]:
+        """The vector a pooling model gives ``text`` (``kwargs`` as ``stream``'s)."""
+        params = kwargs.pop("embed", None) or EmbedParams()
+        done = await self.generate(model, text, embed=params, max_tokens=1, **kwargs)
+        return done.embedding
 
     async def generate(self, model: str, prompt: str | None = None, **kwargs: Any) -> Stream:
         """Run a request to its end; the returned stream holds the text and the outcome."""

@@ -97,3 +97,9 @@ async def test_a_task_a_model_is_not_served_for_is_refused(sdk, platform):
     with pytest.raises(openai.BadRequestError) as e:  # a dimension it was not trained for
         await sdk.embeddings.create(model=MODEL, input="hi", dimensions=16)
     assert e.value.code in ("invalid_request", "unsupported_by_engine")
+
+
+async def test_the_python_client_embeds_over_nats(pooling_worker, client, sdk):
+    vector = await client.embed(MODEL, "The cat sat.")
+    over_http = await sdk.embeddings.create(model=MODEL, input="The cat sat.")
+    assert vector == pytest.approx(over_http.data[0].embedding, abs=1e-5)
