@@ -105,6 +105,8 @@ def launch_sanitizer(p: Platform, launch: Launch) -> None:
 def launch_gateway(p: Platform, launch: Launch) -> None:
     o = p.o
     launch.argv += ["--http-host", o.host]
+    if o.engine == "vllm":  # /tokenize and /detokenize with the model's tokenizer
+        launch.argv += ["--tokenizers", f"{p.model}={p.model_path}"]
     if o.api_keys_file is None:
         return
     launch.argv += ["--api-keys-file", str(o.api_keys_file)]

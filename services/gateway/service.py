@@ -50,6 +50,7 @@ from inferbus.shared.bus import publish_durable
 from inferbus.shared.codec import encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.runtime import Context, Service
+from inferbus.shared.tokenizers import TokenizerSet, parse_tokenizers
 
 from .admission import Gates, LoadView, ModelRegistry
 from .auth import AccessControl, ApiKey, estimate_prompt_tokens, load_keys
@@ -58,6 +59,7 @@ from .openapi import openapi_document
 from .protocol import request_timeout
 from .responses import ResponseShapes, StoredResponse, Turn, read_turn
 from .shapes import Answer, EmbeddingShapes, Presenter, Shapes, batch_finished
+from .tokenize import detokenize, model_of, read_tokenize, tokenize
 from .torequest import (
     Prompt,
     chat_template,
@@ -102,6 +104,9 @@ class GatewaySettings(ServiceSettings, kw_only=True):
     max_body_bytes: int = 0
     """The largest request body taken (413 past it); 0: as much as the bus carries (the
     NATS server's max_payload, less room for the event around it)."""
+    tokenizers: str = ""
+    """``model=folder,...``: the tokenizers /tokenize and /detokenize use (``inferbus up``
+    gives its model's)."""
     responses_ttl_s: float = 30 * 24 * 3600.0
     """How long a stored response (``/v1/responses`` with ``store``) is kept, to be
     read back or continued (``previous_response_id``); 0: until deleted."""
@@ -174,6 +179,8 @@ class GatewayService(Service[GatewaySettings]):
         self._lost: set[str] = set()
         self._streaming: dict[str, web.StreamResponse] = {}
         self._responses_kv: KeyValue | None = None
+        self.tokenizers = TokenizerSet(parse_tokenizers(settings.tokenizers))
+        self._loading: asyncio.Task[None] | None = None
         """SSE responses whose headers went out, by request."""
         """Requests whose replies a NATS outage cut: cancelled once the bus is back."""
 
@@ -183,6 +190,8 @@ class GatewayService(Service[GatewaySettings]):
             web.post("/v1/completions", self.completions),
             web.post("/v1/responses", self.create_response),
             web.post("/v1/embeddings", self.embeddings),
+            web.post("/tokenize", self.tokenize),
+            web.post("/detokenize", self.detokenize),
             web.get("/v1/responses/{id}", self.get_response),
             web.delete("/v1/responses/{id}", self.delete_response),
             web.get("/v1/models", self.list_models),
@@ -209,6 +218,8 @@ class GatewayService(Service[GatewaySettings]):
             )
         else:
             log.info("API keys required", keys=len(self.access.by_digest))
+        if self.tokenizers.folders:
+            self._loading = asyncio.create_task(self.tokenizers.load_all(), name="tokenizers")
 
     def status(self) -> dict[str, Any]:
         return {
@@ -315,6 +326,35 @@ class GatewayService(Service[GatewaySettings]):
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "completions")
+
+    async def tokenize(self, http: web.Request) -> web.Response:
+        return await self._tokens(http, detokenizing=False)
+
+    async def detokenize(self, http: web.Request) -> web.Response:
+        return await self._tokens(http, detokenizing=True)
+
+    async def _tokens(self, http: web.Request, detokenizing: bool) -> web.Response:
+        """vLLM's /tokenize and /detokenize, with the tokenizer held for the model."""
+        try:
+            key = self._authenticate(http)
+            body = await self._read_body(http)
+            model = model_of(body)
+            loaded = self.tokenizers.get(model) if key.allows(model) else None
+            if loaded is None:
+                raise failure_error(
+                    FailureCode.MODEL_NOT_FOUND,
+                    f"no tokenizer for {model!r} here (the gateway's --tokenizers)",
+                    param="model",
+                )
+            tok, _ = loaded
+            if detokenizing:
+                answer = detokenize(tok, body)
+            else:
+                limit = self.registry.max_model_len(model) or None
+                answer = tokenize(tok, read_tokenize(body), limit or 0)
+        except ApiError as err:
+            return _error_response(err, "")
+        return web.json_response(answer)
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, "embeddings")

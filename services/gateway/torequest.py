@@ -156,7 +156,7 @@ def _content(msg: ChatMessageIn) -> str:
     return "".join(part.text for part in msg.content)
 
 
-def _message(m: ChatMessageIn) -> ChatMessage:
+def chat_message(m: ChatMessageIn) -> ChatMessage:
     return ChatMessage(
         role=m.role,
         content=_content(m),
@@ -211,6 +211,11 @@ def _tool(entry: dict[str, Any], at: int) -> FunctionTool:
         ) from None
 
 
+def function_tools(tools: list[dict[str, Any]] | None) -> list[FunctionTool]:
+    """OpenAI's ``tools`` (function tools only: others are refused by name)."""
+    return [_tool(t, i) for i, t in enumerate(tools or ())]
+
+
 def _tool_choice(choice: str | dict[str, Any] | None) -> tuple[str, str | None]:
     if choice is None or isinstance(choice, str):
         return choice or "auto", None
@@ -237,7 +242,7 @@ def tool_use(req: ChatCompletionRequest) -> ToolUse | None:
         return None
     choice, function = _tool_choice(req.tool_choice)
     tools = ToolUse(
-        tools=[_tool(t, i) for i, t in enumerate(req.tools)],
+        tools=function_tools(req.tools),
         choice=choice,
         function=function,
         parallel=req.parallel_tool_calls is not False,
@@ -253,7 +258,7 @@ def parse_chat(
     body: bytes, default_max_tokens: int
 ) -> tuple[ChatCompletionRequest, SamplingParams, list[ChatMessage]]:
     req: ChatCompletionRequest = decode_body(body, ChatCompletionRequest)
-    messages = [_message(m) for m in req.messages]
+    messages = [chat_message(m) for m in req.messages]
     limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     return req, _sampling(req, limit, default_max_tokens), messages
 

@@ -293,3 +293,27 @@ async def _continue_elsewhere(p: Platform) -> None:
     finally:
         await client.close()
         await nc.close()
+
+
+# -- /tokenize and /detokenize ---------------------------------------------------------
+
+
+def test_tokenize_gives_the_ids_the_engine_runs(p):
+    """inferbus up gives the gateway its model's tokenizer: /tokenize counts a chat as
+    the engine's usage counts it, and /detokenize reads ids back."""
+    import urllib.request
+
+    def post(path: str, body: dict) -> dict:
+        req = urllib.request.Request(
+            p.http + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return json.loads(resp.read())
+
+    messages = [{"role": "user", "content": "Count my tokens, please."}]
+    counted = post("/tokenize", {"model": MODEL, "messages": messages})
+    ran = post("/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 1})
+    assert counted["count"] == ran["usage"]["prompt_tokens"] == len(counted["tokens"])
+    assert counted["max_model_len"] == 2048
+    back = post("/detokenize", {"model": MODEL, "tokens": counted["tokens"]})
+    assert "Count my tokens, please." in back["prompt"]

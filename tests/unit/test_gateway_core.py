@@ -985,3 +985,63 @@ def test_what_scoring_cannot_be_is_refused(body, param):
     with pytest.raises(ApiError) as e:
         parse_completion(body, 16)
     assert (e.value.status, e.value.param) == (400, param)
+
+
+# -- /tokenize and /detokenize ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(tmp_path_factory):
+    from inferbus.shared.prompttokens import load_tokenizer
+    from inferbus.tinymodel import build_tokenizer
+
+    out = tmp_path_factory.mktemp("tok")
+    build_tokenizer(out, 2048, 2048)
+    return load_tokenizer(str(out))
+
+
+def test_tokenize_as_the_worker_renders_and_detokenize_back(tiny_tokenizer):
+    from inferbus.services.gateway.tokenize import detokenize, read_tokenize, tokenize
+    from inferbus.shared.prompttokens import prompt_token_ids
+
+    text = tokenize(tiny_tokenizer, read_tokenize(b'{"model": "m", "prompt": "Hello there"}'), 2048)
+    assert text["count"] == len(text["tokens"]) and text["max_model_len"] == 2048
+    assert text["tokens"] == list(tiny_tokenizer.encode("Hello there"))
+    assert detokenize(
+        tiny_tokenizer, json.dumps({"model": "m", "tokens": text["tokens"]}).encode()
+    ) == {"prompt": tiny_tokenizer.decode(text["tokens"])}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],  # _chat_body's
+        "tools": [WEATHER_TOOL],
+        "return_token_strs": True,
+    }
+    chat = tokenize(tiny_tokenizer, read_tokenize(json.dumps(body).encode()), 0)
+    # the ids the worker runs (and the sanitizer routes by): tools rendered in
+    req, _, messages = parse_chat(_chat_body(tools=[WEATHER_TOOL]), 16)
+    assert chat["tokens"] == prompt_token_ids(tiny_tokenizer, None, messages, None, tool_use(req))
+    assert len(chat["token_strs"]) == chat["count"]
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        (b'{"model": "m"}', "prompt"),
+        (b'{"model": "m", "prompt": "a", "messages": []}', "prompt"),
+        (b'{"model": "m", "prompt": "a", "chat_template": "{{x}}"}', "chat_template"),
+    ],
+)
+def test_a_tokenize_body_that_asks_for_nothing_or_too_much_is_refused(body, param):
+    from inferbus.services.gateway.tokenize import read_tokenize
+
+    with pytest.raises(ApiError) as e:
+        read_tokenize(body)
+    assert (e.value.status, e.value.param) == (400, param)
+
+
+def test_detokenize_refuses_ids_outside_the_vocabulary(tiny_tokenizer):
+    from inferbus.services.gateway.tokenize import detokenize
+
+    with pytest.raises(ApiError) as e:
+        detokenize(tiny_tokenizer, b'{"model": "m", "tokens": [1, 99999]}')
+    assert e.value.param == "tokens"
