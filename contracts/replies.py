@@ -58,7 +58,8 @@ class Reading(msgspec.Struct, kw_only=True, frozen=True):
 
 def merge_chunks(a: TokenChunk, b: TokenChunk) -> TokenChunk:
     """``b`` appended to ``a`` (of the same choice): one chunk with both texts, token
-    counts and logprobs."""
+    counts, logprobs, tool-call pieces and reasoning (every field a chunk carries: a
+    merge that dropped one lost tool calls whenever replies piled up)."""
     return TokenChunk(
         request_id=a.request_id,
         seq=a.seq,
@@ -68,6 +69,8 @@ def merge_chunks(a: TokenChunk, b: TokenChunk) -> TokenChunk:
         n_tokens=a.n_tokens + b.n_tokens,
         index=a.index,
         logprobs=a.logprobs + b.logprobs if b.logprobs else a.logprobs,
+        tool_calls=a.tool_calls + b.tool_calls if b.tool_calls else a.tool_calls,
+        reasoning=a.reasoning + b.reasoning,
     )
 
 

@@ -18,14 +18,16 @@ constraint), which only a real engine can honour.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import zlib
 from collections import deque
 from collections.abc import AsyncGenerator
+from typing import Any
 
 import msgspec
 
-from inferbus.contracts import FailureCode, TokenLogprob, TopLogprob
+from inferbus.contracts import FailureCode, TokenLogprob, ToolCallDelta, TopLogprob
 
 from .engine import EngineError, EngineOutput, EngineRequest, EngineStats
 
@@ -90,9 +92,38 @@ def logprob_of(tid: int, index: int, top: int, token: str) -> TokenLogprob:
     )
 
 
+def instance_of(schema: Any) -> Any:
+    """A small value valid against a JSON schema (the common keywords): what the sim
+    writes as a tool call's arguments."""
+    if not isinstance(schema, dict):
+        return {}
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf"):
+        if schema.get(key):
+            return instance_of(schema[key][0])
+    kind = schema.get("type", "object")
+    kind = kind[0] if isinstance(kind, list) and kind else kind
+    if kind == "object":
+        props = schema.get("properties") or {}
+        return {k: instance_of(props[k]) for k in schema.get("required", list(props)) if k in props}
+    if kind == "array":
+        return [instance_of(schema.get("items"))] * int(schema.get("minItems", 0))
+    if kind in ("integer", "number"):
+        return schema.get("minimum", 1)
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    return "sim"[: schema.get("maxLength", 3)].ljust(schema.get("minLength", 0), "x")
+
+
 class _Sequence:
     __slots__ = (
         "aborted",
+        "call",
         "echo",
         "emitted",
         "generated",
@@ -133,6 +164,14 @@ class _Sequence:
         self.aborted = False
         last = request.messages[-1].content if request.messages else request.prompt or ""
         self.echo = last[len(ECHO) :] if last.startswith(ECHO) else None
+        self.call: tuple[str, str] | None = None
+        """(id, function name) of the call it writes (tool_choice required or named):
+        its arguments, a value of the function's schema, stream as the text would."""
+        tools = request.tools
+        if tools is not None and tools.choice in ("required", "function"):
+            fn = next((t for t in tools.tools if t.name == tools.function), tools.tools[0])
+            self.call = (f"call_{self.prompt_hash:08x}", fn.name)
+            self.echo = json.dumps(instance_of(fn.parameters or {}))
 
     def step(self) -> EngineOutput:
         tid = token_id(self.prompt_hash, self.generated)
@@ -162,11 +201,27 @@ class _Sequence:
         piece = self.text[self.emitted : end]
         self.emitted = end
         top = self.request.sampling.logprobs
+        calls: list[ToolCallDelta] = []
+        if self.call is not None:
+            first = before == 0
+            call_id, name = self.call
+            calls = [
+                ToolCallDelta(
+                    index=0,
+                    id=call_id if first else None,
+                    name=name if first else None,
+                    arguments=piece,
+                )
+            ]
+            piece = ""
+            if finish == "stop" and self.request.tools and self.request.tools.choice == "required":
+                finish = "tool_calls"
         return EngineOutput(
             text=piece,
             token_ids=[tid],
             index=self.index,
             logprobs=[] if top is None else [logprob_of(tid, self.index, top, token)],
+            tool_calls=calls,
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.generated,
             choice_finish_reason=finish,
@@ -186,6 +241,7 @@ def merge(outputs: list[EngineOutput]) -> list[EngineOutput]:
             token_ids=last.token_ids + o.token_ids,
             index=o.index,
             logprobs=last.logprobs + o.logprobs,
+            tool_calls=last.tool_calls + o.tool_calls,
             prompt_tokens=o.prompt_tokens,
             completion_tokens=o.completion_tokens,
             choice_finish_reason=o.choice_finish_reason,
@@ -282,12 +338,6 @@ class SimEngine:
                 FailureCode.UNSUPPORTED_BY_ENGINE,
                 "the sim engine makes no embeddings: serve an embedding model with the "
                 "vllm engine and --runner pooling",
-            )
-        if request.tools is not None and request.tools.choice != "none":
-            raise EngineError(
-                FailureCode.UNSUPPORTED_BY_ENGINE,
-                "the sim engine has no tool-call parser (its text is noise): serve this "
-                "model with the vllm engine and --tool-call-parser",
             )
         outputs: asyncio.Queue[EngineOutput] = asyncio.Queue()
         seqs = [_Sequence(request, self.weights, i, outputs) for i in range(request.sampling.n)]

@@ -98,9 +98,6 @@ def test_errors_are_the_sdks_own_exceptions(sdk: OpenAI):
         )
     assert (e.value.code, e.value.param) == ("unsupported_parameter", "use_beam_search")
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
-    with pytest.raises(openai.BadRequestError) as e:  # the sim engine has no tool parser
-        sdk.chat.completions.create(model=MODEL, messages=MESSAGES, tools=tools)
-    assert e.value.code == "unsupported_by_engine" and "--tool-call-parser" in e.value.message
     with pytest.raises(openai.BadRequestError) as e:
         sdk.chat.completions.create(
             model=MODEL, messages=MESSAGES, tools=tools, tool_choice={"type": "function"}
@@ -218,3 +215,47 @@ def test_a_failed_prompt_fails_its_batch(sdk: OpenAI):
     with pytest.raises(openai.BadRequestError) as e:  # one prompt over the context
         sdk.completions.create(model=MODEL, prompt=["/echo ok", "x " * 9000], max_tokens=20)
     assert e.value.code in ("context_length_exceeded", "prompt_too_long")
+
+
+def test_the_sim_engine_calls_tools_for_scale_tests(sdk: OpenAI):
+    """Tool traffic at the sim engine's speed: a forced call's arguments are a value of
+    the function's schema, streamed as the deltas a real engine's are."""
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "enum": ["Oslo", "Lima"]},
+                    "days": {"type": "integer", "minimum": 2},
+                },
+                "required": ["city", "days"],
+            },
+        },
+    }
+    whole = sdk.chat.completions.create(
+        model=MODEL, messages=MESSAGES, tools=[weather], tool_choice="required", max_tokens=64
+    )
+    call = whole.choices[0].message.tool_calls[0]
+    assert whole.choices[0].finish_reason == "tool_calls"
+    assert call.function.name == "weather"
+    assert json.loads(call.function.arguments) == {"city": "Oslo", "days": 2}
+    streamed = sdk.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        tools=[weather],
+        tool_choice={"type": "function", "function": {"name": "weather"}},
+        max_tokens=64,
+        stream=True,
+    )
+    pieces = [d for c in streamed if c.choices for d in c.choices[0].delta.tool_calls or ()]
+    assert len(pieces) > 1 and pieces[0].function.name == "weather"
+    assert json.loads("".join(d.function.arguments or "" for d in pieces)) == {
+        "city": "Oslo",
+        "days": 2,
+    }
+    auto = sdk.chat.completions.create(
+        model=MODEL, messages=MESSAGES, tools=[weather], max_tokens=4
+    )
+    assert auto.choices[0].message.content  # auto: text, as random weights write

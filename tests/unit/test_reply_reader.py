@@ -191,3 +191,35 @@ def test_the_docs_example_reads_every_ordering_as_the_reader_does(example_replie
             assert (port.attempt, port.lost) == (reader.attempt, reader.lost), (order, i)
             if r.end is not None:
                 break
+
+
+def test_a_merge_keeps_every_field_a_chunk_carries():
+    """Replies that piled up are read as one chunk: the merge once kept text, ids and
+    logprobs only, and a tool call streamed under load came out cut (found by the sim
+    engine's tool calls through the gateway)."""
+    from inferbus.contracts import TokenChunk, TokenLogprob, ToolCallDelta
+    from inferbus.contracts.replies import merge_chunks
+
+    a = TokenChunk(
+        request_id="r",
+        seq=0,
+        text="x",
+        token_ids=[1],
+        logprobs=[TokenLogprob(token="x", logprob=-1.0)],
+        tool_calls=[ToolCallDelta(index=0, id="c", name="f", arguments='{"a')],
+        reasoning="think ",
+    )
+    b = TokenChunk(
+        request_id="r",
+        seq=1,
+        text="y",
+        token_ids=[2],
+        logprobs=[TokenLogprob(token="y", logprob=-2.0)],
+        tool_calls=[ToolCallDelta(index=0, arguments='": 1}')],
+        reasoning="more",
+    )
+    merged = merge_chunks(a, b)
+    for field in TokenChunk.__struct_fields__:
+        if field in ("seq", "request_id", "attempt", "index"):
+            continue
+        assert getattr(merged, field) == getattr(a, field) + getattr(b, field), field
