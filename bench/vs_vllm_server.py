@@ -21,8 +21,17 @@ each server's CPU seconds per 1000 output tokens by process (vLLM's API server, 
 core and model process; inferbus's services, nats-server and the same engine
 processes); the last line is JSON.
 
+``--workload`` picks the requests: ``chat`` (plain text, ignore_eos: every request
+writes ``--output-len`` tokens), ``json`` (``response_format`` json_schema, strict:
+decoded under the schema's grammar) or ``tools`` (a strict function tool,
+``tool_choice`` required, one call: decoded under the hermes parser's structural tag
+and parsed back into tool-call deltas). The last two end where their document does
+(no ignore_eos), so both servers write the same documents for the same seeds; both
+run with the same engine-wide settings (``--tool-call-parser hermes``, xgrammar, no
+free whitespace in JSON).
+
     python bench/vs_vllm_server.py [--model DIR] [--concurrency 16] [--input-len 128]
-        [--output-len 64] [--num-prompts 128] [--rounds 2]
+        [--output-len 64] [--num-prompts 128] [--rounds 2] [--workload chat|json|tools]
 """
 
 from __future__ import annotations
@@ -154,6 +163,11 @@ def start_vllm(model: str, name: str, a: argparse.Namespace, logs: Path) -> tupl
     ]
     if a.enforce_eager:
         cmd.append("--enforce-eager")
+    cmd += ["--tool-call-parser", ENGINE_FLAGS["tool-call-parser"], "--enable-auto-tool-choice"]
+    cmd += [
+        "--structured-outputs-config",
+        json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
+    ]
     proc = subprocess.Popen(
         cmd,
         stdout=open(logs / "vllm-server.log", "wb"),
@@ -179,6 +193,7 @@ def start_inferbus(model: str, a: argparse.Namespace, state: Path) -> tuple[Any,
         f"--worker-arg=--max-model-len={a.max_model_len}",
         f"--worker-arg=--max-num-seqs={a.max_num_seqs}",
         f"--worker-arg=--enforce-eager={str(a.enforce_eager).lower()}",
+        *(f"--worker-arg=--{k}={v}" for k, v in ENGINE_FLAGS.items()),
         # vLLM's random dataset draws the tokenizer's role tags (<|system|>...) into some
         # prompts: blocked as role-tag injections by default, where vLLM's server has no
         # such check. "flag" still runs every check and records what it finds.
@@ -207,6 +222,7 @@ class _NatsBackend:
         inp = request_func_input
         out = RequestFuncOutput(prompt_len=inp.prompt_len)
         sampling = dict(inp.extra_body or {})
+        shaped = nats_shape(sampling)
         st = time.perf_counter()
         out.start_time = last = st
         try:
@@ -215,6 +231,7 @@ class _NatsBackend:
                 messages=[{"role": "user", "content": inp.prompt}],
                 max_tokens=inp.output_len,
                 ignore_eos=inp.ignore_eos,
+                **shaped,
                 **{k: v for k, v in sampling.items() if k in ("temperature", "top_p", "seed")},
             )
             async for chunk in stream:
@@ -237,6 +254,64 @@ class _NatsBackend:
         if pbar:
             pbar.update(1)
         return out
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "pattern": "^[A-Za-z ]{1,12}$"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "mood": {"type": "string", "enum": ["happy", "sad"]},
+    },
+    "required": ["name", "age", "mood"],
+    "additionalProperties": False,
+}
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "chat": {},
+    "json": {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": PERSON, "strict": True},
+        }
+    },
+    "tools": {
+        "tools": [
+            {
+                "type": "function",
+                "function": {"name": "describe", "parameters": PERSON, "strict": True},
+            }
+        ],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+    },
+}
+"""Each workload's request fields beyond the prompt (vLLM's benchmark sends them as
+its extra body)."""
+ENGINE_FLAGS = {
+    "tool-call-parser": "hermes",
+    "enable-auto-tool-choice": "true",
+    "structured-outputs-backend": "xgrammar",
+    "structured-outputs-disable-any-whitespace": "true",
+}
+"""The engine-wide settings both servers run with (inferbus's worker flags)."""
+
+
+def nats_shape(extra: dict[str, Any]) -> dict[str, Any]:
+    """A workload's extra body as the NATS client's request fields."""
+    from inferbus.contracts import FunctionTool, StructuredOutput, ToolUse
+
+    out: dict[str, Any] = {}
+    if "response_format" in extra:
+        schema = extra["response_format"]["json_schema"]["schema"]
+        out["structured"] = StructuredOutput(json_schema=schema)
+    if "tools" in extra:
+        fn = extra["tools"][0]["function"]
+        out["tools"] = ToolUse(
+            tools=[FunctionTool(**fn)],
+            choice=extra["tool_choice"],
+            parallel=extra.get("parallel_tool_calls", True),
+        )
+    return out
 
 
 WARM_SEED, NATS_SEED = 1000, 1
@@ -283,7 +358,8 @@ def vllm_bench(
             str(n),
             "--max-concurrency",
             str(a.concurrency),
-            "--ignore-eos",
+            *(["--ignore-eos"] if a.workload == "chat" else []),
+            *(["--extra-body", json.dumps(WORKLOADS[a.workload])] if a.workload != "chat" else []),
             "--percentile-metrics",
             "ttft,itl",
             "--metric-percentiles",
@@ -338,6 +414,7 @@ def main() -> None:
         "--enforce-eager", type=lambda s: s.lower() in ("1", "true", "yes"), default=True
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="chat")
     p.add_argument(
         "--engine-cpus", default="", help="e.g. 0: pin both servers' engine processes to these CPUs"
     )
@@ -414,7 +491,9 @@ def main() -> None:
     ref = best(results["vLLM server (HTTP)"])
     print(
         f"\nmodel {name}; {a.num_prompts} requests, concurrency {a.concurrency}, "
-        f"{a.input_len} in / {a.output_len} out tokens, ignore_eos; best of {a.rounds} rounds"
+        f"{a.input_len} in / {a.output_len} out tokens, workload {a.workload}"
+        + (", ignore_eos" if a.workload == "chat" else ", to the document's end")
+        + f"; best of {a.rounds} rounds"
         + (
             f"; engine on CPUs {a.engine_cpus}, the rest on {a.service_cpus}"
             if all(pinning)
@@ -451,6 +530,7 @@ def main() -> None:
         json.dumps(
             {
                 "bench": "vs_vllm_server",
+                "workload": a.workload,
                 "model": name,
                 "concurrency": a.concurrency,
                 "input_len": a.input_len,

@@ -198,9 +198,13 @@ class ChoiceParts:
     call's arguments are a JSON document (masks keep it one), and what an agent's tool
     would be sent is masked as what a reader would be shown is."""
 
-    __slots__ = ("calls", "reasoning", "text")
+    __slots__ = ("calls", "reasoning", "started", "text")
 
     def __init__(self, json_output: bool = False) -> None:
+        self.started = False
+        """A chunk of it went out: its first goes at once, empty or not, so that the
+        client sees the first token when the engine made it (a parser or the masker
+        may hold the text back for a while: a tool call's name, a number)."""
         self.text = ChoiceFilter(json_output)
         self.reasoning: ChoiceFilter | None = None
         self.calls: dict[int, ChoiceFilter] = {}

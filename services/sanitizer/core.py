@@ -403,7 +403,8 @@ class FilteredStream:
                 choice = self.choices[chunk.index] = ChoiceParts(self.json_output)
             parts = choice.feed(chunk)
             self.entities += choice.new_entities()
-            if parts:
+            if parts or not choice.started:
+                choice.started = True
                 out.append(self._chunk(chunk.index, choice, parts))
         end = reading.end
         if end is None:
