@@ -23,11 +23,12 @@ def prompt_token_ids(
     messages: Sequence[ChatMessage] | None,
     template: ChatTemplateOptions | None = None,
     tools: ToolUse | None = None,
+    chat_template: str | None = None,
 ) -> list[int]:
     """The ids of a completion ``prompt``, or of chat ``messages`` through the
     tokenizer's chat template (the assistant's turn opened, unless ``template`` says
     otherwise; ``tools`` offered, even under ``tool_choice`` none), as vLLM's server
-    renders them."""
+    renders them (``chat_template`` replaces the tokenizer's own)."""
     if messages is None:
         return list(tokenizer.encode(prompt or ""))
     t = template or _DEFAULT_TEMPLATE
@@ -37,6 +38,8 @@ def prompt_token_ids(
     extra = dict(t.kwargs)
     if tools is not None and tools.tools:
         extra["tools"] = tools.template_tools()
+    if chat_template is not None:
+        extra["chat_template"] = chat_template
     try:
         ids = tokenizer.apply_chat_template(
             msgs,

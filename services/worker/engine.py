@@ -231,6 +231,10 @@ class EngineOptions(msgspec.Struct, kw_only=True, frozen=True):
     enable_auto_tool_choice: bool = False
     """Let the model decide whether to call tools (``tool_choice`` ``auto``); needs
     ``tool_call_parser``."""
+    chat_template: str = ""
+    """vLLM's ``--chat-template``: a Jinja file, or the template itself, used instead of
+    the tokenizer's own to render chat requests (the sanitizer, reading the model's own,
+    then finds another tokenizer fingerprint, and the worker renders the prompt)."""
     reasoning_parser: str = ""
     """vLLM's reasoning parser (``deepseek_r1``, ``qwen3``...): the model's reasoning
     streams apart from its answer (``reasoning`` on chunks and messages)."""

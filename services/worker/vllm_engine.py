@@ -8,6 +8,7 @@ on GPUs; the code is the same.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import re
 import time
@@ -109,6 +110,18 @@ def cpu_reservation(env: dict[str, str], spill: bool, ranks: int) -> str | None:
     if env.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto":
         return None
     return str(ranks)
+
+
+def load_chat_template(spec: str) -> str:
+    """``--chat-template``: a file's text, or the template given inline (vLLM's rule: a
+    value with no Jinja in it that names no file is an error)."""
+    path = Path(spec)
+    if "{" not in spec and "\n" not in spec:
+        try:
+            return path.read_text()
+        except OSError as exc:
+            raise ConfigError(f"--chat-template: cannot read {spec!r}: {exc}") from None
+    return spec
 
 
 def check_importable() -> None:
@@ -271,6 +284,8 @@ class VllmEngine:
         self._engine: Any = None
         self._tokenizer: Any = None
         self._tokenizer_id = ""
+        self._template: str | None = None
+        """The chat template of --chat-template (None: the tokenizer's own)."""
         self._parser_cls: Any = None
         """vLLM's parser of tool calls and reasoning, when the options name one."""
         """The tokenizer's fingerprint: a request tokenized by one alike is not again."""
@@ -384,6 +399,12 @@ class VllmEngine:
         self._renice(self._nice)
         self._tokenizer = self._engine.get_tokenizer()
         self._tokenizer_id = await asyncio.to_thread(tokenizer_fingerprint, self._tokenizer)
+        if self.options.chat_template:
+            self._template = load_chat_template(self.options.chat_template)
+            # ids rendered by the model's own template (the sanitizer's) are not this
+            # worker's: another fingerprint, and it renders every chat itself
+            digest = hashlib.sha256(self._template.encode()).hexdigest()[:16]
+            self._tokenizer_id = f"{self._tokenizer_id}+template:{digest}"
         self._parser_cls = parser_class(self.options, self._tokenizer)
         for name, path in self.options.lora_modules.items():
             self._lora_ids += 1
@@ -497,6 +518,7 @@ class VllmEngine:
                     request.messages,
                     request.chat_template,
                     request.tools,
+                    self._template,
                 )
             except TemplateError as exc:
                 raise EngineError(FailureCode.INVALID_REQUEST, str(exc)) from None

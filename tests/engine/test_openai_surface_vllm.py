@@ -17,7 +17,12 @@ import openai
 from pydantic import BaseModel, Field
 from testkit.procs import ServiceProcess
 
-from inferbus.contracts import ChatTemplateOptions, FunctionTool, StructuredOutput, ToolUse
+from inferbus.contracts import (
+    ChatTemplateOptions,
+    FunctionTool,
+    StructuredOutput,
+    ToolUse,
+)
 from inferbus.tinymodel import make_tiny
 
 pytestmark = [

@@ -184,3 +184,32 @@ def test_an_engine_wide_constraint_option_is_refused_where_the_engine_lacks_it()
     assert "--structured-outputs-disable-any-whitespace" in str(exc.value)
     engine_wide_only(tight, EngineOptions(structured_outputs_disable_any_whitespace=True))
     engine_wide_only(StructuredOutput(json_object=True), EngineOptions())
+
+
+def test_a_chat_template_is_a_file_or_the_template_itself(tmp_path):
+    from inferbus.services.worker.vllm_engine import load_chat_template
+    from inferbus.shared.errors import ConfigError
+
+    inline = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert load_chat_template(inline) == inline
+    f = tmp_path / "t.jinja"
+    f.write_text(inline)
+    assert load_chat_template(str(f)) == inline
+    with pytest.raises(ConfigError, match="chat-template"):
+        load_chat_template(str(tmp_path / "missing.jinja"))
+
+
+def test_a_worker_s_chat_template_replaces_the_tokenizer_s(tmp_path):
+    from inferbus.contracts import ChatMessage
+    from inferbus.shared.prompttokens import load_tokenizer, prompt_token_ids
+    from inferbus.tinymodel import CHAT_TEMPLATE, build_tokenizer
+
+    build_tokenizer(tmp_path, 2048, 2048)
+    tok = load_tokenizer(str(tmp_path))
+    preamble = "<|system|>Served by inferbus.<|end|>"
+    template = CHAT_TEMPLATE.replace("{{ bos_token }}", "{{ bos_token }}" + preamble, 1)
+    messages = [ChatMessage(role="user", content="Hi")]
+    own = prompt_token_ids(tok, None, messages)
+    replaced = prompt_token_ids(tok, None, messages, chat_template=template)
+    assert len(replaced) > len(own)
+    assert tok.decode(replaced).startswith("<s>" + preamble)
