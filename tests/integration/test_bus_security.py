@@ -222,7 +222,7 @@ async def test_a_tenant_cancels_its_own_requests_only(platform: Platform):
     try:
         victim = acme.stream("sim-model", "tell a long story", max_tokens=60)
         first = await victim.__anext__()  # streaming, 20 ms a token: about a second left
-        assert first.text
+        assert first.tokens  # a token was made (its text may still be held back)
         # beta, on its own cancel subject, names acme's request: nothing happens
         await rogue.publish(
             "ib.ctl.cancel.beta",
