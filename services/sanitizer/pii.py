@@ -65,7 +65,8 @@ class Entity:
 
 # digit groups joined by single separators: cards, IDs, phones, SSNs
 _DIGITS = (
-    r"(?:\+\s?)?(?:\(\d{1,4}\)\s?)?\d(?:[ \-.\n\x7f]?\x7f*\d|\)\s?\d|\s?\(\d)*(?:(?<=\d)[Xx])?"
+    r"(?:\+\s?)?(?:\(\d{1,4}\)\s?)?\d(?:(?:-\n|[ \-.\n\x7f])?\x7f*\d|\)\s?\d|\s?\(\d)*"
+    r"(?:(?<=\d)[Xx])?"
 )
 # "bob [at] example [dot] com", "bob(at)example(dot)com", "bob@example[.]com"
 _AT = r"(?: ?[\[({<] ?(?i:at|@) ?[\])}>] ?|@)"
@@ -81,7 +82,9 @@ _CANDIDATE = re.compile(
     + r")*"
     + _DOT
     + r"[A-Za-z]{2,24}(?![A-Za-z0-9\-]))"
-    r"|(?P<iban>(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?"
+    # (an IBAN in one piece wrapped onto two lines, or in groups with any break)
+    r"|(?P<iban>(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?:[A-Z0-9]{1,30}\n[A-Z0-9]{1,30}(?![A-Za-z0-9 ])"
+    r"|(?:[ \n]?[A-Z0-9]{4}){2,7}(?:[ \n]?[A-Z0-9]{1,4})?)"
     r"(?![A-Za-z0-9]))"
     r"|(?P<ip>(?<![A-Za-z0-9.\-])(?:\d{1,3}\.){3}\d{1,3}(?![0-9]|\.\d|-[A-Za-z0-9]))"
     r"|(?P<digits>(?<![0-9+])(?<![0-9][\-.])" + _DIGITS + r"(?![A-Za-z0-9]|[\-.]\d))"
@@ -95,9 +98,10 @@ _CH = r"[A-Za-z0-9@._%+\-()\x7f]"
 # a space between capitals and digits, a line break inside a number, an "at" or a
 # "dot" written out in brackets
 _OBFUSCATED = r" ?[\[({<] ?(?i:at|dot|@|\.) ?[\])}>] ?"
-_JOIN = r"(?:(?<=[A-Z0-9)]) (?=[A-Z0-9(+])|(?<=[0-9])\n(?=[0-9])|" + _OBFUSCATED + ")"
+_JOIN = r"(?:(?<=[A-Z0-9)]) (?=[A-Z0-9(+])|(?<=[A-Z0-9\-])\n(?=[A-Z0-9])|" + _OBFUSCATED + ")"
 _RUN = re.compile(_CH + r"+(?:" + _JOIN + _CH + r"+)*")
 _JOINS_AFTER = re.compile(r"[A-Z0-9)]")
+_WRAPS_AFTER = re.compile(r"[A-Z0-9\-]")
 
 
 def _join_prefixes() -> frozenset[str]:
@@ -174,7 +178,7 @@ _IBAN_COUNTRIES = frozenset(
 
 
 def iban_ok(text: str) -> bool:
-    compact = text.replace(" ", "")
+    compact = text.replace(" ", "").replace("\n", "")
     if not 15 <= len(compact) <= 34:
         return False
     moved = compact[4:] + compact[:4]
@@ -220,6 +224,10 @@ def _classify_digits(text: str) -> tuple[str, str] | None:
     text = text.replace(_HIDDEN, "")
     if not text:
         return None
+    if "\n" in text:  # a line break inside a number separates like a space
+        wrapped = _classify_digits(text.replace("-\n", "-").replace("\n", " "))
+        if wrapped is not None and wrapped[0] != "CREDIT_CARD":
+            return wrapped
     digits = "".join(c for c in text if c.isdigit())
     plain = text.replace(" ", "").replace("-", "")
     if len(plain) == 18 and cn_id_ok(plain):
@@ -252,6 +260,9 @@ def _card_shape(text: str) -> bool:
     """All digits, or groups of 4 (4-6-5 for Amex) with one kind of separator (a line
     break counts as the other separator), or one digit at a time ("4 1 1 1 ...")."""
     if "\n" in text:
+        lines = text.split("\n")
+        if all(line.isdigit() for line in lines) and (len(lines) == 2 or min(map(len, lines)) > 4):
+            return True  # one number wrapped onto lines ("41111111\n11111111")
         text = text.replace("\n", "-" if "-" in text else " ")
     if text.isdigit():
         return True
@@ -345,9 +356,10 @@ def _entity(m: re.Match[str]) -> Entity | None:
         return Entity("EMAIL", m.start(), m.end(), text[0] + "***" + text[local.end() :])
     if kind == "iban":
         while not iban_ok(text):  # a number after it may have been read as its last group
-            if " " not in text:
+            cut = max(text.rfind(" "), text.rfind("\n"))
+            if cut < 0:
                 return None
-            text = text.rsplit(" ", 1)[0]
+            text = text[:cut]
         return Entity("IBAN", m.start(), m.start() + len(text), _mask_alnum(text, 4, 4))
     if kind == "ip":
         if not ipv4_ok(text):
@@ -380,7 +392,7 @@ def _window_entities(window: str) -> Iterator[Entity]:
 def _written_as_iban(text: str) -> bool:
     """In one piece, or in groups of four with a shorter last one: "BA11 4660487647593"
     is a word and a number (a card), not an IBAN with a typo."""
-    groups = text.split(" ")
+    groups = text.replace("\n", " ").split(" ")
     return len(groups) == 1 or (all(len(g) == 4 for g in groups[:-1]) and 1 <= len(groups[-1]) <= 4)
 
 
@@ -537,6 +549,6 @@ def _run_ends(text: str, end: int) -> bool:
         return True  # a whole join and a character after it would be in the run
     if rest == " " and _JOINS_AFTER.match(text, end - 1):
         return False  # "4111 " may go on with "1111"
-    if rest == "\n" and text[end - 1].isdigit():
-        return False
+    if rest == "\n" and _WRAPS_AFTER.match(text, end - 1):
+        return False  # "4111 1111\n" or "GB29 NWBK\n" may go on on the next line
     return rest.lower() not in _JOIN_PREFIXES

@@ -139,6 +139,7 @@ def obfuscated(kind: str, value: str, rng: random.Random) -> str:
                 lambda: _fullwidth(" ".join(groups)),
                 lambda: "\u200b".join(groups),
                 lambda: " ".join(groups[:2]) + "\n" + " ".join(groups[2:]),
+                lambda: digits[:8] + "\n" + digits[8:],
                 lambda: " ".join(digits),
             ]
         )()

@@ -201,6 +201,19 @@ def test_entities_at_a_window_seam(text):
         ("card 4111\u200b1111\u200b1111\u200b1111 ok", "card ****1111 ok", "CREDIT_CARD"),
         ("card 41\u200b11111111111111 ok", "card ****1111 ok", "CREDIT_CARD"),
         ("card 4111 1111\n1111 1111 ok", "card ****1111 ok", "CREDIT_CARD"),
+        # a number wrapped onto two lines, as halves or anywhere (issue 37's leak)
+        ("card 41111111\n11111111 ok", "card ****1111 ok", "CREDIT_CARD"),
+        ("card 4111111111\n111111 ok", "card ****1111 ok", "CREDIT_CARD"),
+        ("call (415) 555\n0199 now", "call (415) *** 0199 now", "PHONE"),
+        ("call 415-555-\n0199 now", "call 415-***-0199 now", "PHONE"),
+        ("ssn 078-05-\n1120 x", "ssn ***-**-1120 x", "US_SSN"),
+        (
+            "iban GB29 NWBK\n6016 1331 9268 19 ok",
+            "iban GB29 ****\n**** **** **68 19 ok",
+            "IBAN",
+        ),
+        ("iban GB29NWBK6016\n13319268 19 ok", "iban GB29********\n******68 19 ok", "IBAN"),
+        ("iban GB29NWBK601\n61331926819 ok", "iban GB29*******\n*******6819 ok", "IBAN"),
         ("card 4 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 ok", "card ****1111 ok", "CREDIT_CARD"),
         (
             "mail bob [at] example [dot] com thanks",
@@ -226,6 +239,9 @@ def test_obfuscated_entities_are_masked_whole_and_streamed(text, masked, kind):
         "build version1.2.3.4 is out",
         "See you at (at) the park",
         "lists 1234\n5678\n9012\n3456",
+        "ids 12345678\n12345678",  # fails Luhn: two numbers, not one card
+        "Totals\n2024\nRevenue 12\n13 ok",
+        "PART NO\nMORE",
         "a [dot] b, and [at] c",
     ],
 )
