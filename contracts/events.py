@@ -187,6 +187,10 @@ class RequestSubmitted(Event, tag="request.submitted"):
     input_policy: str = ""
     """What the sanitizer does with injection findings: ``block``, ``flag`` or ``off``;
     empty means the deployment's policy for the model."""
+    data_policy: str = ""
+    """What the sanitizer does with instructions found in data (tool results): ``block``,
+    ``flag``, ``spotlight`` (the data is delimited and marked, and the request runs) or
+    ``off``; empty means the deployment's policy for the model."""
     mask_pii: bool | None = None
     """Mask PII in the output stream; None means the deployment's default (on)."""
     client_reply_to: str = ""
@@ -452,6 +456,9 @@ class TenantPolicy(Event, tag="tenant.policy"):
     """Per request; 0: no cap."""
     input_policy: str = ""
     """``block``, ``flag`` or ``off``; empty: the deployment's policy for the model."""
+    data_policy: str = ""
+    """For instructions in data (tool results): ``block``, ``flag``, ``spotlight`` or
+    ``off``; empty: the deployment's policy for the model."""
     mask_pii: bool | None = None
     """None: the deployment's default (on)."""
     revoked: bool = False

@@ -44,6 +44,9 @@ class LLMServiceSettings(Event, tag="llmservice.settings"):
     input_policy: str = ""
     """``block``, ``flag`` or ``off``; empty: the sanitizer's own for the model. An API
     key's or tenant's policy still wins."""
+    data_policy: str = ""
+    """For instructions in data (tool results): ``block``, ``flag``, ``spotlight`` or
+    ``off``; empty: the sanitizer's own. An API key's or tenant's policy still wins."""
     mask_output_pii: bool | None = None
     """None: the sanitizer's own; a request's API key or tenant still wins."""
     removed: bool = False

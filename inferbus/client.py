@@ -322,6 +322,7 @@ class Client:
         tenant: str = "default",
         timeout: float = 600.0,
         input_policy: str = "",
+        data_policy: str = "",
         mask_pii: bool | None = None,
         traceparent: str | None = None,
         **sampling: Any,
@@ -329,8 +330,9 @@ class Client:
         """Prepare a request; iterating the stream submits it.
 
         ``timeout`` is also the request's deadline: past it the platform stops the work.
-        ``input_policy`` (block, flag, off) and ``mask_pii`` override the deployment's
-        sanitizer defaults. ``traceparent`` (W3C) makes the request's trace a part of
+        ``input_policy`` (block, flag, off), ``data_policy`` (for tool results: block,
+        flag, spotlight, off) and ``mask_pii`` override the deployment's sanitizer
+        defaults. ``traceparent`` (W3C) makes the request's trace a part of
         the caller's. ``sampling`` takes the other SamplingParams fields (``n``,
         ``logprobs``, ``min_tokens``, ``structured``...; docs/nats-api.md lists them);
         ``messages`` may be dicts in OpenAI's shape, tool calls included; ``tools``
@@ -366,6 +368,7 @@ class Client:
             ),
             tenant=tenant,
             input_policy=input_policy,
+            data_policy=data_policy,
             mask_pii=mask_pii,
         )
         return Stream(self, request, timeout, {"traceparent": traceparent} if traceparent else None)

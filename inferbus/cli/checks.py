@@ -13,19 +13,25 @@ def _json_lines(stream: Any) -> Any:
     """``{"text": ...}`` objects, one a line, read as UTF-8 whatever the locale (so
     offsets count characters); a blank line is an empty text, so output line N always
     answers input line N; a bad line stops with its number."""
+    for text, _ in _json_objects(stream):
+        yield text
+
+
+def _json_objects(stream: Any) -> Any:
+    """(text, the line's object) for ``_json_lines``'s lines."""
     for n, raw in enumerate(stream.buffer if hasattr(stream, "buffer") else stream, start=1):
         line = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
         if not line.strip():
-            yield ""
+            yield "", {}
             continue
         try:
             obj = json.loads(line)
             text = obj["text"]
-            if not isinstance(text, str):
+            if not isinstance(text, str) or not isinstance(obj.get("user", ""), str):
                 raise TypeError
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise click.ClickException(f'line {n}: want a JSON object {{"text": "..."}}') from None
-        yield text
+        yield text, obj
 
 
 def _write_json(obj: Any) -> None:
@@ -69,7 +75,8 @@ def pii_scan() -> None:
 
 @click.group()
 def sanitize() -> None:
-    """Input checks: SQL injection, XSS and prompt injection."""
+    """Input checks: SQL injection, XSS and prompt injection; in tool results, prompt
+    injection and instructions aimed at the model."""
 
 
 @sanitize.command("check")
@@ -80,13 +87,25 @@ def sanitize() -> None:
     show_default=True,
     help="What a finding means (the platform's default: block).",
 )
-def sanitize_check(policy: Literal["block", "flag"]) -> None:  # click.Choice checked it
+@click.option(
+    "--role",
+    type=click.Choice(["user", "tool"]),
+    default="user",
+    show_default=True,
+    help="Whose text: the user's own words, or data an agent's tool returned (checked "
+    'for instructions aimed at the model; a line\'s optional "user" field holds the '
+    "user's words, whose addresses and accounts a send may name).",
+)
+def sanitize_check(  # click.Choice checked them
+    policy: Literal["block", "flag"], role: Literal["user", "tool"]
+) -> None:
     """Read {"text": ...} JSON lines on stdin; write {"decision": block|flag|pass,
     "findings": [{"rule", "type", "start", "end"}]} for each."""
+    from inferbus.services.sanitizer.core import data_check
     from inferbus.services.sanitizer.injection import decide, findings
 
-    for text in _json_lines(sys.stdin):
-        found = findings(text)
+    for text, obj in _json_objects(sys.stdin):
+        found = data_check(text, obj.get("user", "")) if role == "tool" else findings(text)
         _write_json(
             {
                 "decision": decide(found, policy),

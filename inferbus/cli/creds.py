@@ -97,6 +97,12 @@ def _publish_tenant(nats_url: str, policy: Any) -> None:
     help="Input checks for its requests (default: the deployment's).",
 )
 @click.option(
+    "--data-policy",
+    type=click.Choice(["", "block", "flag", "spotlight", "off"]),
+    default="",
+    help="Instructions found in the tool results its agents send (default: the deployment's).",
+)
+@click.option(
     "--mask-pii/--no-mask-pii",
     default=None,
     help="Mask PII in its output (default: the deployment's, on).",
@@ -115,6 +121,7 @@ def creds_new(
     models: tuple[str, ...],
     max_tokens: int,
     input_policy: str,
+    data_policy: str,
     mask_pii: bool | None,
     out: Path | None,
     state_dir: Path,
@@ -143,6 +150,7 @@ def creds_new(
             models=list(models) or ["*"],
             max_tokens=max_tokens,
             input_policy=input_policy,
+            data_policy=data_policy,
             mask_pii=mask_pii,
             set_at=time.time(),
         ),

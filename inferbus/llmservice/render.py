@@ -26,6 +26,7 @@ def service_settings(
     spec = svc.spec
     s = spec.scaling
     policy = spec.input_sanitization.policy
+    data_policy = spec.input_sanitization.data_policy
     return LLMServiceSettings(
         service=svc.key,
         model=spec.model.name,
@@ -42,6 +43,7 @@ def service_settings(
         else None,
         scale_target=scale_target,
         input_policy="" if policy == "default" else policy,
+        data_policy="" if data_policy == "default" else data_policy,
         mask_output_pii=spec.output_filtering.mask_pii,
         generation=svc.metadata.generation,
         set_by=set_by,

@@ -103,6 +103,9 @@ class InputSanitization(_Spec, frozen=True):
     ``default`` keeps the sanitizer's own policy."""
 
     policy: Literal["default", "block", "flag", "off"] = "default"
+    data_policy: Literal["default", "block", "flag", "spotlight", "off"] = "default"
+    """For instructions found in data an agent's tools returned; ``spotlight`` delimits
+    and marks that data and lets the request run."""
 
 
 class OutputFiltering(_Spec, frozen=True):

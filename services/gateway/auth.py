@@ -43,6 +43,9 @@ class ApiKey(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     priority: Priority = "standard"
     input_policy: Literal["", "block", "flag", "off"] = ""
     """Injection findings on this key's input: block, flag or off ("": the deployment's)."""
+    data_policy: Literal["", "block", "flag", "spotlight", "off"] = ""
+    """Instructions found in the data its agents send back (tool results): block, flag,
+    spotlight or off ("": the deployment's)."""
     mask_pii: bool | None = None
     """Mask PII in this key's output (None: the deployment's default, on)."""
     metrics: bool = False

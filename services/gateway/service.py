@@ -557,6 +557,7 @@ class GatewayService(Service[GatewaySettings]):
                     tools=asked.tools,
                     embed=asked.embed,
                     input_policy=key.input_policy,
+                    data_policy=key.data_policy,
                     mask_pii=key.mask_pii,
                 )
                 for sub, prompt in zip(ids, prompts, strict=True)

@@ -356,6 +356,7 @@ def submitted(
     tools: ToolUse | None = None,
     embed: EmbedParams | None = None,
     input_policy: str = "",
+    data_policy: str = "",
     mask_pii: bool | None = None,
 ) -> RequestSubmitted:
     return RequestSubmitted(
@@ -374,6 +375,7 @@ def submitted(
         created_at=now,
         deadline=now + timeout_s if timeout_s else 0.0,
         input_policy=input_policy,
+        data_policy=data_policy,
         mask_pii=mask_pii,
     )
 

@@ -66,6 +66,13 @@ class SanitizerSettings(ServiceSettings, kw_only=True):
     and recorded on the accepted event) or off; an API key's policy wins."""
     model_input_policies: str = ""
     """Per-model policies, e.g. "code-model=flag,chat-model=block"."""
+    data_policy: str = "block"
+    """Instructions found in data an agent sends back (tool results): block (HTTP 400
+    naming the rule and the message), flag (let through, recorded on the accepted
+    event), spotlight (the tool results are delimited and datamarked for the model, and
+    the request runs; recorded as flag) or off; an API key's or tenant's policy wins."""
+    model_data_policies: str = ""
+    """Per-model data policies, e.g. "agent-model=spotlight"."""
     mask_output_pii: bool = True
     """Mask PII in every output stream unless the request (its API key) says not to."""
     filter_idle_s: float = 900.0
@@ -105,7 +112,12 @@ class SanitizerService(Service[SanitizerSettings]):
 
     def __init__(self, settings: SanitizerSettings, ctx: Context[SanitizerSettings]) -> None:
         super().__init__(settings, ctx)
-        self.flag_policies = parse_policies(settings.input_policy, settings.model_input_policies)
+        self.flag_policies = parse_policies(
+            settings.input_policy,
+            settings.model_input_policies,
+            settings.data_policy,
+            settings.model_data_policies,
+        )
         self.rules = InputRules(
             limits=InputLimits(
                 max_prompt_chars=settings.max_prompt_chars, max_tokens=settings.max_tokens
@@ -247,6 +259,7 @@ class SanitizerService(Service[SanitizerSettings]):
             model=record.model,
             service=record.service,
             input_policy=ms.input_policy if ms else None,
+            data_policy=ms.data_policy if ms else None,
             mask_output_pii=ms.mask_output_pii if ms else None,
         )
 
@@ -285,7 +298,10 @@ class SanitizerService(Service[SanitizerSettings]):
             self._counts["blocked" if verdict.decision == "block" else "flagged"] += 1
         if verdict.decision == "flag":
             log.warning(
-                "input flagged", request_id=rid, findings=[msgspec.to_builtins(f) for f in found]
+                "input flagged",
+                request_id=rid,
+                data_policy=verdict.data_decision,
+                findings=[msgspec.to_builtins(f) for f in found],
             )
         if rejection is None:
             request = await self.tokenizers.tokenized(request)

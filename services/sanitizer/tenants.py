@@ -54,6 +54,7 @@ def admit_tenant(
         tenant=tenant,
         priority=policy.priority,
         input_policy=policy.input_policy,
+        data_policy=policy.data_policy,
         mask_pii=policy.mask_pii,
         client_reply_to="",
     )
