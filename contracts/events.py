@@ -193,6 +193,10 @@ class RequestSubmitted(Event, tag="request.submitted"):
     ``off``; empty means the deployment's policy for the model."""
     mask_pii: bool | None = None
     """Mask PII in the output stream; None means the deployment's default (on)."""
+    tool_call_policy: str = ""
+    """What the output filter does with PII in a tool call's arguments: ``mask`` it, or
+    ``refuse`` the call (the request ends ``output_blocked``) when the request's own
+    messages never gave that value; empty means the deployment's (``mask``)."""
     client_reply_to: str = ""
     """Set by the sanitizer when it filters the output: the client's own reply subject
     (``reply_to`` then names the sanitizer's filter)."""
@@ -461,6 +465,8 @@ class TenantPolicy(Event, tag="tenant.policy"):
     ``off``; empty: the deployment's policy for the model."""
     mask_pii: bool | None = None
     """None: the deployment's default (on)."""
+    tool_call_policy: str = ""
+    """``mask`` or ``refuse`` PII in tool-call arguments; empty: the deployment's."""
     revoked: bool = False
     """Its requests are refused (its credentials should also be removed)."""
     set_at: float = 0.0

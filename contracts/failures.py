@@ -40,6 +40,7 @@ class FailureCode(StrEnum):
     INVALID_REQUEST = "invalid_request"
     PROMPT_TOO_LONG = "prompt_too_long"
     INPUT_BLOCKED = "input_blocked"
+    OUTPUT_BLOCKED = "output_blocked"
     QUEUE_FULL = "queue_full"
     QUEUE_TIMEOUT = "queue_timeout"
     NO_WORKER = "no_worker"
@@ -82,6 +83,12 @@ FAILURES: dict[FailureCode, Failure] = {
         http_status=400,
         retryable=False,
         meaning="the input matched an injection rule under the block policy",
+    ),
+    FailureCode.OUTPUT_BLOCKED: Failure(
+        http_status=400,
+        retryable=False,
+        meaning="a tool call's arguments carried PII the request's own messages never gave, "
+        "under the refuse tool-call policy: the stream ends before the call is complete",
     ),
     FailureCode.QUEUE_FULL: Failure(
         http_status=429,

@@ -324,6 +324,7 @@ class Client:
         input_policy: str = "",
         data_policy: str = "",
         mask_pii: bool | None = None,
+        tool_call_policy: str = "",
         traceparent: str | None = None,
         **sampling: Any,
     ) -> Stream:
@@ -331,10 +332,11 @@ class Client:
 
         ``timeout`` is also the request's deadline: past it the platform stops the work.
         ``input_policy`` (block, flag, off), ``data_policy`` (for tool results: block,
-        flag, spotlight, off) and ``mask_pii`` override the deployment's sanitizer
-        defaults. ``traceparent`` (W3C) makes the request's trace a part of
-        the caller's. ``sampling`` takes the other SamplingParams fields (``n``,
-        ``logprobs``, ``min_tokens``, ``structured``...; docs/nats-api.md lists them);
+        flag, spotlight, off), ``mask_pii`` and ``tool_call_policy`` (mask, refuse)
+        override the deployment's sanitizer defaults. ``traceparent`` (W3C) makes the
+        request's trace a part of the caller's. ``sampling`` takes the other
+        SamplingParams fields (``n``, ``logprobs``, ``min_tokens``, ``structured``...;
+        docs/nats-api.md lists them);
         ``messages`` may be dicts in OpenAI's shape, tool calls included; ``tools``
         offers functions to call (the stream's ``tool_calls()`` joins the calls made);
         ``embed`` asks a pooling model for the prompt's vector (``embedding``).
@@ -370,6 +372,7 @@ class Client:
             input_policy=input_policy,
             data_policy=data_policy,
             mask_pii=mask_pii,
+            tool_call_policy=tool_call_policy,
         )
         return Stream(self, request, timeout, {"traceparent": traceparent} if traceparent else None)
 

@@ -103,6 +103,13 @@ def _publish_tenant(nats_url: str, policy: Any) -> None:
     help="Instructions found in the tool results its agents send (default: the deployment's).",
 )
 @click.option(
+    "--tool-call-policy",
+    type=click.Choice(["", "mask", "refuse"]),
+    default="",
+    help="PII its messages never gave, in its tool calls' arguments (default: the "
+    "deployment's, mask).",
+)
+@click.option(
     "--mask-pii/--no-mask-pii",
     default=None,
     help="Mask PII in its output (default: the deployment's, on).",
@@ -122,6 +129,7 @@ def creds_new(
     max_tokens: int,
     input_policy: str,
     data_policy: str,
+    tool_call_policy: str,
     mask_pii: bool | None,
     out: Path | None,
     state_dir: Path,
@@ -151,6 +159,7 @@ def creds_new(
             max_tokens=max_tokens,
             input_policy=input_policy,
             data_policy=data_policy,
+            tool_call_policy=tool_call_policy,
             mask_pii=mask_pii,
             set_at=time.time(),
         ),

@@ -48,6 +48,9 @@ class ApiKey(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     spotlight or off ("": the deployment's)."""
     mask_pii: bool | None = None
     """Mask PII in this key's output (None: the deployment's default, on)."""
+    tool_call_policy: Literal["", "mask", "refuse"] = ""
+    """PII in its tool calls' arguments that its messages never gave: masked, or the
+    call refused ("": the deployment's)."""
     metrics: bool = False
     """It may read the gateway's /metrics (a Prometheus scrape key): with keys on,
     /metrics on the public port answers no one else."""

@@ -559,6 +559,7 @@ class GatewayService(Service[GatewaySettings]):
                     input_policy=key.input_policy,
                     data_policy=key.data_policy,
                     mask_pii=key.mask_pii,
+                    tool_call_policy=key.tool_call_policy,
                 )
                 for sub, prompt in zip(ids, prompts, strict=True)
             ]

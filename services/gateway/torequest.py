@@ -358,6 +358,7 @@ def submitted(
     input_policy: str = "",
     data_policy: str = "",
     mask_pii: bool | None = None,
+    tool_call_policy: str = "",
 ) -> RequestSubmitted:
     return RequestSubmitted(
         request_id=request_id,
@@ -377,6 +378,7 @@ def submitted(
         input_policy=input_policy,
         data_policy=data_policy,
         mask_pii=mask_pii,
+        tool_call_policy=tool_call_policy,
     )
 
 

@@ -198,7 +198,7 @@ class ChoiceParts:
     call's arguments are a JSON document (masks keep it one), and what an agent's tool
     would be sent is masked as what a reader would be shown is."""
 
-    __slots__ = ("calls", "reasoning", "started", "text")
+    __slots__ = ("_calls_checked", "call_args", "calls", "reasoning", "started", "text")
 
     def __init__(self, json_output: bool = False) -> None:
         self.started = False
@@ -208,6 +208,9 @@ class ChoiceParts:
         self.text = ChoiceFilter(json_output)
         self.reasoning: ChoiceFilter | None = None
         self.calls: dict[int, ChoiceFilter] = {}
+        self.call_args: dict[int, str] = {}
+        """Each call's arguments as the engine wrote them (what its entities index)."""
+        self._calls_checked: dict[int, int] = {}
 
     @property
     def tokens(self) -> int:
@@ -235,11 +238,23 @@ class ChoiceParts:
             args = self.calls.get(piece.index)
             if args is None:
                 args = self.calls[piece.index] = ChoiceFilter(json_output=True)
+            self.call_args[piece.index] = self.call_args.get(piece.index, "") + piece.arguments
             masked, _ = args.feed(piece.arguments, [], 0)
             if masked or piece.id is not None or piece.name is not None:
                 out.tool_calls.append(
                     ToolCallDelta(index=piece.index, id=piece.id, name=piece.name, arguments=masked)
                 )
+        return out
+
+    def new_call_values(self) -> list[tuple[str, str]]:
+        """(type, value as written) of each entity found in a tool call's arguments
+        since the last call of this."""
+        out = []
+        for index, args in sorted(self.calls.items()):
+            found = args.entities
+            for e in found[self._calls_checked.get(index, 0) :]:
+                out.append((e.type, self.call_args[index][e.start : e.end]))
+            self._calls_checked[index] = len(found)
         return out
 
     def flush(self) -> Filtered:

@@ -15,11 +15,13 @@ from typing import Literal, cast
 import msgspec
 
 from inferbus.contracts import (
+    TERMINAL_TYPES,
     FailureCode,
     InputFinding,
     LLMServiceSettings,
     ReplyEvent,
     ReplyReader,
+    RequestFailed,
     RequestFinished,
     RequestRejected,
     RequestSubmitted,
@@ -33,7 +35,7 @@ from .checks.data import data_findings
 from .checks.finding import Finding
 from .choicefilter import ChoiceParts, Filtered
 from .injection import Policy, decide, findings
-from .pii import Entity
+from .pii import Entity, given_values, value_key
 from .tenants import admit_tenant
 
 # dot-separated tokens without whitespace or wildcards
@@ -356,6 +358,9 @@ class InputVerdict(msgspec.Struct, kw_only=True, frozen=True):
     findings: list[InputFinding] = []
     mask_output: bool = False
     """Its output comes back through this sanitizer's PII filter."""
+    refuse_tool_pii: bool = False
+    """The filter refuses a tool call whose arguments carry PII the request's own
+    messages never gave (``given_pii``), instead of masking it."""
 
 
 class InputRules(msgspec.Struct, kw_only=True, frozen=True):
@@ -367,6 +372,8 @@ class InputRules(msgspec.Struct, kw_only=True, frozen=True):
     models: dict[str, ModelSettings] = {}
     tenants: dict[str, TenantPolicy] = {}
     mask_output_default: bool = True
+    tool_call_default: str = "mask"
+    """``mask`` or ``refuse``: PII in tool-call arguments, unless the request says."""
 
     def decide(
         self, request: RequestSubmitted, tenant: str | None, token_text: str | None = None
@@ -383,7 +390,7 @@ class InputRules(msgspec.Struct, kw_only=True, frozen=True):
             if isinstance(admitted, RequestRejected):
                 return InputVerdict(request=request, rejection=admitted)
             request = admitted
-        rejection = check(request, self.limits)
+        rejection = check(request, self.limits) or _tool_call_policy(request)
         if rejection is not None:
             return InputVerdict(request=request, rejection=rejection)
         policy = self.policies.for_request(request)
@@ -419,13 +426,41 @@ class InputRules(msgspec.Struct, kw_only=True, frozen=True):
             )
         if data_decision == "spotlight":
             request = spotlighted(request)
+        refuse = (request.tool_call_policy or self.tool_call_default) == "refuse"
         return InputVerdict(
             request=request,
             decision="flag" if "flag" in (decision, data_decision) or data_found else decision,
             data_decision=data_decision,
             findings=every,
-            mask_output=masks_output(request, self.models, self.mask_output_default),
+            # refusing a call needs the filter: it runs for the request, masking too
+            mask_output=refuse or masks_output(request, self.models, self.mask_output_default),
+            refuse_tool_pii=refuse,
         )
+
+
+TOOL_CALL_POLICIES = ("mask", "refuse")
+
+
+def _tool_call_policy(request: RequestSubmitted) -> RequestRejected | None:
+    if request.tool_call_policy in ("", *TOOL_CALL_POLICIES):
+        return None
+    return RequestRejected(
+        request_id=request.request_id,
+        code=FailureCode.INVALID_REQUEST,
+        param="tool_call_policy",
+        reason=f"tool_call_policy {request.tool_call_policy!r}: choose mask or refuse",
+    )
+
+
+def given_pii(request: RequestSubmitted) -> frozenset[str]:
+    """The PII values the request's own words hold (the prompt, or its user's, system's
+    and developer's messages; not tool results, which an attacker may write, nor the
+    model's earlier turns): a tool call may send these on."""
+    if request.messages is None:
+        return given_values([request.prompt or ""])
+    return given_values(
+        m.content for m in request.messages if m.role not in DATA_ROLES and m.role != "assistant"
+    )
 
 
 def json_output(request: RequestSubmitted) -> bool:
@@ -467,11 +502,14 @@ class FilteredStream:
         "client_reply_to",
         "deadline",
         "entities",
+        "given",
         "json_output",
         "last_seen",
         "reader",
+        "refused",
         "request_id",
         "seq",
+        "to_cancel",
     )
 
     def __init__(
@@ -481,8 +519,17 @@ class FilteredStream:
         now: float,
         deadline: float = 0.0,
         json_output: bool = False,
+        given: frozenset[str] | None = None,
     ) -> None:
         self.request_id = request_id
+        self.given = given
+        """Under the refuse tool-call policy, the PII values the request gave (a call
+        whose arguments carry another is refused); None: such calls are masked."""
+        self.refused = False
+        """A tool call was refused: the client has its end; what the worker still
+        sends is dropped until its own end closes the stream."""
+        self.to_cancel = False
+        """The adapter is to tell the worker to stop (once)."""
         self.client_reply_to = client_reply_to
         self.deadline = deadline
         self.json_output = json_output
@@ -516,6 +563,8 @@ class FilteredStream:
     def on_event(self, event: ReplyEvent, now: float) -> tuple[list[ReplyEvent], bool]:
         """(events for the client, whether the stream is over)."""
         self.last_seen = now
+        if self.refused:  # the client has its end: the worker's own end closes it
+            return [], isinstance(event, TERMINAL_TYPES)
         reading = self.reader.read(event)
         if self.reader.attempt != self.attempt:
             # a new attempt restarts the text (the client drops the older attempt)
@@ -530,6 +579,8 @@ class FilteredStream:
             if parts or not choice.started:
                 choice.started = True
                 out.append(self._chunk(chunk.index, choice, parts))
+            if (refusal := self._refusal(choice)) is not None:
+                return [*out, refusal], False
         end = reading.end
         if end is None:
             return out, False
@@ -538,11 +589,32 @@ class FilteredStream:
             self.entities += choice.new_entities()
             if parts or choice.tokens:
                 out.append(self._chunk(index, choice, parts))
+            if (refusal := self._refusal(choice)) is not None:
+                # the worker is done already: the stream is over with the refusal
+                self.to_cancel = False
+                return [*out, refusal], True
         if isinstance(end, RequestFinished):
             # what the client got, plus what was lost: a gap it can see
             end = msgspec.structs.replace(end, chunks=self.seq + self.lost)
         out.append(end)
         return out, True
+
+    def _refusal(self, choice: ChoiceParts) -> RequestFailed | None:
+        """The end for a tool call carrying PII the request never gave, under the
+        refuse policy (and the stream marked refused); None when there is none."""
+        if self.given is None:
+            return None
+        for kind, value in choice.new_call_values():
+            if value_key(value) not in self.given:
+                self.refused = self.to_cancel = True
+                return RequestFailed(
+                    request_id=self.request_id,
+                    code=FailureCode.OUTPUT_BLOCKED,
+                    reason=f"a tool call's arguments carry a {kind} that the request's "
+                    "messages never gave; refused by the tool-call policy",
+                    attempt=max(1, self.attempt),
+                )
+        return None
 
     def _chunk(self, index: int, choice: ChoiceParts, parts: Filtered) -> TokenChunk:
         chunk = TokenChunk(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from .normalize import INVISIBLE
@@ -457,6 +457,17 @@ def mask(text: str) -> tuple[str, list[Entity]]:
 
 
 # -- streams ---------------------------------------------------------------------------
+
+
+def value_key(text: str) -> str:
+    """An entity's value as compared across writings ("+1 415-555-0199" and
+    "14155550199"): folded, lower-cased, letters and digits only."""
+    return "".join(c for c in fold(text).lower() if c.isalnum())
+
+
+def given_values(texts: Iterable[str]) -> frozenset[str]:
+    """The ``value_key`` of every entity in ``texts``."""
+    return frozenset(value_key(t[e.start : e.end]) for t in texts for e in mask(t)[1])
 
 
 class StreamMasker:

@@ -11,9 +11,11 @@ from nats.aio.msg import Msg
 
 from inferbus.contracts import (
     ACCEPTED,
+    CANCEL,
     ENDED,
     FILTER_PREFIX,
     SUBMIT,
+    CancelRequest,
     FailureCode,
     LLMServiceSettings,
     ReplyEvent,
@@ -32,14 +34,17 @@ from inferbus.shared.bus import (
 )
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
+from inferbus.shared.errors import ConfigError
 from inferbus.shared.runtime import Context, Service
 from inferbus.shared.tracing import attributes as t
 from inferbus.shared.tracing import valid_context
 
 from .core import (
+    TOOL_CALL_POLICIES,
     FilteredStream,
     InputLimits,
     InputRules,
+    given_pii,
     json_output,
     model_settings,
     parse_policies,
@@ -75,6 +80,10 @@ class SanitizerSettings(ServiceSettings, kw_only=True):
     """Per-model data policies, e.g. "agent-model=spotlight"."""
     mask_output_pii: bool = True
     """Mask PII in every output stream unless the request (its API key) says not to."""
+    tool_call_policy: str = "mask"
+    """PII in a tool call's arguments: mask it as in text, or refuse the call (the
+    request ends output_blocked and the worker is told to stop) when the request's own
+    messages never gave that value; an API key's or tenant's policy wins."""
     filter_idle_s: float = 900.0
     """A filtered stream silent this long is forgotten (its worker and scheduler died);
     one past its request's deadline sooner (its end was lost on the way)."""
@@ -112,6 +121,10 @@ class SanitizerService(Service[SanitizerSettings]):
 
     def __init__(self, settings: SanitizerSettings, ctx: Context[SanitizerSettings]) -> None:
         super().__init__(settings, ctx)
+        if settings.tool_call_policy not in TOOL_CALL_POLICIES:
+            raise ConfigError(
+                f"tool call policy {settings.tool_call_policy!r} (choose mask or refuse)"
+            )
         self.flag_policies = parse_policies(
             settings.input_policy,
             settings.model_input_policies,
@@ -124,6 +137,7 @@ class SanitizerService(Service[SanitizerSettings]):
             ),
             policies=self.flag_policies,
             mask_output_default=settings.mask_output_pii,
+            tool_call_default=settings.tool_call_policy,
         )
         """What every input decision depends on; tenants' and LLMServices' records
         (IB_CONFIG ``ib.cfg.tenant.*``, ``ib.cfg.llmservice.*``) update it."""
@@ -194,6 +208,14 @@ class SanitizerService(Service[SanitizerSettings]):
             log.warning("output chunks lost before the filter", request_id=rid, lost=stream.lost)
         for ev in out:
             await self.ctx.nc.publish(client, encode(ev), headers=headers)
+        if stream.to_cancel:  # a refused tool call: the worker need not go on
+            stream.to_cancel = False
+            log.warning("tool call refused", request_id=rid)
+            await self.ctx.nc.publish(
+                CANCEL,
+                encode(CancelRequest(request_id=rid, reason="tool call refused by policy")),
+                headers=headers,
+            )
         if over:
             self._streams.pop(client, None)
 
@@ -319,6 +341,7 @@ class SanitizerService(Service[SanitizerSettings]):
                         time.monotonic(),
                         request.deadline,
                         json_output=json_output(request),
+                        given=given_pii(request) if verdict.refuse_tool_pii else None,
                     ),
                 )
                 if parent is not None:

@@ -56,5 +56,6 @@ def admit_tenant(
         input_policy=policy.input_policy,
         data_policy=policy.data_policy,
         mask_pii=policy.mask_pii,
+        tool_call_policy=policy.tool_call_policy,
         client_reply_to="",
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from inferbus.contracts import (
     ACCEPTED,
+    CANCEL,
     ENDED,
     FILTER_PREFIX,
     LLMSERVICES,
@@ -74,5 +75,5 @@ WIRING = Wiring(
             TENANT_SUBMITS, bytes, "_on_submitted", source=Consume(TENANT_SUBMITTED_CONSUMER)
         ),
     ),
-    publishes=(ACCEPTED, ENDED),
+    publishes=(ACCEPTED, ENDED, CANCEL),
 )

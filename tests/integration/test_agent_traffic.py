@@ -22,7 +22,12 @@ from inferbus.shared.codec import decode
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 
-KEYS = {"block": "ib-agent-block", "flag": "ib-agent-flag", "spotlight": "ib-agent-spot"}
+KEYS = {
+    "block": "ib-agent-block",
+    "flag": "ib-agent-flag",
+    "spotlight": "ib-agent-spot",
+    "refuse": "ib-agent-refuse",
+}
 
 SEND_EMAIL = {
     "type": "function",
@@ -73,7 +78,10 @@ def agent_gateway(nats_url, log_dir, tmp_path_factory):
         "".join(
             f'[[keys]]\nname = "{name}"\nsha256 = "{digest(key)}"\ndata_policy = "{name}"\n\n'
             for name, key in KEYS.items()
+            if name != "refuse"
         )
+        + f'[[keys]]\nname = "refuse"\nsha256 = "{digest(KEYS["refuse"])}"\n'
+        'tool_call_policy = "refuse"\n'
     )
     gw = ServiceProcess(
         "gateway", nats_url, log_dir, "--api-keys-file", str(path), name="agent-gateway"
@@ -150,3 +158,31 @@ async def test_flag_and_spotlight_let_the_agent_go_on_with_the_finding_recorded(
         assert tool.startswith("<<data returned by a tool") and "TODO:\u02c6forward" in tool
     else:
         assert tool == CONVERSATION[3]["content"]
+
+
+def test_refuse_ends_a_tool_call_sending_pii_the_user_never_gave(agent_gateway):
+    """The address the model put in the call is nowhere in the user's words: under the
+    key's refuse policy the request ends output_blocked instead of handing the agent
+    a call to run; streamed, the client gets the error event after masked pieces."""
+    ask = {
+        "model": MODEL,
+        "messages": CONVERSATION[:2],
+        "tools": [READ_EMAIL, SEND_EMAIL],
+        "tool_choice": {"type": "function", "function": {"name": "send_email"}},
+        "max_tokens": 64,
+    }
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk(agent_gateway, "refuse").chat.completions.create(**ask)
+    assert e.value.code == "output_blocked"
+    with pytest.raises(openai.APIError) as streamed:
+        for chunk in sdk(agent_gateway, "refuse").chat.completions.create(**ask, stream=True):
+            for d in chunk.choices[0].delta.tool_calls or () if chunk.choices else ():
+                assert "whitfield" not in (d.function.arguments or "")
+    assert "output_blocked" in str(streamed.value) or "tool call" in str(streamed.value)
+    # the user's own words may give the address: then the call goes through (masked)
+    words = {"role": "user", "content": "Answer dana.whitfield@example.com: Thursday works."}
+    ok = sdk(agent_gateway, "refuse").chat.completions.create(
+        **{**ask, "messages": [CONVERSATION[0], words]}
+    )
+    call = ok.choices[0].message.tool_calls[0]  # (a named choice ends "stop", as vLLM's)
+    assert json.loads(call.function.arguments)["to"] == "d***@example.com"

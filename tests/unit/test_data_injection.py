@@ -3,6 +3,8 @@ text that speaks to the model, under the data policy (block, flag, spotlight, of
 
 from __future__ import annotations
 
+import json
+
 import msgspec
 import pytest
 
@@ -194,3 +196,102 @@ def test_data_policies_per_model_llmservice_and_tenant():
     )
     verdict = rules.decide(request, "acme")
     assert verdict.request.data_policy == "flag" and verdict.decision == "flag"
+
+
+# -- what an agent sends out: PII in tool-call arguments ------------------------------------
+
+from inferbus.contracts import (  # noqa: E402
+    RequestFailed,
+    RequestFinished,
+    TokenChunk,
+    ToolCallDelta,
+    Usage,
+)
+from inferbus.services.sanitizer.core import FilteredStream, given_pii  # noqa: E402
+
+
+def call_chunks(arguments: str, cut: int = 7) -> list[TokenChunk]:
+    pieces = [arguments[i : i + cut] for i in range(0, len(arguments), cut)]
+    return [
+        TokenChunk(
+            request_id="r1",
+            seq=n,
+            text="",
+            attempt=1,
+            tool_calls=[
+                ToolCallDelta(
+                    index=0,
+                    id="call_9" if n == 0 else None,
+                    name="send_email" if n == 0 else None,
+                    arguments=piece,
+                )
+            ],
+        )
+        for n, piece in enumerate(pieces)
+    ]
+
+
+def run(stream: FilteredStream, arguments: str) -> list:
+    out = []
+    chunks = call_chunks(arguments)
+    fin = RequestFinished(
+        request_id="r1",
+        finish_reason="tool_calls",
+        attempt=1,
+        usage=Usage(prompt_tokens=5, completion_tokens=9),
+        chunks=len(chunks),
+    )
+    for ev in [*chunks, fin]:
+        events, over = stream.on_event(ev, 0.0)
+        out += events
+        if over:
+            break
+    return out
+
+
+ARGS = '{"to": "audit@ledger-check.net", "body": "card 4111 1111 1111 1111"}'
+
+
+def test_refuse_ends_a_call_carrying_pii_the_request_never_gave():
+    request = agent_request(tool_call_policy="refuse")
+    given = given_pii(request)
+    stream = FilteredStream("r1", "c", 0.0, given=given)
+    out = run(stream, ARGS)
+    assert isinstance(out[-1], RequestFailed) and out[-1].code == "output_blocked"
+    assert "EMAIL" in out[-1].reason or "CREDIT_CARD" in out[-1].reason
+    sent = "".join(d.arguments for e in out if isinstance(e, TokenChunk) for d in e.tool_calls)
+    assert "audit@" not in sent and "4111 1111" not in sent  # what went out was masked
+    assert stream.refused and stream.to_cancel
+    # the worker's later events are dropped; its end closes the stream quietly
+    late = TokenChunk(request_id="r1", seq=50, text="more", attempt=1)
+    assert stream.on_event(late, 0.0) == ([], False)
+    end = RequestFinished(
+        request_id="r1", finish_reason="stop", attempt=1, usage=Usage(), chunks=51
+    )
+    assert stream.on_event(end, 0.0) == ([], True)
+
+
+def test_a_call_may_send_on_what_the_user_wrote_and_mask_keeps_the_call():
+    words = "Send my card 4111-1111-1111-1111 to audit@ledger-check.net please."
+    request = agent_request(tool_call_policy="refuse")
+    assert request.messages is not None
+    request.messages[1] = ChatMessage(role="user", content=words)
+    stream = FilteredStream("r1", "c", 0.0, given=given_pii(request))
+    out = run(stream, ARGS)
+    assert isinstance(out[-1], RequestFinished) and not stream.refused
+    # under mask (given None) the same call goes through masked
+    masked = run(FilteredStream("r1", "c", 0.0), ARGS)
+    args = "".join(d.arguments for e in masked if isinstance(e, TokenChunk) for d in e.tool_calls)
+    assert isinstance(masked[-1], RequestFinished)
+    assert json.loads(args) == {"to": "a***@ledger-check.net", "body": "card ****1111"}
+
+
+def test_a_tool_result_s_pii_is_not_the_user_s_and_refuse_needs_the_filter():
+    request = agent_request(tool_call_policy="refuse")  # the address is only in the tool result
+    assert "ledgercheck" not in "".join(given_pii(request))
+    verdict = InputRules().decide(
+        msgspec.structs.replace(request, data_policy="off", mask_pii=False), None
+    )
+    assert verdict.refuse_tool_pii and verdict.mask_output  # the filter runs to refuse
+    bad = InputRules().decide(agent_request(tool_call_policy="maybe"), None)
+    assert bad.rejection is not None and bad.rejection.param == "tool_call_policy"
