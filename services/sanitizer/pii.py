@@ -20,7 +20,16 @@ from dataclasses import dataclass
 
 from .normalize import INVISIBLE
 
-ENTITY_TYPES = ("CREDIT_CARD", "CN_ID_CARD", "PHONE", "EMAIL", "IBAN", "IP_ADDRESS", "US_SSN")
+ENTITY_TYPES = (
+    "CREDIT_CARD",
+    "CN_ID_CARD",
+    "PHONE",
+    "EMAIL",
+    "IBAN",
+    "IP_ADDRESS",
+    "US_SSN",
+    "SECRET",
+)
 
 _HIDDEN = "\x7f"
 """What an invisible character (a zero-width space, a soft hyphen) reads as: a mark
@@ -72,8 +81,24 @@ _DIGITS = (
 _AT = r"(?: ?[\[({<] ?(?i:at|@) ?[\])}>] ?|@)"
 _DOT = r"(?: ?[\[({<] ?(?i:dot|\.) ?[\])}>] ?|\.)"
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9\-]{0,62}[A-Za-z0-9])?"
+# API keys and access tokens in the formats their issuers publish, each with the
+# prefix that says what it is (as gitleaks' rules read them); at most 128 characters,
+# the windows' overlap
+_SECRET = (
+    r"(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}"  # AWS access key id
+    r"|gh[pousr]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{82}"  # GitHub
+    r"|glpat-[A-Za-z0-9_\-]{20}"  # GitLab
+    r"|xox[abposr]-[A-Za-z0-9\-]{10,72}"  # Slack
+    r"|[rs]k_(?:live|test)_[A-Za-z0-9]{24,99}"  # Stripe
+    r"|AIza[A-Za-z0-9_\-]{35}"  # Google
+    r"|hf_[A-Za-z0-9]{34}"  # Hugging Face
+    r"|npm_[A-Za-z0-9]{36}"  # npm
+    r"|sk-ant-[a-z]+\d\d-[A-Za-z0-9_\-]{80,100}"  # Anthropic
+    r"|sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,120}"  # OpenAI
+)
 _CANDIDATE = re.compile(
-    r"(?P<email>(?<![A-Za-z0-9_%+\-])[A-Za-z0-9][A-Za-z0-9._%+\-]{0,63}"
+    r"(?P<secret>(?<![A-Za-z0-9_\-])(?:" + _SECRET + r")(?![A-Za-z0-9_\-]))"
+    r"|(?P<email>(?<![A-Za-z0-9_%+\-])[A-Za-z0-9][A-Za-z0-9._%+\-]{0,63}"
     + _AT
     + _LABEL
     + r"(?:"
@@ -122,7 +147,7 @@ def _join_prefixes() -> frozenset[str]:
 _JOIN_PREFIXES = _join_prefixes()
 _JOIN_LOOKAHEAD = max(map(len, _JOIN_PREFIXES))
 _WINDOW = 256
-_OVERLAP = 96
+_OVERLAP = 128
 """Long runs are scanned in windows of ``_WINDOW`` characters, each read on for
 ``_OVERLAP`` more (longer than any entity) so that nothing is missed at a seam; a
 window owns the entities that start in it. Whole texts and streams use the same
@@ -193,6 +218,25 @@ def ssn_ok(area: str, group: str, serial: str) -> bool:
 def ipv4_ok(text: str) -> bool:
     parts = text.split(".")
     return all(len(p) == 1 or (p[0] != "0" and int(p) <= 255) for p in parts)
+
+
+_SECRET_PREFIX = re.compile(
+    r"AKIA|ASIA|ABIA|ACCA|AIza|gh[pousr]_|github_pat_|glpat-|xox[a-z]-|[rs]k_(?:live|test)_"
+    r"|hf_|npm_|sk-ant-|sk-(?:proj-|svcacct-|admin-)?"
+)
+
+
+def secret_ok(text: str) -> bool:
+    """Random past its prefix, as issued keys are: letters and digits both (a
+    placeholder such as "sk-xxxxxxxxxxxxxxxxxxxxxxxx" is none), and no character
+    making up half of it."""
+    prefix = _SECRET_PREFIX.match(text)
+    body = text[prefix.end() if prefix else 0 :]
+    return (
+        any(c.isdigit() for c in body)
+        and any(c.isalpha() for c in body)
+        and max(map(body.count, set(body))) * 2 < len(body)
+    )
 
 
 _IPV4 = re.compile(r"(?:\d{1,3}\.){3}\d{1,3}")
@@ -361,6 +405,11 @@ def _entity(m: re.Match[str]) -> Entity | None:
                 return None
             text = text[:cut]
         return Entity("IBAN", m.start(), m.start() + len(text), _mask_alnum(text, 4, 4))
+    if kind == "secret":
+        if not secret_ok(text):
+            return None
+        prefix = _SECRET_PREFIX.match(text)
+        return Entity("SECRET", m.start(), m.end(), (prefix.group() if prefix else "") + "****")
     if kind == "ip":
         if not ipv4_ok(text):
             return None

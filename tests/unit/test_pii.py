@@ -300,3 +300,36 @@ def test_a_long_run_streams_in_time_linear_in_its_length():
         out = "".join(m.feed(text[i : i + 4]) for i in range(0, len(text), 4)) + m.flush()
         assert time.perf_counter() - t0 < 0.5, text[:10]
         assert out == mask(text)[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("key AKIA2OGYBAH6QWERTY12 set", "key AKIA**** set"),
+        ("ghp_16C7e42F292c6912E7710c838347Ae178B4a", "ghp_****"),
+        ("use sk-proj-Ab3dEf9hIjKlMn0pQrStUvWxYz12345678.", "use sk-proj-****."),
+        ("xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx", "xoxb-****"),
+        ("sk_live_4eC39HqLyjWDarjtT1zdp7dc", "sk_live_****"),
+        ("AIzaSyD3-k8Qw2Lm9Xn4Rt7Yu1Io5Pa6Sd8Fg0H", "AIza****"),
+        ("sk-ant-api03-" + "aB3" * 31 + "AA", "sk-ant-****"),
+    ],
+)
+def test_issued_secrets_are_masked_whole_and_in_streams(text, masked):
+    assert mask(text)[0] == masked and mask(text)[1][0].type == "SECRET"
+    for size in (1, 3, 7):
+        m = StreamMasker()
+        pieces = [m.feed(text[i : i + size]) for i in range(0, len(text), size)]
+        assert "".join(pieces) + m.flush() == masked
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "sk-xxxxxxxxxxxxxxxxxxxxxxxx",  # a placeholder
+        "scikit-learn is sk-learn; risk-assessment-2024-q3-report-final-v2",
+        "ghp_short12",  # not the issued length
+        "task-force-2024-report-generation-final-v2-approved-by-board",
+    ],
+)
+def test_secret_look_alikes_stay(text):
+    assert mask(text) == (text, [])
