@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import urllib.error
@@ -346,8 +347,16 @@ class Up:
         return ""
 
     async def wait_ready(self, base: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline, said = start + timeout, start
+        _say(
+            f"starting the services; the {self.o.engine} engine loads {self.platform.model!r}"
+            + (" (about a minute for vLLM on a CPU)" if self.o.engine == "vllm" else "")
+        )
         while time.monotonic() < deadline:
+            if time.monotonic() - said >= 15:  # a long start is not a silent one
+                said = time.monotonic()
+                _say(f"  still starting ({said - start:.0f}s; logs in {self.platform.logs})")
             if self.procs.exits:  # while starting, a crash is a fault to show, not retry
                 name, code = self.procs.exits[0]
                 raise RuntimeError(f"{name} exited with {code}:\n{self.procs.log_tail(name)}")
@@ -570,8 +579,42 @@ async def _run(o: Options) -> int:
     return code
 
 
+def keep_private(state_dir: Path) -> None:
+    """The state folder holds the bus's credentials and the model-signing key: only its
+    owner may enter it (the files in it are 0600 already)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.chmod(0o700)
+
+
+def committable(state_dir: Path) -> bool:
+    """Whether ``state_dir`` lies in a git work tree that does not ignore it, where a
+    ``git add -A`` would commit its credentials."""
+    try:
+        inside = subprocess.run(
+            ["git", "-C", str(state_dir), "rev-parse", "--is-inside-work-tree"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if inside.returncode != 0 or inside.stdout.strip() != "true":
+            return False
+        ignored = subprocess.run(
+            ["git", "-C", str(state_dir), "check-ignore", "-q", "."],
+            capture_output=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):  # no git here: nothing to commit with
+        return False
+    return ignored.returncode == 1
+
+
 def run(o: Options) -> int:
-    o.state_dir.mkdir(parents=True, exist_ok=True)
+    keep_private(o.state_dir)
+    if committable(o.state_dir):
+        _say(
+            f"warning: {o.state_dir} (credentials, the signing key) is inside a git work "
+            "tree that does not ignore it: add it to .gitignore, or pass --state-dir"
+        )
     o.port = o.port or free_port(o.host)
     o.nats_port = o.nats_port or free_port()
     return asyncio.run(_run(o))

@@ -480,7 +480,8 @@ def residency(name: str, level: str, windows: tuple[str, ...], nats_url: str) ->
 @click.option("--rtn", is_flag=True, help="Round to nearest only: no activation-aware scales.")
 def quantize(src: Path, dst: Path, group_size: int, samples: int, rtn: bool) -> None:
     """Quantize the model at SRC to 4-bit AWQ (AutoAWQ gemm format, zero point) in DST,
-    for vLLM (needs the engine's extra: torch and transformers)."""
+    for vLLM (needs the engine's extra: torch and transformers). vLLM serves it on GPUs
+    and on CPUs with AVX-512; workers elsewhere refuse it with the reason."""
     from inferbus.quantize import awq_quantize
 
     if dst.exists() and any(dst.iterdir()):
@@ -491,3 +492,11 @@ def quantize(src: Path, dst: Path, group_size: int, samples: int, rtn: bool) -> 
     for layer, rel in report.items():
         click.echo(f"  {layer:<40} output error {rel:.3f}x round-to-nearest's")
     click.echo(f"awq 4-bit g{group_size}  {dst}")
+    try:
+        from inferbus.services.worker.capability import quantization_refusal
+
+        why = quantization_refusal("vllm", "awq")
+    except ImportError:  # no vLLM here: whether it serves this is the workers' to say
+        why = ""
+    if why:
+        click.echo(f"note: vLLM on this machine cannot serve it: {why}", err=True)

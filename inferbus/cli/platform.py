@@ -126,9 +126,8 @@ def _supervisor_call(nats_url: str, supervisor: str, command: Any) -> Any:
             "is `inferbus up` running?"
         ) from None
     for p in state.processes:
-        click.echo(
-            f"{p.name:<14} {p.state:<9} pid {p.pid:<8} restarts {p.restarts:<3} http :{p.http_port}"
-        )
+        http = f" http :{p.http_port}" if p.http_port else ""  # nats serves no /metrics
+        click.echo(f"{p.name:<14} {p.state:<9} pid {p.pid:<8} restarts {p.restarts:<3}{http}")
     if state.error:
         raise click.ClickException(state.error)
     return state

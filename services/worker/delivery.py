@@ -94,6 +94,10 @@ class SwapTarget(Protocol):
 
     async def send_heartbeat(self) -> None: ...
 
+    def cannot_serve(self, quantization: str) -> str:
+        """Why its engine cannot serve weights quantized so ("" when it can)."""
+        ...
+
     def fail(self, reason: str) -> None:
         """Stop serving, saying why."""
         ...
@@ -192,7 +196,13 @@ class Deliveries:
 
     async def deliver(self, delivery: ModelDelivery, arrived: float) -> ModelSwapped | None:
         w = self.worker
-        decision = plan(w.holding, delivery, w.worker_id, w.origin)
+        decision = plan(
+            w.holding,
+            delivery,
+            w.worker_id,
+            w.origin,
+            cannot_serve=w.cannot_serve,
+        )
         ref = delivery.model.ref
         if isinstance(decision, Skip):
             log.info("delivery not for this worker", model=ref, reason=decision.reason)

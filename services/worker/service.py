@@ -37,6 +37,7 @@ from inferbus.shared.config import ServiceSettings, group
 from inferbus.shared.cpus import parse_cpus, pin_threads
 from inferbus.shared.runtime import Context, Service
 
+from .capability import quantization_refusal
 from .core import (
     CostMeter,
     RequestStream,
@@ -206,6 +207,8 @@ class WorkerService(Service[WorkerSettings]):
                 )
                 self.engine = self._build(self.holding.model)
         try:
+            if why := self.cannot_serve(self.holding.model.quantization):
+                raise RuntimeError(why)  # refused before an engine dies of it
             await self.engine.start()
         except BaseException as exc:
             self.state, self.failure = "failed", f"engine failed to start: {exc}"
@@ -222,6 +225,9 @@ class WorkerService(Service[WorkerSettings]):
         if self.deliveries is not None:
             await self.deliveries.load_current_adapters()
             await self.deliveries.start()
+
+    def cannot_serve(self, quantization: str) -> str:
+        return quantization_refusal(self.settings.engine, quantization)
 
     async def serving(self) -> None:
         self.state = "ready"  # its work subscription is open: nothing assigned is missed

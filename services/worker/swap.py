@@ -14,6 +14,7 @@ to skip it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import msgspec
@@ -104,10 +105,15 @@ class Plan(msgspec.Struct, kw_only=True, frozen=True):
 
 
 def plan(
-    holding: Holding, delivery: ModelDelivery, worker_id: str, origin: Holding | None = None
+    holding: Holding,
+    delivery: ModelDelivery,
+    worker_id: str,
+    origin: Holding | None = None,
+    cannot_serve: Callable[[str], str] = lambda quantization: "",
 ) -> Plan | Skip:
     """``origin``: what the worker was started with, for a delivery of version "" (a
-    rollback to it); its files need no fetch."""
+    rollback to it); its files need no fetch. ``cannot_serve``: why this worker's engine
+    cannot serve a quantization ("" when it can)."""
     mv = delivery.model
     addressed = bool(delivery.workers)
     if addressed and worker_id not in delivery.workers:
@@ -141,6 +147,8 @@ def plan(
         return _plan_adapter(holding, new)
     if not addressed and mv.name != holding.model.name:
         return Skip(reason=f"for {mv.name!r} workers")
+    if why := cannot_serve(mv.quantization):  # refused before any engine starts on it
+        return Skip(reason=f"{mv.ref} is {mv.quantization}: {why}", answer=True)
     old = holding.model
     if (old.name, old.version) == (mv.name, mv.version):
         return Plan(

@@ -24,6 +24,7 @@ from testkit.faults import Platform
 
 from inferbus.contracts import SWAPPED, ModelSwapped
 from inferbus.quantize import awq_quantize
+from inferbus.services.worker.capability import quantization_refusal
 from inferbus.shared.bus import connect
 from inferbus.shared.buscreds import load_credentials
 from inferbus.shared.codec import decode_or_none
@@ -66,6 +67,9 @@ class Swaps:
 
 
 def test_hot_warm_and_cold_swaps_under_load_fail_nothing(tmp_path):
+    # the cold swap goes to a 4-bit AWQ version where vLLM has the kernel for it (not on
+    # an AVX2-only CPU, where workers refuse it: test_worker_swap.py); the rest runs anywhere
+    awq = not quantization_refusal("vllm", "awq")
     p = Platform(tmp_path / "state", workers=1, engine="vllm", extra=LORA_ARGS)
     try:
         base = p.state / "models" / MODEL
@@ -75,8 +79,9 @@ def test_hot_warm_and_cold_swaps_under_load_fail_nothing(tmp_path):
             (LORA, "a2"): make_tiny_lora(base, tmp_path / "a2", seed=4),
             (MODEL, "v2"): make_tiny(tmp_path / "v2", seed=1),
         }
-        awq_quantize(base, tmp_path / "awq")
-        versions[(MODEL, "awq")] = tmp_path / "awq"
+        if awq:
+            awq_quantize(base, tmp_path / "awq")
+            versions[(MODEL, "awq")] = tmp_path / "awq"
         for (name, version), folder in versions.items():
             extra = ("--base", MODEL) if name == LORA else ()
             cli(
@@ -118,10 +123,13 @@ def test_hot_warm_and_cold_swaps_under_load_fail_nothing(tmp_path):
                 out = await asyncio.to_thread(deploy, p, f"{MODEL}@v2", "--no-canary")
                 assert "done" in out, out
                 await asyncio.sleep(2)
-                out = await asyncio.to_thread(deploy, p, f"{MODEL}@awq", "--no-canary")
-                assert "done" in out, out
+                if awq:
+                    out = await asyncio.to_thread(deploy, p, f"{MODEL}@awq", "--no-canary")
+                    assert "done" in out, out
                 for _ in range(100):  # the answers may trail the rollout's end a little
-                    if swaps.of(f"{MODEL}@awq") and len(swaps.of(f"{LORA}@a2")) == 3:
+                    if len(swaps.of(f"{LORA}@a2")) == (3 if awq else 2) and (
+                        swaps.of(f"{MODEL}@awq") or not awq
+                    ):
                         break
                     await asyncio.sleep(0.1)
                 await asyncio.sleep(2)
@@ -135,15 +143,15 @@ def test_hot_warm_and_cold_swaps_under_load_fail_nothing(tmp_path):
         # cold swap started (a cold swap drops the old engine's adapters)
         assert modes == {
             f"{LORA}@a1": ["hot"],
-            f"{LORA}@a2": ["hot", "none", "hot"],
+            f"{LORA}@a2": ["hot", "none", "hot"] if awq else ["hot", "none"],
             f"{MODEL}@v2": ["warm"],
-            f"{MODEL}@awq": ["cold"],
+            f"{MODEL}@awq": ["cold"] if awq else [],
         }, swaps.seen
         for stream in (load, lora):
             assert stream.failures() == [] and stream.count("hung") == 0
         served = load.versions()
         # every answer names one version, and each version the base went through answered
-        assert set(served) == {MODEL, f"{MODEL}@v2", f"{MODEL}@awq"}, served
+        assert set(served) == {MODEL, f"{MODEL}@v2", *([f"{MODEL}@awq"] if awq else [])}, served
         assert set(lora.versions()) == {f"{LORA}@a1", f"{LORA}@a2"}
         warm = swaps.of(f"{MODEL}@v2")[0]
         assert warm.total_s < 5 and warm.verify_s < 1, warm

