@@ -590,7 +590,9 @@ class DeliveryCore:
         )
 
     def _check_promoted(self, rollout: Rollout, now: float) -> Effects:
-        serving = self.fleet.ready(rollout.model)
+        # an adapter's first version is served by no worker until each loads it: the
+        # workers that count are those of its base model
+        serving = self.fleet.ready(rollout.candidate.base_model or rollout.model)
         done = serving and all(
             hb.versions.get(rollout.model) == rollout.candidate.version for hb in serving
         )

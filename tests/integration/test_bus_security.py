@@ -5,7 +5,6 @@ auth error or a permissions violation), and the legitimate paths still work."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from testkit.deadletters import letter_about
 from testkit.ports import metrics_port_base
 
 from inferbus.client import Client, RequestError
@@ -25,7 +25,6 @@ from inferbus.contracts import (
     RequestSubmitted,
     Terminal,
     WorkerHeartbeat,
-    dead_letter_subject,
     tenant_reply_prefix,
 )
 from inferbus.shared.bus import BusAuthError, connect
@@ -252,7 +251,6 @@ async def test_a_tenant_s_reply_subject_must_be_its_own(platform: Platform):
     acme = await connect(platform.nats_url, "acme", load_credentials(platform.creds("tenant-acme")))
     operator = await connect(platform.nats_url, "op", load_credentials(platform.creds("operator")))
     try:
-        dlq = await operator.subscribe(dead_letter_subject("sanitizer"))
         beta_replies = await operator.subscribe(tenant_reply_prefix("beta") + ">")
         rid = uuid.uuid4().hex
         req = RequestSubmitted(
@@ -263,8 +261,8 @@ async def test_a_tenant_s_reply_subject_must_be_its_own(platform: Platform):
             created_at=time.time(),
         )
         await acme.jetstream().publish("ib.req.submitted.acme", encode(req))
-        letter = json.loads((await dlq.next_msg(timeout=5)).data)
-        assert "reply_to" in letter["reason"]
+        letter = await letter_about(operator, "sanitizer", rid)
+        assert "reply_to" in letter.reason
         with pytest.raises(nats.errors.TimeoutError):
             await beta_replies.next_msg(timeout=0.5)
     finally:
@@ -285,10 +283,9 @@ async def test_a_worker_speaks_only_for_itself(platform: Platform):
         await worker.publish("ib.hb.worker-9.fake", encode(forged))
         assert "permissions violation for publish" in await violation(worker)
         # its own subject, another's id: the scheduler refuses it
-        dlq = await operator.subscribe(dead_letter_subject("scheduler"))
         await worker.publish("ib.hb.worker-0.fake", encode(forged))
-        letter = json.loads((await dlq.next_msg(timeout=5)).data)
-        assert "on another's subject" in letter["reason"]
+        letter = await letter_about(operator, "scheduler", "worker-9.fake")
+        assert "on another's subject" in letter.reason
         # nor may it read another worker's assignments
         js = worker.jetstream()
         with pytest.raises(Exception):  # noqa: B017 (a timeout or a permission error)

@@ -131,7 +131,7 @@ def test_a_rollout_under_load_promotes_and_a_rollback_by_hand_restores(platform,
                 "sim-lora@a1",
                 "--wait",
                 "--timeout",
-                "30s",
+                "90s",
             )
             assert "done" in out, out
             v2_lora = {**v2, "sim-lora": "a1", "sim-lora@a1": "a1"}

@@ -312,6 +312,20 @@ def test_an_adapters_first_version_goes_straight_in_and_its_next_is_a_canary_on_
     assert back.deliveries[0].workers == [] and back.deliveries[0].model == ad1
 
 
+def test_an_adapters_first_version_is_done_when_every_base_worker_serves_it():
+    # measured: "done" came once the first worker had loaded it (no other worker served
+    # the adapter yet, so none counted), and a test waiting on the second then timed out
+    core = DeliveryCore()
+    hb(core, "w0", ["base"], 0.0)
+    hb(core, "w1", ["base"], 0.0)
+    ad1 = ModelVersion(name="ad", version="a1", kind="adapter", base_model="base")
+    core.deploy(DeployRequest(model="ad", version="a1"), ad1, None, None, 0.0)
+    hb(core, "w0", ["base", "ad", "ad@a1"], 1.0, {"ad": "a1", "ad@a1": "a1"})
+    assert [d.action for d in core.tick(2.0).decisions] == []
+    hb(core, "w1", ["base", "ad", "ad@a1"], 2.5, {"ad": "a1", "ad@a1": "a1"})
+    assert core.tick(3.0).decisions[0].action == "done"
+
+
 def test_a_promotion_a_worker_refuses_is_rolled_back_everywhere():
     core = DeliveryCore()
     hb(core, "w0", ["base"], 0.0)
