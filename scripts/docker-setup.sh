@@ -42,5 +42,7 @@ if ! have_engine; then
   nohup dockerd >/var/log/dockerd.log 2>&1 &
   for _ in $(seq 60); do have_engine && break; sleep 1; done
   have_engine || { echo "dockerd did not start:"; tail -20 /var/log/dockerd.log; exit 1; }
+  echo "dockerd runs in the background (log /var/log/dockerd.log); stop it with:"
+  echo "  kill \$(cat /var/run/docker.pid)"
 fi
 docker compose version
