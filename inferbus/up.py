@@ -59,7 +59,12 @@ NATS = "nats"
 
 
 def _say(text: str) -> None:
-    print(text, flush=True)
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # its reader went away (`inferbus up | head`): measured, the error aborted the
+        # stop that followed and left every service running; stopping must go on
+        sys.stdout = open(os.devnull, "w")  # for the rest of the process
 
 
 @dataclass

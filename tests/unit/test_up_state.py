@@ -49,3 +49,21 @@ def test_this_repository_ignores_the_default_state_folder() -> None:
     if out.returncode == 128:
         pytest.skip("the checkout is not a git work tree")
     assert out.returncode == 0
+
+
+def test_a_reader_gone_does_not_stop_inferbus_up_from_speaking_or_stopping(monkeypatch):
+    import sys
+
+    from inferbus import up
+
+    class Gone:
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", Gone())
+    up._say("inferbus is up")  # the banner's next line, after `| head` exited
+    up._say("stopping")  # and the stop's, which must not raise either
+    assert not isinstance(sys.stdout, Gone)
