@@ -44,9 +44,11 @@ __all__ = [
     "RequestCancelled",
     "RequestFailed",
     "RequestFinished",
+    "RequestProgress",
     "RequestRejected",
     "RequestStarted",
     "RequestSubmitted",
+    "Resume",
     "SamplingParams",
     "ScaleDecision",
     "ScalingStatus",
@@ -235,6 +237,21 @@ class RequestAccepted(Event, tag="request.accepted"):
     """Input findings let through under the ``flag`` policy."""
 
 
+class Resume(msgspec.Struct, kw_only=True):
+    """Where a continuation picks up: what an earlier attempt streamed before its
+    worker was lost. The new worker generates on from the prompt plus ``output_ids``
+    (``max_tokens`` less what was sent), sends ``last_chunk`` again (a reader that has
+    it drops it by its ``seq``), then numbers its own chunks from ``next_seq``."""
+
+    from_attempt: int
+    output_ids: list[int] = []
+    """The output's token ids streamed so far."""
+    next_seq: int = 0
+    last_chunk: TokenChunk | None = None
+    migrations: int = 1
+    """Continuations of this request so far, this one included."""
+
+
 class WorkAssigned(Event, tag="work.assigned"):
     request: RequestSubmitted
     worker_id: str
@@ -246,6 +263,11 @@ class WorkAssigned(Event, tag="work.assigned"):
     """Prompt tokens the scheduler routed it expecting the worker's prefix cache to
     hold (exact for token-hashed prompts, about for text blocks), against which the
     engine's ``cached_prompt_tokens`` tells how well routing saw the caches."""
+    migratable: bool = False
+    """The scheduler can move it to another worker mid-stream: the worker sends a copy
+    of each chunk to ``ib.progress.<worker_id>`` before the chunk itself."""
+    resume: Resume | None = None
+    """Set on a continuation: the attempt streams on from there."""
 
 
 class RequestStarted(Event, tag="request.started"):
@@ -254,6 +276,19 @@ class RequestStarted(Event, tag="request.started"):
     request_id: str
     worker_id: str
     attempt: int = 1
+    resumed: bool = False
+    """A continuation's start: the request had streamed on another worker."""
+    migratable: bool = False
+    """The worker sends the scheduler a copy of each chunk (``RequestProgress``), so
+    the stream can move to another worker if this one is lost."""
+
+
+class RequestProgress(Event, tag="request.progress"):
+    """A copy of a migratable request's chunk, for the scheduler (core NATS,
+    ``ib.progress.<worker_id>``), sent before the chunk goes to the reader."""
+
+    worker_id: str
+    chunk: TokenChunk
 
 
 class TokenChunk(Event, tag="token.chunk"):
@@ -278,6 +313,10 @@ class TokenChunk(Event, tag="token.chunk"):
     reasoning: str = ""
     """Reasoning these tokens spell, taken apart from the text by the worker's
     reasoning parser."""
+    resumed: bool = False
+    """Of a continuation (``attempt`` > 1 on another worker after the first was lost):
+    ``seq`` goes on from the earlier attempt's, and the text with it. A reader keeps
+    what it has and drops a chunk whose ``seq`` it has seen."""
 
     @property
     def tokens(self) -> int:
@@ -315,6 +354,9 @@ class RequestFinished(Event, tag="request.finished"):
     choices: list[ChoiceEnd] = []
     """How each choice ended, by index; ``finish_reason`` is choice 0's. Empty from
     producers older than ``n``: one choice, ended as ``finish_reason`` says."""
+    resumed: bool = False
+    """The end of a continuation: ``chunks`` and ``usage`` count the earlier
+    attempts' chunks and tokens too."""
 
     def choice_ends(self) -> list[ChoiceEnd]:
         """Each choice's end, with the single choice of an older producer filled in."""
@@ -379,6 +421,10 @@ class CancelRequest(Event, tag="request.cancel"):
 
     request_id: str
     reason: str = "cancelled by client"
+    attempt: int = 0
+    """0: the request, whatever runs it. Else only that attempt: the scheduler stops
+    one it gave up on (its worker was presumed lost, and the request moved on), so a
+    worker that was only stalled does not run it twice when it wakes."""
 
 
 WorkerState = Literal["starting", "ready", "draining", "stopped", "failed"]
@@ -557,6 +603,7 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     RequestRejected,
     WorkAssigned,
     RequestStarted,
+    RequestProgress,
     TokenChunk,
     RequestFinished,
     RequestFailed,

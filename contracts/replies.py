@@ -7,6 +7,11 @@ the newest attempt it has seen: an older attempt's chunks, its ``request.finishe
 and its worker's failure are ignored. A terminal event tied to no attempt (the
 scheduler's, the sanitizer's: ``attempt`` 0) ends the stream whatever came before.
 
+A continuation (a request migrated off a lost worker mid-stream) is a newer attempt
+whose events say ``resumed``: its ``seq`` goes on from the earlier attempt's, so the
+reader keeps the text it has and drops a chunk whose ``seq`` it has already seen (the
+new worker sends the last chunk the scheduler knew of again, in case it was lost).
+
 Pure (msgspec and the standard library), so a client can vendor it with the rest of
 the contracts; the gateway, the Python client, the sanitizer's output filter and
 docs/examples/nats_client.py all read replies through it.
@@ -90,6 +95,7 @@ class ReplyReader:
         "passed",
         "received",
         "request_id",
+        "resumed",
         "whole",
     )
 
@@ -107,6 +113,8 @@ class ReplyReader:
         ``request.finished`` counts that never came)."""
         self.passed = 0
         """Chunks passed on since the reader started or last restarted."""
+        self.resumed = False
+        """The newest attempt continues an earlier one's stream (a migration)."""
         self.ended = False
 
     def read(self, event: ReplyEvent) -> Reading:
@@ -124,11 +132,17 @@ class ReplyReader:
             if 0 < attempt < self.attempt:
                 continue  # a lost attempt's straggler, or its worker's late end
             if attempt > self.attempt:
-                # text of the older attempt not yet passed on is simply dropped
-                restarted = restarted or self.passed > 0
-                self._restart(attempt)
-                chunks = {}
+                if getattr(event, "resumed", False):
+                    # a continuation: the text goes on
+                    self.attempt, self.resumed = attempt, True
+                else:
+                    # text of the older attempt not yet passed on is simply dropped
+                    restarted = restarted or self.passed > 0
+                    self._restart(attempt)
+                    chunks = {}
             if isinstance(event, TokenChunk):
+                if event.seq < self.next_seq:
+                    continue  # seen: a continuation's replay of the last chunk
                 self._count(event)
                 before = chunks.get(event.index)
                 chunks[event.index] = event if before is None else merge_chunks(before, event)
@@ -159,6 +173,7 @@ class ReplyReader:
             0,
             0,
         )
+        self.resumed = False
 
     def _count(self, chunk: TokenChunk) -> None:
         if chunk.seq > self.next_seq:

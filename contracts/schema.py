@@ -24,6 +24,7 @@ def document() -> dict[str, Any]:
             "ended": subjects.ENDED,
             "cancel": subjects.CANCEL,
             "started": subjects.STARTED,
+            "progress": subjects.progress_subject("<worker_id>"),
             "heartbeats": subjects.HEARTBEATS,
             "work": subjects.work_subject("<worker_id>"),
             "dead_letters": subjects.dead_letter_subject("<service>"),

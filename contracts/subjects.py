@@ -29,6 +29,7 @@ __all__ = [
     "LLMSERVICES",
     "MODEL_ARTIFACTS",
     "MODEL_REGISTRY",
+    "PROGRESS",
     "REPLY_PREFIX",
     "RESIDENCIES",
     "RESPONSES",
@@ -52,6 +53,7 @@ __all__ = [
     "heartbeat_subject",
     "kv_subject",
     "llmservice_subject",
+    "progress_subject",
     "reply_subject",
     "residency_subject",
     "rollout_subject",
@@ -101,6 +103,10 @@ TRACE_DECIDED = "ib.trace.decided"
 """TraceDecided, from the service that ended a request: every service that buffered
 spans of its trace exports or drops them (tail sampling across processes)."""
 _HEARTBEAT = "ib.hb.{worker_id}"
+_PROGRESS = "ib.progress.{worker_id}"
+PROGRESS = "ib.progress.>"
+"""Copies of a migratable request's chunks, worker → scheduler (core NATS): what a
+continuation on another worker picks up from if this worker is lost."""
 REPLY_PREFIX = "ib.reply"
 GATEWAY_REPLY_OWNER = "gw"
 """Gateways' replies are ``ib.reply.gw.<gateway>.<request id>``; tenants' are under
@@ -196,6 +202,10 @@ def tenant_policy_subject(tenant: str) -> str:
 
 def heartbeat_subject(worker_id: str) -> str:
     return _HEARTBEAT.format(worker_id=worker_id)
+
+
+def progress_subject(worker_id: str) -> str:
+    return _PROGRESS.format(worker_id=worker_id)
 
 
 def work_subject(worker_id: str) -> str:

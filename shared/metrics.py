@@ -145,6 +145,18 @@ LIVE_WORKERS = Gauge("inferbus_live_workers", "Workers heartbeating", ["model"])
 ASSIGNMENTS = Counter(
     "inferbus_assignments_total", "Work assignments by attempt kind", ["model", "kind"]
 )
+MIGRATIONS = Counter(
+    "inferbus_migrations_total",
+    "Streams moved to another worker mid-stream, by why their worker went "
+    "(lost: heartbeats stopped; stopped, failed: it said so)",
+    ["model", "cause"],
+)
+MIGRATED_TOKENS = Counter(
+    "inferbus_migrated_tokens_total",
+    "Output tokens a continuation carried to its new worker (prefilled there again, "
+    "or restored from a KV tier)",
+    ["model"],
+)
 GATEWAY_REFUSALS = Counter(
     "inferbus_gateway_refusals_total",
     "Requests the gateway answered with an error status, by error code",

@@ -94,7 +94,8 @@ def build_request(args: argparse.Namespace, request_id: str, reply_to: str) -> d
 
 class Replies:
     """The reading rule of docs/nats-api.md on decoded JSON events: keep the newest
-    attempt seen; ignore an older attempt's chunks and its end. A port of
+    attempt seen; ignore an older attempt's chunks and its end; a ``resumed`` attempt
+    (a stream moved off a lost worker) continues the text. A port of
     ``inferbus.contracts.ReplyReader``, which tests/unit/test_reply_reader.py holds
     it to, event order by event order."""
 
@@ -115,11 +116,16 @@ class Replies:
             return "skip", False  # a superseded attempt's chunk or end
         restarted = False
         if attempt > self.attempt:
-            restarted = self.passed > 0
-            self.attempt, self.next_seq, self.lost, self.passed = attempt, 0, 0, 0
+            if event.get("resumed"):
+                self.attempt = attempt  # a stream moved to another worker: it goes on
+            else:
+                restarted = self.passed > 0
+                self.attempt, self.next_seq, self.lost, self.passed = attempt, 0, 0, 0
         if kind != "token.chunk":
             self.lost += max(0, event.get("chunks", 0) - self.next_seq)
             return "end", restarted
+        if event["seq"] < self.next_seq:
+            return "skip", restarted  # seen: a moved stream sends its last chunk again
         self.lost += max(0, event["seq"] - self.next_seq)
         self.next_seq = max(self.next_seq, event["seq"] + 1)
         self.passed += 1

@@ -493,7 +493,8 @@ class FilteredStream:
     """One request's output on its way to the client: each choice's chunks masked, the
     logprobs with them (choicefilter.py), renumbered, and a terminal event after the
     held-back text. The worker's events are read by the newest-attempt rule
-    (``ReplyReader``); a new attempt restarts the masked text."""
+    (``ReplyReader``); a new attempt restarts the masked text, a continuation (a
+    stream moved off a lost worker) goes on with it."""
 
     __slots__ = (
         "attempt",
@@ -567,8 +568,10 @@ class FilteredStream:
             return [], isinstance(event, TERMINAL_TYPES)
         reading = self.reader.read(event)
         if self.reader.attempt != self.attempt:
-            # a new attempt restarts the text (the client drops the older attempt)
-            self.attempt, self.choices, self.seq = self.reader.attempt, {}, 0
+            if self.reader.resumed:  # a continuation: the text (and its masks) go on
+                self.attempt = self.reader.attempt
+            else:  # a new attempt restarts the text (the client drops the older one)
+                self.attempt, self.choices, self.seq = self.reader.attempt, {}, 0
         out: list[ReplyEvent] = []
         for chunk in reading.chunks:
             choice = self.choices.get(chunk.index)
@@ -627,6 +630,7 @@ class FilteredStream:
             logprobs=parts.logprobs,
             reasoning=parts.reasoning,
             tool_calls=parts.tool_calls,
+            resumed=self.reader.resumed,
         )
         self.seq += 1
         choice.tokens = 0

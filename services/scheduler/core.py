@@ -4,7 +4,9 @@ Fed events with the time as a parameter; returns effects for the adapter to carr
 out: per-model queues in lanes (``lanes.py``), placement on live workers that serve
 the model and have room (slots and KV tokens), routed by the strategy
 ``SchedulerPolicy.routing`` names (``routing.py``), reassignment of work a lost
-worker had not started, a clear failure for work it had.
+worker had not started, and of work it was streaming as a continuation from the
+last chunk its worker reported (``migration.py``); a clear failure for what cannot
+move.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from inferbus.contracts import (
     KvEvent,
     ModelLoad,
     RequestSubmitted,
+    TokenChunk,
     WorkerHeartbeat,
 )
 
-from .effects import Assign, Cancel, Effect, Fail, Refuse
+from .effects import Assign, Cancel, Effect, Fail, Refuse, Supersede
 from .kvindex import KvIndex, prefix_blocks
 from .lanes import ModelQueue, cost_tokens, prompt_tokens
+from .migration import Progress, unmovable
 from .routing import Router, make_router
 from .state import Inflight, Queued, SchedulerPolicy, Worker, restore_worth
 
@@ -36,6 +40,7 @@ __all__ = [
     "Refuse",
     "SchedulerCore",
     "SchedulerPolicy",
+    "Supersede",
     "Worker",
     "restore_worth",
 ]
@@ -122,7 +127,7 @@ class SchedulerCore:
 
     def on_heartbeat(self, hb: WorkerHeartbeat, now: float) -> list[Effect]:
         if hb.state in ("stopped", "failed"):
-            return self._lose_worker(hb.worker_id, now) + self._dispatch(now)
+            return self._lose_worker(hb.worker_id, now, hb.state) + self._dispatch(now)
         w = self.workers.get(hb.worker_id)
         if w is None:
             w = self.workers[hb.worker_id] = Worker(
@@ -154,7 +159,8 @@ class SchedulerCore:
         """Take back what a scheduler before a restart had placed and not seen end
         ((request, worker, attempt), oldest first): it holds its slots, and if its worker
         is lost it ends ``worker_lost`` (retryable; whether it had started is unknown,
-        so it is never silently run twice)."""
+        so it is never silently run twice), unless the progress its worker sent since
+        covers the whole stream (it began after the restart): then it moves."""
         latest: dict[str, tuple[RequestSubmitted, str, int]] = {}
         for request, worker_id, attempt in assignments:
             latest[request.request_id] = (request, worker_id, attempt)
@@ -181,6 +187,7 @@ class SchedulerCore:
                 order=self._arrivals,
                 started=True,
                 tokens=tokens,
+                unmovable=unmovable(request) if self.policy.migrate else "migration is off",
             )
 
     def set_canary(self, model: str, weights: dict[str, float]) -> None:
@@ -216,16 +223,33 @@ class SchedulerCore:
     def on_kv_event(self, event: KvEvent) -> None:
         self.kv.on_event(event)
 
-    def on_started(self, request_id: str, attempt: int, worker_id: str = "") -> None:
+    def on_started(
+        self, request_id: str, attempt: int, worker_id: str = "", migratable: bool = False
+    ) -> None:
         """The request's first token is on its way. Taken from the worker it is placed
         on whatever the attempt: a worker that kept streaming an earlier attempt (and
-        ignored the new one) has started it all the same."""
+        ignored the new one) has started it all the same. ``migratable``: the worker
+        sends a copy of each chunk (``on_progress``)."""
         f = self.inflight.get(request_id)
         if f is not None and (f.attempt == attempt or worker_id == f.worker_id):
             f.started = True
+            if migratable and f.attempt == attempt and f.progress is None:
+                f.progress = Progress(f.resume)
             w = self.workers.get(f.worker_id)
             if w is not None:
                 w.prefilling_long.pop(request_id, None)  # its prefill is done
+
+    def on_progress(self, worker_id: str, chunk: TokenChunk, now: float = 0.0) -> None:
+        """A migratable request's chunk, as its worker sent it to the reader."""
+        f = self.inflight.get(chunk.request_id)
+        if f is None or f.worker_id != worker_id or f.attempt != chunk.attempt:
+            return  # ended, or an attempt given up on
+        if f.progress is None:  # the copy came before the start
+            f.progress = Progress(f.resume)
+        f.progress.add(chunk)
+        w = self.workers.get(worker_id)
+        if w is not None:
+            w.last_progress = now
 
     def on_ended(self, request_id: str, now: float, attempt: int = 0) -> list[Effect]:
         """A request's end (``attempt``: the one it names, 0 for none). The end of an
@@ -270,12 +294,8 @@ class SchedulerCore:
 
     def tick(self, now: float) -> list[Effect]:
         effects: list[Effect] = []
-        for wid in [
-            w.worker_id
-            for w in self.workers.values()
-            if now - w.last_seen > self.policy.worker_timeout_s
-        ]:
-            effects += self._lose_worker(wid, now)
+        for wid in [w.worker_id for w in self.workers.values() if self._silent(w, now)]:
+            effects += self._lose_worker(wid, now, "lost")
         # KV events of workers that never heartbeat here (gone before a restart)
         for wid in [w for w in self._kv_orphans if w in self.workers]:
             del self._kv_orphans[wid]
@@ -292,11 +312,13 @@ class SchedulerCore:
                 return max(self.policy.queue_timeout_s, self.policy.cold_start_wait_s)
             return self.policy.queue_timeout_s
 
+        moving = self.policy.migration_wait_s
         for model, q in self.queues.items():
             limit = limit_for(model)
 
             def expired(item: Queued, limit: float = limit) -> bool:
-                return now - item.since > limit or now >= item.deadline
+                wait = moving if item.resume is not None else limit
+                return now - item.since > wait or now >= item.deadline
 
             # a full scan: re-queued work sits at the front with a newer ``since``
             if any(expired(item) for item in q):
@@ -306,6 +328,8 @@ class SchedulerCore:
                     effects.append(
                         self._deadline_fail(item.request, "while queued")
                         if now >= item.deadline
+                        else self._not_moved(item, moving)
+                        if item.resume is not None
                         else self._timed_out(item.request, limit)
                     )
         return effects + self._dispatch(now)
@@ -458,7 +482,44 @@ class SchedulerCore:
             f"no worker serving model {request.model!r} appeared within {wait}",
         )
 
-    def _lose_worker(self, worker_id: str, now: float) -> list[Effect]:
+    def _silent(self, w: Worker, now: float) -> bool:
+        """Lost: no heartbeat for ``worker_timeout_s``, or streaming and silent (no
+        heartbeat, no chunk's copy) for ``stream_silence_s``."""
+        if now - w.last_seen > self.policy.worker_timeout_s:
+            return True
+        silence = self.policy.stream_silence_s
+        if not silence or now - max(w.last_seen, w.last_progress) <= silence:
+            return False
+        return any(
+            (f := self.inflight.get(rid)) is not None and f.progress is not None
+            for rid in w.assigned
+        )
+
+    def _not_moved(self, item: Queued, wait: float) -> Fail:
+        return Fail.of(
+            item.request,
+            FailureCode.WORKER_LOST,
+            f"its worker was lost mid-stream and no worker could take the stream over "
+            f"within {wait:g}s; submit the request again (with a new request id)",
+            served_model=item.target or "",
+        )
+
+    def _why_not_moved(self, f: Inflight) -> str:
+        """Why a started request of a lost worker cannot continue elsewhere ("": it can)."""
+        if not self.policy.migrate:
+            return "migration is off"
+        if f.unmovable:
+            return f.unmovable
+        if f.progress is None:
+            return "its worker sent no progress to continue from"
+        if f.progress.gap:
+            return "some of its progress was lost on the way"
+        if f.attempt >= self.policy.max_attempts:
+            return f"it was assigned {f.attempt} times"
+        return ""
+
+    def _lose_worker(self, worker_id: str, now: float, cause: str) -> list[Effect]:
+        """``cause``: ``lost`` (heartbeats stopped), or the state the worker reported."""
         w = self.workers.pop(worker_id, None)
         self.kv.drop_worker(worker_id)
         if w is None:
@@ -467,13 +528,33 @@ class SchedulerCore:
         # newest first, each pushed to the front: the oldest ends up first in line
         for rid in sorted(w.assigned, key=lambda r: self.inflight[r].order, reverse=True):
             f = self.inflight.pop(rid)
-            if f.started:
+            why = self._why_not_moved(f) if f.started else ""
+            # whatever becomes of it, the presumed-lost worker stops this attempt if it
+            # was only stalled: it must not run it beside the next one
+            effects.append(Supersede(request=f.request, worker_id=worker_id, attempt=f.attempt))
+            if f.started and not why:
+                assert f.progress is not None
+                self._enqueue(
+                    Queued(
+                        request=f.request,
+                        since=now,
+                        order=f.order,
+                        attempt=f.attempt + 1,
+                        deadline=f.deadline,
+                        target=f.target or None,
+                        resume=f.progress.resume(f.attempt),
+                        cause=cause,
+                    ),
+                    front=True,
+                )
+            elif f.started:
                 effects.append(
                     Fail.of(
                         f.request,
                         FailureCode.WORKER_LOST,
-                        f"worker {worker_id} was lost after streaming began; "
-                        "submit the request again (with a new request id)",
+                        f"worker {worker_id} was lost after streaming began, and the "
+                        f"stream could not move to another worker ({why}); submit the "
+                        "request again (with a new request id)",
                         served_model=f.target,
                     )
                 )
@@ -487,7 +568,8 @@ class SchedulerCore:
                     )
                 )
             else:
-                # not started: hand it to another worker ahead of newer requests
+                # not started: hand it to another worker ahead of newer requests (a
+                # continuation stays one: its reader holds the earlier text)
                 self._enqueue(
                     Queued(
                         request=f.request,
@@ -495,6 +577,9 @@ class SchedulerCore:
                         order=f.order,
                         attempt=f.attempt + 1,
                         deadline=f.deadline,
+                        resume=f.resume,
+                        cause=cause if f.resume is not None else "",
+                        target=f.target or None,
                     ),
                     front=True,
                 )
@@ -589,6 +674,8 @@ class SchedulerCore:
             tokens=tokens,
             long=lane == "long",
             target=target,
+            unmovable=unmovable(item.request) if self.policy.migrate else "migration is off",
+            resume=item.resume,
         )
         self._dispatched[model] = self._dispatched.get(model, 0) + 1
         return Assign(
@@ -596,6 +683,9 @@ class SchedulerCore:
             request=item.request,
             attempt=item.attempt,
             served_model="" if target == model else target,
+            migratable=not self.inflight[rid].unmovable,
+            resume=item.resume,
+            cause=item.cause,
             lane=lane,
             queued_s=max(0.0, now - item.since),
             prefix_blocks=len(item.blocks or ()),

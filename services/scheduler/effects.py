@@ -1,10 +1,11 @@
-"""What the scheduler's core asks its adapter to do: assign, fail, cancel, refuse."""
+"""What the scheduler's core asks its adapter to do: assign, fail, cancel, refuse,
+supersede."""
 
 from __future__ import annotations
 
 import msgspec
 
-from inferbus.contracts import FailureCode, RequestSubmitted, is_retryable
+from inferbus.contracts import FailureCode, RequestSubmitted, Resume, is_retryable
 
 
 class Assign(msgspec.Struct, kw_only=True, frozen=True):
@@ -13,6 +14,12 @@ class Assign(msgspec.Struct, kw_only=True, frozen=True):
     attempt: int
     served_model: str = ""
     """Set when a canary sends the request to another model name."""
+    migratable: bool = False
+    """The worker is to send progress: the request can move if the worker is lost."""
+    resume: Resume | None = None
+    """A continuation: where the stream of the lost attempt stopped."""
+    cause: str = ""
+    """Why a continuation moved (``lost``, ``stopped``, ``failed``)."""
     # diagnostics, for the trace and metrics
     lane: str = ""
     queued_s: float = 0.0
@@ -62,4 +69,13 @@ class Refuse(msgspec.Struct, kw_only=True, frozen=True):
     reason: str
 
 
-Effect = Assign | Fail | Cancel | Refuse
+class Supersede(msgspec.Struct, kw_only=True, frozen=True):
+    """Tell ``worker_id`` to stop ``attempt`` of the request, given up on when the worker
+    was presumed lost: if it was only stalled, it must not go on with it."""
+
+    request: RequestSubmitted
+    worker_id: str
+    attempt: int
+
+
+Effect = Assign | Fail | Cancel | Refuse | Supersede

@@ -18,6 +18,7 @@ from inferbus.contracts import (
     RequestAccepted,
     RequestCancelled,
     RequestFailed,
+    RequestProgress,
     RequestStarted,
     ScalingStatus,
     SchedulerLoad,
@@ -41,7 +42,16 @@ from inferbus.shared.runtime import Context, Service
 from inferbus.shared.tracing import attributes as t
 from inferbus.shared.tracing import valid_context
 
-from .core import Assign, Cancel, Effect, Fail, Refuse, SchedulerCore, SchedulerPolicy
+from .core import (
+    Assign,
+    Cancel,
+    Effect,
+    Fail,
+    Refuse,
+    SchedulerCore,
+    SchedulerPolicy,
+    Supersede,
+)
 from .wiring import ACCEPTED_CONSUMER, WIRING
 
 log = logs.get("inferbus.scheduler")
@@ -178,7 +188,10 @@ class SchedulerService(Service[SchedulerSettings]):
         await self._apply(self.core.tick(time.monotonic()))
 
     async def _on_started(self, ev: RequestStarted, msg: Msg) -> None:
-        self.core.on_started(ev.request_id, ev.attempt, ev.worker_id)
+        self.core.on_started(ev.request_id, ev.attempt, ev.worker_id, ev.migratable)
+
+    async def _on_progress(self, ev: RequestProgress, msg: Msg) -> None:
+        self.core.on_progress(ev.worker_id, ev.chunk, time.monotonic())
 
     async def _on_ended(self, ev: Terminal, msg: Msg) -> None:
         attempt = getattr(ev, "attempt", 0)  # a rejection names none
@@ -187,6 +200,8 @@ class SchedulerService(Service[SchedulerSettings]):
         await msg.ack()
 
     async def _on_cancel(self, ev: CancelRequest, msg: Msg) -> None:
+        if ev.attempt:
+            return  # one attempt's: for the worker that runs it (this scheduler's own)
         tenant = tenant_of_subject(msg.subject, CANCEL)
         await self._apply(self.core.on_cancel(ev.request_id, ev.reason, tenant))
 
@@ -261,6 +276,8 @@ class SchedulerService(Service[SchedulerSettings]):
             if isinstance(e, Assign)
             else "cancelled"
             if isinstance(e, Cancel)
+            else "superseded"
+            if isinstance(e, Supersede)
             else e.code
         ).inc()
         for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
@@ -276,8 +293,8 @@ class SchedulerService(Service[SchedulerSettings]):
                     )
                 else:
                     await asyncio.sleep(0.25 * 2**attempt)
-        if isinstance(e, Refuse):
-            return  # the held message, if any, is the first request's
+        if isinstance(e, Refuse | Supersede):
+            return  # the held message, if any, is the first request's (or long acked)
         held = self._unacked.pop(rid, None)
         if held is not None:
             try:
@@ -293,6 +310,14 @@ class SchedulerService(Service[SchedulerSettings]):
             await nc.publish(e.request.reply_to, encode(refusal), headers=request_headers(rid))
             log.warning("request refused", request_id=rid, code=e.code)
             return
+        if isinstance(e, Supersede):  # for the presumed-lost worker, should it wake
+            stop = CancelRequest(
+                request_id=rid,
+                reason=f"moved off worker {e.worker_id}, presumed lost",
+                attempt=e.attempt,
+            )
+            await nc.publish(CANCEL, encode(stop), headers=request_headers(rid))
+            return
         trace = self._traces.get(rid)
         if isinstance(e, Assign):
             began = time.time()
@@ -303,6 +328,8 @@ class SchedulerService(Service[SchedulerSettings]):
                 assigned_at=began,
                 served_model=e.served_model,
                 expected_cached_tokens=e.cached_tokens,
+                migratable=e.migratable,
+                resume=e.resume,
             )
             # recorded first: a fast request may have ended (and been decided) by the
             # time the publish is acknowledged
@@ -315,9 +342,20 @@ class SchedulerService(Service[SchedulerSettings]):
                 msg_id=f"{rid}:{e.attempt}",
                 trace=trace,
             )
-            metrics.ASSIGNMENTS.labels(
-                e.request.model, "first" if e.attempt == 1 else "retry"
-            ).inc()
+            kind = "first" if e.attempt == 1 else "retry" if e.resume is None else "migration"
+            metrics.ASSIGNMENTS.labels(e.request.model, kind).inc()
+            if e.resume is not None:
+                metrics.MIGRATIONS.labels(e.request.model, e.cause).inc()
+                metrics.MIGRATED_TOKENS.labels(e.request.model).inc(len(e.resume.output_ids))
+                log.info(
+                    "stream moved",
+                    request_id=rid,
+                    worker=e.worker_id,
+                    attempt=e.attempt,
+                    cause=e.cause,
+                    tokens=len(e.resume.output_ids),
+                    next_seq=e.resume.next_seq,
+                )
             metrics.QUEUE_TIME.labels(e.request.model, e.lane).observe(e.queued_s)
             # debug: the request's one info line is written where it ends
             log.debug("assigned", request_id=rid, worker=e.worker_id, attempt=e.attempt)

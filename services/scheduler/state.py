@@ -9,8 +9,10 @@ from typing import Literal
 
 import msgspec
 
-from inferbus.contracts import RequestSubmitted
+from inferbus.contracts import RequestSubmitted, Resume
 from inferbus.shared.prefixhash import DEFAULT_SEED
+
+from .migration import Progress
 
 
 class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
@@ -22,7 +24,20 @@ class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
     """For a model the autoscaler is starting a worker for (none ready yet), requests
     wait up to this long instead (and never past their deadline)."""
     max_attempts: int = 3
-    """Times a request is assigned before a lost worker fails it ``worker_lost``."""
+    """Times a request is assigned before a lost worker fails it ``worker_lost``
+    (continuations after a migration count)."""
+    migrate: bool = True
+    """A request streaming on a worker that is lost continues on another (prompt plus
+    the tokens sent, ``max_tokens`` less them; see ``migration.py`` for what cannot
+    move). Off: it ends ``worker_lost`` and the client submits it again."""
+    stream_silence_s: float = 1.5
+    """A worker streaming migratable requests that has sent neither a chunk's copy nor
+    a heartbeat for this long is taken as lost (sooner than ``worker_timeout_s``): a
+    dead worker's streams stop at once, a live one's copies come every few tokens, and
+    each second waited is a second its clients see no token. 0: off."""
+    migration_wait_s: float = 10.0
+    """A continuation no worker takes within this long ends ``worker_lost``: its
+    client has waited without tokens since the worker went."""
     remember_ended: int = 100_000
     """Ended request ids kept, so a resend of one is refused ``duplicate_request``."""
     max_queue_per_model: int = 1000
@@ -105,6 +120,8 @@ class Worker:
     spill_weight: float | None = None
     """What a block it would restore from its KV spill tiers is worth against one in
     its engine's cache, from its measured costs (None: not measured yet)."""
+    last_progress: float = 0.0
+    """When it last sent a copy of a migratable request's chunk (0: never)."""
 
     def can_take(self, tokens: int = 0, seqs: int = 1) -> bool:
         """Room for a request of ``tokens`` running ``seqs`` sequences (its ``n``); an
@@ -147,6 +164,11 @@ class Queued:
     """The model name it runs on (its own, or a canary's), chosen once and kept."""
     cached_blocks: int = 0
     """Prefix blocks the worker it was last routed to held."""
+    resume: Resume | None = None
+    """A continuation: where the lost attempt's stream stopped."""
+    cause: str = ""
+    """Why it was moved (``lost``: heartbeats stopped; ``stopped``, ``failed``: its
+    worker said so)."""
 
 
 @dataclass
@@ -162,3 +184,10 @@ class Inflight:
     long: bool = False
     target: str = ""
     """The model name it was routed under (its own, or a canary's version)."""
+    unmovable: str = ""
+    """Why it cannot move to another worker mid-stream ("": it can, once its worker
+    says it sends progress)."""
+    resume: Resume | None = None
+    """Set on a continuation: where it was assigned to pick up."""
+    progress: Progress | None = None
+    """What it streamed, from its worker's copies (None: its worker sends none)."""

@@ -9,6 +9,7 @@ from inferbus.contracts import (
     ENDED,
     HEARTBEATS,
     KV_EVENTS,
+    PROGRESS,
     SCALING_STATUS,
     SCHEDULER_LOAD,
     STARTED,
@@ -17,12 +18,14 @@ from inferbus.contracts import (
     CancelRequest,
     KvEvent,
     RequestAccepted,
+    RequestProgress,
     RequestStarted,
     ScalingStatus,
     Terminal,
     WorkerHeartbeat,
     heartbeat_subject,
     kv_subject,
+    progress_subject,
 )
 from inferbus.shared.subscriptions import (
     Consume,
@@ -59,6 +62,13 @@ WIRING = Wiring(
             sender=lambda hb: heartbeat_subject(hb.worker_id),
         ),
         Subscription(STARTED, RequestStarted, "_on_started"),
+        # copies of migratable requests' chunks: where a continuation picks up
+        Subscription(
+            PROGRESS,
+            RequestProgress,
+            "_on_progress",
+            sender=lambda ev: progress_subject(ev.worker_id),
+        ),
         Subscription(SCALING_STATUS, ScalingStatus, "_on_scaling", bad="drop"),
         Subscription(CANCEL, CancelRequest, "_on_cancel"),
         Subscription(TENANT_CANCELS, CancelRequest, "_on_cancel"),
@@ -81,5 +91,6 @@ WIRING = Wiring(
             source=Follow("IB_CONFIG", deliver="last_per_subject"),
         ),
     ),
-    publishes=("ib.work.>", ENDED, SCHEDULER_LOAD),
+    # CANCEL: a superseded attempt's stop, for a presumed-lost worker that wakes
+    publishes=("ib.work.>", ENDED, SCHEDULER_LOAD, CANCEL),
 )

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import msgspec
+
 from inferbus.contracts import (
     ChoiceEnd,
     FailureCode,
@@ -33,7 +35,16 @@ def served_name(assignment: WorkAssigned) -> str:
 def engine_request(
     assignment: WorkAssigned, adapter: str = "", weights: str = "", adapter_weights: str = ""
 ) -> EngineRequest:
+    """What the engine runs. A continuation runs the output so far as more prompt,
+    with the tokens it sent counted off ``max_tokens`` and ``min_tokens``."""
     r = assignment.request
+    sampling, carried = r.sampling, carried_ids(assignment)
+    if carried:
+        sampling = msgspec.structs.replace(
+            sampling,
+            max_tokens=sampling.max_tokens - len(carried),
+            min_tokens=max(0, sampling.min_tokens - len(carried)),
+        )
     return EngineRequest(
         request_id=r.request_id,
         model=served_name(assignment),
@@ -44,12 +55,24 @@ def engine_request(
         chat_template=r.chat_template,
         tools=r.tools,
         embed=r.embed,
-        sampling=r.sampling,
+        sampling=sampling,
         weights=weights,
         adapter_weights=adapter_weights,
         prompt_token_ids=r.prompt_token_ids,
         prompt_tokenizer=r.prompt_tokenizer,
+        resume_ids=carried,
     )
+
+
+def carried_ids(assignment: WorkAssigned) -> list[int]:
+    """A continuation's output ids so far (empty for a first run)."""
+    return assignment.resume.output_ids if assignment.resume is not None else []
+
+
+def nothing_left(assignment: WorkAssigned) -> bool:
+    """A continuation whose earlier attempt sent every token it may have: it only ends."""
+    carried = carried_ids(assignment)
+    return bool(carried) and len(carried) >= assignment.request.sampling.max_tokens
 
 
 class ServedAssignments:
@@ -66,10 +89,18 @@ class ServedAssignments:
         key = (assignment.request.request_id, assignment.attempt)
         if running or key in self._seen:
             return False
+        self._remember(key)
+        return True
+
+    def refuse(self, request_id: str, attempt: int) -> None:
+        """Never serve this attempt: the scheduler gave up on it (a cancel of that
+        attempt can come before its assignment to a worker that was stalled)."""
+        self._remember((request_id, attempt))
+
+    def _remember(self, key: tuple[str, int]) -> None:
         self._seen[key] = None
         if len(self._seen) > self.remember:
             self._seen.popitem(last=False)
-        return True
 
 
 def expires_in(assignment: WorkAssigned, wall: float) -> float | None:
@@ -91,8 +122,10 @@ class RequestStream:
 
     __slots__ = (
         "assignment",
+        "carried",
         "ends",
         "first_token_at",
+        "migratable",
         "prompt_ids_given",
         "prompt_logprobs",
         "restored",
@@ -109,7 +142,12 @@ class RequestStream:
         self.served_model = served_model
         """The version that answers it (``name@version``), for its end."""
         self.worker_id = worker_id
-        self.seq = 0
+        resume = assignment.resume
+        self.seq = resume.next_seq if resume is not None else 0
+        self.carried = len(carried_ids(assignment))
+        """Output tokens earlier attempts streamed (a continuation's)."""
+        self.migratable = False
+        """It sends the scheduler a copy of each chunk (set before it starts)."""
         self.started_at = now
         self.first_token_at: float | None = None
         self.restored: KvRestore | None = None
@@ -118,18 +156,40 @@ class RequestStream:
         """The engine ran the sanitizer's prompt ids rather than tokenizing again."""
         self.ends: dict[int, ChoiceEnd] = {}
         """Each choice's end and token count so far, by index."""
+        if self.carried:
+            self.ends[0] = ChoiceEnd(index=0, finish_reason="", completion_tokens=self.carried)
         self.prompt_logprobs: list[TokenLogprob] = []
 
     @property
     def request_id(self) -> str:
         return self.assignment.request.request_id
 
+    @property
+    def resumed(self) -> bool:
+        """A continuation of a stream an earlier attempt began on another worker."""
+        return self.assignment.resume is not None
+
     def started(self, now: float) -> RequestStarted | None:
         if self.first_token_at is not None:
             return None
         self.first_token_at = now
         return RequestStarted(
-            request_id=self.request_id, worker_id=self.worker_id, attempt=self.assignment.attempt
+            request_id=self.request_id,
+            worker_id=self.worker_id,
+            attempt=self.assignment.attempt,
+            resumed=self.resumed,
+            migratable=self.migratable,
+        )
+
+    def replay(self) -> TokenChunk | None:
+        """A continuation's first chunk: the last one the earlier attempt sent, again
+        (a reader that has it drops it by its ``seq``; one whose copy was lost with the
+        worker gets it now)."""
+        resume = self.assignment.resume
+        if resume is None or resume.last_chunk is None:
+            return None
+        return msgspec.structs.replace(
+            resume.last_chunk, attempt=self.assignment.attempt, resumed=True
         )
 
     def chunk(self, out: EngineOutput) -> TokenChunk | None:
@@ -156,6 +216,7 @@ class RequestStream:
             logprobs=out.logprobs,
             tool_calls=out.tool_calls,
             reasoning=out.reasoning,
+            resumed=self.resumed,
         )
         self.seq += 1
         return chunk
@@ -171,20 +232,24 @@ class RequestStream:
                 end.finish_reason = _finish(out.finish_reason)
             end.prompt_logprobs = self.prompt_logprobs
             ends.append(end)
+        # a continuation's engine saw the output so far as prompt: the client's usage
+        # counts it as output, as the first attempt would have
+        prompt = max(0, out.prompt_tokens - self.carried)
         return RequestFinished(
             request_id=self.request_id,
             finish_reason="length" if ends[0].finish_reason == "length" else "stop",
             choices=ends,
             usage=Usage(
-                prompt_tokens=out.prompt_tokens,
-                completion_tokens=out.completion_tokens,
-                cached_prompt_tokens=out.cached_tokens,
+                prompt_tokens=prompt,
+                completion_tokens=out.completion_tokens + self.carried,
+                cached_prompt_tokens=min(out.cached_tokens, prompt),
             ),
             chunks=self.seq,
             worker_id=self.worker_id,
             attempt=self.assignment.attempt,
             timings=out.timings or self.timings(now),
             served_model=self.served_model,
+            resumed=self.resumed,
         )
 
     @property

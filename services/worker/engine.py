@@ -42,6 +42,10 @@ class EngineRequest(msgspec.Struct, kw_only=True):
     prompt_tokenizer: str = ""
     """The prompt's ids as the sanitizer tokenized it, and its tokenizer's fingerprint:
     an engine whose tokenizer has that fingerprint runs the ids as they are."""
+    resume_ids: list[int] = []
+    """A continuation: the output's token ids an earlier attempt streamed. The engine
+    generates on from the prompt followed by these (``sampling`` already counts them
+    off ``max_tokens``); its outputs hold only what it generates."""
 
 
 class EngineError(Exception):
@@ -149,6 +153,11 @@ class Engine(Protocol):
         ...
 
     def stats(self) -> EngineStats: ...
+
+    def resumes(self, request: EngineRequest) -> bool:
+        """Whether a continuation of ``request`` (``resume_ids``) would generate what
+        this engine would have: no state of its own beside the ids (a parser's)."""
+        ...
 
     async def add_adapter(self, name: str, path: str, preload: bool = True) -> None:
         """Serve the LoRA adapter at ``path`` as ``name``, loaded now (``preload``) or on

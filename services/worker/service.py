@@ -23,10 +23,12 @@ from inferbus.contracts import (
     FailureCode,
     RequestFailed,
     RequestFinished,
+    RequestProgress,
     WorkAssigned,
     WorkerState,
     heartbeat_subject,
     kv_subject,
+    progress_subject,
     subject_token,
     tenant_of_subject,
 )
@@ -42,9 +44,11 @@ from .core import (
     CostMeter,
     RequestStream,
     ServedAssignments,
+    carried_ids,
     engine_request,
     expires_in,
     heartbeat,
+    nothing_left,
     served_name,
 )
 from .delivery import Deliveries, trusted_keys
@@ -173,6 +177,8 @@ class WorkerService(Service[WorkerSettings]):
         self._served = ServedAssignments()
         self._tenants: dict[str, str] = {}
         """Each running request's tenant, for tenants' cancels."""
+        self._attempts: dict[str, int] = {}
+        """The attempt of each request running here (an attempt-scoped cancel names one)."""
         self._expired: set[str] = set()
         """Requests cancelled because their deadline passed."""
         self._hb_task: asyncio.Task[None] | None = None
@@ -361,6 +367,7 @@ class WorkerService(Service[WorkerSettings]):
             return  # delivered again: it runs here, or ran
         parent = self.ctx.tracing.parent(msg.headers)
         self._tenants[rid] = assignment.request.tenant
+        self._attempts[rid] = assignment.attempt
         self._tasks[rid] = asyncio.create_task(self._serve(assignment, parent), name=f"req-{rid}")
         metrics.INFLIGHT.labels(self.name).set(len(self._tasks))
 
@@ -371,6 +378,10 @@ class WorkerService(Service[WorkerSettings]):
         reply = req.reply_to
         received = time.time()
         stream = RequestStream(assignment, self.worker_id, time.monotonic())
+        stream.migratable = assignment.migratable and self.engine.resumes(
+            engine_request(assignment)
+        )
+        progress = progress_subject(self.worker_id) if stream.migratable else ""
         itl = metrics.ITL.tally()
         last_chunk_at = 0.0
         outputs = self._generate(assignment, stream)
@@ -387,8 +398,14 @@ class WorkerService(Service[WorkerSettings]):
                     metrics.TTFT.labels(self.name, model).observe(
                         time.monotonic() - stream.started_at
                     )
+                    replayed = stream.replay()
+                    if replayed is not None:
+                        await nc.publish(reply, encode(replayed))
                 chunk = stream.chunk(out)
                 if chunk is not None:
+                    if progress:  # before the reader's copy: the scheduler never knows less
+                        copy = RequestProgress(worker_id=self.worker_id, chunk=chunk)
+                        await nc.publish(progress, encode(copy))
                     await nc.publish(reply, encode(chunk))
                     now = time.monotonic()
                     if last_chunk_at:  # each token of the chunk waited its share
@@ -416,6 +433,7 @@ class WorkerService(Service[WorkerSettings]):
             await outputs.aclose()
             self._tasks.pop(rid, None)
             self._tenants.pop(rid, None)
+            self._attempts.pop(rid, None)
             metrics.INFLIGHT.labels(self.name).set(len(self._tasks))
         if terminal is None:
             terminal = stream.unfinished()
@@ -443,6 +461,17 @@ class WorkerService(Service[WorkerSettings]):
         """The engine's outputs for the version that serves the request now (named on
         ``stream`` for its end). Waits while a swap holds new requests back."""
         await self._serving.wait()
+        if nothing_left(assignment):  # the earlier attempt sent all it may: only the end
+            req = assignment.request
+            yield EngineOutput(
+                text="",
+                token_ids=[],
+                prompt_tokens=req.prompt_tokens + len(carried_ids(assignment)),
+                completion_tokens=0,
+                finish_reason="length",
+                choice_finish_reason="length",
+            )
+            return
         name = served_name(assignment)
         held = self.holding.resolve(name)
         if held is None:
@@ -488,6 +517,10 @@ class WorkerService(Service[WorkerSettings]):
         tenant = tenant_of_subject(msg.subject, CANCEL)
         if tenant is not None and self._tenants.get(cancel.request_id) != tenant:
             return  # a tenant cancels its own requests only
+        if cancel.attempt:  # one attempt, given up on: not a newer one running here
+            self._served.refuse(cancel.request_id, cancel.attempt)
+            if self._attempts.get(cancel.request_id) != cancel.attempt:
+                return
         # one cancel only: a second would land in the cleanup and lose the terminal event
         if task is not None and not task.cancelling():
             self._cancel_reasons[cancel.request_id] = cancel.reason

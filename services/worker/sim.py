@@ -129,6 +129,7 @@ class _Sequence:
         "generated",
         "holdback",
         "index",
+        "limit",
         "outputs",
         "prefill_tokens",
         "prompt_hash",
@@ -157,6 +158,7 @@ class _Sequence:
         self.prompt_hash = zlib.crc32(f"{seed}\x00{salt}{choice}{text}".encode())
         self.outputs: asyncio.Queue[EngineOutput] = outputs or asyncio.Queue()
         self.generated = 0
+        self.limit = request.sampling.max_tokens
         self.text = ""
         self.emitted = 0
         # hold back what could still become a stop string, as vLLM does
@@ -172,6 +174,15 @@ class _Sequence:
             fn = next((t for t in tools.tools if t.name == tools.function), tools.tools[0])
             self.call = (f"call_{self.prompt_hash:08x}", fn.name)
             self.echo = json.dumps(instance_of(fn.parameters or {}))
+
+    def skip(self, tokens: int) -> None:
+        """Go on from ``tokens`` already generated (a continuation): their prefill is
+        paid, their text not sent again."""
+        self.limit += tokens  # the first attempt's, as its text depends on it
+        for _ in range(tokens):
+            self.step()
+        self.prompt_tokens += tokens
+        self.prefill_tokens += tokens
 
     def step(self) -> EngineOutput:
         tid = token_id(self.prompt_hash, self.generated)
@@ -195,7 +206,7 @@ class _Sequence:
         if cuts:  # the earliest match wins, whichever stop string it is
             self.text = self.text[: min(cuts)]
             finish = "stop"
-        if finish is None and self.generated >= self.request.sampling.max_tokens:
+        if finish is None and self.generated >= self.limit:
             finish = "length"
         end = len(self.text) if finish else max(self.emitted, len(self.text) - self.holdback)
         piece = self.text[self.emitted : end]
@@ -293,6 +304,9 @@ class SimEngine:
     def stats(self) -> EngineStats:
         return EngineStats(running=len(self._running), waiting=len(self._waiting))
 
+    def resumes(self, request: EngineRequest) -> bool:
+        return True  # its output is a function of the prompt and the position
+
     @property
     def adapters(self) -> list[str]:
         return list(self._adapters)
@@ -342,6 +356,8 @@ class SimEngine:
         outputs: asyncio.Queue[EngineOutput] = asyncio.Queue()
         seqs = [_Sequence(request, self.weights, i, outputs) for i in range(request.sampling.n)]
         first = seqs[0]
+        if request.resume_ids:
+            first.skip(len(request.resume_ids))
         if first.prompt_tokens + request.sampling.max_tokens > self.max_model_len:
             raise EngineError(
                 FailureCode.CONTEXT_LENGTH_EXCEEDED,

@@ -524,8 +524,17 @@ class VllmEngine:
                 raise EngineError(FailureCode.INVALID_REQUEST, str(exc)) from None
             given = False
         s = request.sampling
-        ids = truncated(ids, s.truncate_prompt_tokens, self.max_model_len, s.max_tokens)
+        # as the first attempt truncated it (its max_tokens: these plus what it sent)
+        budget = s.max_tokens + len(request.resume_ids)
+        ids = truncated(ids, s.truncate_prompt_tokens, self.max_model_len, budget)
+        if request.resume_ids:  # a continuation: the output so far, prefilled as prompt
+            ids = [*ids, *request.resume_ids]
         return {"prompt_token_ids": ids}, given
+
+    def resumes(self, request: EngineRequest) -> bool:
+        """A reasoning parser keeps state over the output (inside or past the
+        reasoning) that a continuation would start afresh."""
+        return not (self.options.reasoning_parser and request.messages is not None)
 
     @property
     def pooling(self) -> bool:

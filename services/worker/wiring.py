@@ -51,6 +51,7 @@ WIRING = Wiring(
     ),
     publishes=(
         "ib.hb.{instance}.*",
+        "ib.progress.{instance}.*",
         "ib.kv.{instance}.*",
         "ib.delivery.swapped.{instance}.*",
         STARTED,

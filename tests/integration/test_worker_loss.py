@@ -39,16 +39,50 @@ def _owner(workers, worker_id: str) -> ServiceProcess:
     return next(w for w in workers if worker_id.startswith(w.name + "."))
 
 
-async def test_killed_mid_stream_ends_with_a_clear_error(nats_url, log_dir, client):
-    workers = _workers(nats_url, log_dir, "fragile", "--sim-decode-s-per-step", "0.05")
+async def test_killed_mid_stream_continues_on_the_other_worker(nats_url, log_dir, client):
+    # issue 38: the stream moves to the other worker as a continuation; the client
+    # reads the text an uninterrupted run gives, with no error and no gap
+    workers = _workers(nats_url, log_dir, "fragile", "--sim-decode-s-per-step", "0.02")
     try:
         await wait_for_status(client.nc, lambda st: ready_workers(st, "fragile") == 2)
+        reference = client.stream("fragile", "a long answer", max_tokens=150, seed=7)
+        await client_collect(reference)
         started = await client.nc.subscribe(STARTED)
-        stream = client.stream("fragile", "a long answer", max_tokens=1000)
+        stream = client.stream("fragile", "a long answer", max_tokens=150, seed=7)
+        for _ in range(10):
+            await stream.__anext__()
+        ev = decode((await started.next_msg(timeout=5)).data, RequestStarted)
+        assert ev.request_id == stream.request_id and ev.migratable
+        _owner(workers, ev.worker_id).kill()
+        killed_at = time.monotonic()
+        gap = None
+        async for _ in stream:
+            gap = gap if gap is not None else time.monotonic() - killed_at
+        outcome = stream.outcome
+        assert outcome is not None and outcome.attempt == 2 and outcome.resumed
+        assert outcome.worker_id != ev.worker_id
+        assert stream.text == reference.text
+        assert outcome.usage.completion_tokens == 150
+        assert [c.seq for c in stream.chunks] == list(range(len(stream.chunks)))
+        assert gap is not None and gap < 5.0  # worker timeout 1.5 s here, plus a tick
+    finally:
+        for w in workers:
+            w.stop()
+
+
+async def test_killed_mid_stream_that_cannot_move_ends_with_a_clear_error(
+    nats_url, log_dir, client
+):
+    # stop strings are checked on text the new worker would not hold: it fails as before
+    workers = _workers(nats_url, log_dir, "fragile3", "--sim-decode-s-per-step", "0.05")
+    try:
+        await wait_for_status(client.nc, lambda st: ready_workers(st, "fragile3") == 2)
+        started = await client.nc.subscribe(STARTED)
+        stream = client.stream("fragile3", "a long answer", max_tokens=1000, stop=["@@"])
         first = await stream.__anext__()
         assert first.seq == 0
         ev = decode((await started.next_msg(timeout=5)).data, RequestStarted)
-        assert ev.request_id == stream.request_id
+        assert ev.request_id == stream.request_id and not ev.migratable
         _owner(workers, ev.worker_id).kill()
         killed_at = time.monotonic()
         with pytest.raises(RequestError) as exc:
@@ -56,6 +90,7 @@ async def test_killed_mid_stream_ends_with_a_clear_error(nats_url, log_dir, clie
                 pass
         waited = time.monotonic() - killed_at
         assert exc.value.code == "worker_lost" and exc.value.event.retryable
+        assert "stop strings" in exc.value.event.reason
         assert waited < 5.0  # worker timeout 1.5 s in this platform, plus a tick
     finally:
         for w in workers:

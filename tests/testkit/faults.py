@@ -6,10 +6,16 @@ sending requests one after another. Once the load runs, a process is killed with
 SIGKILL; the supervisor restarts it. Every request sent is counted by how it ended:
 served in full, a retryable error, another error, or hung (no end within its
 timeout). Duplicates are requests that ran on two workers (two ``request.started``
-from different workers) or ended twice (two different terminal events of one attempt
-on ``ib.req.ended``).
+from different workers, a continuation's aside) or ended twice (two different
+terminal events of one attempt on ``ib.req.ended``). A NATS request served in full
+must also hold the very text an uninterrupted run gives (the sim's output is a
+function of the prompt): a token repeated or lost across a migration is an error.
+Moved are requests that continued on another worker (a ``resumed`` start); their
+gap is the longest time the client waited between two chunks.
 Recovery is the time from the kill to the first request sent after it that was
-served in full. Shared by tests/integration/test_faults.py and bench/faults.py.
+served in full. ``worker-0-hang`` stops the worker with SIGSTOP instead (a hung
+process: its heartbeats stop, its connection stays) and lets it go on after the load.
+Shared by tests/integration/test_faults.py and bench/faults.py.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import subprocess
 import sys
 import time
 import uuid
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +38,7 @@ import aiohttp
 from inferbus.client import Client, RequestError
 from inferbus.contracts import ENDED, STARTED, RequestStarted, Terminal
 from inferbus.contracts.control import SupervisorQuery, SupervisorState, supervisor_subject
+from inferbus.services.worker.sim import VOCAB, token_id
 from inferbus.shared.bus import connect
 from inferbus.shared.buscreds import load_credentials
 from inferbus.shared.codec import decode, decode_or_none, encode
@@ -38,7 +46,9 @@ from inferbus.shared.natsserver import free_ports
 from testkit.ports import metrics_port_base
 
 MODEL = "sim-model"
-FAULTS = ("sanitizer", "scheduler", "worker-0", "gateway", "nats")
+HANG = "-hang"
+"""A fault name ending so stops the process (SIGSTOP) rather than killing it."""
+FAULTS = ("sanitizer", "scheduler", "worker-0", "worker-0-hang", "gateway", "nats")
 
 
 @dataclass
@@ -49,6 +59,8 @@ class Outcome:
     kind: str
     """ok, retryable, error or hung."""
     detail: str = ""
+    gap_s: float = 0.0
+    """The longest wait between two of its chunks."""
 
 
 @dataclass
@@ -58,11 +70,22 @@ class FaultResult:
     duplicates: int = 0
     duplicate_detail: list[str] = field(default_factory=list)
     recover_s: float | None = None
+    moved: set[str] = field(default_factory=set)
+    """Requests that continued on another worker."""
 
     def count(self, kind: str) -> int:
         return sum(o.kind == kind for o in self.outcomes)
 
+    def gaps(self) -> list[float]:
+        """The client-visible gaps of the moved requests, sorted."""
+        return sorted(o.gap_s for o in self.outcomes if o.request_id in self.moved)
+
     def row(self) -> dict[str, object]:
+        gaps = self.gaps()
+
+        def pct(q: float) -> float | None:
+            return round(gaps[min(len(gaps) - 1, int(q * len(gaps)))], 2) if gaps else None
+
         return {
             "fault": self.fault,
             "sent": len(self.outcomes),
@@ -71,6 +94,9 @@ class FaultResult:
             "errors": self.count("error"),
             "hung": self.count("hung"),
             "duplicates": self.duplicates,
+            "moved": len(self.moved & {o.request_id for o in self.outcomes}),
+            "gap_p50": pct(0.5),
+            "gap_p99": pct(0.99),
             "recover_s": None if self.recover_s is None else round(self.recover_s, 2),
         }
 
@@ -189,7 +215,10 @@ class Watch:
     per request on the bus."""
 
     def __init__(self) -> None:
-        self.started: dict[str, set[str]] = defaultdict(set)
+        self.started: dict[str, dict[str, int]] = defaultdict(dict)
+        """Workers that started each request afresh (a continuation's start aside), and
+        the attempt each started."""
+        self.moved: set[str] = set()
         self.ended: dict[tuple[str, int], set[bytes]] = defaultdict(set)
         """Distinct terminal events per request and attempt: a publish retried after a
         lost ack is the same event (JetStream keeps it once), two different ones are a
@@ -203,8 +232,10 @@ class Watch:
 
     async def _on_started(self, msg) -> None:
         ev = decode_or_none(msg.data, RequestStarted)
-        if ev is not None:
-            self.started[ev.request_id].add(ev.worker_id)
+        if ev is not None and ev.resumed:
+            self.moved.add(ev.request_id)
+        elif ev is not None:
+            self.started[ev.request_id][ev.worker_id] = ev.attempt
 
     async def _on_ended(self, msg) -> None:
         ev = decode_or_none(msg.data, Terminal)
@@ -215,29 +246,46 @@ class Watch:
         """Each duplicate, said plainly."""
         out = []
         for r in ids:
-            if len(self.started[r]) > 1:
-                out.append(f"{r} ran on {sorted(self.started[r])}")
+            # a worker that was only stalled may start an attempt the scheduler gave up
+            # on before it reads the stop: run twice only if both were served
+            served = [w for w, a in self.started[r].items() if self._finished(r, a)]
+            if len(served) > 1:
+                out.append(f"{r} ran on {sorted(served)}")
             for (rid, attempt), ends in self.ended.items():
                 if rid == r and len(ends) > 1:
                     out.append(f"{r} attempt {attempt} ended {[e.decode()[:120] for e in ends]}")
         return out
 
+    def _finished(self, request_id: str, attempt: int) -> bool:
+        ends = self.ended.get((request_id, attempt), set())
+        return any(b'"request.finished"' in e for e in ends)
+
     async def close(self) -> None:
         await self.nc.close()
+
+
+def sim_text(prompt: str, tokens: int) -> str:
+    """What the sim engine answers ``prompt`` (no seed, its first weights)."""
+    h = zlib.crc32(f"0\x00{prompt}".encode())
+    return "".join(VOCAB[token_id(h, i)] + " " for i in range(tokens))
 
 
 async def _nats_one(client: Client, tokens: int, timeout: float) -> Outcome:
     rid = uuid.uuid4().hex
     sent = time.monotonic()
+    gap, last = 0.0, 0.0
     try:
-        stream = client.stream(
-            MODEL, f"fault load {rid}", max_tokens=tokens, request_id=rid, timeout=timeout
-        )
+        prompt = f"fault load {rid}"
+        stream = client.stream(MODEL, prompt, max_tokens=tokens, request_id=rid, timeout=timeout)
         async for _ in stream:
-            pass
+            now = time.monotonic()
+            gap, last = max(gap, now - last) if last else 0.0, now
         assert stream.outcome is not None
-        ok = stream.outcome.usage.completion_tokens == tokens
-        return Outcome(rid, sent, time.monotonic(), "ok" if ok else "error", "short")
+        if stream.outcome.usage.completion_tokens != tokens:
+            return Outcome(rid, sent, time.monotonic(), "error", "short", gap)
+        if stream.text != sim_text(prompt, tokens):
+            return Outcome(rid, sent, time.monotonic(), "error", "text", gap)
+        return Outcome(rid, sent, time.monotonic(), "ok", "", gap)
     except RequestError as exc:
         kind = (
             "hung"
@@ -268,9 +316,12 @@ async def _http_one(http: aiohttp.ClientSession, tokens: int, timeout: float) ->
                     kind = "retryable" if r.status in (429, 503) else "error"
                     return Outcome(rid, sent, time.monotonic(), kind, f"HTTP {r.status}")
                 usage, error = None, None
+                gap, last = 0.0, 0.0
                 async for line in r.content:
                     if not line.startswith(b"data: {"):
                         continue
+                    now = time.monotonic()
+                    gap, last = max(gap, now - last) if last else 0.0, now
                     obj = json.loads(line[6:])
                     if "error" in obj:
                         error = obj["error"]
@@ -280,7 +331,8 @@ async def _http_one(http: aiohttp.ClientSession, tokens: int, timeout: float) ->
                     kind = "retryable" if error.get("code") in _RETRYABLE else "error"
                     return Outcome(rid, sent, time.monotonic(), kind, error.get("code", ""))
                 ok = usage is not None and usage["completion_tokens"] == tokens
-                return Outcome(rid, sent, time.monotonic(), "ok" if ok else "error", "short")
+                kind = "ok" if ok else "error"
+                return Outcome(rid, sent, time.monotonic(), kind, "" if ok else "short", gap)
     except TimeoutError:
         return Outcome(rid, sent, time.monotonic(), "hung")
     except (aiohttp.ClientError, ConnectionError) as exc:  # the gateway went away: seen at once
@@ -334,13 +386,19 @@ async def run_fault(
     ]
     await asyncio.sleep(kill_after_s)
     running = await p.pids()
-    pid = running[fault]
+    hang = fault.endswith(HANG)
+    pid = running[fault.removesuffix(HANG)]
     killed_at = time.monotonic()
-    os.kill(pid, signal.SIGKILL)
-    await asyncio.gather(*loops)
+    os.kill(pid, signal.SIGSTOP if hang else signal.SIGKILL)
+    try:
+        await asyncio.gather(*loops)
+    finally:
+        if hang:
+            os.kill(pid, signal.SIGCONT)
     await asyncio.sleep(1.0)  # the last terminal events on their way to the watch
     result.duplicate_detail = watch.duplicates([o.request_id for o in result.outcomes])
     result.duplicates = len(result.duplicate_detail)
+    result.moved = set(watch.moved)
     after = [o.ended_at for o in result.outcomes if o.kind == "ok" and o.sent_at > killed_at]
     result.recover_s = min(after) - killed_at if after else None
     await http.close()
@@ -354,7 +412,19 @@ async def run_fault(
 
 
 def table(results: list[FaultResult]) -> str:
-    cols = ["fault", "sent", "ok", "retryable", "errors", "hung", "duplicates", "recover_s"]
+    cols = [
+        "fault",
+        "sent",
+        "ok",
+        "retryable",
+        "errors",
+        "hung",
+        "duplicates",
+        "moved",
+        "gap_p50",
+        "gap_p99",
+        "recover_s",
+    ]
     lines = ["  ".join(f"{c:>10}" for c in cols)]
     for r in results:
         row = r.row()

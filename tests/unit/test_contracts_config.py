@@ -29,9 +29,11 @@ from inferbus.contracts import (
     RequestCancelled,
     RequestFailed,
     RequestFinished,
+    RequestProgress,
     RequestRejected,
     RequestStarted,
     RequestSubmitted,
+    Resume,
     SamplingParams,
     SchedulerLoad,
     TenantPolicy,
@@ -75,8 +77,23 @@ SAMPLES = {
     RequestRejected: RequestRejected(
         request_id="r1", code="prompt_too_long", reason="long", param="messages"
     ),
-    WorkAssigned: WorkAssigned(request=SUBMITTED, worker_id="w1", attempt=2, assigned_at=3.0),
-    RequestStarted: RequestStarted(request_id="r1", worker_id="w1", attempt=2),
+    WorkAssigned: WorkAssigned(
+        request=SUBMITTED,
+        worker_id="w1",
+        attempt=2,
+        assigned_at=3.0,
+        migratable=True,
+        resume=Resume(
+            from_attempt=1,
+            output_ids=[5, 6],
+            next_seq=2,
+            last_chunk=TokenChunk(request_id="r1", seq=1, text="b", token_ids=[6]),
+        ),
+    ),
+    RequestStarted: RequestStarted(request_id="r1", worker_id="w1", attempt=2, resumed=True),
+    RequestProgress: RequestProgress(
+        worker_id="w1", chunk=TokenChunk(request_id="r1", seq=0, text="a", token_ids=[5])
+    ),
     TokenChunk: TokenChunk(request_id="r1", seq=4, text="tok ", token_ids=[1, 2], attempt=2),
     RequestFinished: RequestFinished(
         request_id="r1",
@@ -170,7 +187,14 @@ def test_event_tags_are_unique():
 
 def test_defaults_are_on_the_wire():
     obj = json.loads(codec.encode(RequestStarted(request_id="r", worker_id="w")))
-    assert obj == {"type": "request.started", "request_id": "r", "worker_id": "w", "attempt": 1}
+    assert obj == {
+        "type": "request.started",
+        "request_id": "r",
+        "worker_id": "w",
+        "attempt": 1,
+        "resumed": False,
+        "migratable": False,
+    }
 
 
 def test_decoding_a_reply_event_picks_the_right_class():

@@ -25,23 +25,27 @@ from inferbus.contracts import (
 RID = "r1"
 
 
-def chunk(attempt: int, seq: int, text: str = "", ids: list[int] | None = None) -> TokenChunk:
+def chunk(
+    attempt: int, seq: int, text: str = "", ids: list[int] | None = None, resumed: bool = False
+) -> TokenChunk:
     return TokenChunk(
         request_id=RID,
         seq=seq,
         text=text or f"a{attempt}s{seq} ",
         attempt=attempt,
         token_ids=ids if ids is not None else [seq],
+        resumed=resumed,
     )
 
 
-def finished(attempt: int, chunks: int) -> RequestFinished:
+def finished(attempt: int, chunks: int, resumed: bool = False) -> RequestFinished:
     return RequestFinished(
         request_id=RID,
         finish_reason="stop",
         chunks=chunks,
         attempt=attempt,
         usage=Usage(prompt_tokens=3, completion_tokens=chunks),
+        resumed=resumed,
     )
 
 
@@ -154,6 +158,43 @@ def test_a_reader_that_cannot_take_text_back_gets_a_retryable_interruption():
     assert reader.ended
 
 
+# -- a stream moved to another worker (a continuation) ------------------------------------
+
+
+def test_a_continuation_goes_on_with_the_text_and_drops_the_replayed_chunk():
+    # attempt 2 continues from seq 2, first sending attempt 1's last chunk again
+    events = [
+        chunk(1, 0),
+        chunk(1, 1),
+        chunk(2, 1, "a1s1 ", resumed=True),
+        chunk(2, 2, resumed=True),
+        finished(2, 3, resumed=True),
+    ]
+    text, end, restarted = read(events)
+    assert (text, end, restarted) == ("a1s0 a1s1 a2s2 ", finished(2, 3, resumed=True), False)
+
+
+def test_a_continuation_replays_the_chunk_the_reader_lost_with_the_worker():
+    # the worker died between the scheduler's copy of seq 1 and the reader's
+    events = [chunk(1, 0), chunk(2, 1, "a1s1 ", resumed=True), finished(2, 2, resumed=True)]
+    reader = ReplyReader(RID)
+    texts = [c.text for e in events for c in reader.read(e).chunks]
+    assert texts == ["a1s0 ", "a1s1 "] and reader.lost == 0 and reader.resumed
+
+
+def test_a_continuations_end_alone_ends_the_stream_whole():
+    text, end, restarted = read([chunk(1, 0), chunk(1, 1), finished(2, 2, resumed=True)])
+    assert (text, end, restarted) == ("a1s0 a1s1 ", finished(2, 2, resumed=True), False)
+
+
+def test_a_restart_after_a_continuation_starts_over():
+    reader = ReplyReader(RID)
+    reader.read(chunk(1, 0))
+    reader.read(chunk(2, 1, resumed=True))
+    r = reader.read(chunk(3, 0))
+    assert r.restarted and not reader.resumed and reader.next_seq == 1
+
+
 # -- the docs example's port ------------------------------------------------------------
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "nats_client.py"
@@ -176,6 +217,9 @@ EVENTS: list[ReplyEvent] = [
     finished(1, 2),
     finished(2, 3),
     RequestFailed(request_id=RID, code=FailureCode.WORKER_SHUTDOWN, reason="x", attempt=1),
+    chunk(3, 2, resumed=True),
+    chunk(3, 3, resumed=True),
+    finished(3, 4, resumed=True),
 ]
 
 

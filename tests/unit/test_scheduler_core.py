@@ -17,6 +17,7 @@ from inferbus.services.scheduler.core import (
     Refuse,
     SchedulerCore,
     SchedulerPolicy,
+    Supersede,
 )
 
 POLICY = SchedulerPolicy(worker_timeout_s=3.0, queue_timeout_s=10.0, max_attempts=3)
@@ -40,6 +41,11 @@ def assigns(effects) -> list[tuple[str, str, int]]:
     return [
         (e.request.request_id, e.worker_id, e.attempt) for e in effects if isinstance(e, Assign)
     ]
+
+
+def decisions(effects) -> list:
+    """What becomes of requests, without the stops sent to presumed-lost workers."""
+    return [e for e in effects if not isinstance(e, Supersede)]
 
 
 def only(effects, kind):
@@ -213,7 +219,11 @@ def test_requeued_work_keeps_fifo_order_when_assigned_in_one_dispatch():
     core.on_heartbeat(hb("w1"), 1.0)  # takes all eight in one dispatch, same assigned_at
     assert sorted(core.inflight) == ids
     effects = core.tick(4.5)  # w1 lost, nobody else: all go back to the queue
-    assert effects == []
+    assert decisions(effects) == []
+    # and each attempt given up on is stopped, should w1 only have stalled
+    assert {(e.request.request_id, e.worker_id, e.attempt) for e in effects} == {
+        (rid, "w1", 1) for rid in ids
+    }
     assert [i.request.request_id for i in core.queues["m"]] == ids
 
 
@@ -223,7 +233,7 @@ def test_silent_worker_work_is_reassigned_at_once_when_another_has_room():
     core.on_accepted(req("a"), 0.0)
     assert core.inflight["a"].worker_id == "w1"
     core.on_heartbeat(hb("w2"), 2.0)
-    effects = core.tick(3.5)
+    effects = decisions(core.tick(3.5))
     assert [(e.worker_id, e.request, e.attempt) for e in effects] == [("w2", req("a"), 2)]
 
 
@@ -280,7 +290,7 @@ def test_max_attempts_exhausted_fails():
         effects = core.on_heartbeat(hb(wid), now)
         assert assigns(effects) == [("a", wid, attempt)]
         now += 3.5
-        effects = core.tick(now)  # the worker went silent
+        effects = decisions(core.tick(now))  # the worker went silent
         if attempt < 3:
             assert effects == []
             assert core.is_queued("a")
@@ -386,7 +396,7 @@ def test_queue_timeout_is_not_blocked_by_a_requeued_request_at_the_front():
     core.on_accepted(req("running"), 0.0)  # on w1
     core.on_accepted(req("old"), 0.0)  # queued, w1 is full
     effects = core.tick(5.0)  # w1 silent: "running" re-queued in front
-    assert effects == []
+    assert decisions(effects) == []
     assert [i.request.request_id for i in core.queues["m"]] == ["running", "old"]
     # "old" has now waited 11 s > queue_timeout_s and must fail
     effects = core.tick(11.0)
@@ -440,7 +450,7 @@ def test_cancel_of_queued_request_cancels_and_never_assigns():
     assert not core.is_queued("a")
     effects = core.on_heartbeat(hb("w1"), 0.5)
     assert assigns(effects) == [("b", "w1", 1)]
-    assert core.tick(100.0) == []
+    assert decisions(core.tick(100.0)) == []
     # cancelling again does nothing
     assert core.on_cancel("a", "again") == []
 
@@ -502,6 +512,7 @@ class Model:
         self.ever_assigned: set[str] = set()
         self.terminal: dict[str, str] = {}  # rid -> how it ended
         self.pending_echo: list[str] = []  # Fail/Cancel not yet back on ENDED
+        self.to_stop: set[tuple[str, str, int]] = set()  # (rid, lost worker, attempt)
 
     # -- helpers
     def _ready_for(self, model: str) -> list[str]:
@@ -522,6 +533,7 @@ class Model:
             if w != wid:
                 continue
             del self.held[rid]
+            self.to_stop.add((rid, wid, attempt))
             if self.started.get(rid) == attempt or attempt >= self.policy.max_attempts:
                 fail.add(rid)
             else:
@@ -536,7 +548,9 @@ class Model:
             rid = e.request.request_id
             assert rid in self.accepted, e
             assert rid not in self.terminal, (e, self.terminal.get(rid))
-            if isinstance(e, Assign):
+            if isinstance(e, Supersede):  # a lost worker's attempt, stopped once
+                self.to_stop.remove((rid, e.worker_id, e.attempt))
+            elif isinstance(e, Assign):
                 assert rid not in self.held, f"{rid} assigned twice: {self.held[rid]} and {e}"
                 assert rid in self.queued_since, f"{rid} assigned while not queued"
                 info = self.registered.get(e.worker_id)
@@ -570,6 +584,7 @@ class Model:
                 self.pending_echo.append(rid)
         missing = set(must_fail) - failed_now
         assert not missing, f"lost started/exhausted requests not failed: {missing}"
+        assert not self.to_stop, f"lost attempts not stopped: {self.to_stop}"
         self._check_work_conserving()
 
     def _check_work_conserving(self) -> None:
@@ -802,7 +817,7 @@ def test_requeued_work_keeps_its_deadline():
     core.on_heartbeat(hb("w1"), 0.0)
     r = RequestSubmitted(request_id="d", model="m", reply_to="x", prompt="p", deadline=1005.0)
     assert assigns(core.on_accepted(r, now=0.0, wall=1000.0)) == [("d", "w1", 1)]
-    assert core.tick(3.5) == []  # w1 lost, d back in the queue with no worker
+    assert decisions(core.tick(3.5)) == []  # w1 lost, d back in the queue with no worker
     assert core.is_queued("d")
     [fail] = only(core.tick(5.0), Fail)
     assert fail.code == "deadline_exceeded"
@@ -876,7 +891,7 @@ def test_a_restarted_scheduler_takes_back_open_assignments():
     core.on_heartbeat(hb("w1", max_num_seqs=1), 0.5)  # w1 is full with "running"
     assert core.on_accepted(req("new"), 0.6) == []
     # w2 never heartbeats: it is lost, and its request ends instead of hanging
-    [fail] = only(core.tick(3.5), Fail)
+    [fail] = only(decisions(core.tick(3.5)), Fail)
     assert (fail.request.request_id, fail.code) == ("again", "worker_lost")
 
 
@@ -891,7 +906,7 @@ def test_a_start_from_the_worker_holding_the_request_counts_whatever_the_attempt
     assert assigns(core.on_heartbeat(back, 3.6)) == [("r", "w1", 2)]
     core.on_started("r", 1, "w1")  # it was still streaming attempt 1
     core.on_heartbeat(hb("w2"), 7.0)
-    [fail] = only(core.tick(7.0), Fail)  # w1 lost again: r fails, never streams twice
+    [fail] = only(decisions(core.tick(7.0)), Fail)  # w1 lost again: r fails, never twice
     assert fail.code == "worker_lost"
 
 

@@ -1,0 +1,361 @@
+"""A stream moved off a lost worker mid-stream (issue 38), core by core: the
+scheduler keeps what each migratable request streamed and re-queues it as a
+continuation; the worker numbers, replays and counts a continuation; the sim engine
+generates on from the ids carried; the sanitizer's filter keeps masking across the
+join."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from inferbus.contracts import (
+    RequestFinished,
+    RequestSubmitted,
+    SamplingParams,
+    StructuredOutput,
+    TokenChunk,
+    WorkAssigned,
+    WorkerHeartbeat,
+)
+from inferbus.services.sanitizer.core import FilteredStream
+from inferbus.services.scheduler.core import (
+    Assign,
+    Fail,
+    SchedulerCore,
+    SchedulerPolicy,
+    Supersede,
+)
+from inferbus.services.scheduler.migration import Progress, unmovable
+from inferbus.services.worker.core import (
+    RequestStream,
+    ServedAssignments,
+    engine_request,
+    nothing_left,
+)
+from inferbus.services.worker.engine import EngineOutput, EngineRequest
+from inferbus.services.worker.sim import SimEngine, SimTiming
+
+POLICY = SchedulerPolicy(worker_timeout_s=3.0, queue_timeout_s=30.0, max_attempts=3)
+
+
+def req(rid: str = "r", **sampling) -> RequestSubmitted:
+    return RequestSubmitted(
+        request_id=rid,
+        model="m",
+        reply_to=f"ib.reply.t.{rid}",
+        prompt="hello",
+        sampling=SamplingParams(**sampling),
+    )
+
+
+def ends(effects) -> list:
+    """What becomes of requests, without the stops sent to presumed-lost workers."""
+    return [e for e in effects if not isinstance(e, Supersede)]
+
+
+def hb(wid: str, state: str = "ready") -> WorkerHeartbeat:
+    return WorkerHeartbeat(worker_id=wid, models=["m"], engine="sim", state=state, max_num_seqs=8)
+
+
+def chunk(seq: int, ids: list[int], attempt: int = 1, rid: str = "r") -> TokenChunk:
+    return TokenChunk(request_id=rid, seq=seq, text=f"t{seq} ", token_ids=ids, attempt=attempt)
+
+
+def streaming(core: SchedulerCore, request: RequestSubmitted, chunks: int = 3) -> Assign:
+    """``request`` placed on w1, started (migratable as its assignment says) and
+    ``chunks`` chunks of two tokens each streamed."""
+    core.on_heartbeat(hb("w1"), 0.0)
+    (placed,) = core.on_accepted(request, 0.0)
+    assert isinstance(placed, Assign) and placed.worker_id == "w1"
+    rid = request.request_id
+    core.on_started(rid, 1, "w1", migratable=placed.migratable)
+    for seq in range(chunks):
+        core.on_progress("w1", chunk(seq, [10 * seq, 10 * seq + 1], rid=rid))
+    return placed
+
+
+# -- the scheduler --------------------------------------------------------------------------
+
+
+def test_a_lost_workers_stream_moves_on_as_a_continuation():
+    core = SchedulerCore(POLICY)
+    placed = streaming(core, req())
+    assert placed.migratable and placed.resume is None
+    core.on_heartbeat(hb("w2"), 3.0)
+    effects = core.tick(3.5)  # w1 silent past 3 s
+    (stop,) = [e for e in effects if isinstance(e, Supersede)]
+    assert (stop.worker_id, stop.attempt) == ("w1", 1)  # should it only have stalled
+    (moved,) = ends(effects)
+    assert isinstance(moved, Assign) and (moved.worker_id, moved.attempt) == ("w2", 2)
+    resume = moved.resume
+    assert resume is not None and moved.cause == "lost"
+    assert resume.output_ids == [0, 1, 10, 11, 20, 21] and resume.next_seq == 3
+    assert resume.last_chunk == chunk(2, [20, 21]) and resume.from_attempt == 1
+    assert resume.migrations == 1 and moved.migratable
+
+
+def test_a_worker_that_says_it_stopped_hands_its_streams_on_at_once():
+    core = SchedulerCore(POLICY)
+    streaming(core, req())
+    core.on_heartbeat(hb("w2"), 0.5)
+    (moved,) = ends(core.on_heartbeat(hb("w1", state="stopped"), 0.6))
+    assert isinstance(moved, Assign) and moved.cause == "stopped" and moved.worker_id == "w2"
+
+
+def test_a_continuation_goes_on_counting_from_where_it_picked_up():
+    core = SchedulerCore(POLICY)
+    streaming(core, req(), chunks=2)
+    core.on_heartbeat(hb("w2"), 3.0)
+    (moved,) = ends(core.tick(3.5))
+    assert isinstance(moved, Assign) and moved.resume is not None
+    core.on_started("r", 2, "w2", migratable=True)
+    core.on_progress("w2", chunk(1, [10, 11], attempt=2))  # the replay: known already
+    core.on_progress("w2", chunk(2, [7], attempt=2))
+    core.on_progress("w1", chunk(2, [99], attempt=1))  # the lost worker's late word
+    core.on_heartbeat(hb("w3"), 6.0)
+    (again,) = [e for e in ends(core.tick(6.6)) if isinstance(e, Assign)]
+    assert again.worker_id == "w3" and again.attempt == 3
+    assert again.resume is not None and again.resume.output_ids == [0, 1, 10, 11, 7]
+    assert again.resume.next_seq == 3 and again.resume.migrations == 2
+
+
+def test_a_continuation_lost_before_it_started_stays_a_continuation():
+    core = SchedulerCore(POLICY)
+    streaming(core, req())
+    core.on_heartbeat(hb("w2"), 3.0)
+    (moved,) = ends(core.tick(3.5))
+    core.on_heartbeat(hb("w3"), 6.0)
+    (again,) = [e for e in ends(core.tick(6.6)) if isinstance(e, Assign)]  # w2 lost, not started
+    assert again.worker_id == "w3" and again.resume == moved.resume
+
+
+@pytest.mark.parametrize(
+    ("sampling", "why"),
+    [
+        ({"stop": ["\n"]}, "stop strings"),
+        ({"n": 2}, "2 choices"),
+        ({"presence_penalty": 0.5}, "penalties"),
+        ({"structured": StructuredOutput(json_object=True)}, "constraint"),
+        ({"prompt_logprobs": 1}, "prompt logprobs"),
+    ],
+)
+def test_what_cannot_move_fails_worker_lost_saying_why(sampling, why):
+    core = SchedulerCore(POLICY)
+    placed = streaming(core, req(**sampling))
+    assert not placed.migratable
+    core.on_heartbeat(hb("w2"), 3.0)
+    (fail,) = ends(core.tick(3.5))
+    assert isinstance(fail, Fail) and fail.code == "worker_lost" and fail.retryable
+    assert why in fail.reason and why in unmovable(req(**sampling))
+
+
+def test_a_worker_that_sends_no_progress_or_loses_some_fails_it_as_before():
+    core = SchedulerCore(POLICY)
+    core.on_heartbeat(hb("w1"), 0.0)
+    core.on_accepted(req("quiet"), 0.0)
+    core.on_started("quiet", 1, "w1", migratable=False)  # e.g. a reasoning parser
+    core.on_accepted(req("gap"), 0.0)
+    core.on_started("gap", 1, "w1", migratable=True)
+    core.on_progress("w1", chunk(0, [1], rid="gap"))
+    core.on_progress("w1", chunk(2, [3], rid="gap"))  # seq 1's copy never came
+    core.on_heartbeat(hb("w2"), 3.0)
+    fails = {e.request.request_id: e.reason for e in ends(core.tick(3.5)) if isinstance(e, Fail)}
+    assert "sent no progress" in fails["quiet"] and "was lost on the way" in fails["gap"]
+
+
+def test_migration_off_and_attempts_used_up_fail_worker_lost():
+    core = SchedulerCore(msgspec.structs.replace(POLICY, migrate=False))
+    assert not streaming(core, req()).migratable
+    core.on_heartbeat(hb("w2"), 3.0)
+    (fail,) = ends(core.tick(3.5))
+    assert isinstance(fail, Fail) and "migration is off" in fail.reason
+    core = SchedulerCore(msgspec.structs.replace(POLICY, max_attempts=1))
+    streaming(core, req())
+    core.on_heartbeat(hb("w2"), 3.0)
+    (fail,) = ends(core.tick(3.5))
+    assert isinstance(fail, Fail) and "assigned 1 times" in fail.reason
+
+
+def test_a_continuation_no_worker_takes_soon_ends_worker_lost():
+    core = SchedulerCore(msgspec.structs.replace(POLICY, migration_wait_s=5.0))
+    streaming(core, req())
+    assert ends(core.tick(3.5)) == []  # moved, but no other worker: it waits
+    assert core.is_queued("r")
+    (fail,) = ends(core.tick(8.6))  # 5 s later, long before the 30 s queue timeout
+    assert isinstance(fail, Fail) and fail.code == "worker_lost"
+    assert "no worker could take the stream over within 5s" in fail.reason
+
+
+def test_a_restored_assignment_moves_only_with_all_its_progress():
+    # after a scheduler restart the chunks sent before it are unknown: it fails as before
+    core = SchedulerCore(POLICY)
+    core.restore([(req(), "w1", 1)], set(), 0.0)
+    core.on_progress("w1", chunk(4, [1]))
+    core.on_heartbeat(hb("w2"), 3.0)
+    (fail,) = [e for e in ends(core.tick(3.5)) if isinstance(e, Fail)]
+    assert fail.code == "worker_lost"
+
+
+def test_progress_ignores_repeats_and_records_gaps():
+    p = Progress()
+    p.add(chunk(0, [1]))
+    p.add(chunk(0, [1]))
+    p.add(chunk(1, [2, 3]))
+    assert (p.output_ids, p.next_seq, p.gap) == ([1, 2, 3], 2, False)
+    p.add(chunk(3, [5]))
+    assert p.gap
+
+
+# -- the worker -----------------------------------------------------------------------------
+
+
+def continuation(max_tokens: int = 8, carried: int = 3) -> WorkAssigned:
+    core = SchedulerCore(POLICY)
+    core.on_heartbeat(hb("w1"), 0.0)
+    core.on_accepted(req(max_tokens=max_tokens, min_tokens=4), 0.0)
+    core.on_started("r", 1, "w1", migratable=True)
+    for seq in range(carried):
+        core.on_progress("w1", chunk(seq, [seq]))
+    core.on_heartbeat(hb("w2"), 3.0)
+    (moved,) = ends(core.tick(3.5))
+    assert isinstance(moved, Assign)
+    return WorkAssigned(
+        request=moved.request,
+        worker_id=moved.worker_id,
+        attempt=moved.attempt,
+        migratable=moved.migratable,
+        resume=moved.resume,
+    )
+
+
+def test_a_continuation_runs_the_ids_carried_with_their_tokens_counted_off():
+    work = continuation()
+    er = engine_request(work)
+    assert er.resume_ids == [0, 1, 2]
+    assert (er.sampling.max_tokens, er.sampling.min_tokens) == (5, 1)
+    assert work.request.sampling.max_tokens == 8  # the request itself is untouched
+    assert not nothing_left(work) and nothing_left(continuation(max_tokens=3))
+
+
+def test_a_continuation_replays_its_last_chunk_then_numbers_on_and_counts_it_all():
+    work = continuation()
+    stream = RequestStream(work, "w2", 0.0)
+    stream.migratable = True
+    started = stream.started(0.1)
+    assert started is not None and started.resumed and started.migratable
+    replay = stream.replay()
+    assert replay is not None and (replay.seq, replay.attempt, replay.resumed) == (2, 2, True)
+    assert replay.token_ids == [2]
+    out = EngineOutput(
+        text="x ", token_ids=[9, 9], prompt_tokens=4, completion_tokens=2, cached_tokens=4
+    )
+    c = stream.chunk(out)
+    assert c is not None and (c.seq, c.resumed, c.attempt) == (3, True, 2)
+    out.finish_reason = out.choice_finish_reason = "length"
+    end = stream.finished(out, 0.2)
+    assert end.resumed and end.chunks == 4 and end.attempt == 2
+    # the engine saw 1 prompt token + 3 carried: the client's usage counts them as output
+    assert (end.usage.prompt_tokens, end.usage.completion_tokens) == (1, 5)
+    assert end.usage.cached_prompt_tokens == 1 and end.choices[0].completion_tokens == 5
+
+
+def test_a_first_attempt_neither_replays_nor_says_resumed():
+    stream = RequestStream(WorkAssigned(request=req(), worker_id="w1"), "w1", 0.0)
+    started = stream.started(0.0)
+    assert started is not None and not started.resumed and not started.migratable
+    assert stream.replay() is None
+
+
+# -- the sim engine -------------------------------------------------------------------------
+
+
+async def run(engine: SimEngine, r: EngineRequest) -> tuple[list[int], str]:
+    ids, text = [], ""
+    async for out in engine.generate(r):
+        ids += out.token_ids
+        text += out.text
+    return ids, text
+
+
+@pytest.mark.parametrize("prompt", ["Tell me about queues.", "/echo a known answer, 3 a token"])
+async def test_the_sim_generates_on_from_the_ids_carried_as_it_would_have(prompt):
+    engine = SimEngine("m", SimTiming())
+    await engine.start()
+    try:
+        whole = EngineRequest(
+            request_id="a", prompt=prompt, sampling=SamplingParams(max_tokens=9, seed=4)
+        )
+        ids, text = await run(engine, whole)
+        head_ids, head_text = await run(
+            engine, msgspec.structs.replace(whole, sampling=SamplingParams(max_tokens=4, seed=4))
+        )
+        tail = msgspec.structs.replace(
+            whole, sampling=SamplingParams(max_tokens=5, seed=4), resume_ids=head_ids
+        )
+        tail_ids, tail_text = await run(engine, tail)
+        assert head_ids + tail_ids == ids and head_text + tail_text == text
+    finally:
+        await engine.stop()
+
+
+# -- the sanitizer's output filter -----------------------------------------------------------
+
+
+def test_the_output_filter_masks_across_the_join_and_numbers_on():
+    stream = FilteredStream("r", "client", 0.0)
+    sent: list = []
+    events = [
+        TokenChunk(request_id="r", seq=0, text="card 4111 1111 ", token_ids=[1], attempt=1),
+        # the continuation's replay of seq 0, then what it generates
+        TokenChunk(
+            request_id="r", seq=0, text="card 4111 1111 ", token_ids=[1], attempt=2, resumed=True
+        ),
+        TokenChunk(
+            request_id="r", seq=1, text="1111 1111 ok", token_ids=[2], attempt=2, resumed=True
+        ),
+        RequestFinished(
+            request_id="r",
+            finish_reason="stop",
+            usage={"prompt_tokens": 1, "completion_tokens": 2},
+            chunks=2,
+            attempt=2,
+            resumed=True,
+        ),
+    ]
+    for ev in events:
+        out, _ = stream.on_event(ev, 0.0)
+        sent += out
+    text = "".join(e.text for e in sent if isinstance(e, TokenChunk))
+    assert "4111" not in text and "ok" in text
+    assert [e.seq for e in sent if isinstance(e, TokenChunk)] == list(range(len(sent) - 1))
+    attempts = [(e.attempt, e.resumed) for e in sent if isinstance(e, TokenChunk)]
+    assert attempts[-1] == (2, True)
+    end = sent[-1]
+    assert isinstance(end, RequestFinished) and end.chunks == len(sent) - 1
+
+
+def test_a_streaming_worker_gone_silent_is_lost_before_the_heartbeat_timeout():
+    # a dead worker's streams stop at once: its clients wait 1.5 s, not 3
+    core = SchedulerCore(POLICY)
+    core.on_heartbeat(hb("w1"), 0.0)
+    core.on_heartbeat(hb("w2"), 0.0)
+    core.on_heartbeat(hb("idle"), 0.0)
+    core.on_accepted(req(), 0.0)
+    wid = core.inflight["r"].worker_id
+    core.on_started("r", 1, wid, migratable=True)
+    core.on_progress(wid, chunk(0, [1]), 0.2)
+    for other in {"w1", "w2", "idle"} - {wid}:
+        core.on_heartbeat(hb(other), 1.0)
+    assert ends(core.tick(1.6)) == []
+    (moved,) = ends(core.tick(1.8))  # 1.6 s without a copy or a heartbeat
+    assert isinstance(moved, Assign) and moved.resume is not None and moved.worker_id != wid
+    assert set(core.workers) == {"w1", "w2", "idle"} - {wid}  # the quiet idle one stays
+
+
+def test_a_worker_told_an_attempt_was_given_up_never_serves_it():
+    # the stop can reach a stalled worker before the assignment it stops
+    served = ServedAssignments()
+    served.refuse("r", 1)
+    assert not served.take(WorkAssigned(request=req(), worker_id="w1", attempt=1), False)
+    assert served.take(WorkAssigned(request=req(), worker_id="w1", attempt=2), False)
