@@ -268,6 +268,10 @@ class WorkAssigned(Event, tag="work.assigned"):
     of each chunk to ``ib.progress.<worker_id>`` before the chunk itself."""
     resume: Resume | None = None
     """Set on a continuation: the attempt streams on from there."""
+    lease_s: float = 0.0
+    """A migratable request moves elsewhere once its worker has said nothing (no
+    heartbeat, no chunk's copy) for this long: a worker that finds it was silent longer
+    (stopped, its loop stalled) checks with the bus for a stop before streaming on."""
 
 
 class RequestStarted(Event, tag="request.started"):

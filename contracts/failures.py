@@ -113,7 +113,8 @@ FAILURES: dict[FailureCode, Failure] = {
     FailureCode.WORKER_LOST: Failure(
         http_status=503,
         retryable=True,
-        meaning="the worker vanished after streaming began, or on every attempt",
+        meaning="the worker vanished after streaming began and the stream could not move "
+        "to another (the reason says why: see migration above), or on every attempt",
     ),
     FailureCode.WORKER_SHUTDOWN: Failure(
         http_status=503,

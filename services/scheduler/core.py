@@ -258,6 +258,8 @@ class SchedulerCore:
         running = self.inflight.get(request_id)
         if running is not None and 0 < attempt < running.attempt:
             return []
+        if running is None and attempt and 0 < attempt < self._queued_attempt(request_id):
+            return []  # the end of an attempt given up on: its successor waits to run
         f = self.inflight.pop(request_id, None)
         held = f.request if f else None
         if held is None and request_id in self._queued_ids:
@@ -445,6 +447,16 @@ class SchedulerCore:
             )
         q.push(item, front)
         self._queued_ids.add(item.request.request_id)
+
+    def _queued_attempt(self, request_id: str) -> int:
+        """The attempt a queued request will run as (0: not queued)."""
+        if request_id not in self._queued_ids:
+            return 0
+        for q in self.queues.values():
+            for item in q:
+                if item.request.request_id == request_id:
+                    return item.attempt
+        return 0
 
     def _drop_queued(self, request_id: str) -> Queued | None:
         self._queued_ids.discard(request_id)
@@ -686,6 +698,7 @@ class SchedulerCore:
             migratable=not self.inflight[rid].unmovable,
             resume=item.resume,
             cause=item.cause,
+            lease_s=0.0 if self.inflight[rid].unmovable else self.policy.stream_silence_s,
             lane=lane,
             queued_s=max(0.0, now - item.since),
             prefix_blocks=len(item.blocks or ()),

@@ -20,6 +20,8 @@ class Assign(msgspec.Struct, kw_only=True, frozen=True):
     """A continuation: where the stream of the lost attempt stopped."""
     cause: str = ""
     """Why a continuation moved (``lost``, ``stopped``, ``failed``)."""
+    lease_s: float = 0.0
+    """The silence after which a migratable request moves (``stream_silence_s``)."""
     # diagnostics, for the trace and metrics
     lane: str = ""
     queued_s: float = 0.0

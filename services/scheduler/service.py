@@ -330,6 +330,7 @@ class SchedulerService(Service[SchedulerSettings]):
                 expected_cached_tokens=e.cached_tokens,
                 migratable=e.migratable,
                 resume=e.resume,
+                lease_s=e.lease_s,
             )
             # recorded first: a fast request may have ended (and been decided) by the
             # time the publish is acknowledged

@@ -309,6 +309,27 @@ def _finish(reason: str | None) -> str:
     return reason if reason in ("length", "tool_calls") else "stop"
 
 
+class Voice:
+    """When this worker last spoke to the scheduler (a heartbeat, a chunk's copy) and
+    how often it fell silent past a lease: after such a silence the scheduler may have
+    moved its streams, so each one syncs with the bus (and hears any stop) before it
+    streams on. A silence is counted when the worker speaks again, whatever speaks
+    first."""
+
+    def __init__(self, now: float) -> None:
+        self.last = now
+        self.silences = 0
+
+    def spoke(self, now: float, lease_s: float) -> None:
+        if lease_s and now - self.last > lease_s:
+            self.silences += 1
+        self.last = max(self.last, now)
+
+    def must_sync(self, now: float, lease_s: float, seen: int) -> bool:
+        """Whether a stream that last spoke at silence count ``seen`` checks first."""
+        return bool(lease_s) and (now - self.last > lease_s or self.silences != seen)
+
+
 class CostMeter:
     """What a prompt token costs this worker to compute and to restore from a KV spill
     tier, from its requests' ends (moving averages): the scheduler weighs restorable

@@ -44,6 +44,7 @@ from .core import (
     CostMeter,
     RequestStream,
     ServedAssignments,
+    Voice,
     carried_ids,
     engine_request,
     expires_in,
@@ -179,6 +180,12 @@ class WorkerService(Service[WorkerSettings]):
         """Each running request's tenant, for tenants' cancels."""
         self._attempts: dict[str, int] = {}
         """The attempt of each request running here (an attempt-scoped cancel names one)."""
+        self._superseded: set[str] = set()
+        """Running attempts the scheduler gave up on: they stop without a word (their
+        end is not the request's; its successor's reader would take it for one)."""
+        self._voice = Voice(time.monotonic())
+        self._lease = 0.0
+        """The scheduler's lease on this worker's streams, as its assignments say."""
         self._expired: set[str] = set()
         """Requests cancelled because their deadline passed."""
         self._hb_task: asyncio.Task[None] | None = None
@@ -368,6 +375,7 @@ class WorkerService(Service[WorkerSettings]):
         parent = self.ctx.tracing.parent(msg.headers)
         self._tenants[rid] = assignment.request.tenant
         self._attempts[rid] = assignment.attempt
+        self._lease = assignment.lease_s or self._lease
         self._tasks[rid] = asyncio.create_task(self._serve(assignment, parent), name=f"req-{rid}")
         metrics.INFLIGHT.labels(self.name).set(len(self._tasks))
 
@@ -382,6 +390,7 @@ class WorkerService(Service[WorkerSettings]):
             engine_request(assignment)
         )
         progress = progress_subject(self.worker_id) if stream.migratable else ""
+        lease, seen = assignment.lease_s if progress else 0.0, self._voice.silences
         itl = metrics.ITL.tally()
         last_chunk_at = 0.0
         outputs = self._generate(assignment, stream)
@@ -404,8 +413,12 @@ class WorkerService(Service[WorkerSettings]):
                 chunk = stream.chunk(out)
                 if chunk is not None:
                     if progress:  # before the reader's copy: the scheduler never knows less
+                        if self._voice.must_sync(time.monotonic(), lease, seen):
+                            await self._sync()  # a stop for this attempt lands here
+                            seen = self._voice.silences
                         copy = RequestProgress(worker_id=self.worker_id, chunk=chunk)
                         await nc.publish(progress, encode(copy))
+                        self._voice.spoke(time.monotonic(), lease)
                     await nc.publish(reply, encode(chunk))
                     now = time.monotonic()
                     if last_chunk_at:  # each token of the chunk waited its share
@@ -421,6 +434,8 @@ class WorkerService(Service[WorkerSettings]):
             terminal = stream.stopped(
                 expired=rid in self._expired, cancel_reason=self._cancel_reasons.pop(rid, None)
             )
+            if rid in self._superseded:
+                terminal = None  # moved on: its successor ends the request
         except EngineError as exc:
             terminal = stream.failed(exc.code, str(exc))
         except Exception as exc:
@@ -435,6 +450,10 @@ class WorkerService(Service[WorkerSettings]):
             self._tenants.pop(rid, None)
             self._attempts.pop(rid, None)
             metrics.INFLIGHT.labels(self.name).set(len(self._tasks))
+        if rid in self._superseded:
+            self._superseded.discard(rid)
+            log.info("attempt superseded", request_id=rid, attempt=assignment.attempt)
+            return
         if terminal is None:
             terminal = stream.unfinished()
         if isinstance(terminal, RequestFinished):
@@ -521,6 +540,7 @@ class WorkerService(Service[WorkerSettings]):
             self._served.refuse(cancel.request_id, cancel.attempt)
             if self._attempts.get(cancel.request_id) != cancel.attempt:
                 return
+            self._superseded.add(cancel.request_id)
         # one cancel only: a second would land in the cleanup and lose the terminal event
         if task is not None and not task.cancelling():
             self._cancel_reasons[cancel.request_id] = cancel.reason
@@ -549,7 +569,17 @@ class WorkerService(Service[WorkerSettings]):
             kv_block_size=self.engine.kv_block_size,
         )
         await self.ctx.nc.publish(heartbeat_subject(self.worker_id), encode(hb))
+        self._voice.spoke(time.monotonic(), self._lease)
         self._stats_seen = report_stats(self.worker_id, hb, self._stats_seen)
+
+    async def _sync(self) -> None:
+        """After a silence past the lease: a round trip to the server, so a stop the
+        scheduler sent meanwhile is read (and its cancel delivered) before streaming on."""
+        try:
+            await self.ctx.nc.flush(timeout=2)
+        except Exception:
+            return  # the bus is away: the scheduler heard nothing either
+        await asyncio.sleep(0.01)  # the stop's handler runs
 
     async def _heartbeats(self) -> None:
         while True:

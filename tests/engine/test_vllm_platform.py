@@ -10,7 +10,9 @@ for the module; its tests in the order they leave it:
 - a conversation continued on another worker restores its prefix from the shared KV
   tier: the worker that served the first turn is killed (and kvspill with it: reading
   the shared tier does not need it), so the scheduler sends the next turn to the
-  other, whose engine never saw the conversation.
+  other, whose engine never saw the conversation;
+- a stream whose worker is killed mid-stream goes on on the other worker, its text
+  that of an uninterrupted run (greedy), over NATS and over HTTP.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import os
 import signal
 import time
+import uuid
 from functools import partial
 
 import pytest
@@ -34,9 +37,11 @@ from inferbus.client import Client
 from inferbus.contracts import (
     KV_EVENTS,
     KV_SPILL_INDEX,
+    STARTED,
     ChatMessage,
     KvBlocksStored,
     KvSpillNamespace,
+    RequestStarted,
     WorkAssigned,
     status_subject,
 )
@@ -290,6 +295,92 @@ async def _continue_elsewhere(p: Platform) -> None:
         keys = [k for k in await kv.keys() if k.startswith("ns.")]
         entries = [decode((await kv.get(k)).value, KvSpillNamespace) for k in keys]
         assert any(e.blocks > 0 for e in entries)
+    finally:
+        await client.close()
+        await nc.close()
+
+
+# -- a stream whose worker dies goes on on the other (issue 38) -------------------------
+
+STORY = [{"role": "user", "content": "Tell me a long story about blocks and pages."}]
+LONG = 600
+"""Tokens of the story: seconds of decoding, so the kill lands mid-stream."""
+
+
+def test_a_stream_whose_worker_is_killed_goes_on_on_the_other(p):
+    """Greedy, over NATS and then over HTTP: kill -9 the worker serving it after a few
+    chunks; the client reads, with no error, the very text of an uninterrupted run."""
+    asyncio.run(_migrate(p))
+
+
+async def _serving_instance(started: asyncio.Queue, request_id: str | None = None) -> str:
+    while True:
+        ev = await asyncio.wait_for(started.get(), 60)
+        if request_id is None or ev.request_id == request_id:
+            return ev.worker_id.split(".")[0]
+
+
+async def _migrate(p: Platform) -> None:
+    import aiohttp
+
+    nc = await connect(p.nats_url, "migrate-watch", load_credentials(p.operator))
+    started: asyncio.Queue[RequestStarted] = asyncio.Queue()
+
+    async def on_started(msg) -> None:
+        ev = decode_or_none(msg.data, RequestStarted)
+        if ev is not None and not ev.resumed:
+            started.put_nowait(ev)
+
+    await nc.subscribe(STARTED, cb=on_started)
+    client = await Client.connect(p.nats_url, "migrate-client", creds=p.tenant)
+    greedy = {"max_tokens": LONG, "temperature": 0.0, "ignore_eos": True}
+    try:
+        await ready_workers(p.nats_url, p.operator, MODEL, 2)
+        reference = await client.generate(MODEL, messages=STORY, **greedy)
+        assert reference.outcome is not None
+        assert reference.outcome.usage.completion_tokens == LONG
+        while not started.empty():
+            started.get_nowait()
+
+        # over NATS
+        stream = client.stream(MODEL, messages=STORY, **greedy)
+        for _ in range(5):
+            await stream.__anext__()
+        instance = await _serving_instance(started, stream.request_id)
+        os.kill((await p.pids())[instance], signal.SIGKILL)
+        async for _ in stream:
+            pass
+        end = stream.outcome
+        assert end is not None and end.resumed and end.attempt == 2, end
+        assert end.worker_id.split(".")[0] != instance
+        assert stream.text == reference.text
+        assert end.usage.completion_tokens == LONG
+        assert end.usage.prompt_tokens == reference.outcome.usage.prompt_tokens
+
+        # over HTTP, once both workers serve again (the supervisor restarts the killed one)
+        await ready_workers(p.nats_url, p.operator, MODEL, 2, timeout=240)
+        body = {"model": MODEL, "messages": STORY, "stream": True, **greedy}
+        body["stream_options"] = {"include_usage": True}
+        text, usage, chunks = "", None, 0
+        rid = uuid.uuid4().hex
+        async with aiohttp.ClientSession(p.http) as http:
+            headers = {"x-request-id": rid}
+            async with http.post("/v1/chat/completions", json=body, headers=headers) as r:
+                assert r.status == 200
+                async for line in r.content:
+                    if not line.startswith(b"data: {"):
+                        continue
+                    obj = json.loads(line[6:])
+                    assert "error" not in obj, obj
+                    for choice in obj.get("choices", []):
+                        text += choice["delta"].get("content") or ""
+                    usage = obj.get("usage") or usage
+                    chunks += 1
+                    if chunks == 5:
+                        instance = await _serving_instance(started, rid)
+                        os.kill((await p.pids())[instance], signal.SIGKILL)
+        assert text == reference.text
+        assert usage is not None and usage["completion_tokens"] == LONG
     finally:
         await client.close()
         await nc.close()

@@ -30,6 +30,7 @@ from inferbus.services.scheduler.migration import Progress, unmovable
 from inferbus.services.worker.core import (
     RequestStream,
     ServedAssignments,
+    Voice,
     engine_request,
     nothing_left,
 )
@@ -359,3 +360,22 @@ def test_a_worker_told_an_attempt_was_given_up_never_serves_it():
     served.refuse("r", 1)
     assert not served.take(WorkAssigned(request=req(), worker_id="w1", attempt=1), False)
     assert served.take(WorkAssigned(request=req(), worker_id="w1", attempt=2), False)
+
+
+def test_a_worker_silent_past_its_lease_syncs_before_streaming_on():
+    voice = Voice(0.0)
+    voice.spoke(1.0, 1.5)
+    assert not voice.must_sync(2.0, 1.5, seen=0)
+    assert voice.must_sync(2.6, 1.5, seen=0)  # stopped 1.6 s: it may have been moved
+    voice.spoke(2.7, 1.5)  # a heartbeat got out first: the silence is still counted
+    assert voice.silences == 1 and voice.must_sync(2.8, 1.5, seen=0)
+    assert not voice.must_sync(2.8, 1.5, seen=1) and not voice.must_sync(9.0, 0.0, seen=0)
+
+
+def test_the_end_of_an_attempt_given_up_on_leaves_its_queued_successor():
+    core = SchedulerCore(POLICY)
+    streaming(core, req())
+    core.tick(3.5)  # moved, no other worker: attempt 2 waits
+    assert core.on_ended("r", 3.6, attempt=1) == [] and core.is_queued("r")
+    core.on_heartbeat(hb("w2"), 3.7)
+    assert "r" in core.inflight and core.inflight["r"].attempt == 2
