@@ -473,6 +473,14 @@ class WorkerHeartbeat(Event, tag="worker.heartbeat"):
     loading: str = ""
     """What the worker is loading now (``llama@v3 warm``), empty when nothing; it keeps
     serving ``models`` meanwhile (a field, not a ``state``: older readers ignore it)."""
+    stalled_s: float = 0.0
+    """How long its engine has produced nothing while requests stream on it (0: it
+    progresses, or streams nothing): past the scheduler's ``engine_stall_s`` its
+    streams move elsewhere, as from a lost worker."""
+    handover: list[str] = []
+    """Requests a draining worker asks the scheduler to move to other workers (its
+    long-running streams, after a grace period): each that can move continues
+    elsewhere and this worker is told to stop it; the others it runs to the end."""
 
 
 class ModelLoad(msgspec.Struct, kw_only=True):

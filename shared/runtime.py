@@ -53,6 +53,9 @@ class Context(Generic[S]):
     """The declared subscriptions, open (``close`` them where a drain must stop reading)."""
     http_port: int = 0
     """The port its HTTP server took, known once ``start`` is called."""
+    stop: asyncio.Event | None = None
+    """Set it to end the process (drain, then exit): a service that found itself
+    unfit (``alive`` false) exits 1 so its supervisor starts a new one."""
 
 
 class Service(abc.ABC, Generic[S]):
@@ -98,6 +101,11 @@ class Service(abc.ABC, Generic[S]):
     def ready(self) -> tuple[bool, str]:
         return True, "ok"
 
+    def alive(self) -> tuple[bool, str]:
+        """False when only a restart helps (a hung engine): /healthz answers 503, and
+        the process exits 1 once it has drained."""
+        return True, "alive"
+
     def authorize_metrics(self, request: web.Request) -> web.Response | None:
         """None when ``request`` may read /metrics, else the refusal (the gateway, whose
         port is public, asks for a key)."""
@@ -130,7 +138,10 @@ class Runtime:
         return self._service
 
     async def _healthz(self, _: web.Request) -> web.Response:
-        return web.json_response({"status": "alive"})
+        ok, why = self.service.alive() if self._service else (True, "starting")
+        if ok:
+            return web.json_response({"status": "alive"})
+        return web.json_response({"status": "dead", "reason": why}, status=503)
 
     async def _readyz(self, _: web.Request) -> web.Response:
         ok, why = self.service.ready() if self._service else (False, "starting")
@@ -206,6 +217,7 @@ class Runtime:
             tracing=traces,
             connection=watch,
             subscriptions=Subscriber(name, nc, js, dead_letters),
+            stop=self.stop,
         )
         runner: web.AppRunner | None = None
         try:
@@ -267,6 +279,10 @@ class Runtime:
         except Exception:
             await nc.close()
         self.log.info("stopped", drain_s=round(time.monotonic() - began, 3))
+        alive, why = service.alive()
+        if not alive:  # its supervisor (or Kubernetes) starts a fresh one
+            self.log.error("exiting to be restarted", reason=why)
+            raise SystemExit(1)
 
 
 def cap_connections(server: web.Server, limit: int, service: str) -> None:

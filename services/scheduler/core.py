@@ -128,6 +128,9 @@ class SchedulerCore:
     def on_heartbeat(self, hb: WorkerHeartbeat, now: float) -> list[Effect]:
         if hb.state in ("stopped", "failed"):
             return self._lose_worker(hb.worker_id, now, hb.state) + self._dispatch(now)
+        stall = self.policy.engine_stall_s
+        if stall and hb.stalled_s > stall:  # a hung engine: moved from, not waited on
+            return self._lose_worker(hb.worker_id, now, "stalled") + self._dispatch(now)
         w = self.workers.get(hb.worker_id)
         if w is None:
             w = self.workers[hb.worker_id] = Worker(
@@ -151,7 +154,22 @@ class SchedulerCore:
         w.spill_weight = restore_worth(hb.prefill_s_per_token, hb.kv_restore_s_per_token)
         if hb.kv_block_size:
             self.kv.set_block_size(hb.worker_id, hb.kv_block_size)
-        return self._dispatch(now)
+        moved = self._hand_over(w, hb.handover, now) if hb.handover else []
+        return moved + self._dispatch(now)
+
+    def _hand_over(self, w: Worker, request_ids: list[str], now: float) -> list[Effect]:
+        """A draining worker's streams, moved where they can be (the rest it finishes)."""
+        effects: list[Effect] = []
+        for rid in request_ids:
+            f = self.inflight.get(rid)
+            if f is None or f.worker_id != w.worker_id or not f.started:
+                continue
+            if self._why_not_moved(f) or not self._room_elsewhere(f, w.worker_id):
+                continue  # it runs to its end where it is
+            del self.inflight[rid]
+            self._release(w, f)
+            effects += self._move(f, w.worker_id, now, "drain")
+        return effects
 
     def restore(
         self, assignments: list[tuple[RequestSubmitted, str, int]], ended: set[str], now: float
@@ -269,12 +287,18 @@ class SchedulerCore:
         if f is not None:
             w = self.workers.get(f.worker_id)
             if w is not None:
-                w.assigned.discard(request_id)
-                w.prefilling_long.pop(request_id, None)
-                w.assigned_tokens -= f.tokens
-                w.assigned_seqs -= f.request.sampling.n
+                self._release(w, f)
             return self._dispatch(now)
         return []
+
+    @staticmethod
+    def _release(w: Worker, f: Inflight) -> None:
+        """``w`` no longer holds ``f``: its slots and tokens are free."""
+        rid = f.request.request_id
+        w.assigned.discard(rid)
+        w.prefilling_long.pop(rid, None)
+        w.assigned_tokens -= f.tokens
+        w.assigned_seqs -= f.request.sampling.n
 
     def on_cancel(self, request_id: str, reason: str, tenant: str | None = None) -> list[Effect]:
         """Queued requests are cancelled here; running ones by their worker; ones not
@@ -516,6 +540,35 @@ class SchedulerCore:
             served_model=item.target or "",
         )
 
+    def _room_elsewhere(self, f: Inflight, worker_id: str) -> bool:
+        """Some other ready worker serving what ``f`` runs on can take it now."""
+        target = f.target or f.request.model
+        return any(
+            x.worker_id != worker_id
+            and target in x.models
+            and x.can_take(f.tokens, f.request.sampling.n)
+            for x in self.workers.values()
+        )
+
+    def _move(self, f: Inflight, worker_id: str, now: float, cause: str) -> list[Effect]:
+        """Queue ``f`` (taken off ``worker_id``) as a continuation, ahead of newer work,
+        and stop its attempt there."""
+        assert f.progress is not None
+        self._enqueue(
+            Queued(
+                request=f.request,
+                since=now,
+                order=f.order,
+                attempt=f.attempt + 1,
+                deadline=f.deadline,
+                target=f.target or None,
+                resume=f.progress.resume(f.attempt),
+                cause=cause,
+            ),
+            front=True,
+        )
+        return [Supersede(request=f.request, worker_id=worker_id, attempt=f.attempt)]
+
     def _why_not_moved(self, f: Inflight) -> str:
         """Why a started request of a lost worker cannot continue elsewhere ("": it can)."""
         if not self.policy.migrate:
@@ -541,25 +594,13 @@ class SchedulerCore:
         for rid in sorted(w.assigned, key=lambda r: self.inflight[r].order, reverse=True):
             f = self.inflight.pop(rid)
             why = self._why_not_moved(f) if f.started else ""
+            if f.started and not why:
+                effects += self._move(f, worker_id, now, cause)
+                continue
             # whatever becomes of it, the presumed-lost worker stops this attempt if it
             # was only stalled: it must not run it beside the next one
             effects.append(Supersede(request=f.request, worker_id=worker_id, attempt=f.attempt))
-            if f.started and not why:
-                assert f.progress is not None
-                self._enqueue(
-                    Queued(
-                        request=f.request,
-                        since=now,
-                        order=f.order,
-                        attempt=f.attempt + 1,
-                        deadline=f.deadline,
-                        target=f.target or None,
-                        resume=f.progress.resume(f.attempt),
-                        cause=cause,
-                    ),
-                    front=True,
-                )
-            elif f.started:
+            if f.started:
                 effects.append(
                     Fail.of(
                         f.request,

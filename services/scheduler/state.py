@@ -35,6 +35,10 @@ class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
     a heartbeat for this long is taken as lost (sooner than ``worker_timeout_s``): a
     dead worker's streams stop at once, a live one's copies come every few tokens, and
     each second waited is a second its clients see no token. 0: off."""
+    engine_stall_s: float = 30.0
+    """A worker whose heartbeats say its engine produced nothing for this long while
+    requests stream on it is lost (its streams move), alive as the process may be. 0:
+    off."""
     migration_wait_s: float = 10.0
     """A continuation no worker takes within this long ends ``worker_lost``: its
     client has waited without tokens since the worker went."""

