@@ -47,6 +47,8 @@ class CompletionLogprobs(msgspec.Struct, kw_only=True):
 
 
 Finish = Literal["stop", "length"] | None
+ChatFinish = Literal["stop", "length", "tool_calls"] | None
+"""A chat choice may end calling tools (``auto`` or ``required``)."""
 
 
 class AssistantMessage(msgspec.Struct, kw_only=True):
@@ -58,7 +60,7 @@ class ChatChoice(msgspec.Struct, kw_only=True):
     index: int
     message: AssistantMessage
     logprobs: ChatLogprobs | None
-    finish_reason: Finish
+    finish_reason: ChatFinish
     stop_reason: str | int | None = None
 
 
@@ -97,7 +99,7 @@ class ChunkChoice(msgspec.Struct, kw_only=True):
     index: int
     delta: Delta
     logprobs: ChatLogprobs | None
-    finish_reason: Finish
+    finish_reason: ChatFinish
     stop_reason: str | int | None = None
 
 

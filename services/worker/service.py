@@ -399,6 +399,8 @@ class WorkerService(Service[WorkerSettings]):
     async def _on_work(self, assignment: WorkAssigned, msg: Msg) -> None:
         await msg.ack()
         rid = assignment.request.request_id
+        if self._attempts.get(rid, assignment.attempt) < assignment.attempt:
+            await self._supersede(rid)  # it came back here: the newer attempt runs
         if not self._served.take(assignment, running=rid in self._tasks):
             return  # delivered again: it runs here, or ran
         parent = self.ctx.tracing.parent(msg.headers)
@@ -407,6 +409,18 @@ class WorkerService(Service[WorkerSettings]):
         self._lease = assignment.lease_s or self._lease
         self._tasks[rid] = asyncio.create_task(self._serve(assignment, parent), name=f"req-{rid}")
         metrics.INFLIGHT.labels(self.name).set(len(self._tasks))
+
+    async def _supersede(self, rid: str) -> None:
+        """Stop the older attempt of ``rid`` running here, without a word: the scheduler
+        took this worker for lost, then gave the request back to it as a newer attempt
+        (the older one's stop may still be on its way)."""
+        task = self._tasks.get(rid)
+        if task is None:
+            return
+        self._superseded.add(rid)
+        if not task.cancelling():
+            task.cancel()
+        await asyncio.wait([task], timeout=5.0)
 
     async def _serve(self, assignment: WorkAssigned, parent: Any = None) -> None:
         nc, js = self.ctx.nc, self.ctx.js

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 import pytest
 from testkit.faults import sim_text
@@ -12,8 +13,18 @@ from testkit.procs import ServiceProcess, start_all
 from testkit.simplatform import ready_workers, wait_for_status
 
 from inferbus.client import RequestError
-from inferbus.contracts import STARTED, RequestStarted, WorkAssigned
-from inferbus.shared.codec import decode
+from inferbus.contracts import (
+    STARTED,
+    ReplyEvent,
+    RequestFinished,
+    RequestStarted,
+    RequestSubmitted,
+    SamplingParams,
+    TokenChunk,
+    WorkAssigned,
+    work_subject,
+)
+from inferbus.shared.codec import decode, encode
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 
@@ -178,3 +189,54 @@ async def test_a_draining_worker_hands_its_long_streams_to_the_other(nats_url, l
     finally:
         for w in workers:
             w.stop()
+
+
+async def test_a_newer_attempt_given_back_to_the_same_worker_replaces_the_older(
+    nats_url, log_dir, client
+):
+    # found by the fault suite under load: a worker taken for lost (silent 1.5 s) came
+    # back, the scheduler gave it the request again as attempt 2 while attempt 1 still
+    # ran there, and the worker dropped attempt 2 as a redelivery: the request hung
+    (worker,) = start_all(
+        [
+            ServiceProcess(
+                "worker",
+                nats_url,
+                log_dir,
+                "--model",
+                "comeback",
+                "--sim-decode-s-per-step",
+                "0.02",
+                name="comeback-0",
+            )
+        ]
+    )
+    try:
+        status = await wait_for_status(client.nc, lambda st: ready_workers(st, "comeback") == 1)
+        (wid,) = [w for w, v in status["workers"].items() if "comeback" in v["models"]]
+        rid = uuid.uuid4().hex
+        reply = client.reply_subject(rid)
+        replies = await client.nc.subscribe(reply)
+        request = RequestSubmitted(
+            request_id=rid,
+            model="comeback",
+            reply_to=reply,
+            prompt="first run",
+            sampling=SamplingParams(max_tokens=300),
+        )
+        for attempt in (1, 2):
+            work = WorkAssigned(request=request, worker_id=wid, attempt=attempt)
+            await client.js.publish(work_subject(wid), encode(work))
+            if attempt == 1:  # streaming when attempt 2 comes
+                first = decode((await replies.next_msg(timeout=10)).data, ReplyEvent)
+                assert isinstance(first, TokenChunk) and first.attempt == 1
+        ends = []
+        while not ends:
+            ev = decode((await replies.next_msg(timeout=20)).data, ReplyEvent)
+            if not isinstance(ev, TokenChunk):
+                ends.append(ev)
+        (end,) = ends
+        assert isinstance(end, RequestFinished) and end.attempt == 2, end
+        assert end.usage.completion_tokens == 300
+    finally:
+        worker.stop()
