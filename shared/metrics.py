@@ -157,6 +157,13 @@ MIGRATED_TOKENS = Counter(
     "or restored from a KV tier)",
     ["model"],
 )
+MIGRATION_GAP = Histogram(
+    "inferbus_migration_gap_seconds",
+    "How long a moved stream stood still: from the lost attempt's last chunk to the "
+    "continuation's first (what its client waited)",
+    ["model"],
+    buckets=_LATENCY_BUCKETS,
+)
 GATEWAY_REFUSALS = Counter(
     "inferbus_gateway_refusals_total",
     "Requests the gateway answered with an error status, by error code",

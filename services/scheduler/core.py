@@ -242,20 +242,31 @@ class SchedulerCore:
         self.kv.on_event(event)
 
     def on_started(
-        self, request_id: str, attempt: int, worker_id: str = "", migratable: bool = False
-    ) -> None:
+        self,
+        request_id: str,
+        attempt: int,
+        worker_id: str = "",
+        migratable: bool = False,
+        now: float = 0.0,
+    ) -> float | None:
         """The request's first token is on its way. Taken from the worker it is placed
         on whatever the attempt: a worker that kept streaming an earlier attempt (and
         ignored the new one) has started it all the same. ``migratable``: the worker
-        sends a copy of each chunk (``on_progress``)."""
+        sends a copy of each chunk (``on_progress``). Returns, for a continuation, how
+        long its stream stood still (the client's gap, up to this new first token)."""
         f = self.inflight.get(request_id)
-        if f is not None and (f.attempt == attempt or worker_id == f.worker_id):
-            f.started = True
-            if migratable and f.attempt == attempt and f.progress is None:
-                f.progress = Progress(f.resume)
-            w = self.workers.get(f.worker_id)
-            if w is not None:
-                w.prefilling_long.pop(request_id, None)  # its prefill is done
+        if f is None or not (f.attempt == attempt or worker_id == f.worker_id):
+            return None
+        first = not f.started
+        f.started = True
+        if migratable and f.attempt == attempt and f.progress is None:
+            f.progress = Progress(f.resume)
+        w = self.workers.get(f.worker_id)
+        if w is not None:
+            w.prefilling_long.pop(request_id, None)  # its prefill is done
+        if first and f.resume is not None and f.attempt == attempt and f.quiet_since:
+            return max(0.0, now - f.quiet_since)
+        return None
 
     def on_progress(self, worker_id: str, chunk: TokenChunk, now: float = 0.0) -> None:
         """A migratable request's chunk, as its worker sent it to the reader."""
@@ -264,7 +275,7 @@ class SchedulerCore:
             return  # ended, or an attempt given up on
         if f.progress is None:  # the copy came before the start
             f.progress = Progress(f.resume)
-        f.progress.add(chunk)
+        f.progress.add(chunk, now)
         w = self.workers.get(worker_id)
         if w is not None:
             w.last_progress = now
@@ -564,6 +575,7 @@ class SchedulerCore:
                 target=f.target or None,
                 resume=f.progress.resume(f.attempt),
                 cause=cause,
+                quiet_since=f.progress.at or now,
             ),
             front=True,
         )
@@ -633,6 +645,7 @@ class SchedulerCore:
                         resume=f.resume,
                         cause=cause if f.resume is not None else "",
                         target=f.target or None,
+                        quiet_since=f.quiet_since,
                     ),
                     front=True,
                 )
@@ -729,6 +742,7 @@ class SchedulerCore:
             target=target,
             unmovable=unmovable(item.request) if self.policy.migrate else "migration is off",
             resume=item.resume,
+            quiet_since=item.quiet_since,
         )
         self._dispatched[model] = self._dispatched.get(model, 0) + 1
         return Assign(

@@ -37,7 +37,7 @@ class Progress:
     """What one attempt of a migratable request has streamed, from its worker's copies
     of its chunks: the continuation's starting point."""
 
-    __slots__ = ("gap", "last_chunk", "migrations", "next_seq", "output_ids")
+    __slots__ = ("at", "gap", "last_chunk", "migrations", "next_seq", "output_ids")
 
     def __init__(self, resume: Resume | None = None) -> None:
         self.output_ids: list[int] = list(resume.output_ids) if resume else []
@@ -46,11 +46,14 @@ class Progress:
         self.migrations = resume.migrations if resume else 0
         self.gap = False
         """A copy never came (its worker's connection broke): the ids are incomplete."""
+        self.at = 0.0
+        """When the last copy came (0: none yet)."""
 
-    def add(self, chunk: TokenChunk) -> None:
+    def add(self, chunk: TokenChunk, now: float = 0.0) -> None:
         """A chunk of the attempt (an old or repeated ``seq`` changes nothing)."""
         if chunk.seq < self.next_seq:
             return
+        self.at = now
         if chunk.seq > self.next_seq:
             self.gap = True
         self.output_ids += chunk.token_ids

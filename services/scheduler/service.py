@@ -188,7 +188,13 @@ class SchedulerService(Service[SchedulerSettings]):
         await self._apply(self.core.tick(time.monotonic()))
 
     async def _on_started(self, ev: RequestStarted, msg: Msg) -> None:
-        self.core.on_started(ev.request_id, ev.attempt, ev.worker_id, ev.migratable)
+        gap = self.core.on_started(
+            ev.request_id, ev.attempt, ev.worker_id, ev.migratable, time.monotonic()
+        )
+        if gap is not None:
+            f = self.core.inflight.get(ev.request_id)
+            model = f.request.model if f is not None else ""
+            metrics.MIGRATION_GAP.labels(model).observe(gap)
 
     async def _on_progress(self, ev: RequestProgress, msg: Msg) -> None:
         self.core.on_progress(ev.worker_id, ev.chunk, time.monotonic())
@@ -394,12 +400,19 @@ class SchedulerService(Service[SchedulerSettings]):
             t.LANE: e.lane,
             t.TENANT: e.request.tenant,
         }
+        waited = {**attrs, "inferbus.priority": e.request.priority}
+        if e.resume is not None:  # a stream moved off its worker: the move's own span
+            waited |= {
+                "inferbus.migration.cause": e.cause,
+                "inferbus.migration.tokens": len(e.resume.output_ids),
+                "inferbus.migration.from_attempt": e.resume.from_attempt,
+            }
         tracing.record(
-            "queue wait",
+            "migration" if e.resume is not None else "queue wait",
             parent,
             int((began - e.queued_s) * ns),
             int(began * ns),
-            {**attrs, "inferbus.priority": e.request.priority},
+            waited,
         )
         # the placement: from the core's choice to the assignment handed to JetStream
         tracing.record(

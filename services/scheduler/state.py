@@ -173,6 +173,8 @@ class Queued:
     cause: str = ""
     """Why it was moved (``lost``: heartbeats stopped; ``stopped``, ``failed``: its
     worker said so)."""
+    quiet_since: float = 0.0
+    """A continuation: when its stream last moved (its client's wait starts there)."""
 
 
 @dataclass
@@ -193,5 +195,7 @@ class Inflight:
     says it sends progress)."""
     resume: Resume | None = None
     """Set on a continuation: where it was assigned to pick up."""
+    quiet_since: float = 0.0
+    """A continuation: when its stream last moved before the move."""
     progress: Progress | None = None
     """What it streamed, from its worker's copies (None: its worker sends none)."""

@@ -422,3 +422,16 @@ def test_a_draining_worker_hands_over_what_can_move_where_there_is_room():
     assert (stop.request.request_id, stop.worker_id, stop.attempt) == ("long", "w1", 1)
     assert core.inflight["stops"].worker_id == "w1"  # runs to its end there
     assert core.workers["w1"].assigned == {"stops"}
+
+
+def test_a_continuations_start_says_how_long_its_stream_stood_still():
+    core = SchedulerCore(POLICY)
+    core.on_heartbeat(hb("w1"), 0.0)
+    core.on_accepted(req(), 0.0)
+    core.on_started("r", 1, "w1", migratable=True, now=0.1)
+    core.on_progress("w1", chunk(0, [1]), 0.4)
+    core.on_heartbeat(hb("w2"), 3.0)
+    (moved,) = ends(core.tick(3.5))
+    assert core.on_started("r", 1, "w1", now=3.6) is None  # the lost attempt's late word
+    assert core.on_started("r", 2, "w2", migratable=True, now=3.9) == pytest.approx(3.5)
+    assert core.on_started("r", 2, "w2", migratable=True, now=4.0) is None  # once
