@@ -263,7 +263,7 @@ class EngineOptions(msgspec.Struct, kw_only=True, frozen=True):
     memory allows (0), to bound the prefix cache (benchmarks, eviction tests)."""
     kv_spill: bool = True
     """Save computed KV blocks to host memory and disk and restore prefixes from there
-    (``--no-kv-spill``: off). Needs the prefix cache."""
+    (``--kv-spill false``: off). Needs the prefix cache."""
     kv_spill_host_mb: int = 1024
     """Host memory for spilled KV blocks, MiB."""
     kv_spill_disk_dir: str = ""
