@@ -432,6 +432,7 @@ def test_a_continuations_start_says_how_long_its_stream_stood_still():
     core.on_progress("w1", chunk(0, [1]), 0.4)
     core.on_heartbeat(hb("w2"), 3.0)
     (moved,) = ends(core.tick(3.5))
+    assert isinstance(moved, Assign) and moved.worker_id == "w2"
     assert core.on_started("r", 1, "w1", now=3.6) is None  # the lost attempt's late word
     assert core.on_started("r", 2, "w2", migratable=True, now=3.9) == pytest.approx(3.5)
     assert core.on_started("r", 2, "w2", migratable=True, now=4.0) is None  # once
