@@ -24,6 +24,7 @@ from .generation import (
 
 __all__ = [
     "ALL_EVENTS",
+    "HANDOVER_FRESH_S",
     "TERMINAL_TYPES",
     "CanaryWeights",
     "CancelRequest",
@@ -250,6 +251,9 @@ class Resume(msgspec.Struct, kw_only=True):
     last_chunk: TokenChunk | None = None
     migrations: int = 1
     """Continuations of this request so far, this one included."""
+    finish_reason: str = ""
+    """The earlier attempt streamed its last chunk (and was lost before its end): the
+    continuation only ends the stream, so."""
 
 
 class WorkAssigned(Event, tag="work.assigned"):
@@ -293,6 +297,14 @@ class RequestProgress(Event, tag="request.progress"):
 
     worker_id: str
     chunk: TokenChunk
+    finish_reason: str = ""
+    """The engine's finish reason when this chunk is the stream's last (its ids may end
+    with the end-of-sequence token): a continuation then only ends it."""
+
+
+HANDOVER_FRESH_S = 1.0
+"""The scheduler moves a draining worker's handed-over streams only on a heartbeat sent
+this recently: the worker holds them still for longer than that, then streams on."""
 
 
 class TokenChunk(Event, tag="token.chunk"):

@@ -114,7 +114,7 @@ FAILURES: dict[FailureCode, Failure] = {
         http_status=503,
         retryable=True,
         meaning="the worker vanished after streaming began and the stream could not move "
-        "to another (the reason says why: see migration above), or on every attempt",
+        "to another worker (the reason says why), or on every attempt",
     ),
     FailureCode.WORKER_SHUTDOWN: Failure(
         http_status=503,

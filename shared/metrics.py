@@ -147,8 +147,8 @@ ASSIGNMENTS = Counter(
 )
 MIGRATIONS = Counter(
     "inferbus_migrations_total",
-    "Streams moved to another worker mid-stream, by why their worker went "
-    "(lost: heartbeats stopped; stopped, failed: it said so)",
+    "Streams moved to another worker mid-stream, by why (lost: the worker went silent; "
+    "stopped, failed: it said so; stalled: its engine hung; drain: it handed them over)",
     ["model", "cause"],
 )
 MIGRATED_TOKENS = Counter(

@@ -15,6 +15,7 @@ import zlib
 from collections import OrderedDict
 
 from inferbus.contracts import (
+    HANDOVER_FRESH_S,
     FailureCode,
     KvEvent,
     ModelLoad,
@@ -59,6 +60,8 @@ class SchedulerCore:
         self._cancelled_unseen: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
         """Cancels that came before their request (id → reason): a client that went
         away while its request was still in the sanitizer."""
+        self._stalled: OrderedDict[str, None] = OrderedDict()
+        """Workers whose engines hung: never given work again (a restart is a new id)."""
         self.kv = KvIndex(self.policy.approx_cache_blocks)
         self.router: Router = make_router(self.policy, self.kv)
         """The routing strategy ``policy.routing`` names (ValueError for an unknown one)."""
@@ -125,11 +128,20 @@ class SchedulerCore:
         self._enqueue(Queued(request=request, since=now, order=self._arrivals, deadline=deadline))
         return self._dispatch(now)
 
-    def on_heartbeat(self, hb: WorkerHeartbeat, now: float) -> list[Effect]:
+    def on_heartbeat(
+        self, hb: WorkerHeartbeat, now: float, wall: float | None = None
+    ) -> list[Effect]:
+        """``wall``: the Unix time matching ``now`` (a handover asked longer ago than
+        ``HANDOVER_FRESH_S`` is not acted on: its worker streams on by then)."""
         if hb.state in ("stopped", "failed"):
             return self._lose_worker(hb.worker_id, now, hb.state) + self._dispatch(now)
+        if hb.worker_id in self._stalled:
+            return []  # its engine hung: it gets nothing until it restarts (a new id)
         stall = self.policy.engine_stall_s
         if stall and hb.stalled_s > stall:  # a hung engine: moved from, not waited on
+            self._stalled[hb.worker_id] = None
+            if len(self._stalled) > self.policy.remember_ended:
+                self._stalled.popitem(last=False)
             return self._lose_worker(hb.worker_id, now, "stalled") + self._dispatch(now)
         w = self.workers.get(hb.worker_id)
         if w is None:
@@ -150,26 +162,46 @@ class SchedulerCore:
                 now,
                 hb.kv_capacity_tokens,
             )
+        w.interval_s = hb.interval_s
         w.foreign = {rid for rid in hb.inflight if rid not in w.assigned and rid not in self._ended}
         w.spill_weight = restore_worth(hb.prefill_s_per_token, hb.kv_restore_s_per_token)
         if hb.kv_block_size:
             self.kv.set_block_size(hb.worker_id, hb.kv_block_size)
-        moved = self._hand_over(w, hb.handover, now) if hb.handover else []
+        fresh = wall is None or not hb.sent_at or wall - hb.sent_at <= HANDOVER_FRESH_S
+        moved = self._hand_over(w, hb.handover, now) if hb.handover and fresh else []
         return moved + self._dispatch(now)
 
     def _hand_over(self, w: Worker, request_ids: list[str], now: float) -> list[Effect]:
-        """A draining worker's streams, moved where they can be (the rest it finishes)."""
+        """A draining worker's streams, moved where other workers have seats for them
+        (the rest it finishes)."""
         effects: list[Effect] = []
+        seats: dict[str, int] = {}
         for rid in request_ids:
             f = self.inflight.get(rid)
             if f is None or f.worker_id != w.worker_id or not f.started:
                 continue
-            if self._why_not_moved(f) or not self._room_elsewhere(f, w.worker_id):
+            target = f.target or f.request.model
+            if target not in seats:
+                seats[target] = self._seats_elsewhere(target, w.worker_id)
+            if self._why_not_moved(f) or seats[target] < f.request.sampling.n:
                 continue  # it runs to its end where it is
-            del self.inflight[rid]
-            self._release(w, f)
-            effects += self._move(f, w.worker_id, now, "drain")
+            seats[target] -= f.request.sampling.n
+            effects += self._take_off(w, f, now, "drain")
         return effects
+
+    def _take_off(self, w: Worker, f: Inflight, now: float, cause: str) -> list[Effect]:
+        """Move ``f`` off ``w``, which stays: its slot is free again."""
+        del self.inflight[f.request.request_id]
+        self._release(w, f)
+        return self._move(f, w.worker_id, now, cause)
+
+    def _seats_elsewhere(self, target: str, worker_id: str) -> int:
+        """Free sequence slots on the other ready workers serving ``target``."""
+        return sum(
+            max(0, x.max_num_seqs - x.assigned_seqs - len(x.foreign))
+            for x in self.workers.values()
+            if x.worker_id != worker_id and x.state == "ready" and target in x.models
+        )
 
     def restore(
         self, assignments: list[tuple[RequestSubmitted, str, int]], ended: set[str], now: float
@@ -268,14 +300,17 @@ class SchedulerCore:
             return max(0.0, now - f.quiet_since)
         return None
 
-    def on_progress(self, worker_id: str, chunk: TokenChunk, now: float = 0.0) -> None:
-        """A migratable request's chunk, as its worker sent it to the reader."""
+    def on_progress(
+        self, worker_id: str, chunk: TokenChunk, now: float = 0.0, finish_reason: str = ""
+    ) -> None:
+        """A migratable request's chunk, as its worker sent it to the reader
+        (``finish_reason``: its last)."""
         f = self.inflight.get(chunk.request_id)
         if f is None or f.worker_id != worker_id or f.attempt != chunk.attempt:
             return  # ended, or an attempt given up on
         if f.progress is None:  # the copy came before the start
             f.progress = Progress(f.resume)
-        f.progress.add(chunk, now)
+        f.progress.add(chunk, now, finish_reason)
         w = self.workers.get(worker_id)
         if w is not None:
             w.last_progress = now
@@ -331,8 +366,11 @@ class SchedulerCore:
 
     def tick(self, now: float) -> list[Effect]:
         effects: list[Effect] = []
-        for wid in [w.worker_id for w in self.workers.values() if self._silent(w, now)]:
-            effects += self._lose_worker(wid, now, "lost")
+        for w in list(self.workers.values()):
+            if now - w.last_seen > self.policy.worker_timeout_s:
+                effects += self._lose_worker(w.worker_id, now, "lost")
+            elif self._streams_stopped(w, now):
+                effects += self._stop_streams(w, now)
         # KV events of workers that never heartbeat here (gone before a restart)
         for wid in [w for w in self._kv_orphans if w in self.workers]:
             del self._kv_orphans[wid]
@@ -529,18 +567,30 @@ class SchedulerCore:
             f"no worker serving model {request.model!r} appeared within {wait}",
         )
 
-    def _silent(self, w: Worker, now: float) -> bool:
-        """Lost: no heartbeat for ``worker_timeout_s``, or streaming and silent (no
-        heartbeat, no chunk's copy) for ``stream_silence_s``."""
-        if now - w.last_seen > self.policy.worker_timeout_s:
-            return True
+    def _streams_stopped(self, w: Worker, now: float) -> bool:
+        """Streaming and silent (no heartbeat, no chunk's copy) for ``stream_silence_s``
+        (and one and a half of its heartbeat intervals): a dead worker's streams stop at
+        once, a live one's copies come every few tokens."""
         silence = self.policy.stream_silence_s
-        if not silence or now - max(w.last_seen, w.last_progress) <= silence:
+        if not silence:
+            return False
+        if now - max(w.last_seen, w.last_progress) <= max(silence, 1.5 * w.interval_s):
             return False
         return any(
             (f := self.inflight.get(rid)) is not None and f.progress is not None
             for rid in w.assigned
         )
+
+    def _stop_streams(self, w: Worker, now: float) -> list[Effect]:
+        """Move a silent worker's migratable streams; it gets no new work until it is
+        heard from again, and the rest of its work waits for ``worker_timeout_s``."""
+        w.state = "silent"  # its next heartbeat says what it is
+        effects: list[Effect] = []
+        for rid in sorted(w.assigned, key=lambda r: self.inflight[r].order, reverse=True):
+            f = self.inflight[rid]
+            if f.started and not self._why_not_moved(f):
+                effects += self._take_off(w, f, now, "lost")
+        return effects
 
     def _not_moved(self, item: Queued, wait: float) -> Fail:
         return Fail.of(
@@ -549,16 +599,6 @@ class SchedulerCore:
             f"its worker was lost mid-stream and no worker could take the stream over "
             f"within {wait:g}s; submit the request again (with a new request id)",
             served_model=item.target or "",
-        )
-
-    def _room_elsewhere(self, f: Inflight, worker_id: str) -> bool:
-        """Some other ready worker serving what ``f`` runs on can take it now."""
-        target = f.target or f.request.model
-        return any(
-            x.worker_id != worker_id
-            and target in x.models
-            and x.can_take(f.tokens, f.request.sampling.n)
-            for x in self.workers.values()
         )
 
     def _move(self, f: Inflight, worker_id: str, now: float, cause: str) -> list[Effect]:

@@ -37,7 +37,15 @@ class Progress:
     """What one attempt of a migratable request has streamed, from its worker's copies
     of its chunks: the continuation's starting point."""
 
-    __slots__ = ("at", "gap", "last_chunk", "migrations", "next_seq", "output_ids")
+    __slots__ = (
+        "at",
+        "finish_reason",
+        "gap",
+        "last_chunk",
+        "migrations",
+        "next_seq",
+        "output_ids",
+    )
 
     def __init__(self, resume: Resume | None = None) -> None:
         self.output_ids: list[int] = list(resume.output_ids) if resume else []
@@ -48,12 +56,16 @@ class Progress:
         """A copy never came (its worker's connection broke): the ids are incomplete."""
         self.at = 0.0
         """When the last copy came (0: none yet)."""
+        self.finish_reason = resume.finish_reason if resume else ""
+        """Set once the stream's last chunk came: nothing is left to generate."""
 
-    def add(self, chunk: TokenChunk, now: float = 0.0) -> None:
-        """A chunk of the attempt (an old or repeated ``seq`` changes nothing)."""
+    def add(self, chunk: TokenChunk, now: float = 0.0, finish_reason: str = "") -> None:
+        """A chunk of the attempt (an old or repeated ``seq`` changes nothing);
+        ``finish_reason``: it is the stream's last."""
         if chunk.seq < self.next_seq:
             return
         self.at = now
+        self.finish_reason = finish_reason or self.finish_reason
         if chunk.seq > self.next_seq:
             self.gap = True
         self.output_ids += chunk.token_ids
@@ -68,4 +80,5 @@ class Progress:
             next_seq=self.next_seq,
             last_chunk=self.last_chunk,
             migrations=self.migrations + 1,
+            finish_reason=self.finish_reason,
         )

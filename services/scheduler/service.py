@@ -173,7 +173,7 @@ class SchedulerService(Service[SchedulerSettings]):
         )
 
     async def _on_heartbeat(self, hb: WorkerHeartbeat, msg: Msg) -> None:
-        await self._apply(self.core.on_heartbeat(hb, time.monotonic()))
+        await self._apply(self.core.on_heartbeat(hb, time.monotonic(), time.time()))
 
     async def _on_kv(self, event: KvEvent, msg: Msg) -> None:
         self.core.on_kv_event(event)
@@ -197,7 +197,7 @@ class SchedulerService(Service[SchedulerSettings]):
             metrics.MIGRATION_GAP.labels(model).observe(gap)
 
     async def _on_progress(self, ev: RequestProgress, msg: Msg) -> None:
-        self.core.on_progress(ev.worker_id, ev.chunk, time.monotonic())
+        self.core.on_progress(ev.worker_id, ev.chunk, time.monotonic(), ev.finish_reason)
 
     async def _on_ended(self, ev: Terminal, msg: Msg) -> None:
         attempt = getattr(ev, "attempt", 0)  # a rejection names none

@@ -126,6 +126,8 @@ class Worker:
     its engine's cache, from its measured costs (None: not measured yet)."""
     last_progress: float = 0.0
     """When it last sent a copy of a migratable request's chunk (0: never)."""
+    interval_s: float = 1.0
+    """Its heartbeat interval."""
 
     def can_take(self, tokens: int = 0, seqs: int = 1) -> bool:
         """Room for a request of ``tokens`` running ``seqs`` sequences (its ``n``); an

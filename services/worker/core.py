@@ -69,10 +69,16 @@ def carried_ids(assignment: WorkAssigned) -> list[int]:
     return assignment.resume.output_ids if assignment.resume is not None else []
 
 
-def nothing_left(assignment: WorkAssigned) -> bool:
-    """A continuation whose earlier attempt sent every token it may have: it only ends."""
-    carried = carried_ids(assignment)
-    return bool(carried) and len(carried) >= assignment.request.sampling.max_tokens
+def nothing_left(assignment: WorkAssigned) -> str:
+    """A continuation whose earlier attempt sent its last token (the finish reason it
+    ends with, else ""): it only ends the stream."""
+    resume = assignment.resume
+    if resume is None:
+        return ""
+    if resume.finish_reason:
+        return resume.finish_reason
+    done = resume.output_ids and len(resume.output_ids) >= assignment.request.sampling.max_tokens
+    return "length" if done else ""
 
 
 class ServedAssignments:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 import secrets
 import tempfile
@@ -61,6 +62,11 @@ from .swap import Held, Holding
 from .wiring import WIRING
 
 log = logs.get("inferbus.worker")
+
+HANDOVER_ANSWER_S = 2.0
+"""How long handed-over streams are held for the scheduler's stops; it acts only on a
+handover asked within ``HANDOVER_FRESH_S`` (contracts), so one it did not stop by then
+it kept."""
 
 
 class WorkerSettings(ServiceSettings, kw_only=True):
@@ -197,7 +203,10 @@ class WorkerService(Service[WorkerSettings]):
         self._streaming: dict[str, bool] = {}
         """Requests streaming here (first token out), and whether each can move."""
         self._handover: list[str] = []
-        """Draining: the streams it asks the scheduler to move."""
+        """Draining: the streams it asks the scheduler to move (in one heartbeat)."""
+        self._frozen: dict[str, asyncio.Event] = {}
+        """Streams held still while the scheduler decides whether to move them: nothing
+        the scheduler's copy lacks reaches their readers."""
         self._dead = ""
         """Why only a restart helps (a hung engine); empty while it is fit."""
         self._lease = 0.0
@@ -401,13 +410,29 @@ class WorkerService(Service[WorkerSettings]):
         rid = assignment.request.request_id
         if self._attempts.get(rid, assignment.attempt) < assignment.attempt:
             await self._supersede(rid)  # it came back here: the newer attempt runs
+        if rid not in self._tasks:
+            self._superseded.discard(rid)  # a stop for a run that is over
         if not self._served.take(assignment, running=rid in self._tasks):
             return  # delivered again: it runs here, or ran
         parent = self.ctx.tracing.parent(msg.headers)
         self._tenants[rid] = assignment.request.tenant
         self._attempts[rid] = assignment.attempt
         self._lease = assignment.lease_s or self._lease
-        self._tasks[rid] = asyncio.create_task(self._serve(assignment, parent), name=f"req-{rid}")
+        task = asyncio.create_task(self._serve(assignment, parent), name=f"req-{rid}")
+        self._tasks[rid] = task
+        task.add_done_callback(functools.partial(self._forget, rid))
+        metrics.INFLIGHT.labels(self.name).set(len(self._tasks))
+
+    def _forget(self, rid: str, task: asyncio.Task[Any] | None) -> None:
+        """``rid``'s task is over (or ending): its state goes, unless a newer attempt's
+        task holds it already. Also run when the task ends, in case it never ran."""
+        if task is not None and self._tasks.get(rid) is not task:
+            return
+        self._tasks.pop(rid, None)
+        self._tenants.pop(rid, None)
+        self._attempts.pop(rid, None)
+        self._streaming.pop(rid, None)
+        self._frozen.pop(rid, None)
         metrics.INFLIGHT.labels(self.name).set(len(self._tasks))
 
     async def _supersede(self, rid: str) -> None:
@@ -457,11 +482,18 @@ class WorkerService(Service[WorkerSettings]):
                         await nc.publish(reply, encode(replayed))
                 chunk = stream.chunk(out)
                 if chunk is not None:
+                    gate = self._frozen.get(rid)
+                    if gate is not None:  # being handed over: a stop, or the go-ahead
+                        await gate.wait()
                     if progress:  # before the reader's copy: the scheduler never knows less
                         if self._voice.must_sync(time.monotonic(), lease, seen):
                             await self._sync()  # a stop for this attempt lands here
                             seen = self._voice.silences
-                        copy = RequestProgress(worker_id=self.worker_id, chunk=chunk)
+                        copy = RequestProgress(
+                            worker_id=self.worker_id,
+                            chunk=chunk,
+                            finish_reason=out.choice_finish_reason or "",
+                        )
                         await nc.publish(progress, encode(copy))
                         self._voice.spoke(time.monotonic(), lease)
                     await nc.publish(reply, encode(chunk))
@@ -490,20 +522,19 @@ class WorkerService(Service[WorkerSettings]):
             if expiry is not None:
                 expiry.cancel()
             self._expired.discard(rid)
-            await outputs.aclose()
-            self._tasks.pop(rid, None)
-            self._tenants.pop(rid, None)
-            self._attempts.pop(rid, None)
-            self._streaming.pop(rid, None)
-            metrics.INFLIGHT.labels(self.name).set(len(self._tasks))
+            self._forget(rid, asyncio.current_task())
+            try:  # a second cancel (a stop landing now) must not skip the end below
+                await asyncio.shield(outputs.aclose())
+            except asyncio.CancelledError:
+                pass
         if rid in self._superseded:
             self._superseded.discard(rid)
             log.info("attempt superseded", request_id=rid, attempt=assignment.attempt)
             return
         if terminal is None:
             terminal = stream.unfinished()
-        if isinstance(terminal, RequestFinished):
-            usage = terminal.usage
+        if isinstance(terminal, RequestFinished) and not stream.resumed:
+            usage = terminal.usage  # a continuation's prefill covered tokens it did not count
             self.costs.observe(
                 terminal.timings.prefill_s,
                 usage.prompt_tokens,
@@ -526,15 +557,16 @@ class WorkerService(Service[WorkerSettings]):
         """The engine's outputs for the version that serves the request now (named on
         ``stream`` for its end). Waits while a swap holds new requests back."""
         await self._serving.wait()
-        if nothing_left(assignment):  # the earlier attempt sent all it may: only the end
+        ended = nothing_left(assignment)
+        if ended:  # the earlier attempt sent its last token: only the end is left
             req = assignment.request
             yield EngineOutput(
                 text="",
                 token_ids=[],
                 prompt_tokens=req.prompt_tokens + len(carried_ids(assignment)),
                 completion_tokens=0,
-                finish_reason="length",
-                choice_finish_reason="length",
+                finish_reason=ended,
+                choice_finish_reason=ended,
             )
             return
         name = served_name(assignment)
@@ -687,14 +719,24 @@ class WorkerService(Service[WorkerSettings]):
     async def _hand_over(self) -> None:
         """Ask the scheduler to move the streams still running here that can move; it
         stops each it moves (an attempt-scoped cancel), and the rest run on."""
-        self._handover = [rid for rid, movable in self._streaming.items() if movable]
-        if not self._handover:
+        movable = [rid for rid, can in self._streaming.items() if can]
+        if not movable:
             return
-        log.info("handing streams over", requests=len(self._handover))
-        await self.send_heartbeat()
-        moving = [self._tasks[r] for r in self._handover if r in self._tasks]
-        if moving:  # the scheduler's stops come within a round trip
-            await asyncio.wait(moving, timeout=5.0)
+        log.info("handing streams over", requests=len(movable))
+        for rid in movable:  # held still: the scheduler's copy is all their readers have
+            self._frozen[rid] = asyncio.Event()
+        self._handover = movable
+        try:
+            await self.send_heartbeat()
+        finally:
+            self._handover = []
+        moving = [self._tasks[r] for r in movable if r in self._tasks]
+        if moving:  # the stops come within a round trip; the scheduler acts on a fresh ask
+            await asyncio.wait(moving, timeout=HANDOVER_ANSWER_S)
+        for rid in movable:  # kept here (no room elsewhere): they stream on
+            gate = self._frozen.pop(rid, None)
+            if gate is not None:
+                gate.set()
 
     async def _abandon(self) -> None:
         """Stop everything at once without a word: the failed heartbeat had the scheduler

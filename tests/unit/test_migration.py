@@ -352,7 +352,12 @@ def test_a_streaming_worker_gone_silent_is_lost_before_the_heartbeat_timeout():
     assert ends(core.tick(1.6)) == []
     (moved,) = ends(core.tick(1.8))  # 1.6 s without a copy or a heartbeat
     assert isinstance(moved, Assign) and moved.resume is not None and moved.worker_id != wid
-    assert set(core.workers) == {"w1", "w2", "idle"} - {wid}  # the quiet idle one stays
+    # only its streams move: it gets no new work until it is heard from, and is lost
+    # as a whole at the heartbeat timeout (what else it held waits for that)
+    assert core.workers[wid].state == "silent" and core.workers[wid].assigned == set()
+    assert wid not in [a.worker_id for a in ends(core.on_accepted(req("next"), 1.9))]
+    core.tick(3.1)
+    assert wid not in core.workers
 
 
 def test_a_worker_told_an_attempt_was_given_up_never_serves_it():
@@ -436,3 +441,46 @@ def test_a_continuations_start_says_how_long_its_stream_stood_still():
     assert core.on_started("r", 1, "w1", now=3.6) is None  # the lost attempt's late word
     assert core.on_started("r", 2, "w2", migratable=True, now=3.9) == pytest.approx(3.5)
     assert core.on_started("r", 2, "w2", migratable=True, now=4.0) is None  # once
+
+
+def test_a_handover_moves_no_more_than_the_other_workers_have_seats_for():
+    core = SchedulerCore(POLICY)
+    core.on_heartbeat(hb("w1"), 0.0)
+    for i in range(3):
+        core.on_accepted(req(f"r{i}"), 0.0)
+        core.on_started(f"r{i}", 1, "w1", migratable=True)
+        core.on_progress("w1", chunk(0, [1], rid=f"r{i}"), 0.1)
+    small = msgspec.structs.replace(hb("w2"), max_num_seqs=2)
+    core.on_heartbeat(small, 0.2)
+    ask = msgspec.structs.replace(
+        hb("w1", state="draining"), handover=["r0", "r1", "r2"], sent_at=100.0
+    )
+    assert ends(core.on_heartbeat(ask, 0.3, wall=101.5)) == []  # asked too long ago
+    moved = [e for e in ends(core.on_heartbeat(ask, 0.4, wall=100.2)) if isinstance(e, Assign)]
+    assert len(moved) == 2 and all(m.worker_id == "w2" for m in moved)
+    assert len(core.workers["w1"].assigned) == 1  # the third runs to its end on w1
+    assert not [q for q in core.queues["m"]]  # none left waiting for a seat
+
+
+def test_a_worker_whose_engine_hung_gets_nothing_until_it_restarts():
+    core = SchedulerCore(POLICY)
+    core.on_heartbeat(hb("w1"), 0.0)
+    core.on_heartbeat(msgspec.structs.replace(hb("w1"), stalled_s=31.0), 1.0)
+    assert ends(core.on_heartbeat(hb("w1"), 2.0)) == []  # its count went back to 0
+    assert "w1" not in core.workers and core.on_accepted(req(), 2.1) == []
+    (placed,) = core.on_heartbeat(hb("w1-restarted"), 3.0)
+    assert isinstance(placed, Assign) and placed.worker_id == "w1-restarted"
+
+
+def test_a_stream_lost_after_its_last_chunk_only_ends_on_the_next_worker():
+    core = SchedulerCore(POLICY)
+    core.on_heartbeat(hb("w1"), 0.0)
+    core.on_accepted(req(max_tokens=50), 0.0)
+    core.on_started("r", 1, "w1", migratable=True)
+    core.on_progress("w1", chunk(0, [5, 2]), 0.1, finish_reason="stop")  # 2: end of text
+    core.on_heartbeat(hb("w2"), 3.0)
+    (moved,) = ends(core.tick(3.5))
+    assert isinstance(moved, Assign) and moved.resume is not None
+    assert moved.resume.finish_reason == "stop"
+    work = WorkAssigned(request=moved.request, worker_id="w2", attempt=2, resume=moved.resume)
+    assert nothing_left(work) == "stop"
