@@ -310,6 +310,7 @@ class SchedulerCore:
             return  # ended, or an attempt given up on
         if f.progress is None:  # the copy came before the start
             f.progress = Progress(f.resume)
+        f.started = True  # its reader has (or is about to have) this chunk
         f.progress.add(chunk, now, finish_reason)
         w = self.workers.get(worker_id)
         if w is not None:

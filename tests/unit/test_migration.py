@@ -484,3 +484,17 @@ def test_a_stream_lost_after_its_last_chunk_only_ends_on_the_next_worker():
     assert moved.resume.finish_reason == "stop"
     work = WorkAssigned(request=moved.request, worker_id="w2", attempt=2, resume=moved.resume)
     assert nothing_left(work) == "stop"
+
+
+def test_a_chunk_copy_before_its_start_counts_as_started():
+    # found in CI under load: the scheduler read the worker's copies but not yet its
+    # start when it lost the worker, and ran the request afresh: the client had text
+    # of attempt 1 and ended stream_interrupted
+    core = SchedulerCore(POLICY)
+    core.on_heartbeat(hb("w1"), 0.0)
+    core.on_accepted(req(), 0.0)
+    core.on_progress("w1", chunk(0, [4]), 0.2)
+    core.on_heartbeat(hb("w2"), 3.0)
+    (moved,) = ends(core.tick(3.5))
+    assert isinstance(moved, Assign) and moved.resume is not None
+    assert moved.resume.output_ids == [4]
