@@ -701,9 +701,12 @@ class WorkerService(Service[WorkerSettings]):
             pending = set()
             if self._tasks:
                 _, pending = await asyncio.wait(list(self._tasks.values()), timeout=left)
+            # the "stopped" heartbeat has the scheduler move what can move: those stop
+            # without a word (a worker_shutdown would end their readers first)
+            self._superseded.update(rid for rid, can in self._streaming.items() if can)
             for task in pending:
                 if not task.cancelling():
-                    task.cancel()  # ends as worker_shutdown, retryable
+                    task.cancel()  # the others end as worker_shutdown, retryable
             if pending:
                 await asyncio.wait(pending, timeout=2.0)
         await self.ctx.subscriptions.close()

@@ -240,3 +240,37 @@ async def test_a_newer_attempt_given_back_to_the_same_worker_replaces_the_older(
         assert end.usage.completion_tokens == 300
     finally:
         worker.stop()
+
+
+async def test_a_stream_left_at_the_end_of_a_drain_moves_instead_of_failing(
+    nats_url, log_dir, client
+):
+    # no handover (--drain-handover-s 0) and a 3 s drain: the stream still running at
+    # its end stops without a word, and the "stopped" heartbeat moves it (it ended
+    # worker_shutdown before, and its reader with it)
+    workers = _workers(
+        nats_url,
+        log_dir,
+        "drainend",
+        "--sim-decode-s-per-step",
+        "0.02",
+        "--drain-handover-s",
+        "0",
+        "--drain-timeout-s",
+        "3",
+    )
+    try:
+        await wait_for_status(client.nc, lambda st: ready_workers(st, "drainend") == 2)
+        started = await client.nc.subscribe(STARTED)
+        prompt = "a long answer left at the end of a drain"
+        stream = client.stream("drainend", prompt, max_tokens=400)
+        await stream.__anext__()
+        ev = decode((await started.next_msg(timeout=5)).data, RequestStarted)
+        _owner(workers, ev.worker_id).proc.terminate()
+        await asyncio.wait_for(client_collect(stream), 30)
+        outcome = stream.outcome
+        assert outcome is not None and outcome.resumed and outcome.attempt == 2
+        assert stream.text == sim_text(prompt, 400)
+    finally:
+        for w in workers:
+            w.stop()
