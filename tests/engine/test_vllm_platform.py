@@ -63,7 +63,7 @@ from inferbus.shared.prompttokens import load_tokenizer, prompt_token_ids
 from inferbus.tinymodel import make_tiny
 
 pytestmark = [
-    pytest.mark.engine(seconds=140),
+    pytest.mark.engine(seconds=260),
     pytest.mark.slow,
     pytest.mark.integration,
     pytest.mark.timeout(900),
