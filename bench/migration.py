@@ -30,27 +30,15 @@ from pathlib import Path
 
 import testkit_path  # noqa: F401  (before testkit)
 from testkit.delivery import ready_workers
-from testkit.faults import Platform
+from testkit.faults import Platform, Starts
 
 from inferbus.client import Client
-from inferbus.contracts import STARTED, RequestStarted
-from inferbus.shared.bus import connect
-from inferbus.shared.buscreds import load_credentials
-from inferbus.shared.codec import decode_or_none
 
 MODEL = "tiny-llama"
 
 
 async def one_run(p: Platform, words: int, tokens: int) -> dict[str, float]:
-    nc = await connect(p.nats_url, "migration-bench", load_credentials(p.operator))
-    started: asyncio.Queue[RequestStarted] = asyncio.Queue()
-
-    async def on_started(msg) -> None:
-        ev = decode_or_none(msg.data, RequestStarted)
-        if ev is not None and not ev.resumed:
-            started.put_nowait(ev)
-
-    await nc.subscribe(STARTED, cb=on_started)
+    starts = await Starts().open(p, "migration-bench")
     client = await Client.connect(p.nats_url, "migration-bench-client", creds=p.tenant)
     try:
         await ready_workers(p.nats_url, p.operator, MODEL, 2, timeout=300)
@@ -65,12 +53,9 @@ async def one_run(p: Platform, words: int, tokens: int) -> dict[str, float]:
             MODEL, messages=messages, max_tokens=tokens, temperature=0.0, ignore_eos=True
         )
         await stream.__anext__()
-        while True:
-            ev = await asyncio.wait_for(started.get(), 60)
-            if ev.request_id == stream.request_id:
-                break
+        instance = await starts.instance(stream.request_id)
         await asyncio.sleep(0.5)  # its blocks reach the shared tier behind the steps
-        os.kill(pids[ev.worker_id.split(".")[0]], signal.SIGKILL)
+        os.kill(pids[instance], signal.SIGKILL)
         # the client may hold chunks the worker sent ahead: the gap is its longest wait
         last, gap = time.monotonic(), 0.0
         async for _ in stream:
@@ -86,7 +71,7 @@ async def one_run(p: Platform, words: int, tokens: int) -> dict[str, float]:
         }
     finally:
         await client.close()
-        await nc.close()
+        await starts.close()
 
 
 async def measure(label: str, extra: tuple[str, ...], args: argparse.Namespace) -> dict:

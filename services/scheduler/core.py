@@ -20,6 +20,7 @@ from inferbus.contracts import (
     KvEvent,
     ModelLoad,
     RequestSubmitted,
+    Resume,
     TokenChunk,
     WorkerHeartbeat,
 )
@@ -606,6 +607,13 @@ class SchedulerCore:
         """Queue ``f`` (taken off ``worker_id``) as a continuation, ahead of newer work,
         and stop its attempt there."""
         assert f.progress is not None
+        self._requeue(f, now, f.progress.resume(f.attempt), cause, f.progress.at or now)
+        return [Supersede(request=f.request, worker_id=worker_id, attempt=f.attempt)]
+
+    def _requeue(
+        self, f: Inflight, now: float, resume: Resume | None, cause: str, quiet_since: float
+    ) -> None:
+        """``f`` as its next attempt, ahead of newer work (kept in arrival order)."""
         self._enqueue(
             Queued(
                 request=f.request,
@@ -614,13 +622,12 @@ class SchedulerCore:
                 attempt=f.attempt + 1,
                 deadline=f.deadline,
                 target=f.target or None,
-                resume=f.progress.resume(f.attempt),
+                resume=resume,
                 cause=cause,
-                quiet_since=f.progress.at or now,
+                quiet_since=quiet_since,
             ),
             front=True,
         )
-        return [Supersede(request=f.request, worker_id=worker_id, attempt=f.attempt)]
 
     def _why_not_moved(self, f: Inflight) -> str:
         """Why a started request of a lost worker cannot continue elsewhere ("": it can)."""
@@ -676,19 +683,8 @@ class SchedulerCore:
             else:
                 # not started: hand it to another worker ahead of newer requests (a
                 # continuation stays one: its reader holds the earlier text)
-                self._enqueue(
-                    Queued(
-                        request=f.request,
-                        since=now,
-                        order=f.order,
-                        attempt=f.attempt + 1,
-                        deadline=f.deadline,
-                        resume=f.resume,
-                        cause=cause if f.resume is not None else "",
-                        target=f.target or None,
-                        quiet_since=f.quiet_since,
-                    ),
-                    front=True,
+                self._requeue(
+                    f, now, f.resume, cause if f.resume is not None else "", f.quiet_since
                 )
         return effects
 

@@ -40,17 +40,15 @@ from testkit.delivery import (
     ready_workers,
     throttle,
 )
-from testkit.faults import Platform
+from testkit.faults import Platform, Starts
 
 from inferbus.client import Client
 from inferbus.contracts import (
     KV_EVENTS,
     KV_SPILL_INDEX,
-    STARTED,
     ChatMessage,
     KvBlocksStored,
     KvSpillNamespace,
-    RequestStarted,
     WorkAssigned,
     status_subject,
 )
@@ -325,25 +323,10 @@ def test_a_stream_whose_worker_is_killed_goes_on_on_the_other(p):
     asyncio.run(_migrate(p))
 
 
-async def _serving_instance(started: asyncio.Queue, request_id: str | None = None) -> str:
-    while True:
-        ev = await asyncio.wait_for(started.get(), 60)
-        if request_id is None or ev.request_id == request_id:
-            return ev.worker_id.split(".")[0]
-
-
 async def _migrate(p: Platform) -> None:
     import aiohttp
 
-    nc = await connect(p.nats_url, "migrate-watch", load_credentials(p.operator))
-    started: asyncio.Queue[RequestStarted] = asyncio.Queue()
-
-    async def on_started(msg) -> None:
-        ev = decode_or_none(msg.data, RequestStarted)
-        if ev is not None and not ev.resumed:
-            started.put_nowait(ev)
-
-    await nc.subscribe(STARTED, cb=on_started)
+    starts = await Starts().open(p, "migrate-watch")
     client = await Client.connect(p.nats_url, "migrate-client", creds=p.tenant)
     greedy = {"max_tokens": LONG, "temperature": 0.0, "ignore_eos": True}
     try:
@@ -351,14 +334,12 @@ async def _migrate(p: Platform) -> None:
         reference = await client.generate(MODEL, messages=STORY, **greedy)
         assert reference.outcome is not None
         assert reference.outcome.usage.completion_tokens == LONG
-        while not started.empty():
-            started.get_nowait()
 
         # over NATS: killed at its first chunk (the tiny model decodes fast)
         pids = await p.pids()
         stream = client.stream(MODEL, messages=STORY, **greedy)
         await stream.__anext__()
-        instance = await _serving_instance(started, stream.request_id)
+        instance = await starts.instance(stream.request_id)
         os.kill(pids[instance], signal.SIGKILL)
         killed_at, gap = time.monotonic(), None
         async for _ in stream:
@@ -392,13 +373,13 @@ async def _migrate(p: Platform) -> None:
                     usage = obj.get("usage") or usage
                     chunks += 1
                     if chunks == 1:
-                        instance = await _serving_instance(started, rid)
+                        instance = await starts.instance(rid)
                         os.kill(pids[instance], signal.SIGKILL)
         assert text == reference.text
         assert usage is not None and usage["completion_tokens"] == LONG
     finally:
         await client.close()
-        await nc.close()
+        await starts.close()
 
 
 def test_a_stream_on_a_hung_engine_goes_on_on_the_other(p):
@@ -409,15 +390,7 @@ def test_a_stream_on_a_hung_engine_goes_on_on_the_other(p):
 
 
 async def _hung_engine(p: Platform) -> None:
-    nc = await connect(p.nats_url, "stall-watch", load_credentials(p.operator))
-    started: asyncio.Queue[RequestStarted] = asyncio.Queue()
-
-    async def on_started(msg) -> None:
-        ev = decode_or_none(msg.data, RequestStarted)
-        if ev is not None and not ev.resumed:
-            started.put_nowait(ev)
-
-    await nc.subscribe(STARTED, cb=on_started)
+    starts = await Starts().open(p, "stall-watch")
     client = await Client.connect(p.nats_url, "stall-client", creds=p.tenant)
     greedy = {"max_tokens": LONG, "temperature": 0.0, "ignore_eos": True}
     stopped: list[int] = []
@@ -427,7 +400,7 @@ async def _hung_engine(p: Platform) -> None:
         pids = await p.pids()
         stream = client.stream(MODEL, messages=STORY, **greedy)
         await stream.__anext__()
-        instance = await _serving_instance(started, stream.request_id)
+        instance = await starts.instance(stream.request_id)
         pid = pids[instance]
         stopped = process_tree(pid)[1:]  # the engine's processes, not the worker's
         assert stopped, "the worker has no engine process to stop"
@@ -449,7 +422,7 @@ async def _hung_engine(p: Platform) -> None:
             except ProcessLookupError:
                 pass
         await client.close()
-        await nc.close()
+        await starts.close()
 
 
 async def _restarted(p: Platform, instance: str, pid: int) -> bool:

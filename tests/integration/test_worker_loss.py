@@ -52,6 +52,19 @@ def _owner(workers, worker_id: str) -> ServiceProcess:
     return next(w for w in workers if worker_id.startswith(w.name + "."))
 
 
+async def _streaming(client, workers, model: str, prompt: str, chunks: int = 1, **sampling):
+    """A stream of ``prompt`` with ``chunks`` chunks read, its start event and the
+    worker process serving it."""
+    started = await client.nc.subscribe(STARTED)
+    stream = client.stream(model, prompt, **sampling)
+    for _ in range(chunks):
+        await stream.__anext__()
+    ev = decode((await started.next_msg(timeout=5)).data, RequestStarted)
+    await started.unsubscribe()
+    assert ev.request_id == stream.request_id
+    return stream, ev, _owner(workers, ev.worker_id)
+
+
 async def test_killed_mid_stream_continues_on_the_other_worker(nats_url, log_dir, client):
     # issue 38: the stream moves to the other worker as a continuation; the client
     # reads the text an uninterrupted run gives, with no error and no gap
@@ -60,13 +73,11 @@ async def test_killed_mid_stream_continues_on_the_other_worker(nats_url, log_dir
         await wait_for_status(client.nc, lambda st: ready_workers(st, "fragile") == 2)
         reference = client.stream("fragile", "a long answer", max_tokens=150, seed=7)
         await client_collect(reference)
-        started = await client.nc.subscribe(STARTED)
-        stream = client.stream("fragile", "a long answer", max_tokens=150, seed=7)
-        for _ in range(10):
-            await stream.__anext__()
-        ev = decode((await started.next_msg(timeout=5)).data, RequestStarted)
-        assert ev.request_id == stream.request_id and ev.migratable
-        _owner(workers, ev.worker_id).kill()
+        stream, ev, owner = await _streaming(
+            client, workers, "fragile", "a long answer", chunks=10, max_tokens=150, seed=7
+        )
+        assert ev.migratable
+        owner.kill()
         killed_at = time.monotonic()
         gap = None
         async for _ in stream:
@@ -90,13 +101,11 @@ async def test_killed_mid_stream_that_cannot_move_ends_with_a_clear_error(
     workers = _workers(nats_url, log_dir, "fragile3", "--sim-decode-s-per-step", "0.05")
     try:
         await wait_for_status(client.nc, lambda st: ready_workers(st, "fragile3") == 2)
-        started = await client.nc.subscribe(STARTED)
-        stream = client.stream("fragile3", "a long answer", max_tokens=1000, stop=["@@"])
-        first = await stream.__anext__()
-        assert first.seq == 0
-        ev = decode((await started.next_msg(timeout=5)).data, RequestStarted)
-        assert ev.request_id == stream.request_id and not ev.migratable
-        _owner(workers, ev.worker_id).kill()
+        stream, ev, owner = await _streaming(
+            client, workers, "fragile3", "a long answer", max_tokens=1000, stop=["@@"]
+        )
+        assert stream.chunks[0].seq == 0 and not ev.migratable
+        owner.kill()
         killed_at = time.monotonic()
         with pytest.raises(RequestError) as exc:
             async for _ in stream:
@@ -170,13 +179,10 @@ async def test_a_draining_worker_hands_its_long_streams_to_the_other(nats_url, l
     )
     try:
         await wait_for_status(client.nc, lambda st: ready_workers(st, "handover") == 2)
-        started = await client.nc.subscribe(STARTED)
         prompt = "a long answer to hand over"
-        stream = client.stream("handover", prompt, max_tokens=400)
-        for _ in range(5):
-            await stream.__anext__()
-        ev = decode((await started.next_msg(timeout=5)).data, RequestStarted)
-        draining = _owner(workers, ev.worker_id)
+        stream, _, draining = await _streaming(
+            client, workers, "handover", prompt, chunks=5, max_tokens=400
+        )
         draining.proc.terminate()
         termed = time.monotonic()
         rest = asyncio.create_task(client_collect(stream))
@@ -261,12 +267,9 @@ async def test_a_stream_left_at_the_end_of_a_drain_moves_instead_of_failing(
     )
     try:
         await wait_for_status(client.nc, lambda st: ready_workers(st, "drainend") == 2)
-        started = await client.nc.subscribe(STARTED)
         prompt = "a long answer left at the end of a drain"
-        stream = client.stream("drainend", prompt, max_tokens=400)
-        await stream.__anext__()
-        ev = decode((await started.next_msg(timeout=5)).data, RequestStarted)
-        _owner(workers, ev.worker_id).proc.terminate()
+        stream, _, owner = await _streaming(client, workers, "drainend", prompt, max_tokens=400)
+        owner.proc.terminate()
         await asyncio.wait_for(client_collect(stream), 30)
         outcome = stream.outcome
         assert outcome is not None and outcome.resumed and outcome.attempt == 2

@@ -210,6 +210,34 @@ class Platform:
         raise TimeoutError(f"{names} not all running")
 
 
+class Starts:
+    """Requests starting afresh on the bus (a continuation's start aside): which worker
+    instance serves a request, the one a test kills."""
+
+    def __init__(self) -> None:
+        self._started: asyncio.Queue[RequestStarted] = asyncio.Queue()
+
+    async def open(self, p: Platform, name: str) -> Starts:
+        self.nc = await connect(p.nats_url, name, load_credentials(p.operator))
+        await self.nc.subscribe(STARTED, cb=self._on_started)
+        return self
+
+    async def _on_started(self, msg) -> None:
+        ev = decode_or_none(msg.data, RequestStarted)
+        if ev is not None and not ev.resumed:
+            self._started.put_nowait(ev)
+
+    async def instance(self, request_id: str, timeout: float = 60.0) -> str:
+        """The instance (``worker-0``) of the worker that started ``request_id``."""
+        while True:
+            ev = await asyncio.wait_for(self._started.get(), timeout)
+            if ev.request_id == request_id:
+                return ev.worker_id.split(".")[0]
+
+    async def close(self) -> None:
+        await self.nc.close()
+
+
 class Watch:
     """Duplicates, seen from the operator's seat: starts by worker and terminal events
     per request on the bus."""
