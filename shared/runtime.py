@@ -17,7 +17,7 @@ import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import msgspec
 from aiohttp import web
@@ -144,7 +144,7 @@ class Runtime:
         return web.json_response({"status": "dead", "reason": why}, status=503)
 
     async def _readyz(self, _: web.Request) -> web.Response:
-        ok, why = self.service.ready() if self._service else (False, "starting")
+        ok, why = self.service.ready() if self.started.is_set() else (False, "starting")
         if not (self._nc and self._nc.is_connected):
             ok, why = False, "not connected to NATS"
         if self.stop.is_set():
@@ -167,9 +167,23 @@ class Runtime:
             **self.service.status(),
         }
 
+    @web.middleware
+    async def _until_started(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """The probes answer at once (a worker loads its model for minutes), but the
+        service's own routes wait for its subscriptions: a gateway that took a request
+        before its reply subscription was open lost the replies, and the request hung."""
+        if self.started.is_set() or request.path in _PROBES:
+            return cast(web.StreamResponse, await handler(request))
+        error = {
+            "message": f"the {self.service_cls.name} is starting; retry shortly",
+            "type": "server_error",
+            "code": "starting",
+        }
+        return web.json_response({"error": error}, status=503, headers={"Retry-After": "1"})
+
     async def _serve_http(self, service: Service[Any]) -> web.AppRunner:
         s = self.settings
-        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app = web.Application(client_max_size=8 * 1024 * 1024, middlewares=[self._until_started])
         app.add_routes(
             [
                 web.get("/healthz", self._healthz),
@@ -283,6 +297,9 @@ class Runtime:
         if not alive:  # its supervisor (or Kubernetes) starts a fresh one
             self.log.error("exiting to be restarted", reason=why)
             raise SystemExit(1)
+
+
+_PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 def cap_connections(server: web.Server, limit: int, service: str) -> None:

@@ -24,7 +24,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory):
 async def test_a_killed_process_strands_no_request(platform: Platform, fault: str):
     result = await run_fault(platform, fault, load_s=7.0)
     print("\n" + table([result]))
-    assert result.count("hung") == 0, [o for o in result.outcomes if o.kind == "hung"]
+    assert result.count("hung") == 0, result.hung()
     assert result.duplicates == 0, result.duplicate_detail
     assert result.count("error") == 0, [o for o in result.outcomes if o.kind == "error"]
     assert result.recover_s is not None, "nothing was served after the kill"
@@ -50,7 +50,7 @@ async def test_a_lost_node_of_a_three_node_nats_loses_nothing(cluster: Platform,
     strands nothing, runs nothing twice, and the platform serves again."""
     result = await run_fault(cluster, node, load_s=16.0)
     print("\n" + table([result]))
-    assert result.count("hung") == 0, [o for o in result.outcomes if o.kind == "hung"]
+    assert result.count("hung") == 0, result.hung()
     assert result.duplicates == 0, result.duplicate_detail
     assert result.count("error") == 0, [o for o in result.outcomes if o.kind == "error"]
     assert result.recover_s is not None, "nothing was served after the kill"

@@ -72,6 +72,16 @@ class FaultResult:
     recover_s: float | None = None
     moved: set[str] = field(default_factory=set)
     """Requests that continued on another worker."""
+    killed_at: float = 0.0
+
+    def hung(self) -> list[str]:
+        """The hung requests, each with when it was sent (from the kill) and how far
+        it got: what a failing run needs to be read without its logs."""
+        return [
+            f"{o.request_id[:8]} sent {o.sent_at - self.killed_at:+.2f}s: {o.detail}"
+            for o in self.outcomes
+            if o.kind == "hung"
+        ]
 
     def count(self, kind: str) -> int:
         return sum(o.kind == kind for o in self.outcomes)
@@ -302,9 +312,9 @@ async def _nats_one(client: Client, tokens: int, timeout: float) -> Outcome:
     rid = uuid.uuid4().hex
     sent = time.monotonic()
     gap, last = 0.0, 0.0
+    prompt = f"fault load {rid}"
+    stream = client.stream(MODEL, prompt, max_tokens=tokens, request_id=rid, timeout=timeout)
     try:
-        prompt = f"fault load {rid}"
-        stream = client.stream(MODEL, prompt, max_tokens=tokens, request_id=rid, timeout=timeout)
         async for _ in stream:
             now = time.monotonic()
             gap, last = max(gap, now - last) if last else 0.0, now
@@ -315,11 +325,9 @@ async def _nats_one(client: Client, tokens: int, timeout: float) -> Outcome:
             return Outcome(rid, sent, time.monotonic(), "error", "text", gap)
         return Outcome(rid, sent, time.monotonic(), "ok", "", gap)
     except RequestError as exc:
-        kind = (
-            "hung"
-            if exc.event is None and exc.code == "timeout"
-            else ("retryable" if exc.retryable else "error")
-        )
+        if exc.event is None and exc.code == "timeout":
+            return Outcome(rid, sent, time.monotonic(), "hung", f"nats, {len(stream.text)} chars")
+        kind = "retryable" if exc.retryable else "error"
         return Outcome(rid, sent, time.monotonic(), kind, exc.code or str(exc))
     except Exception as exc:  # the client's own connection to NATS failed: retry later
         return Outcome(rid, sent, time.monotonic(), "retryable", repr(exc))
@@ -335,6 +343,7 @@ async def _http_one(http: aiohttp.ClientSession, tokens: int, timeout: float) ->
         "stream_options": {"include_usage": True},
         "messages": [{"role": "user", "content": f"fault load {rid}"}],
     }
+    got = "no answer"
     try:
         async with asyncio.timeout(timeout):
             async with http.post(
@@ -345,9 +354,13 @@ async def _http_one(http: aiohttp.ClientSession, tokens: int, timeout: float) ->
                     return Outcome(rid, sent, time.monotonic(), kind, f"HTTP {r.status}")
                 usage, error = None, None
                 gap, last = 0.0, 0.0
+                events = 0
+                got = "headers"
                 async for line in r.content:
                     if not line.startswith(b"data: {"):
                         continue
+                    events += 1
+                    got = f"{events} events"
                     now = time.monotonic()
                     gap, last = max(gap, now - last) if last else 0.0, now
                     obj = json.loads(line[6:])
@@ -362,7 +375,7 @@ async def _http_one(http: aiohttp.ClientSession, tokens: int, timeout: float) ->
                 kind = "ok" if ok else "error"
                 return Outcome(rid, sent, time.monotonic(), kind, "" if ok else "short", gap)
     except TimeoutError:
-        return Outcome(rid, sent, time.monotonic(), "hung")
+        return Outcome(rid, sent, time.monotonic(), "hung", f"http, {got}")
     except (aiohttp.ClientError, ConnectionError) as exc:  # the gateway went away: seen at once
         return Outcome(rid, sent, time.monotonic(), "retryable", type(exc).__name__)
 
@@ -416,7 +429,7 @@ async def run_fault(
     running = await p.pids()
     hang = fault.endswith(HANG)
     pid = running[fault.removesuffix(HANG)]
-    killed_at = time.monotonic()
+    killed_at = result.killed_at = time.monotonic()
     os.kill(pid, signal.SIGSTOP if hang else signal.SIGKILL)
     try:
         await asyncio.gather(*loops)
