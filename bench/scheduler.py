@@ -12,8 +12,13 @@ bounded prefix cache per worker (LRU of 512-token blocks, publishing its stored 
 evicted blocks as KV events to the scheduler), and a slot limit.
 
 Printed side by side in one run:
-- lanes: TTFT p95 of short requests (prompt under the lane threshold) and
-  throughput, lanes against plain FCFS (same workers, same routing);
+- goodput (the share of all requests whose first token came within their objective,
+  2 s plus the prompt at 10,000 tokens/s by default; refused, timed-out and late ones
+  missed), and the late, refused and timed-out shares, for FCFS, lanes (short first,
+  no admission) and ours (the scheduler's defaults: lanes, SLO admission); TTFT p95
+  of the short requests (prompt under the lane threshold) and of all, served ones;
+  throughput ours / FCFS. Retryable failures are sent again after their Retry-After
+  (``--retries``, 2 as the OpenAI SDK);
 - routing (traces with block hashes): prefix-cache hit rate and max/mean load, ours
   (``kv``: cached share against load, within a load bound) against round robin and a
   Dynamo-style cost (new prefill blocks weighted against active decode blocks);
@@ -44,6 +49,7 @@ from inferbus.contracts import (
     WorkerHeartbeat,
 )
 from inferbus.services.scheduler.core import Assign, Fail, Refuse, SchedulerCore, SchedulerPolicy
+from inferbus.services.scheduler.goodput import slo_s
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 BLOCK = 512
@@ -75,6 +81,8 @@ class Timing:
 class Seq:
     req: Req
     prefill_left: int
+    sid: str = ""
+    """The id it was submitted under (the trace's, or a retry's)."""
     decoded: int = 0
     first_token: float | None = None
 
@@ -92,7 +100,7 @@ class SimWorker:
     hits: int = 0
     blocks: int = 0
 
-    def admit(self, req: Req) -> list[Any]:
+    def admit(self, req: Req, sid: str) -> list[Any]:
         """Take a request: its cached prefix is free, the rest is prefilled. Returns the
         KV events the engine would publish."""
         cached = 0
@@ -113,7 +121,7 @@ class SimWorker:
         while len(self.cache) > self.cache_blocks:
             evicted.append(self.cache.popitem(last=False)[0])
         uncached = max(1, req.prompt - cached * BLOCK)
-        self.seqs.append(Seq(req, uncached))
+        self.seqs.append(Seq(req, uncached, sid))
         events: list[Any] = []
         if stored:
             events.append(KvBlocksStored(worker_id=self.wid, block_hashes=stored, block_size=BLOCK))
@@ -167,7 +175,11 @@ def simulate(
     cache_blocks: int,
     kv_tokens: int,
     timing: Timing,
+    retries: int = 0,
 ) -> dict[str, Any]:
+    """``retries``: a retryable failure is submitted again after its Retry-After (1 s
+    when none is said) up to this many times, as the OpenAI SDK does (2 by default);
+    its TTFT still counts from its first submission. Results are by the trace's ids."""
     core = SchedulerCore(policy)
     route_ns: list[int] = []
     route = core._route
@@ -194,7 +206,7 @@ def simulate(
     events: list[tuple[float, int, str, Any]] = []
     seq = 0
     for r in reqs:
-        events.append((r.arrival, seq, "arrive", r))
+        events.append((r.arrival, seq, "arrive", (r.rid, r)))
         seq += 1
     heapq.heapify(events)
     by_id = {r.rid: r for r in reqs}
@@ -202,6 +214,10 @@ def simulate(
     done_at: dict[str, float] = {}
     failed: dict[str, str] = {}
     """Requests the scheduler refused or failed (queue full, timed out): by code."""
+    sent: dict[str, float] = {}
+    failed_after: list[tuple[str, float]] = []
+    """Each refused or failed submission (retries too): its code, and how long it took
+    to learn it."""
 
     ticking = False
     """A tick is pending: the core ticks as the service does (every ``TICK_S``) while
@@ -212,10 +228,20 @@ def simulate(
         nonlocal seq, ticking
         for e in effects:
             if isinstance(e, Fail | Refuse):
-                failed[e.request.request_id] = e.code
+                rid = e.request.request_id
+                origin, _, tried = rid.partition("~")
+                failed_after.append((e.code, now - sent[rid]))
+                if isinstance(e, Fail) and e.retryable and int(tried or 0) < retries:
+                    again = f"{origin}~{int(tried or 0) + 1}"
+                    by_id[again] = by_id[rid]
+                    wait = e.retry_after_s or 1.0
+                    heapq.heappush(events, (now + wait, seq, "arrive", (again, by_id[rid])))
+                    seq += 1
+                else:
+                    failed[origin] = e.code
             elif isinstance(e, Assign):
                 w = sims[e.worker_id]
-                for ev in w.admit(by_id[e.request.request_id]):
+                for ev in w.admit(by_id[e.request.request_id], e.request.request_id):
                     core.on_kv_event(ev)
                 if not w.busy:
                     w.busy = True
@@ -233,13 +259,14 @@ def simulate(
             apply(core.tick(now), now)
             continue
         if kind == "arrive":
-            r = what
+            rid, r = what
+            sent[rid] = now
             apply(
                 core.on_accepted(
                     RequestSubmitted(
-                        request_id=r.rid,
+                        request_id=rid,
                         model="m",
-                        reply_to="r." + r.rid,
+                        reply_to="r." + rid,
                         prompt="",
                         prompt_tokens=r.prompt,
                         prefix_hashes=r.blocks,
@@ -257,10 +284,10 @@ def simulate(
         end, started, finished = w.step(now)
         for s in started:
             ttft[s.req.rid] = end - s.req.arrival
-            core.on_started(s.req.rid, 1)
+            core.on_started(s.sid, 1, w.wid, now=end)
         for s in finished:
             done_at[s.req.rid] = end
-            apply(core.on_ended(s.req.rid, end), end)
+            apply(core.on_ended(s.sid, end), end)
         heapq.heappush(events, (end, seq, "step", w.wid))
         seq += 1
     makespan = max(done_at.values()) - min(r.arrival for r in reqs)
@@ -271,8 +298,10 @@ def simulate(
         "throughput": sum(by_id[r].output for r in done_at) / makespan,
         "completed": len(done_at),
         "failed": failed,
+        "failed_after": failed_after,
         "hit_rate": sum(w.hits for w in sims.values()) / blocks if blocks else 0.0,
         "imbalance": max(work) / statistics.mean(work),
+        "work_per_s": sum(work) / makespan,
         "route_p99_us": statistics.quantiles(route_ns, n=100)[98] / 1e3
         if len(route_ns) > 100
         else max(route_ns, default=0) / 1e3,
@@ -329,8 +358,40 @@ def ttfts(res: dict[str, Any], ids: list[str]) -> list[float]:
     return [res["ttft"].get(r, math.inf) for r in ids]
 
 
+def slo_of(r: Req, a: argparse.Namespace) -> float:
+    """Its TTFT objective, as the scheduler computes it (``goodput.slo_s``)."""
+    return slo_s(r.prompt, "standard", a.slo_ttft_s, a.slo_prefill_tokens_per_s)
+
+
+def goodput(res: dict[str, Any], reqs: list[Req], a: argparse.Namespace) -> dict[str, Any]:
+    """Shares of all requests: served within their objective (goodput), served late,
+    refused at once (``overloaded``, ``queue_full``) and failed in the queue (timed
+    out); and how long a refused request waited to learn it (p95)."""
+    n = len(reqs)
+    met = late = 0
+    for r in reqs:
+        t = res["ttft"].get(r.rid)
+        if t is not None:
+            met, late = (met + 1, late) if t <= slo_of(r, a) else (met, late + 1)
+    codes = Counter(res["failed"].values())
+    refused = codes["overloaded"] + codes["queue_full"]
+    notice = [s for code, s in res["failed_after"] if code in ("overloaded", "queue_full")]
+    return {
+        "goodput": round(met / n, 4),
+        "late": round(late / n, 4),
+        "refused": round(refused / n, 4),
+        "timed_out": round((sum(codes.values()) - refused) / n, 4),
+        "refuse_notice_p95_s": round(p95(notice), 3) if notice else None,
+    }
+
+
+POLICIES = ("fcfs", "lanes", "ours")
+
+
 def compare(reqs: list[Req], workers: int, a: argparse.Namespace) -> dict[str, Any]:
-    """FCFS against lanes (and, with block hashes, the routings) on one trace."""
+    """FCFS, lanes (short first, no admission) and ours (the scheduler's defaults:
+    lanes ordered by slack, SLO admission) on one trace; with block hashes, the
+    routings too."""
     hashed = any(r.blocks for r in reqs)
     base = dict(
         short_prompt_tokens=a.short_tokens,
@@ -338,49 +399,63 @@ def compare(reqs: list[Req], workers: int, a: argparse.Namespace) -> dict[str, A
         queue_timeout_s=a.queue_timeout_s,
         worker_timeout_s=1e9,
         block_tokens=BLOCK,
+        ttft_slo_s=a.slo_ttft_s,
+        slo_prefill_tokens_per_s=a.slo_prefill_tokens_per_s,
     )
+    plain = dict(admit_by_slo=False, order_by_slack=False)
+    ours = dict(admit_by_slo=not a.no_admit, order_by_slack=not a.no_slack)
     runs = {
-        "fcfs": SchedulerPolicy(lanes=False, **base),
-        "lanes": SchedulerPolicy(lanes=True, **base),
+        "fcfs": SchedulerPolicy(lanes=False, **plain, **base),
+        "lanes": SchedulerPolicy(lanes=True, **plain, **base),
+        "ours": SchedulerPolicy(**ours, **base),
     }
     if hashed:
         runs |= {
-            "round_robin": SchedulerPolicy(lanes=True, routing="round_robin", **base),
-            "dynamo": SchedulerPolicy(lanes=True, routing="dynamo", **base),
+            "round_robin": SchedulerPolicy(routing="round_robin", **ours, **base),
+            "dynamo": SchedulerPolicy(routing="dynamo", **ours, **base),
         }
     kv_tokens = a.cache_blocks * BLOCK
     res = {
-        k: simulate(reqs, pol, workers, a.slots, a.cache_blocks, kv_tokens, Timing())
+        k: simulate(reqs, pol, workers, a.slots, a.cache_blocks, kv_tokens, Timing(), a.retries)
         for k, pol in runs.items()
     }
     every = [r.rid for r in reqs]
     short = [r.rid for r in reqs if r.prompt < a.short_tokens]
-    fc, ln = res["fcfs"], res["lanes"]
-    s_fc, s_ln = p95(ttfts(fc, short)), p95(ttfts(ln, short))
-    all_fc, all_ln = p95(ttfts(fc, every)), p95(ttfts(ln, every))
 
-    def ratio(x: float, y: float) -> float | None:
-        return round(x / y, 3) if math.isfinite(x) and math.isfinite(y) and y > 0 else None
+    def served_p95(k: str, ids: list[str]) -> float:
+        return p95([res[k]["ttft"][r] for r in ids if r in res[k]["ttft"]])
 
+    def ratio(x: float | None, y: float | None) -> float | None:
+        if x is None or y is None or not (math.isfinite(x) and math.isfinite(y)) or y <= 0:
+            return None
+        return round(x / y, 3)
+
+    good = {k: goodput(res[k], reqs, a) for k in POLICIES}
+    s_p95 = {k: round(served_p95(k, short), 4) for k in POLICIES}
+    all_p95 = {k: round(served_p95(k, every), 4) for k in POLICIES}
     summary: dict[str, Any] = {
         "requests": len(reqs),
         "workers": workers,
-        "short_ttft_p95_s": {"fcfs": round(s_fc, 4), "lanes": round(s_ln, 4)},
-        "short_ttft_ratio": ratio(s_ln, s_fc),
-        "all_ttft_p95_s": {"fcfs": round(all_fc, 4), "lanes": round(all_ln, 4)},
-        "all_ttft_ratio": ratio(all_ln, all_fc),
-        "throughput_ratio": round(ln["throughput"] / fc["throughput"], 3),
+        "goodput": {k: good[k]["goodput"] for k in POLICIES},
+        "goodput_ratio": ratio(good["ours"]["goodput"], good["fcfs"]["goodput"]),
+        "outcomes": good,
+        "short_ttft_p95_s": s_p95,
+        "short_ttft_ratio": ratio(s_p95["ours"], s_p95["fcfs"]),
+        "all_ttft_p95_s": all_p95,
+        "all_ttft_ratio": ratio(all_p95["ours"], all_p95["fcfs"]),
+        "throughput_ratio": round(res["ours"]["throughput"] / res["fcfs"]["throughput"], 3),
+        "work_ratio": round(res["ours"]["work_per_s"] / res["fcfs"]["work_per_s"], 3),
         "failed": {k: dict(sorted(Counter(r["failed"].values()).items())) for k, r in res.items()},
         "route_p99_us": round(max(r["route_p99_us"] for r in res.values()), 2),
     }
     if hashed:
         summary["routing"] = {
-            ("kv" if k == "lanes" else k): {
+            ("kv" if k == "ours" else k): {
                 "hit_rate": round(res[k]["hit_rate"], 4),
                 "imbalance": round(res[k]["imbalance"], 3),
                 "route_p99_us": round(res[k]["route_p99_us"], 2),
             }
-            for k in ("round_robin", "dynamo", "lanes")
+            for k in ("round_robin", "dynamo", "ours")
         }
     return summary
 
@@ -388,14 +463,24 @@ def compare(reqs: list[Req], workers: int, a: argparse.Namespace) -> dict[str, A
 def show(name: str, summary: dict[str, Any], a: argparse.Namespace) -> None:
     print(
         f"\n{name}: {summary['requests']} requests, {summary['workers']} workers x "
-        f"{a.slots} slots, lane threshold {a.short_tokens} tokens"
+        f"{a.slots} slots, TTFT objective {a.slo_ttft_s:g}s + prompt at "
+        f"{a.slo_prefill_tokens_per_s:g} tokens/s, queue timeout {a.queue_timeout_s:g}s"
     )
-    s, al = summary["short_ttft_p95_s"], summary["all_ttft_p95_s"]
     print(
-        f"  short-request TTFT p95: FCFS {s['fcfs']:.3f}s, lanes {s['lanes']:.3f}s "
-        f"({summary['short_ttft_ratio']}x); all requests p95 FCFS {al['fcfs']:.3f}s, lanes "
-        f"{al['lanes']:.3f}s ({summary['all_ttft_ratio']}x); throughput lanes/FCFS "
-        f"{summary['throughput_ratio']:.3f}; failed {summary['failed']}"
+        f"  {'policy':<8}{'goodput':>9}{'late':>8}{'refused':>9}{'timed out':>11}"
+        f"{'short p95 s':>13}{'all p95 s':>11}{'notice p95 s':>14}"
+    )
+    for k in POLICIES:
+        o = summary["outcomes"][k]
+        notice = o["refuse_notice_p95_s"]
+        print(
+            f"  {k:<8}{o['goodput']:>9.3f}{o['late']:>8.3f}{o['refused']:>9.3f}"
+            f"{o['timed_out']:>11.3f}{summary['short_ttft_p95_s'][k]:>13.2f}"
+            f"{summary['all_ttft_p95_s'][k]:>11.2f}{'-' if notice is None else notice:>14}"
+        )
+    print(
+        f"  goodput ours/FCFS {summary['goodput_ratio']}; served short p95 "
+        f"{summary['short_ttft_ratio']}x; throughput {summary['throughput_ratio']:.3f}x"
     )
     if "routing" in summary:
         print(f"  {'routing':<12}{'hit rate':>10}{'max/mean load':>15}{'route p99 µs':>14}")
@@ -407,14 +492,21 @@ def show(name: str, summary: dict[str, Any], a: argparse.Namespace) -> None:
             )
 
 
+SWEEP_HEAD = (
+    "| speed-up | goodput FCFS / lanes / ours | ratio | ours: late / refused / timed out "
+    "| short p95 FCFS / ours (s) | ratio | throughput | notice p95 (s) |"
+)
+
+
 def sweep_row(speedup: float, summary: dict[str, Any]) -> str:
-    s, al = summary["short_ttft_p95_s"], summary["all_ttft_p95_s"]
-    fails = summary["failed"]
+    g, o = summary["goodput"], summary["outcomes"]["ours"]
+    s = summary["short_ttft_p95_s"]
+    notice = o["refuse_notice_p95_s"]
     row = (
-        f"| {speedup:g} | {s['fcfs']:.2f} / {s['lanes']:.2f} | {summary['short_ttft_ratio']} "
-        f"| {al['fcfs']:.2f} / {al['lanes']:.2f} | {summary['all_ttft_ratio']} "
-        f"| {summary['throughput_ratio']:.3f} "
-        f"| {sum(fails['fcfs'].values())} / {sum(fails['lanes'].values())} |"
+        f"| {speedup:g} | {g['fcfs']:.3f} / {g['lanes']:.3f} / {g['ours']:.3f} "
+        f"| {summary['goodput_ratio']} | {o['late']:.3f} / {o['refused']:.3f} / "
+        f"{o['timed_out']:.3f} | {s['fcfs']:.2f} / {s['ours']:.2f} | {summary['short_ttft_ratio']} "
+        f"| {summary['throughput_ratio']:.3f} | {'-' if notice is None else notice} |"
     )
     if "routing" in summary:
         r = summary["routing"]
@@ -452,9 +544,27 @@ def main() -> None:
     p.add_argument(
         "--queue-timeout-s",
         type=float,
-        default=1e9,
-        help="the scheduler's queue timeout (default: none; the queue limit still refuses)",
+        default=SchedulerPolicy().queue_timeout_s,
+        help="the scheduler's queue timeout (default: the service's)",
     )
+    p.add_argument(
+        "--slo-ttft-s",
+        type=float,
+        default=SchedulerPolicy().ttft_slo_s,
+        help="TTFT objective: this plus the prompt at --slo-prefill-tokens-per-s",
+    )
+    p.add_argument(
+        "--slo-prefill-tokens-per-s", type=float, default=SchedulerPolicy().slo_prefill_tokens_per_s
+    )
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="a retryable failure is sent again after its Retry-After, this many times "
+        "(the OpenAI SDK's default: 2)",
+    )
+    p.add_argument("--no-admit", action="store_true", help="ours without SLO admission")
+    p.add_argument("--no-slack", action="store_true", help="ours with short-first lanes")
     for name in (
         "short_reserve",
         "long_per_worker",
@@ -501,12 +611,8 @@ def main() -> None:
         if rows:
             hashed = "routing" in out[path.stem][0]
             print(f"\n{path.stem}, speed-ups {a.sweep}")
-            head = (
-                "| speed-up | short p95 FCFS / lanes (s) | ratio | all p95 FCFS / lanes (s) "
-                "| ratio | throughput | failed FCFS / lanes |"
-            )
-            print(head + (" hit rate kv / dynamo | kv max/mean |" if hashed else ""))
-            print("|---" * (9 if hashed else 7) + "|")
+            print(SWEEP_HEAD + (" hit rate kv / dynamo | kv max/mean |" if hashed else ""))
+            print("|---" * (10 if hashed else 8) + "|")
             print("\n".join(rows))
     print(json.dumps(out))
 

@@ -402,6 +402,9 @@ class RequestFailed(Event, tag="request.failed"):
     """The attempt a worker failed (0: not tied to one, as the scheduler's and the
     sanitizer's failures are): a reader ignores a failure of an attempt older than
     the newest it has seen (contracts/replies.py)."""
+    retry_after_s: float = 0.0
+    """When a retry may succeed, where its author can tell (``overloaded``: the wait
+    the queue needs to come back within the objective); 0: not said."""
 
 
 class InputFinding(msgspec.Struct, kw_only=True):
@@ -504,6 +507,9 @@ class ModelLoad(msgspec.Struct, kw_only=True):
     oldest_wait_s: float = 0.0
     dispatch_per_s: float = 0.0
     """Recent rate at which queued requests went to workers."""
+    wait_s: float = 0.0
+    """How long a new request would wait for its prefill to begin, from the rates the
+    scheduler measures (``services/scheduler/goodput.py``); 0: none, or not measured."""
 
 
 class CanaryWeights(Event, tag="canary.weights"):

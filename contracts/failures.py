@@ -43,6 +43,7 @@ class FailureCode(StrEnum):
     OUTPUT_BLOCKED = "output_blocked"
     QUEUE_FULL = "queue_full"
     QUEUE_TIMEOUT = "queue_timeout"
+    OVERLOADED = "overloaded"
     NO_WORKER = "no_worker"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     WORKER_LOST = "worker_lost"
@@ -94,6 +95,12 @@ FAILURES: dict[FailureCode, Failure] = {
         http_status=429,
         retryable=True,
         meaning="the model's queue is at its limit; back off",
+    ),
+    FailureCode.OVERLOADED: Failure(
+        http_status=429,
+        retryable=True,
+        meaning="the model's workers would not start it within its latency objective "
+        "(or its deadline); refused at once: retry after Retry-After, or elsewhere",
     ),
     FailureCode.QUEUE_TIMEOUT: Failure(
         http_status=503,

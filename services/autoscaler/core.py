@@ -24,6 +24,11 @@ Per model, every tick:
    ``min_replicas``, over ``max_replicas`` or over the shared budget.
 6. **Zero**: requests (or queued ones) for a model with no worker start one at once;
    a model with ``min_replicas`` 0 idle for ``idle_to_zero_s`` goes to zero.
+7. **Goodput**: requests the scheduler refused ``overloaded`` (it would not have
+   started them within their objective) are goodput the fleet is losing: while more
+   than ``max_refused_share`` of the stable window's arrivals were refused, the
+   target is at least the ready fleet over the share served (one more at least), and
+   it is never lowered, so a worker goes only when goodput holds without it.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from inferbus.contracts import (
+    FailureCode,
     ModelLoad,
     RequestAccepted,
     RequestFinished,
@@ -84,6 +90,9 @@ class ModelScaling(msgspec.Struct, kw_only=True, frozen=True):
     """With ``min_replicas`` 0: no request for this long scales the model to zero."""
     history_s: float = 300.0
     """Seconds of arrived work kept for the forecaster."""
+    max_refused_share: float = 0.01
+    """The share of arrivals refused ``overloaded`` over the stable window past which
+    the fleet grows (goodput it is losing), and under which it may shrink."""
     burst_window_s: float = 300.0
     """Keep room for the bursts seen in this window (0: off): bursts from a quiet fleet
     outrun any forecast and any cold start, and what came lately may come again. A
@@ -152,6 +161,10 @@ class _ModelState:
     """(time, need) of recent ticks, for the scale-down stabilisation window."""
     queued: int = 0
     load_seen: float = -math.inf
+    arrived_at: deque[float] = field(default_factory=deque)
+    """Arrival times over the stable window (``refused_at``'s denominator)."""
+    refused_at: deque[float] = field(default_factory=deque)
+    """When its requests were refused ``overloaded``, over the stable window."""
 
 
 def _new_state(name: str, spec: ModelScaling, now: float) -> _ModelState:
@@ -244,6 +257,7 @@ class AutoscalerCore:
         expected_out = min(expected_out, req.sampling.max_tokens or expected_out)
         self._add_arrival(m, m.spec.prefill_weight * prompt + expected_out, now)
         m.last_arrival = now
+        m.arrived_at.append(now)
         self._flights[req.request_id] = (req.model, _Flight(now, prompt))
         if len(self._flights) > 200_000:  # ends lost to a restart: forget the oldest
             self._flights.pop(next(iter(self._flights)))
@@ -255,12 +269,17 @@ class AutoscalerCore:
             m = self.models[flight[0]]
             m.window_ttfts.append(now - flight[1].accepted_at)
 
-    def on_ended(self, request_id: str, finished: RequestFinished | None, now: float) -> None:
-        """A request ended (``finished`` None: it failed or was cancelled)."""
+    def on_ended(
+        self, request_id: str, finished: RequestFinished | None, now: float, code: str = ""
+    ) -> None:
+        """A request ended (``finished`` None: it failed, with ``code``, or was
+        cancelled)."""
         flight = self._flights.pop(request_id, None)
         if flight is None:
             return
         m = self.models[flight[0]]
+        if code == FailureCode.OVERLOADED:
+            m.refused_at.append(now)
         if finished is None:
             return
         out = finished.usage.completion_tokens
@@ -405,6 +424,16 @@ class AutoscalerCore:
                     f"panic: {short:.0f} tok/s over {spec.panic_window_s:.0f}s against "
                     f"{sustain:.0f} the fleet sustains"
                 )
+        # goodput lost: refused requests are demand the fleet's work did not show
+        refused = self._refused_share(m, now)
+        if refused > spec.max_refused_share and ready:
+            lossless = max(ready + 1, math.ceil(ready / max(0.05, 1.0 - refused)))
+            if lossless > need:
+                need = lossless
+                reason = (
+                    f"goodput: {refused:.0%} of the requests over the last "
+                    f"{spec.stable_window_s:.0f}s were refused overloaded on {ready} workers"
+                )
         # zero: waiting requests start a worker; a long quiet lets the last one go
         idle = now - max(m.last_arrival, m.started) >= spec.idle_to_zero_s
         waiting = m.queued > 0 and now - m.load_seen < 5.0
@@ -424,6 +453,8 @@ class AutoscalerCore:
             held = max(n for _, n in m.asked)
             if panic:
                 need, reason = m.target, "panic: no scale-down"
+            elif refused > spec.max_refused_share:
+                need, reason = m.target, "goodput: requests are being refused; no scale-down"
             elif now - m.started < spec.scale_down_cooldown_s or held >= m.target:
                 need = m.target
             else:
@@ -448,6 +479,15 @@ class AutoscalerCore:
             need=need,
         )
         return need, reason, diag
+
+    @staticmethod
+    def _refused_share(m: _ModelState, now: float) -> float:
+        """The share of the stable window's arrivals refused ``overloaded``."""
+        since = now - m.spec.stable_window_s
+        for times in (m.arrived_at, m.refused_at):
+            while times and times[0] < since:
+                times.popleft()
+        return len(m.refused_at) / len(m.arrived_at) if m.arrived_at else 0.0
 
     def _within_budget(self, needs: dict[str, int]) -> dict[str, int]:
         budget = self.policy.budget_replicas

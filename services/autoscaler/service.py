@@ -234,7 +234,7 @@ class AutoscalerService(Service[AutoscalerSettings]):
 
     async def _on_ended(self, ev: Terminal, msg: Msg) -> None:
         finished = ev if isinstance(ev, RequestFinished) else None
-        self.core.on_ended(ev.request_id, finished, time.time())
+        self.core.on_ended(ev.request_id, finished, time.time(), getattr(ev, "code", ""))
 
     # -- decisions -------------------------------------------------------------------------
 

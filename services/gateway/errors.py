@@ -77,4 +77,5 @@ def error_for(event: RequestFailed | RequestRejected | RequestCancelled) -> ApiE
     if isinstance(event, RequestCancelled):
         code = FailureCode.CANCELLED
         return ApiError(http_status(code), event.reason, type="cancelled", code=code)
-    return failure_error(event.code, event.reason, retry_after=1.0 if event.retryable else None)
+    wait = event.retry_after_s or 1.0
+    return failure_error(event.code, event.reason, retry_after=wait if event.retryable else None)

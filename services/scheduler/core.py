@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 
 from inferbus.contracts import (
     HANDOVER_FRESH_S,
@@ -26,6 +27,7 @@ from inferbus.contracts import (
 )
 
 from .effects import Assign, Cancel, Effect, Fail, Refuse, Supersede
+from .goodput import Fleet, slo_s
 from .kvindex import KvIndex, prefix_blocks
 from .lanes import ModelQueue, cost_tokens, prompt_tokens
 from .migration import Progress, unmovable
@@ -125,9 +127,85 @@ class SchedulerCore:
                     f"{queued} requests for {request.model!r} are already waiting; retry later",
                 )
             ]
+        objective = self.slo(request)
+        item = Queued(
+            request=request,
+            since=now,
+            order=self._arrivals + 1,
+            deadline=deadline,
+            due=now + objective,
+        )
+        if self.policy.admit_by_slo:
+            refused = self._admit(item, now, min(objective, deadline - now))
+            if refused is not None:
+                self._remember_ended(request.request_id, request)
+                return [refused]
         self._arrivals += 1
-        self._enqueue(Queued(request=request, since=now, order=self._arrivals, deadline=deadline))
+        self._enqueue(item)
         return self._dispatch(now)
+
+    def slo(self, request: RequestSubmitted) -> float:
+        """Its TTFT objective in seconds (inf: none)."""
+        p = self.policy
+        return slo_s(
+            prompt_tokens(request), request.priority, p.ttft_slo_s, p.slo_prefill_tokens_per_s
+        )
+
+    def _admit(self, item: Queued, now: float, limit: float) -> Fail | None:
+        """Refused now when the fleet would not start it within ``limit`` seconds:
+        served late it would count as missed anyway, and hold others back."""
+        if limit == float("inf"):
+            return None
+        request = item.request
+        fleet = self.fleet(request.model, self._ahead_of(item))
+        wait = None if fleet.idle else fleet.wait(prompt_tokens(request))
+        if wait is None or wait <= limit:
+            return None
+        return Fail.of(
+            request,
+            FailureCode.OVERLOADED,
+            f"the workers serving {request.model!r} would start it in about {wait:.1f}s, "
+            f"past its {limit:.1f}s objective; retry later or elsewhere",
+            retry_after_s=min(60.0, max(1.0, wait - limit)),
+        )
+
+    def _ahead_of(self, item: Queued) -> Callable[[Queued], bool]:
+        """Which queued requests go before ``item``, as the queue orders them."""
+        q = self.queues.get(item.request.model)
+        if q is not None and q.lanes and q.lane_of(item) == "short":
+            return lambda other: q.lane_of(other) == "short"
+        return lambda other: True
+
+    def fleet(self, model: str, ahead: Callable[[Queued], bool] = lambda _: True) -> Fleet:
+        """What stands ahead of a new request for ``model`` (``ahead``: the queued
+        requests that go before it) and how fast it goes."""
+        out = Fleet()
+        rate, measured = 0.0, 0
+        holds: list[float] = []
+        for w in self.workers.values():
+            if model not in w.models or w.state != "ready":
+                continue
+            out.workers += 1
+            out.pending += w.pending_prefill
+            if out.least_pending is None or w.pending_prefill < out.least_pending:
+                out.least_pending = w.pending_prefill
+            out.slots += w.max_num_seqs
+            out.free_seqs += max(0, w.max_num_seqs - w.assigned_seqs - len(w.foreign))
+            r = w.rates.prefill_rate()
+            if r is not None:
+                rate += r
+                measured += 1
+            h = w.rates.hold_s()
+            if h is not None:
+                holds.append(h)
+        # a worker not measured yet (never saturated) goes about as fast as the rest
+        out.prefill_rate = rate / measured * out.workers if measured else None
+        out.hold_s = sum(holds) / len(holds) if holds else None
+        for item in self.queues.get(model, ()):
+            if ahead(item):
+                out.prefill_ahead += prompt_tokens(item.request)
+                out.queued_seqs += item.request.sampling.n
+        return out
 
     def on_heartbeat(
         self, hb: WorkerHeartbeat, now: float, wall: float | None = None
@@ -291,12 +369,9 @@ class SchedulerCore:
         if f is None or not (f.attempt == attempt or worker_id == f.worker_id):
             return None
         first = not f.started
-        f.started = True
+        self._started(f, now)
         if migratable and f.attempt == attempt and f.progress is None:
             f.progress = Progress(f.resume)
-        w = self.workers.get(f.worker_id)
-        if w is not None:
-            w.prefilling_long.pop(request_id, None)  # its prefill is done
         if first and f.resume is not None and f.attempt == attempt and f.quiet_since:
             return max(0.0, now - f.quiet_since)
         return None
@@ -311,11 +386,24 @@ class SchedulerCore:
             return  # ended, or an attempt given up on
         if f.progress is None:  # the copy came before the start
             f.progress = Progress(f.resume)
-        f.started = True  # its reader has (or is about to have) this chunk
+        self._started(f, now)  # its reader has (or is about to have) this chunk
         f.progress.add(chunk, now, finish_reason)
         w = self.workers.get(worker_id)
         if w is not None:
             w.last_progress = now
+
+    def _started(self, f: Inflight, now: float) -> None:
+        """``f``'s first token is out: its prefill is done, and measured."""
+        if f.started:
+            return
+        f.started = True
+        w = self.workers.get(f.worker_id)
+        if w is None:
+            return
+        w.prefilling_long.pop(f.request.request_id, None)
+        w.pending_prefill -= f.prefill
+        if now and f.resume is None:  # a continuation's prefill is not the prompt's
+            w.rates.on_start(f.prefill, f.assigned_at, now)
 
     def on_ended(self, request_id: str, now: float, attempt: int = 0) -> list[Effect]:
         """A request's end (``attempt``: the one it names, 0 for none). The end of an
@@ -335,6 +423,8 @@ class SchedulerCore:
         if f is not None:
             w = self.workers.get(f.worker_id)
             if w is not None:
+                if f.started and now:
+                    w.rates.on_end(f.assigned_at, now)
                 self._release(w, f)
             return self._dispatch(now)
         return []
@@ -347,6 +437,8 @@ class SchedulerCore:
         w.prefilling_long.pop(rid, None)
         w.assigned_tokens -= f.tokens
         w.assigned_seqs -= f.request.sampling.n
+        if not f.started:
+            w.pending_prefill -= f.prefill
 
     def on_cancel(self, request_id: str, reason: str, tenant: str | None = None) -> list[Effect]:
         """Queued requests are cancelled here; running ones by their worker; ones not
@@ -447,6 +539,7 @@ class SchedulerCore:
         for model in sorted(models):
             q = self.queues.get(model, ())
             ready = [w for w in self.workers.values() if model in w.models and w.state == "ready"]
+            fleet = self.fleet(model)
             out[model] = ModelLoad(
                 queued=len(q),
                 queue_limit=self.policy.max_queue_per_model,
@@ -454,6 +547,7 @@ class SchedulerCore:
                 free_slots=sum(max(0, w.max_num_seqs - w.assigned_seqs) for w in ready),
                 oldest_wait_s=max((now - item.since for item in q), default=0.0),
                 dispatch_per_s=self._dispatch_rate(model, now),
+                wait_s=0.0 if fleet.idle else round(fleet.wait(0) or 0.0, 3),
             )
         return out
 
@@ -518,7 +612,7 @@ class SchedulerCore:
         if q is None:
             p = self.policy
             q = self.queues[item.request.model] = ModelQueue(
-                p.short_prompt_tokens, p.long_wait_bound_s, lanes=p.lanes
+                p.short_prompt_tokens, p.long_wait_bound_s, lanes=p.lanes, by_slack=p.order_by_slack
             )
         q.push(item, front)
         self._queued_ids.add(item.request.request_id)
@@ -625,6 +719,7 @@ class SchedulerCore:
                 resume=resume,
                 cause=cause,
                 quiet_since=quiet_since,
+                due=float("-inf"),
             ),
             front=True,
         )
@@ -767,6 +862,8 @@ class SchedulerCore:
         w.assigned_seqs += item.request.sampling.n
         if lane == "long" and self.policy.lanes:
             w.prefilling_long[rid] = prompt_tokens(item.request)
+        prefill = max(1, prompt_tokens(item.request) - item.cached_blocks * item.block_tokens)
+        w.pending_prefill += prefill
         self.inflight[rid] = Inflight(
             request=item.request,
             worker_id=w.worker_id,
@@ -780,6 +877,7 @@ class SchedulerCore:
             unmovable=unmovable(item.request) if self.policy.migrate else "migration is off",
             resume=item.resume,
             quiet_since=item.quiet_since,
+            prefill=prefill,
         )
         self._dispatched[model] = self._dispatched.get(model, 0) + 1
         return Assign(

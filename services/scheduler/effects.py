@@ -42,10 +42,16 @@ class Fail(msgspec.Struct, kw_only=True, frozen=True):
     retryable: bool = False
     served_model: str = ""
     """The name it ran under when its worker was lost (a canary's version counts it)."""
+    retry_after_s: float = 0.0
 
     @classmethod
     def of(
-        cls, request: RequestSubmitted, code: FailureCode, reason: str, served_model: str = ""
+        cls,
+        request: RequestSubmitted,
+        code: FailureCode,
+        reason: str,
+        served_model: str = "",
+        retry_after_s: float = 0.0,
     ) -> Fail:
         """Retryable as the contract's table says for ``code``."""
         return cls(
@@ -54,6 +60,7 @@ class Fail(msgspec.Struct, kw_only=True, frozen=True):
             reason=reason,
             retryable=is_retryable(code),
             served_model=served_model,
+            retry_after_s=retry_after_s,
         )
 
 

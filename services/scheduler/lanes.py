@@ -16,11 +16,15 @@ from typing import Any, Protocol
 
 from .state import Queued
 
+URGENT_S = 0.5
+"""A long request whose objective runs out within this goes before short ones."""
+
 
 class Item(Protocol):
     request: Any
     since: float
     order: int
+    due: float
 
 
 def prompt_tokens(request: Any) -> int:
@@ -38,11 +42,17 @@ class ModelQueue:
     """FIFO per tenant, tenants by VTC, short lane before long (within the bound)."""
 
     def __init__(
-        self, short_prompt_tokens: int, long_wait_bound_s: float, lanes: bool = True
+        self,
+        short_prompt_tokens: int,
+        long_wait_bound_s: float,
+        lanes: bool = True,
+        by_slack: bool = False,
     ) -> None:
         self.short_prompt_tokens = short_prompt_tokens
         self.long_wait_bound_s = long_wait_bound_s
         self.lanes = lanes
+        self.by_slack = by_slack
+        """Lane heads go by their objective's deadline (``due``), not short first."""
         self._lanes: dict[str, dict[str, deque[Any]]] = {"short": {}, "long": {}}
         self.counters: dict[str, float] = {}
         """Tenant → tokens served (virtual)."""
@@ -96,11 +106,16 @@ class ModelQueue:
 
     def next(self, now: float, allow: Callable[[str], bool] = lambda lane: True) -> Any | None:
         """The request to place next (not removed): a long one past its bound, else
-        the short lane's, else the long lane's; ``allow`` may refuse a lane (no worker
-        can take a long prompt now)."""
+        the short lane's, else the long lane's (``by_slack``: of the two heads, the one
+        whose objective runs out first); ``allow`` may refuse a lane (no worker can take
+        a long prompt now)."""
         oldest = self._oldest("long")  # the bound is any tenant's, not the head tenant's
         if oldest is not None and now - oldest.since >= self.long_wait_bound_s and allow("long"):
             return oldest
+        if self.by_slack and allow("long"):
+            head = self._head("long")
+            if head is not None and head.due - URGENT_S <= now < head.due:
+                return head  # its objective runs out: now or never
         for lane in ("short", "long"):
             if allow(lane):
                 head = self._head(lane)

@@ -375,6 +375,7 @@ class SchedulerService(Service[SchedulerSettings]):
                     reason=e.reason,
                     retryable=e.retryable,
                     served_model=e.served_model,
+                    retry_after_s=e.retry_after_s,
                 )
                 log.warning("request failed", request_id=rid, code=e.code, reason=e.reason)
             else:

@@ -12,6 +12,7 @@ import msgspec
 from inferbus.contracts import RequestSubmitted, Resume
 from inferbus.shared.prefixhash import DEFAULT_SEED
 
+from .goodput import WorkerRates
 from .migration import Progress
 
 
@@ -99,6 +100,20 @@ class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
     """Only prompts at least this long stay off the reserved workers: a shorter long
     prompt prefills in a few engine steps, about what a short request behind it can
     wait, and keeping it off would idle the reserved share under load."""
+    ttft_slo_s: float = 2.0
+    """A request's time-to-first-token objective is this plus its prompt at
+    ``slo_prefill_tokens_per_s`` (``batch`` requests have none): what goodput counts,
+    what admission holds to and what the queue orders by (``goodput.py``). 0: none."""
+    slo_prefill_tokens_per_s: float = 10_000.0
+    """The prefill rate the objective grants a prompt."""
+    admit_by_slo: bool = True
+    """Refuse at once (``overloaded``, HTTP 429 with Retry-After) a request that the
+    measured rates say would not start within its objective or its deadline, instead
+    of queueing it to be served late or timed out; a request with nothing ahead of it
+    is always taken."""
+    order_by_slack: bool = True
+    """Between the short and the long lane, the request whose objective's deadline
+    comes first goes first (the long lane's wait bound still holds); off: short first."""
 
 
 @dataclass
@@ -128,6 +143,11 @@ class Worker:
     """When it last sent a copy of a migratable request's chunk (0: never)."""
     interval_s: float = 1.0
     """Its heartbeat interval."""
+    rates: WorkerRates = field(default_factory=WorkerRates)
+    """Its measured prefill rate and slot hold time (``goodput.py``)."""
+    pending_prefill: int = 0
+    """Prompt tokens (less its expected cache hits) of what it holds and has not
+    started: the prefill a request placed there waits behind."""
 
     def can_take(self, tokens: int = 0, seqs: int = 1) -> bool:
         """Room for a request of ``tokens`` running ``seqs`` sequences (its ``n``); an
@@ -177,6 +197,9 @@ class Queued:
     worker said so)."""
     quiet_since: float = 0.0
     """A continuation: when its stream last moved (its client's wait starts there)."""
+    due: float = float("inf")
+    """When its TTFT objective runs out, on the core's clock (-inf: re-queued work,
+    first in line)."""
 
 
 @dataclass
@@ -201,3 +224,6 @@ class Inflight:
     """A continuation: when its stream last moved before the move."""
     progress: Progress | None = None
     """What it streamed, from its worker's copies (None: its worker sends none)."""
+    prefill: int = 0
+    """Its prompt tokens less the cache hits expected where it was placed (counted in
+    its worker's ``pending_prefill`` until it starts)."""

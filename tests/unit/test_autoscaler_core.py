@@ -32,6 +32,21 @@ TRUE_CAPACITY = 1000.0  # work tokens/s a worker sustains within the SLO
 REQUEST_WORK = 100.0  # prompt 250 tokens at weight 0.2 (50) + 50 output tokens
 
 
+def accepted(rid: str, now: float, model: str = "m") -> RequestAccepted:
+    """A request of ``REQUEST_WORK`` accepted at ``now``."""
+    return RequestAccepted(
+        request=RequestSubmitted(
+            request_id=rid,
+            model=model,
+            reply_to="x",
+            prompt="p",
+            prompt_tokens=250,
+            sampling=SamplingParams(max_tokens=50),
+        ),
+        accepted_at=now,
+    )
+
+
 class Fleet:
     """Workers that come up ``cold_start`` seconds after the core asks for them, and go
     when it asks fewer (draining); requests of 100 work tokens at ``rate(t)`` work/s."""
@@ -65,20 +80,7 @@ class Fleet:
             for i in range(n):
                 rid = f"r{t}-{i}"
                 self.backlog.append((rid, now))
-                self.core.on_accepted(
-                    RequestAccepted(
-                        request=RequestSubmitted(
-                            request_id=rid,
-                            model=self.model,
-                            reply_to="x",
-                            prompt="p",
-                            prompt_tokens=250,
-                            sampling=SamplingParams(max_tokens=50),
-                        ),
-                        accepted_at=now,
-                    ),
-                    now,
-                )
+                self.core.on_accepted(accepted(rid, now, self.model), now)
             # the fleet serves what it sustains this second, oldest first
             self.credit = min(self.credit + sustained / REQUEST_WORK, len(self.backlog) + 1.0)
             while self.backlog and self.credit >= 1.0:
@@ -393,3 +395,41 @@ def test_an_llmservice_adds_a_model_and_its_new_bounds_hold_at_the_next_tick() -
     core.forget("m")
     assert "m" not in core.models
     assert core.tick(63.0) == ([], [])
+
+
+def test_requests_refused_overloaded_grow_the_fleet_and_hold_it() -> None:
+    """Issue 39: the scheduler refuses what it cannot start within the objective, so the
+    work the fleet does stays within what it sustains and the sizing from work alone
+    would not grow it: the refused share is the goodput it is losing."""
+    core = make(forecaster="constant", worker_capacity=100_000.0, burst_window_s=0)
+    core.set_target("m", 2)
+
+    def second(t: int, refused_every: int) -> list:
+        now = float(t)
+        for wid in ("w1", "w2"):
+            core.on_heartbeat(
+                WorkerHeartbeat(worker_id=wid, models=["m"], engine="sim", max_num_seqs=8), now
+            )
+        for i in range(10):
+            rid = f"r{t}-{i}"
+            core.on_accepted(accepted(rid, now), now)
+            if refused_every and i % refused_every == 0:
+                core.on_ended(rid, None, now, code="overloaded")
+            else:
+                core.on_started(rid, now + 0.3)
+                finished = RequestFinished(
+                    request_id=rid,
+                    finish_reason="length",
+                    usage=Usage(prompt_tokens=250, completion_tokens=50),
+                    chunks=50,
+                )
+                core.on_ended(rid, finished, now + 0.8)
+        return core.tick(now)[0]
+
+    ups = [d for t in range(5) for d in second(t, refused_every=5)]  # 20% refused
+    assert ups and ups[-1].desired == 3 and "goodput" in ups[-1].reason  # 2 / 0.8
+    # still refusing: the target holds, though the work says one worker would do
+    assert not [d for t in range(5, 100) for d in second(t, refused_every=5)]
+    # refusals stop: after the window and the cooldown it may go down again
+    downs = [d for t in range(100, 300) for d in second(t, refused_every=0)]
+    assert downs and downs[-1].desired < 3

@@ -14,6 +14,7 @@ POLICY = SchedulerPolicy(
     queue_timeout_s=1e9,
     worker_timeout_s=1e9,
     routing="round_robin",
+    order_by_slack=False,  # the lanes' own rules (tests/unit/test_goodput.py: by slack)
 )
 
 
