@@ -38,6 +38,7 @@ import json
 import math
 import random
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ from inferbus.contracts import (
     WorkerHeartbeat,
 )
 from inferbus.services.autoscaler.core import AutoscalerCore, AutoscalerPolicy, ModelScaling
+from inferbus.services.scheduler.core import Assign, Fail, SchedulerCore, SchedulerPolicy
 
 SLOTS = 64
 PREFILL_WEIGHT = 0.2
@@ -80,6 +82,8 @@ class Observed:
     accepted: list[Req] = field(default_factory=list)
     started: list[tuple[Req, float]] = field(default_factory=list)
     finished: list[Req] = field(default_factory=list)
+    refused: list[tuple[Req, float, str]] = field(default_factory=list)
+    """Failed by the scheduler (refused ``overloaded``, timed out...): when, and why."""
     queued: int = 0
     ready: int = 0
     running: int = 0
@@ -88,8 +92,23 @@ class Observed:
 
 
 class Fleet:
-    def __init__(self, reqs: list[Req], cold: tuple[float, float], seed: int) -> None:
+    """``scheduler``: requests go through the scheduler's own core (its admission
+    refuses what would start past the SLO); None: a first-come first-served queue to
+    the least-loaded ready worker."""
+
+    def __init__(
+        self,
+        reqs: list[Req],
+        cold: tuple[float, float],
+        seed: int,
+        scheduler: SchedulerPolicy | None = None,
+    ) -> None:
         self.reqs = reqs
+        self.core = SchedulerCore(scheduler) if scheduler is not None else None
+        self.by_id = {r.rid: r for r in reqs}
+        self.refused: list[tuple[Req, float, str]] = []
+        self.failures: Counter[str] = Counter()
+        """The scheduler's failures by code (refused ``overloaded``, timed out...)."""
         self.rng = random.Random(seed)
         self.cold = cold
         self.timing = Timing()
@@ -131,15 +150,45 @@ class Fleet:
         )
         for w in order[: len(live) - desired]:
             w.draining = True
+            self._heartbeat(w, now)
             if not w.sim.seqs:
                 self._gone(w, now)
+
+    def _heartbeat(self, w: Worker, now: float) -> None:
+        """What the worker's heartbeat tells the scheduler core (if there is one)."""
+        if self.core is None or w.ready_at > now:
+            return
+        state = "stopped" if w.gone_at is not None else "draining" if w.draining else "ready"
+        hb = WorkerHeartbeat(
+            worker_id=w.sim.wid, models=["m"], engine="sim", max_num_seqs=SLOTS, state=state
+        )
+        self._apply(self.core.on_heartbeat(hb, now), now)
+
+    def _apply(self, effects: list[Any], now: float) -> None:
+        for e in effects:
+            if isinstance(e, Assign):
+                w = self.workers[e.worker_id]
+                w.sim.admit(self.by_id[e.request.request_id], e.request.request_id)
+                if not w.stepping:
+                    w.stepping = True
+                    self.push(now, "step", w.sim.wid)
+            elif isinstance(e, Fail):
+                self.refused.append((self.by_id[e.request.request_id], now, e.code))
+                self.failures[e.code] += 1
 
     def _gone(self, w: Worker, now: float) -> None:
         if w.gone_at is None:
             w.gone_at = now
             self.replica_seconds += now - w.billed_from
+            self._heartbeat(w, now)
+
+    def queued(self) -> int:
+        held = sum(self.core.queue_depths().values()) if self.core is not None else 0
+        return len(self.queue) + held
 
     def dispatch(self, now: float) -> None:
+        if self.core is not None:
+            return  # the core placed what it could as each event came
         while self.queue:
             ready = [
                 w
@@ -149,7 +198,8 @@ class Fleet:
             if not ready:
                 return
             w = min(ready, key=lambda w: len(w.sim.seqs))
-            w.sim.admit(self.queue.pop(0))
+            r = self.queue.pop(0)
+            w.sim.admit(r, r.rid)
             if not w.stepping:
                 w.stepping = True
                 self.push(now, "step", w.sim.wid)
@@ -167,9 +217,13 @@ class Fleet:
             now, _, kind, what = heapq.heappop(self.events)
             if kind == "arrive":
                 obs.accepted.append(what)
-                self.queue.append(what)
-                self.dispatch(now)
+                if self.core is not None:
+                    self._apply(self.core.on_accepted(submitted(what), now), now)
+                else:
+                    self.queue.append(what)
+                    self.dispatch(now)
             elif kind == "ready":
+                self._heartbeat(self.workers[what], now)
                 self.dispatch(now)
             elif kind == "step":
                 w = self.workers[what]
@@ -182,14 +236,24 @@ class Fleet:
                 for s in started:
                     self.ttft[s.req.rid] = t_end - s.req.arrival
                     obs.started.append((s.req, t_end))
+                    if self.core is not None:
+                        self.core.on_started(s.sid, 1, what, now=t_end)
                 obs.finished.extend(s.req for s in finished)
+                for s in finished if self.core is not None else ():
+                    self._apply(self.core.on_ended(s.sid, t_end), t_end)
                 self.push(t_end, "step", what)
                 if finished:
                     self.dispatch(t_end)
             elif kind == "tick":
                 obs.now = now
+                if self.core is not None:
+                    self._apply(self.core.tick(now), now)
                 alive = [w for w in self.workers.values() if w.gone_at is None]
-                obs.queued = len(self.queue)
+                for w in alive:  # every second, as the workers do
+                    self._heartbeat(w, now)
+                obs.refused, self.refused = self.refused, []
+                queued = self.queued()
+                obs.queued = queued
                 obs.ready = sum(1 for w in alive if w.ready_at <= now and not w.draining)
                 obs.running = sum(len(w.sim.seqs) for w in alive)
                 obs.workers = [
@@ -198,11 +262,22 @@ class Fleet:
                 ]
                 policy.tick(self, obs)
                 obs = Observed(now=now)
-                if now < end or self.queue or any(w.sim.seqs for w in self.workers.values()):
+                if now < end or queued or any(w.sim.seqs for w in self.workers.values()):
                     self.push(now + 1.0, "tick", None)
         final = max(self.ttft.values(), default=0.0) + end
         for w in self.workers.values():
             self._gone(w, max(final, w.billed_from))
+
+
+def submitted(r: Req) -> RequestSubmitted:
+    return RequestSubmitted(
+        request_id=r.rid,
+        model="m",
+        reply_to="x",
+        prompt="",
+        prompt_tokens=r.prompt,
+        sampling=SamplingParams(max_tokens=max(r.output, 1)),
+    )
 
 
 # -- policies --------------------------------------------------------------------------------
@@ -295,19 +370,10 @@ class Inferbus(Policy):
         core, now = self.core, obs.now
         for r in obs.accepted:
             core.on_accepted(
-                RequestAccepted(
-                    request=RequestSubmitted(
-                        request_id=r.rid,
-                        model="m",
-                        reply_to="x",
-                        prompt="",
-                        prompt_tokens=r.prompt,
-                        sampling=SamplingParams(max_tokens=max(r.output, 1)),
-                    ),
-                    accepted_at=r.arrival,
-                ),
-                r.arrival,
+                RequestAccepted(request=submitted(r), accepted_at=r.arrival), r.arrival
             )
+        for r, at, code in obs.refused:
+            core.on_ended(r.rid, None, at, code=code)
         for r, at in obs.started:
             core.on_started(r.rid, at)
         for r in obs.finished:
@@ -368,7 +434,12 @@ def score(fleet: Fleet, slo: float) -> dict[str, Any]:
 
 
 def run(reqs: list[Req], policy: Policy, a: argparse.Namespace) -> dict[str, Any]:
-    fleet = Fleet(reqs, a.cold, a.seed)
+    scheduler = None
+    if a.admission:  # the scheduler's defaults, its objective the bench's flat SLO
+        scheduler = SchedulerPolicy(
+            ttft_slo_s=a.slo_s, slo_prefill_tokens_per_s=0.0, worker_timeout_s=1e9
+        )
+    fleet = Fleet(reqs, a.cold, a.seed, scheduler)
     fleet.run(policy)
     return score(fleet, a.slo_s)
 
@@ -454,6 +525,12 @@ def main() -> None:
         "capacity and learns it",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--admission",
+        action="store_true",
+        help="requests go through the scheduler's core, which refuses what would start "
+        "past the SLO (overloaded), as the platform does; default: a plain FCFS queue",
+    )
     a = p.parse_args()
     lo, _, hi = a.cold_start_s.partition(",")
     a.cold = (float(lo), float(hi or lo))
