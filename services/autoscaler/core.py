@@ -427,7 +427,9 @@ class AutoscalerCore:
         # goodput lost: refused requests are demand the fleet's work did not show
         refused = self._refused_share(m, now)
         if refused > spec.max_refused_share and ready:
-            lossless = max(ready + 1, math.ceil(ready / max(0.05, 1.0 - refused)))
+            # at most doubled a tick: a share of a few arrivals (or of clients' retries,
+            # each an arrival and a refusal) says little of the load behind it
+            lossless = max(ready + 1, math.ceil(ready / max(0.5, 1.0 - refused)))
             if lossless > need:
                 need = lossless
                 reason = (
@@ -482,12 +484,15 @@ class AutoscalerCore:
 
     @staticmethod
     def _refused_share(m: _ModelState, now: float) -> float:
-        """The share of the stable window's arrivals refused ``overloaded``."""
+        """The share of the stable window's arrivals refused ``overloaded`` (0 under
+        ``MIN_REFUSALS`` of them: one refusal in a handful of arrivals is noise)."""
         since = now - m.spec.stable_window_s
         for times in (m.arrived_at, m.refused_at):
             while times and times[0] < since:
                 times.popleft()
-        return len(m.refused_at) / len(m.arrived_at) if m.arrived_at else 0.0
+        if len(m.refused_at) < MIN_REFUSALS or not m.arrived_at:
+            return 0.0
+        return min(1.0, len(m.refused_at) / len(m.arrived_at))
 
     def _within_budget(self, needs: dict[str, int]) -> dict[str, int]:
         budget = self.policy.budget_replicas
@@ -548,6 +553,9 @@ class AutoscalerCore:
         m.window_ready = []
         m.window_saturated_ticks = 0
 
+
+MIN_REFUSALS = 5
+"""Refusals in the stable window before their share counts."""
 
 BURST_WIDTHS = (1, 2, 3, 5, 10, 20, 30, 60, 120)
 

@@ -151,6 +151,7 @@ class LoadView:
             total.free_slots += m.free_slots
             total.dispatch_per_s += m.dispatch_per_s
             total.oldest_wait_s = max(total.oldest_wait_s, m.oldest_wait_s)
+            total.wait_s = max(total.wait_s, m.wait_s)
             total.ready_workers = max(total.ready_workers, m.ready_workers)
         return total
 

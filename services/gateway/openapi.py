@@ -169,7 +169,8 @@ _ERRORS = {
     "413": "The request body is larger than the platform carries: the NATS server's "
     "max_payload (1 MiB by default) less 16 KiB for the event around it, or the gateway's "
     "--max-body-bytes",
-    "429": "Rate limit of the API key, or the model's queue is full (see Retry-After)",
+    "429": "Rate limit of the API key, the model's queue is full, or its workers would not "
+    "start the request within its latency objective (`overloaded`; see Retry-After)",
     "503": "No worker for the model is ready, or the gateway is draining (see Retry-After)",
     "504": "The request's timeout passed",
 }

@@ -158,7 +158,9 @@ class SchedulerCore:
             return None
         request = item.request
         fleet = self.fleet(request.model, self._ahead_of(item))
-        wait = None if fleet.idle else fleet.wait(prompt_tokens(request))
+        rate = self.policy.slo_prefill_tokens_per_s
+        granted = prompt_tokens(request) / rate if rate > 0 else 0.0
+        wait = None if fleet.idle else fleet.wait(prompt_tokens(request), granted)
         if wait is None or wait <= limit:
             return None
         return Fail.of(
@@ -402,8 +404,10 @@ class SchedulerCore:
             return
         w.prefilling_long.pop(f.request.request_id, None)
         w.pending_prefill -= f.prefill
-        if now and f.resume is None:  # a continuation's prefill is not the prompt's
+        if now and f.resume is None:
             w.rates.on_start(f.prefill, f.assigned_at, now)
+        elif now:  # a continuation's prefill is not the prompt's: not measured, but
+            w.rates.last_start = max(w.rates.last_start, now)  # the worker was busy
 
     def on_ended(self, request_id: str, now: float, attempt: int = 0) -> list[Effect]:
         """A request's end (``attempt``: the one it names, 0 for none). The end of an

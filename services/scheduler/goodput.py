@@ -108,15 +108,18 @@ class Fleet:
     hold_s: float | None = None
     """The mean time a request holds a slot (None: not measured)."""
 
-    def wait(self, prompt_tokens: int) -> float | None:
+    def wait(self, prompt_tokens: int, granted_s: float = math.inf) -> float | None:
         """When a request of ``prompt_tokens`` would have its first token, as the
-        fleet goes now (None: not measured yet)."""
+        fleet goes now (None: not measured yet). Its own prefill counts at most
+        ``granted_s``, what its objective grants it: a fleet slower than that would
+        miss it idle too, and only what is ahead of a request refuses it."""
         if self.prefill_rate is None or self.prefill_rate <= 0:
             return None
         per_worker = self.prefill_rate / max(1, self.workers)
         # routed where the load is light, not always to the lightest: halfway between
         engine = ((self.least_pending or 0) + self.pending / max(1, self.workers)) / 2 / per_worker
-        prefill = self.prefill_ahead / self.prefill_rate + engine + prompt_tokens / per_worker
+        own = min(prompt_tokens / per_worker, granted_s)
+        prefill = self.prefill_ahead / self.prefill_rate + engine + own
         slots = 0.0
         short = self.queued_seqs + 1 - self.free_seqs
         if short > 0 and self.hold_s is not None and self.slots > 0:

@@ -199,7 +199,7 @@ class Queued:
     """A continuation: when its stream last moved (its client's wait starts there)."""
     due: float = float("inf")
     """When its TTFT objective runs out, on the core's clock (-inf: re-queued work,
-    first in line)."""
+    pushed to the front of its tenant's line, never "urgent")."""
 
 
 @dataclass

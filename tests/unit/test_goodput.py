@@ -7,7 +7,15 @@ from __future__ import annotations
 
 import math
 
-from inferbus.contracts import RequestFailed, RequestSubmitted, SamplingParams, WorkerHeartbeat
+from inferbus.contracts import (
+    ModelLoad,
+    RequestFailed,
+    RequestSubmitted,
+    SamplingParams,
+    SchedulerLoad,
+    WorkerHeartbeat,
+)
+from inferbus.services.gateway.admission import LoadView
 from inferbus.services.gateway.errors import error_for
 from inferbus.services.scheduler.core import Assign, Fail, SchedulerCore, SchedulerPolicy
 from inferbus.services.scheduler.goodput import Fleet, WorkerRates, slo_s
@@ -94,6 +102,14 @@ def test_a_feasible_request_is_never_refused():
     slow.on_heartbeat(hb(), 0.0)
     now = measured(slow, rate=1000.0)
     assert assigned(slow.on_accepted(req("huge", 100_000), now)) == ["huge"]
+    # and a busy one refuses it only for what is ahead: its own 100 s of prefill count
+    # as the 10 s its objective grants (found in review: long prompts were refused on
+    # any fleet slower than the objective's rate, whatever the load, retries included)
+    busy = SchedulerCore(POLICY)
+    busy.on_heartbeat(hb(), 0.0)
+    now = measured(busy, rate=1000.0)
+    busy.on_accepted(req("small", 100, priority="batch"), now)  # 0.1 s ahead
+    assert assigned(busy.on_accepted(req("long", 100_000), now)) == ["long"]
 
 
 def test_batch_requests_have_no_objective_but_keep_their_deadline():
@@ -189,3 +205,11 @@ def test_the_gateway_answers_429_with_the_scheduler_s_wait():
         RequestFailed(request_id="r", code="queue_timeout", reason="", retryable=True)
     )
     assert plain.retry_after == 1.0
+
+
+def test_the_gateway_s_view_of_several_schedulers_keeps_the_longest_wait():
+    view = LoadView()
+    for sid, wait in (("a", 0.5), ("b", 3.0)):
+        view.on_load(SchedulerLoad(scheduler_id=sid, models={"m": ModelLoad(wait_s=wait)}), 0.0)
+    m = view.model("m", 0.1)
+    assert m is not None and m.wait_s == 3.0
