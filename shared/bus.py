@@ -101,6 +101,22 @@ async def connect(
     return nc
 
 
+async def round_trip(nc: Client, timeout: float = 10.0) -> None:
+    """Flush and wait for the server's PONG, at most ``timeout`` (TimeoutError).
+
+    Never ``nc.flush(timeout=...)``: nats-py cancels the PING's future when its own
+    timeout passes and leaves it in line, and the late PONG then sets a result on a
+    cancelled future: InvalidStateError ends the client's read loop, and the
+    connection goes deaf while it still publishes (a worker resumed from SIGSTOP kept
+    heartbeating and never got its work: requests hung in the fault suite). The
+    flush here waits without a limit of its own, shielded, so the PONG always finds
+    its future pending."""
+    await asyncio.wait_for(asyncio.shield(nc.flush(timeout=_NO_LIMIT_S)), timeout)
+
+
+_NO_LIMIT_S = 24 * 3600
+
+
 async def wait_accepted(nats_url: str, creds: BusCredentials, timeout: float = 10.0) -> None:
     """Until every server of ``nats_url`` takes ``creds``: a server rereads its users on
     reload quickly, not at once. BusAuthError past ``timeout``."""

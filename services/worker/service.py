@@ -34,7 +34,7 @@ from inferbus.contracts import (
     tenant_of_subject,
 )
 from inferbus.shared import logs, metrics, modelstore
-from inferbus.shared.bus import publish_durable, request_headers
+from inferbus.shared.bus import publish_durable, request_headers, round_trip
 from inferbus.shared.codec import encode
 from inferbus.shared.config import ServiceSettings, group
 from inferbus.shared.cpus import parse_cpus, pin_threads
@@ -253,7 +253,7 @@ class WorkerService(Service[WorkerSettings]):
             log.error("engine failed to start", error=str(exc))
             self._hb_task.cancel()
             await self.send_heartbeat()
-            await ctx.nc.flush()
+            await round_trip(ctx.nc)
             raise
         self.loading = ""
         if self.settings.engine_cpus and self.settings.service_cpus:
@@ -667,7 +667,7 @@ class WorkerService(Service[WorkerSettings]):
         """After a silence past the lease: a round trip to the server, so a stop the
         scheduler sent meanwhile is read (and its cancel delivered) before streaming on."""
         try:
-            await self.ctx.nc.flush(timeout=2)
+            await round_trip(self.ctx.nc, 2.0)
         except Exception:
             return  # the bus is away: the scheduler heard nothing either
         await asyncio.sleep(0.01)  # the stop's handler runs
@@ -714,7 +714,7 @@ class WorkerService(Service[WorkerSettings]):
             self._hb_task.cancel()
         self.state = "stopped"
         await self.send_heartbeat()
-        await self.ctx.nc.flush()
+        await round_trip(self.ctx.nc)
         if self._retiring is not None:
             await self._retiring
         await self.engine.stop()
@@ -753,7 +753,7 @@ class WorkerService(Service[WorkerSettings]):
         if self._tasks:
             await asyncio.wait(list(self._tasks.values()), timeout=2.0)
         await self.send_heartbeat()  # still "failed"
-        await self.ctx.nc.flush()
+        await round_trip(self.ctx.nc)
         try:
             await asyncio.wait_for(self.engine.stop(), 10.0)
         except Exception:
