@@ -29,6 +29,7 @@ NODES = 3
 CHECK = """
 import asyncio, json, sys, urllib.request
 import nats
+import nats.errors, nats.js.errors
 from nats.js.api import StreamConfig
 
 def creds(name):
@@ -54,7 +55,17 @@ async def main():
     info = await js.add_stream(StreamConfig(name="R3CHECK", subjects=["r3check.>"],
                                             num_replicas=3))
     out["replicas"] = info.config.num_replicas
-    await js.publish("r3check.one", b"x")
+    # a new replicated stream answers only once its own leader is elected, which can
+    # follow add_stream's reply by a moment on a loaded machine
+    for _ in range(60):
+        try:
+            await js.publish("r3check.one", b"x", timeout=2)
+            break
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError,
+                nats.js.errors.NoStreamResponseError):
+            await asyncio.sleep(0.5)
+    else:
+        sys.exit("the R3 stream never took a message")
     out["messages"] = (await js.stream_info("R3CHECK")).state.messages
     await js.delete_stream("R3CHECK")
     await nc.close()
