@@ -89,6 +89,8 @@ class Observed:
     running: int = 0
     workers: list[tuple[str, int, bool]] = field(default_factory=list)
     """(id, running, ready) of every worker not yet gone."""
+    load: ModelLoad | None = None
+    """The scheduler core's own report (with ``--admission``): its wait estimate."""
 
 
 class Fleet:
@@ -254,6 +256,8 @@ class Fleet:
                 obs.refused, self.refused = self.refused, []
                 queued = self.queued()
                 obs.queued = queued
+                if self.core is not None:
+                    obs.load = self.core.load(now).get("m")
                 obs.ready = sum(1 for w in alive if w.ready_at <= now and not w.draining)
                 obs.running = sum(len(w.sim.seqs) for w in alive)
                 obs.workers = [
@@ -399,13 +403,10 @@ class Inferbus(Policy):
                 ),
                 now,
             )
-        core.on_load(
-            "m",
-            ModelLoad(
-                queued=obs.queued, ready_workers=obs.ready, free_slots=0 if obs.queued else 1
-            ),
-            now,
+        load = obs.load or ModelLoad(
+            queued=obs.queued, ready_workers=obs.ready, free_slots=0 if obs.queued else 1
         )
+        core.on_load("m", load, now)
         decisions, _ = core.tick(now)
         for d in decisions:
             fleet.scale(d.desired, now, d.stop_first)

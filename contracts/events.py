@@ -510,6 +510,9 @@ class ModelLoad(msgspec.Struct, kw_only=True):
     wait_s: float = 0.0
     """How long a new request would wait for its prefill to begin, from the rates the
     scheduler measures (``services/scheduler/goodput.py``); 0: none, or not measured."""
+    ttft_slo_s: float = 0.0
+    """The TTFT objective (before a prompt's own share) the scheduler refuses a
+    request past (``overloaded``); 0: it refuses none by it."""
 
 
 class CanaryWeights(Event, tag="canary.weights"):

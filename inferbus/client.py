@@ -85,6 +85,12 @@ class RequestError(Exception):
         """The platform says the same request may succeed later (with a new id)."""
         return bool(getattr(self.event, "retryable", False))
 
+    @property
+    def retry_after_s(self) -> float:
+        """How long to wait before sending it again, as the platform estimates it (the
+        gateway's Retry-After); 0: it says nothing."""
+        return float(getattr(self.event, "retry_after_s", 0.0) or 0.0)
+
 
 class Stream:
     """Async iterator over a request's TokenChunks; ``outcome`` holds the RequestFinished."""

@@ -28,7 +28,11 @@ Per model, every tick:
    started them within their objective) are goodput the fleet is losing: while more
    than ``max_refused_share`` of the stable window's arrivals were refused, the
    target is at least the ready fleet over the share served (one more at least), and
-   it is never lowered, so a worker goes only when goodput holds without it.
+   it is never lowered, so a worker goes only when goodput holds without it. Before
+   that, the scheduler's estimate of a new request's wait (``ModelLoad.wait_s``, from
+   the rates it measures), averaged over the panic window, past ``wait_pressure`` of
+   its objective adds a worker, so one is starting before the refusals begin; and no
+   worker goes while it is.
 """
 
 from __future__ import annotations
@@ -93,6 +97,10 @@ class ModelScaling(msgspec.Struct, kw_only=True, frozen=True):
     max_refused_share: float = 0.01
     """The share of arrivals refused ``overloaded`` over the stable window past which
     the fleet grows (goodput it is losing), and under which it may shrink."""
+    wait_pressure: float = 0.5
+    """A share of the TTFT objective: while the scheduler estimates a new request
+    would wait longer than this before its prefill begins, one more worker is asked
+    for (the scheduler refuses at the whole objective) and none is let go (0: off)."""
     burst_window_s: float = 300.0
     """Keep room for the bursts seen in this window (0: off): bursts from a quiet fleet
     outrun any forecast and any cold start, and what came lately may come again. A
@@ -160,6 +168,10 @@ class _ModelState:
     asked: deque[tuple[float, int]] = field(default_factory=deque)
     """(time, need) of recent ticks, for the scale-down stabilisation window."""
     queued: int = 0
+    waits: deque[tuple[float, float]] = field(default_factory=deque)
+    """(time, the scheduler's estimate of a new request's wait) over the panic window."""
+    slo_s: float = 0.0
+    """The objective the scheduler admits by, as last reported (0: not said)."""
     load_seen: float = -math.inf
     arrived_at: deque[float] = field(default_factory=deque)
     """Arrival times over the stable window (``refused_at``'s denominator)."""
@@ -295,6 +307,8 @@ class AutoscalerCore:
         if m is None:
             return
         m.queued = load.queued
+        m.waits.append((now, load.wait_s))
+        m.slo_s = load.ttft_slo_s
         m.load_seen = now
         if load.queued > 0 or (load.ready_workers and load.free_slots == 0):
             m.saturated_now = True
@@ -436,6 +450,14 @@ class AutoscalerCore:
                     f"goodput: {refused:.0%} of the requests over the last "
                     f"{spec.stable_window_s:.0f}s were refused overloaded on {ready} workers"
                 )
+        # goodput at risk: the scheduler's wait nears the objective it refuses at
+        pressed = self._pressed(m, now)
+        if pressed and ready and ready + 1 > need:
+            need = ready + 1
+            reason = (
+                f"goodput at risk: a new request would wait {pressed:.1f}s, past "
+                f"{spec.wait_pressure:.0%} of its {self._objective(m):g}s objective"
+            )
         # zero: waiting requests start a worker; a long quiet lets the last one go
         idle = now - max(m.last_arrival, m.started) >= spec.idle_to_zero_s
         waiting = m.queued > 0 and now - m.load_seen < 5.0
@@ -457,6 +479,8 @@ class AutoscalerCore:
                 need, reason = m.target, "panic: no scale-down"
             elif refused > spec.max_refused_share:
                 need, reason = m.target, "goodput: requests are being refused; no scale-down"
+            elif pressed:
+                need, reason = m.target, "goodput at risk: requests are waiting; no scale-down"
             elif now - m.started < spec.scale_down_cooldown_s or held >= m.target:
                 need = m.target
             else:
@@ -481,6 +505,23 @@ class AutoscalerCore:
             need=need,
         )
         return need, reason, diag
+
+    @staticmethod
+    def _objective(m: _ModelState) -> float:
+        """The objective the scheduler refuses by (it says it with its load), else the
+        model's own TTFT SLO."""
+        return m.slo_s or m.spec.ttft_slo_s
+
+    def _pressed(self, m: _ModelState, now: float) -> float:
+        """The scheduler's estimates over the panic window, on average, when that is
+        past ``wait_pressure`` of the objective (a moment's spike is a burst the queue
+        absorbs); else 0."""
+        while m.waits and m.waits[0][0] < now - m.spec.panic_window_s:
+            m.waits.popleft()
+        if not m.spec.wait_pressure or not m.waits:
+            return 0.0
+        wait = sum(w for _, w in m.waits) / len(m.waits)
+        return wait if wait > m.spec.wait_pressure * self._objective(m) else 0.0
 
     @staticmethod
     def _refused_share(m: _ModelState, now: float) -> float:

@@ -552,6 +552,7 @@ class SchedulerCore:
                 oldest_wait_s=max((now - item.since for item in q), default=0.0),
                 dispatch_per_s=self._dispatch_rate(model, now),
                 wait_s=0.0 if fleet.idle else round(fleet.wait(0) or 0.0, 3),
+                ttft_slo_s=self.policy.ttft_slo_s if self.policy.admit_by_slo else 0.0,
             )
         return out
 

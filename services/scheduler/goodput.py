@@ -13,7 +13,8 @@ The estimate adds two waits a request meets (``Fleet.wait``): the prefill ahead 
 prefill rate) and the sequence slots ahead of it (what is queued beyond the free
 slots, at the rate slots free: the slots over the measured time a request holds one).
 Rates are measured from the workers' own reports (starts and ends), decayed over
-``RATE_TAU_S``; until a fleet has been measured nothing is refused.
+``RATE_TAU_S``; a wait counts once its rate is measured, and until one is nothing is
+refused.
 """
 
 from __future__ import annotations
@@ -110,21 +111,28 @@ class Fleet:
 
     def wait(self, prompt_tokens: int, granted_s: float = math.inf) -> float | None:
         """When a request of ``prompt_tokens`` would have its first token, as the
-        fleet goes now (None: not measured yet). Its own prefill counts at most
-        ``granted_s``, what its objective grants it: a fleet slower than that would
-        miss it idle too, and only what is ahead of a request refuses it."""
-        if self.prefill_rate is None or self.prefill_rate <= 0:
+        fleet goes now (None: neither rate measured yet). Its own prefill counts at
+        most ``granted_s``, what its objective grants it: a fleet slower than that
+        would miss it idle too, and only what is ahead of a request refuses it. Each
+        wait counts once its rate is measured: a fleet bound by its slots (short
+        prompts, long answers) never waits behind another's prefill, so its prefill
+        rate may never be, while its slots hold everything up."""
+        prefill = None
+        if self.prefill_rate is not None and self.prefill_rate > 0:
+            per_worker = self.prefill_rate / max(1, self.workers)
+            # routed where the load is light, not always to the lightest: halfway between
+            engine = (
+                ((self.least_pending or 0) + self.pending / max(1, self.workers)) / 2 / per_worker
+            )
+            own = min(prompt_tokens / per_worker, granted_s)
+            prefill = self.prefill_ahead / self.prefill_rate + engine + own
+        slots = None
+        if self.hold_s is not None and self.slots > 0:
+            short = self.queued_seqs + 1 - self.free_seqs
+            slots = max(0, short) * self.hold_s / self.slots
+        if prefill is None and slots is None:
             return None
-        per_worker = self.prefill_rate / max(1, self.workers)
-        # routed where the load is light, not always to the lightest: halfway between
-        engine = ((self.least_pending or 0) + self.pending / max(1, self.workers)) / 2 / per_worker
-        own = min(prompt_tokens / per_worker, granted_s)
-        prefill = self.prefill_ahead / self.prefill_rate + engine + own
-        slots = 0.0
-        short = self.queued_seqs + 1 - self.free_seqs
-        if short > 0 and self.hold_s is not None and self.slots > 0:
-            slots = short * self.hold_s / self.slots
-        return prefill + slots
+        return (prefill or 0.0) + (slots or 0.0)
 
     @property
     def idle(self) -> bool:

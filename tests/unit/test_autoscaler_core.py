@@ -451,3 +451,38 @@ def test_a_share_of_refusals_at_most_doubles_the_fleet() -> None:
         core.on_ended(f"r{i}", None, 0.0, code="overloaded")
     [d] = core.tick(0.0)[0]
     assert d.desired == 4 and "goodput" in d.reason
+
+
+def test_the_scheduler_s_wait_adds_a_worker_before_refusals_and_holds_the_fleet() -> None:
+    """Issue 39: a worker is starting before requests are refused. The scheduler's
+    estimate of a new request's wait, over the panic window past half of the objective
+    it refuses at (said with its load), asks for one more worker than are ready, and
+    none goes meanwhile;
+    without the estimate the work alone would never have grown this fleet."""
+    core = make(forecaster="constant", worker_capacity=100_000.0, burst_window_s=0)
+    core.set_target("m", 2)
+
+    def second(t: int, wait_s: float) -> list:
+        now = float(t)
+        for wid in ("w1", "w2"):
+            core.on_heartbeat(
+                WorkerHeartbeat(worker_id=wid, models=["m"], engine="sim", max_num_seqs=8), now
+            )
+        core.on_accepted(accepted(f"r{t}", now), now)
+        core.on_load("m", ModelLoad(ready_workers=2, wait_s=wait_s, ttft_slo_s=4.0), now)
+        return core.tick(now)[0]
+
+    assert not [d for t in range(0, 10) for d in second(t, wait_s=1.9)]  # under 50% of 4 s
+    [up] = [d for t in range(10, 20) for d in second(t, wait_s=3.0)]
+    assert up.desired == 3 and "goodput at risk" in up.reason and "4s objective" in up.reason
+    # still pressed: one more than ready, never more, and never less
+    assert not [d for t in range(20, 100) for d in second(t, wait_s=3.0)]
+    # the wait falls: after the cooldown the fleet may shrink again
+    downs = [d for t in range(100, 300) for d in second(t, wait_s=0.0)]
+    assert downs and downs[-1].desired < 3
+    # a moment's spike within a calm panic window presses nothing (the queue absorbs
+    # it), and an estimate older than the window counts no more
+    core.on_load("m", ModelLoad(ready_workers=2, wait_s=9.0, ttft_slo_s=4.0), 300.0)
+    assert not [d for t in range(300, 306) for d in second(t, wait_s=0.0) if d.desired > 2]
+    core.on_load("m", ModelLoad(ready_workers=2, wait_s=9.0, ttft_slo_s=4.0), 400.0)
+    assert core._pressed(core.models["m"], 400.0) and not core._pressed(core.models["m"], 407.0)

@@ -194,6 +194,32 @@ def test_the_estimate_adds_the_prefill_and_the_slots_ahead():
     assert Fleet(prefill_ahead=1, workers=1).wait(1) is None  # not measured
 
 
+def test_a_fleet_bound_by_its_slots_is_judged_without_a_prefill_rate():
+    """Short prompts, long answers, one slot: no start ever waited behind another's
+    prefill, so no prefill rate is measured, yet the queue for the slot grows. Before,
+    the estimate needed the prefill rate and such a fleet was never refused."""
+    core = SchedulerCore(POLICY)
+    core.on_heartbeat(hb(seqs=1), 0.0)
+    now = 0.0
+    for i in range(4):  # each holds the slot 1 s
+        assert assigned(core.on_accepted(req(f"h{i}", 10), now)) == [f"h{i}"]
+        core.on_started(f"h{i}", 1, "w", now=now + 0.01)
+        now += 1.0
+        core.on_ended(f"h{i}", now)
+    assert core.workers["w"].rates.prefill_rate() is None
+    assert core.fleet("m").wait(10) == 0.0  # the slot is free: nothing to wait for
+    core.on_accepted(req("run", 10), now)  # holds the slot
+    # queued for the slot: it frees once a second, so 1 s and 2 s of wait are within
+    # the 2.001 s objective and 3 s is not
+    taken = [core.on_accepted(req(f"q{i}", 10), now) for i in range(2)]
+    assert taken == [[], []]
+    refused = core.on_accepted(req("late", 10), now)
+    assert [type(e) for e in refused] == [Fail]
+    fail = refused[0]
+    assert isinstance(fail, Fail) and fail.code == "overloaded"
+    assert fail.retry_after_s >= 1.0
+
+
 def test_the_gateway_answers_429_with_the_scheduler_s_wait():
     err = error_for(
         RequestFailed(
