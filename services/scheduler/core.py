@@ -78,9 +78,11 @@ class SchedulerCore:
         """Routed blocks in the engine's own hashes (the rest were text blocks)."""
         self._dispatched: dict[str, int] = {}
         self._rates: dict[str, tuple[float, int, float]] = {}
+        """model → (time, dispatched count, smoothed dispatch rate) at the last load()."""
         self._scaling: dict[str, tuple[int, float]] = {}
         """Model → (the autoscaler's target, until when that word holds)."""
-        """model → (time, dispatched count, smoothed dispatch rate) at the last load()."""
+        self.objectives: dict[str, float] = {}
+        """model → the TTFT SLO its LLMService sets (``set_objective``)."""
 
     # -- inputs ----------------------------------------------------------------------
 
@@ -148,8 +150,24 @@ class SchedulerCore:
         """Its TTFT objective in seconds (inf: none)."""
         p = self.policy
         return slo_s(
-            prompt_tokens(request), request.priority, p.ttft_slo_s, p.slo_prefill_tokens_per_s
+            prompt_tokens(request),
+            request.priority,
+            self.objective(request.model),
+            p.slo_prefill_tokens_per_s,
         )
+
+    def objective(self, model: str) -> float:
+        """``model``'s TTFT objective before its prompt's share: its LLMService's, else
+        the policy's ``ttft_slo_s``."""
+        return self.objectives.get(model, self.policy.ttft_slo_s)
+
+    def set_objective(self, model: str, ttft_slo_s: float | None) -> None:
+        """An LLMService's TTFT SLO for ``model`` (the one its autoscaling sizes for);
+        None: the policy's again (the service removed, or without one)."""
+        if ttft_slo_s is None:
+            self.objectives.pop(model, None)
+        else:
+            self.objectives[model] = ttft_slo_s
 
     def _admit(self, item: Queued, now: float, limit: float) -> Fail | None:
         """Refused now when the fleet would not start it within ``limit`` seconds:
@@ -552,7 +570,7 @@ class SchedulerCore:
                 oldest_wait_s=max((now - item.since for item in q), default=0.0),
                 dispatch_per_s=self._dispatch_rate(model, now),
                 wait_s=0.0 if fleet.idle else round(fleet.wait(0) or 0.0, 3),
-                ttft_slo_s=self.policy.ttft_slo_s if self.policy.admit_by_slo else 0.0,
+                ttft_slo_s=self.objective(model) if self.policy.admit_by_slo else 0.0,
             )
         return out
 

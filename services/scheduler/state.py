@@ -103,7 +103,8 @@ class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
     ttft_slo_s: float = 2.0
     """A request's time-to-first-token objective is this plus its prompt at
     ``slo_prefill_tokens_per_s`` (``batch`` requests have none): what goodput counts,
-    what admission holds to and what the queue orders by (``goodput.py``). 0: none."""
+    what admission holds to and what the queue orders by (``goodput.py``). 0: none.
+    A model whose LLMService sets ``ttftSloSeconds`` has that instead."""
     slo_prefill_tokens_per_s: float = 10_000.0
     """The prefill rate the objective grants a prompt."""
     admit_by_slo: bool = True

@@ -9,6 +9,7 @@ from inferbus.contracts import (
     ENDED,
     HEARTBEATS,
     KV_EVENTS,
+    LLMSERVICES,
     PROGRESS,
     SCALING_STATUS,
     SCHEDULER_LOAD,
@@ -17,6 +18,7 @@ from inferbus.contracts import (
     CanaryWeights,
     CancelRequest,
     KvEvent,
+    LLMServiceSettings,
     RequestAccepted,
     RequestProgress,
     RequestStarted,
@@ -54,6 +56,15 @@ ENDED_CONSUMER = ConsumerSpec(
 
 WIRING = Wiring(
     subscriptions=(
+        # LLMServices' records first: a model's TTFT objective before its requests
+        Subscription(
+            LLMSERVICES,
+            LLMServiceSettings,
+            "_on_service",
+            source=Follow("IB_CONFIG", deliver="last_per_subject", replay=True),
+            early=True,
+            bad="drop",
+        ),
         Subscription(
             HEARTBEATS,
             WorkerHeartbeat,

@@ -17,7 +17,7 @@ import yaml
 from testkit.faults import MODEL, Platform
 
 from inferbus.client import Client, RequestError
-from inferbus.contracts import LLMSERVICES, LLMServiceSettings
+from inferbus.contracts import LLMSERVICES, SCHEDULER_LOAD, LLMServiceSettings, SchedulerLoad
 from inferbus.contracts.control import SupervisorQuery, SupervisorState, supervisor_subject
 from inferbus.shared.bus import connect, replay
 from inferbus.shared.buscreds import load_credentials
@@ -92,7 +92,7 @@ async def test_apply_drives_the_autoscaler_and_the_sanitizer_of_a_running_platfo
 
         spec = service(
             "chat",
-            scaling={"minReplicas": 2, "maxReplicas": 3},
+            scaling={"minReplicas": 2, "maxReplicas": 3, "ttftSloSeconds": 3.0},
             inputSanitization={"policy": "flag"},
             observability={"stages": [{"name": "ttft", "p95Seconds": 1.0}]},
         )
@@ -116,6 +116,8 @@ async def test_apply_drives_the_autoscaler_and_the_sanitizer_of_a_running_platfo
         ]
         assert records[-1].service == "chat" and records[-1].scaling.min_replicas == 2
         assert records[-1].scale_target == "worker" and records[-1].input_policy == "flag"
+        # one SLO: the scheduler admits the model's requests by the service's objective
+        assert await wait_for(lambda: _objective(nc, 3.0)), "the scheduler kept its own"
 
         again = cli(p, "apply", "-f", str(path), cwd=tmp_path)
         assert again.returncode == 0 and "unchanged" in again.stdout, again.stdout
@@ -130,6 +132,7 @@ async def test_apply_drives_the_autoscaler_and_the_sanitizer_of_a_running_platfo
         deleted = cli(p, "delete", "-f", str(path), cwd=tmp_path)
         assert deleted.returncode == 0 and "deleted" in deleted.stdout
         assert await wait_for(blocked, timeout=10)  # the flag's policy again
+        assert await wait_for(lambda: _objective(nc, 2.0)), "the service's objective stayed"
         assert not (tmp_path / ".inferbus" / "rules" / "chat.rules.yml").exists()
         await client.close()
         await nc.close()
@@ -144,3 +147,14 @@ async def _at_least(count, n: int) -> bool:
 
 async def _not(check) -> bool:
     return not await check()
+
+
+async def _objective(nc, seconds: float) -> bool:
+    """The scheduler's next load report gives ``MODEL`` this TTFT objective."""
+    sub = await nc.subscribe(SCHEDULER_LOAD)
+    try:
+        load = decode((await sub.next_msg(timeout=5)).data, SchedulerLoad)
+    finally:
+        await sub.unsubscribe()
+    m = load.models.get(MODEL)
+    return m is not None and m.ttft_slo_s == seconds

@@ -220,6 +220,30 @@ def test_a_fleet_bound_by_its_slots_is_judged_without_a_prefill_rate():
     assert fail.retry_after_s >= 1.0
 
 
+def test_a_model_s_llmservice_objective_is_the_one_it_is_refused_by():
+    """One SLO setting: an LLMService's TTFT SLO sizes its autoscaling and is the
+    objective its requests are admitted by (and said with the load); other models keep
+    the policy's, and a removed service gives the policy's back."""
+    core = SchedulerCore(POLICY)
+    core.on_heartbeat(hb(seqs=1), 0.0)
+    now = 0.0
+    for i in range(4):  # each holds the slot 1 s
+        core.on_accepted(req(f"h{i}", 10), now)
+        core.on_started(f"h{i}", 1, "w", now=now + 0.01)
+        now += 1.0
+        core.on_ended(f"h{i}", now)
+    core.set_objective("m", 4.0)
+    assert core.load(now)["m"].ttft_slo_s == 4.0
+    core.on_accepted(req("run", 10), now)  # holds the slot
+    # 1, 2, 3 and 4 s for the slot: within 4 s; under the policy's 2 s the third was not
+    taken = [core.on_accepted(req(f"q{i}", 10), now) for i in range(4)]
+    assert taken == [[], [], [], []]
+    [refused] = core.on_accepted(req("late", 10), now)
+    assert isinstance(refused, Fail) and "4.0s objective" in refused.reason
+    core.set_objective("m", None)
+    assert core.objective("m") == POLICY.ttft_slo_s == core.load(now)["m"].ttft_slo_s
+
+
 def test_the_gateway_answers_429_with_the_scheduler_s_wait():
     err = error_for(
         RequestFailed(
