@@ -50,6 +50,11 @@ from .swap import (
 
 log = logs.get("inferbus.worker.delivery")
 
+CURRENT_RETRY_S = (1.0, 2.0, 4.0)
+"""Waits between reads of the registry's current version at start, when one timed out."""
+ADAPTERS_RETRY_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+"""Waits between reads of the registry's current adapters when one failed at start."""
+
 
 def trusted_keys(spec: str) -> list[Path]:
     """``--trusted-keys``: public key files, or folders of them (``*.pub``, ``*.pem``),
@@ -128,49 +133,97 @@ class Deliveries:
     async def current_version(self, name: str) -> tuple[ModelVersion, Verified] | None:
         """The registry's current version of ``name``, fetched and verified, for a worker
         starting up; None when there is none (or it cannot be had: the worker then starts
-        on its own ``--model``, and says why)."""
-        try:
-            current = await modelstore.get_current(self.js, name)
-            if current is None or not current.version:  # none, or rolled back to --model
-                return None
-            mv = await modelstore.get_version(self.js, name, current.version)
-            if mv is None:
-                raise modelstore.RegistryError(f"{name}@{current.version} is not in the registry")
-            return mv, await self._fetch_verified(mv)
-        except Exception as exc:
-            log.error(
-                "the registry's current version cannot be loaded; starting on --model",
-                model=name,
-                error=str(exc),
-            )
-            await self._report(
-                "startup", f"{name}", CURRENT, ok=False, code=_code(exc), reason=str(exc)
-            )
+        on its own ``--model``, and says why). A read that times out is tried again a
+        few times first: a worker restarted on a loaded bus would otherwise serve
+        another version than the rest until the next delivery."""
+        for delay in (*CURRENT_RETRY_S, None):
+            try:
+                return await self._current_version(name)
+            except (TimeoutError, nats.errors.Error) as exc:
+                if delay is None:
+                    return await self._not_current(name, exc)
+                log.warning("registry read failed; reading again", model=name, error=str(exc))
+                await asyncio.sleep(delay)
+            except Exception as exc:
+                return await self._not_current(name, exc)
+        return None
+
+    async def _current_version(self, name: str) -> tuple[ModelVersion, Verified] | None:
+        current = await modelstore.get_current(self.js, name)
+        if current is None or not current.version:  # none, or rolled back to --model
             return None
+        mv = await modelstore.get_version(self.js, name, current.version)
+        if mv is None:
+            raise modelstore.RegistryError(f"{name}@{current.version} is not in the registry")
+        return mv, await self._fetch_verified(mv)
+
+    async def _not_current(self, name: str, exc: BaseException) -> None:
+        log.error(
+            "the registry's current version cannot be loaded; starting on --model",
+            model=name,
+            error=str(exc),
+        )
+        await self._report(
+            "startup", f"{name}", CURRENT, ok=False, code=_code(exc), reason=str(exc)
+        )
 
     async def load_current_adapters(self) -> None:
         """A worker starting up serves the adapters whose current version is on its
         model, as those running already do (each verified; a refused one is reported
-        and skipped)."""
-        w = self.worker
+        and skipped). A registry it cannot read now (a timeout on a loaded bus) is read
+        again in the background, so a restarted worker does not go on without them."""
+        try:
+            found = await self._current_adapters()
+        except Exception as exc:
+            log.warning("current adapters unknown; reading the registry again", error=str(exc))
+            self._background(self._adapters_retry(), "adapters-retry")
+            return
+        for mv in found:
+            await self._deliver_current(mv)
+
+    async def _current_adapters(self) -> list[ModelVersion]:
+        """The adapters on this worker's model whose current version the registry
+        names (none without a registry); raises when it cannot be read."""
         try:
             keys = await modelstore.keys(self.js, "current.")
         except modelstore.RegistryError:
-            return
-        except Exception as exc:  # the registry unreadable: serve the model alone
-            log.error("current adapters unknown", error=str(exc))
-            return
+            return []
+        base = self.worker.holding.model.name
+        found = []
         for key in keys:
             current = await modelstore.get_current(self.js, key.removeprefix("current."))
             if current is None or not current.version:
                 continue
             mv = await modelstore.get_version(self.js, current.name, current.version)
-            if mv is None or mv.kind != "adapter" or mv.base_model != w.holding.model.name:
+            if mv is None or mv.kind != "adapter" or mv.base_model != base:
                 continue
-            at_start = ModelDelivery(
-                delivery_id="startup", model=mv, role=CURRENT, reason="current at start"
-            )
-            await self.deliver(at_start, time.perf_counter())
+            found.append(mv)
+        return found
+
+    async def _deliver_current(self, mv: ModelVersion) -> None:
+        at_start = ModelDelivery(
+            delivery_id="startup", model=mv, role=CURRENT, reason="current at start"
+        )
+        await self.deliver(at_start, time.perf_counter())
+
+    async def _adapters_retry(self) -> None:
+        for delay in ADAPTERS_RETRY_S:
+            await asyncio.sleep(delay)
+            try:
+                found = await self._current_adapters()
+            except Exception as exc:
+                log.warning("current adapters unknown", error=str(exc), retry_in_s=delay)
+                continue
+            async with self._lock:
+                for mv in found:
+                    await self._deliver_current(mv)
+            return
+        log.error("current adapters unknown: serving without them until the next delivery")
+
+    def _background(self, work: Any, name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._prefetches.add(task)
+        task.add_done_callback(self._prefetches.discard)
 
     async def _adapters_again(self) -> None:
         async with self._lock:
@@ -258,9 +311,7 @@ class Deliveries:
         await w.send_heartbeat()
         if decision.mode == "cold" and decision.unload:
             # the adapters went with the old engine: the current ones come back
-            task = asyncio.create_task(self._adapters_again(), name="adapters-again")
-            self._prefetches.add(task)
-            task.add_done_callback(self._prefetches.discard)
+            self._background(self._adapters_again(), "adapters-again")
         total = time.perf_counter() - arrived
         metrics.MODEL_SWAPS.labels(decision.mode, "ok").inc()
         metrics.MODEL_SWAP_SECONDS.labels(decision.mode).observe(total)
@@ -298,9 +349,7 @@ class Deliveries:
             except Exception as exc:
                 log.warning("prefetch failed", model=mv.ref, error=str(exc))
 
-        task = asyncio.create_task(run(), name=f"prefetch-{mv.ref}")
-        self._prefetches.add(task)
-        task.add_done_callback(self._prefetches.discard)
+        self._background(run(), f"prefetch-{mv.ref}")
 
     async def _fetch_verified(self, mv: ModelVersion) -> Verified:
         for attempt in (1, 2):
