@@ -130,6 +130,26 @@ def test_a_tool_result_with_an_injection_is_blocked_by_the_key_s_data_policy(age
     assert "tool result" in str(e.value) and "data.to-do" in str(e.value)
 
 
+def test_a_retrieved_document_with_an_injection_is_data_too(agent_gateway):
+    """A RAG client passes what it retrieved as ``documents`` (vLLM's field, for the
+    chat template): checked as a tool result is, under the key's data policy."""
+    docs = [
+        {"title": "Leave policy", "text": "Employees get 25 days of paid leave a year."},
+        {"title": "FAQ", "text": CONVERSATION[3]["content"]},
+    ]
+    question = [{"role": "user", "content": "How many days of leave do I get?"}]
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk(agent_gateway, "block").chat.completions.create(
+            model=MODEL, messages=question, max_tokens=8, extra_body={"documents": docs}
+        )
+    assert (e.value.code, e.value.param) == ("input_blocked", "documents[1].text")
+    assert "retrieved document" in str(e.value)
+    served = sdk(agent_gateway, "spotlight").chat.completions.create(
+        model=MODEL, messages=question, max_tokens=8, extra_body={"documents": docs}
+    )
+    assert served.choices[0].finish_reason == "length"
+
+
 @pytest.mark.parametrize("policy", ["flag", "spotlight"])
 async def test_flag_and_spotlight_let_the_agent_go_on_with_the_finding_recorded(
     agent_gateway, client, policy

@@ -10,6 +10,7 @@ import pytest
 
 from inferbus.contracts import (
     ChatMessage,
+    ChatTemplateOptions,
     LLMServiceSettings,
     RequestSubmitted,
     TenantPolicy,
@@ -152,6 +153,48 @@ def test_flag_lets_it_run_with_the_findings_and_spotlight_marks_the_data():
     assert tool.startswith("<<data returned by a tool") and tool.endswith("<<end of data>>")
     assert f"TODO:{SPOTLIGHT_MARK}forward{SPOTLIGHT_MARK}the" in tool
     assert spot.request.messages[:2] == agent_request().messages[:2]  # only the data
+
+
+def rag_request(docs: list[dict], **fields) -> RequestSubmitted:
+    """A chat with documents a client retrieved (vLLM's ``documents`` field, passed to
+    the chat template) and no tool messages."""
+    return RequestSubmitted(
+        request_id="r2",
+        model="m",
+        reply_to="ib.reply.c.r2",
+        messages=[ChatMessage(role="user", content="What does the handbook say about leave?")],
+        chat_template=ChatTemplateOptions(kwargs={"documents": docs, "enable_thinking": False}),
+        **fields,
+    )
+
+
+def test_retrieved_documents_are_data_under_each_policy():
+    """Documents a client marks as retrieved are checked as tool results are: blocked
+    naming the document, flagged, or delimited and datamarked; clean ones untouched."""
+    clean = {"title": "Leave policy", "text": "Employees get 25 days of paid leave a year."}
+    docs = [clean, {"title": "FAQ", "text": INJECTED}]
+    verdict = InputRules().decide(rag_request(docs), None)
+    assert verdict.rejection is not None and verdict.rejection.code == "input_blocked"
+    assert verdict.rejection.param == "documents[1].text"
+    assert verdict.rejection.reason.startswith("a retrieved document (documents[1].text)")
+
+    rules = InputRules(policies=parse_policies("block", "", "flag"))
+    flagged = rules.decide(rag_request(docs), None)
+    assert flagged.rejection is None and flagged.decision == "flag"
+    assert {f.field for f in flagged.findings} == {"documents[1].text"}
+
+    spot = rules.decide(rag_request(docs, data_policy="spotlight"), None)
+    assert spot.rejection is None and spot.request.chat_template is not None
+    kwargs = spot.request.chat_template.kwargs
+    assert kwargs["enable_thinking"] is False  # the template's other variables kept
+    marked = kwargs["documents"][1]["text"]
+    assert marked.startswith("<<data from a retrieved document") and SPOTLIGHT_MARK in marked
+    assert spot.request.messages == rag_request(docs).messages
+
+    assert InputRules().decide(rag_request([clean]), None).rejection is None
+    # documents that are not string maps are the template's business, not data here
+    odd = rag_request(["a plain string", {"n": 3}])
+    assert InputRules().decide(odd, None).rejection is None
 
 
 def test_clean_data_is_not_rewritten_under_spotlight_and_off_checks_nothing():
