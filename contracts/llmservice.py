@@ -49,6 +49,9 @@ class LLMServiceSettings(Event, tag="llmservice.settings"):
     ``off``; empty: the sanitizer's own. An API key's or tenant's policy still wins."""
     mask_output_pii: bool | None = None
     """None: the sanitizer's own; a request's API key or tenant still wins."""
+    tool_call_policy: str = ""
+    """``mask`` or ``refuse`` a tool call carrying PII the request never gave; empty:
+    the sanitizer's own. A request's API key or tenant still wins."""
     removed: bool = False
     """The LLMService was deleted: the services forget the model's record."""
     generation: int = 0

@@ -45,6 +45,9 @@ def service_settings(
         input_policy="" if policy == "default" else policy,
         data_policy="" if data_policy == "default" else data_policy,
         mask_output_pii=spec.output_filtering.mask_pii,
+        tool_call_policy=""
+        if spec.output_filtering.tool_call_policy == "default"
+        else spec.output_filtering.tool_call_policy,
         generation=svc.metadata.generation,
         set_by=set_by,
         set_at=now,

@@ -112,6 +112,10 @@ class OutputFiltering(_Spec, frozen=True):
     """PII masking of the model's output stream; an API key's setting still wins."""
 
     mask_pii: bool = True
+    tool_call_policy: Literal["default", "mask", "refuse"] = "default"
+    """A tool call whose arguments carry PII the request never gave: ``mask`` it, or
+    ``refuse`` it (the request ends ``output_blocked``); ``default`` keeps the
+    sanitizer's own. An API key's or tenant's setting still wins."""
 
 
 class LLMServiceSpec(_Spec, frozen=True):

@@ -158,6 +158,7 @@ class ModelSettings(msgspec.Struct, kw_only=True, frozen=True):
     input_policy: Policy | None = None
     data_policy: DataPolicy | None = None
     mask_output_pii: bool | None = None
+    tool_call_policy: str | None = None
 
 
 def model_settings(record: LLMServiceSettings) -> ModelSettings | None:
@@ -171,10 +172,14 @@ def model_settings(record: LLMServiceSettings) -> ModelSettings | None:
     data = record.data_policy or None
     if data is not None and data not in DATA_POLICIES:
         raise ValueError(f"data policy {data!r} (choose block, flag, spotlight or off)")
+    calls = record.tool_call_policy or None
+    if calls is not None and calls not in TOOL_CALL_POLICIES:
+        raise ValueError(f"tool call policy {calls!r} (choose mask or refuse)")
     return ModelSettings(
         input_policy=cast(Policy | None, policy),
         data_policy=cast(DataPolicy | None, data),
         mask_output_pii=record.mask_output_pii,
+        tool_call_policy=calls,
     )
 
 
@@ -407,7 +412,15 @@ class InputRules(msgspec.Struct, kw_only=True, frozen=True):
     tenants: dict[str, TenantPolicy] = {}
     mask_output_default: bool = True
     tool_call_default: str = "mask"
-    """``mask`` or ``refuse``: PII in tool-call arguments, unless the request says."""
+    """``mask`` or ``refuse``: PII in tool-call arguments, unless the request or its
+    model's LLMService says."""
+
+    def tool_calls(self, request: RequestSubmitted) -> str:
+        """The tool-call policy for ``request``: its own (an API key's or tenant's),
+        else its model's LLMService's, else the deployment's."""
+        ms = self.models.get(request.model)
+        by_model = ms.tool_call_policy if ms is not None else None
+        return request.tool_call_policy or by_model or self.tool_call_default
 
     def decide(
         self, request: RequestSubmitted, tenant: str | None, token_text: str | None = None
@@ -460,7 +473,7 @@ class InputRules(msgspec.Struct, kw_only=True, frozen=True):
             )
         if data_decision == "spotlight":
             request = spotlighted(request)
-        refuse = (request.tool_call_policy or self.tool_call_default) == "refuse"
+        refuse = self.tool_calls(request) == "refuse"
         return InputVerdict(
             request=request,
             decision="flag" if "flag" in (decision, data_decision) or data_found else decision,

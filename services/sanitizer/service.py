@@ -283,6 +283,7 @@ class SanitizerService(Service[SanitizerSettings]):
             input_policy=ms.input_policy if ms else None,
             data_policy=ms.data_policy if ms else None,
             mask_output_pii=ms.mask_output_pii if ms else None,
+            tool_call_policy=ms.tool_call_policy if ms else None,
         )
 
     async def _check(self, msg: Msg) -> None:

@@ -340,6 +340,23 @@ def test_a_tool_result_s_pii_is_not_the_user_s_and_refuse_needs_the_filter():
     assert bad.rejection is not None and bad.rejection.param == "tool_call_policy"
 
 
+def test_an_llmservice_sets_its_models_tool_call_policy_under_the_request_s():
+    record = LLMServiceSettings(service="chat", model="m", tool_call_policy="refuse")
+    ms = model_settings(record)
+    assert ms is not None and ms.tool_call_policy == "refuse"
+    rules = InputRules(models={"m": ms})
+    quiet = msgspec.structs.replace(agent_request(), data_policy="off")
+    assert rules.decide(quiet, None).refuse_tool_pii  # the service's
+    other = msgspec.structs.replace(quiet, model="other")
+    assert not rules.decide(other, None).refuse_tool_pii  # the deployment's (mask)
+    keyed = msgspec.structs.replace(quiet, tool_call_policy="mask")
+    assert not rules.decide(keyed, None).refuse_tool_pii  # an API key's or tenant's wins
+    unset = model_settings(msgspec.structs.replace(record, tool_call_policy=""))
+    assert unset is not None and unset.tool_call_policy is None
+    with pytest.raises(ValueError, match="choose mask or refuse"):
+        model_settings(msgspec.structs.replace(record, tool_call_policy="allow"))
+
+
 SECRET = "ghp_16C7e42F292c6912E7710c838347Ae178B4a"
 
 

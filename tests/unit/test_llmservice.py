@@ -163,7 +163,7 @@ def test_settings_carry_the_scaling_and_checks_for_the_services():
             "forecaster": "holt",
         },
         inputSanitization={"policy": "flag"},
-        outputFiltering={"maskPii": False},
+        outputFiltering={"maskPii": False, "toolCallPolicy": "refuse"},
     )
     out = render.service_settings(s, scale_target="ml/llm-chat", set_by="t", now=5.0)
     assert out.service == "ml/chat" and out.model == "chat-model" and out.version == "2"
@@ -172,7 +172,9 @@ def test_settings_carry_the_scaling_and_checks_for_the_services():
     assert (out.scaling.predictive_window_s, out.scaling.forecaster) == (300, "holt")
     assert (out.input_policy, out.mask_output_pii, out.generation) == ("flag", False, 3)
     default = render.service_settings(svc(), scale_target="", set_by="t", now=5.0)
+    assert out.tool_call_policy == "refuse"
     assert default.scaling is None and default.input_policy == ""  # the services' own
+    assert default.tool_call_policy == ""
 
 
 def test_the_worker_deployment_gets_its_model_resources_and_gpus():
