@@ -257,6 +257,9 @@ class Watch:
         """Workers that started each request afresh (a continuation's start aside), and
         the attempt each started."""
         self.moved: set[str] = set()
+        self.streaming: dict[str, tuple[str, float]] = {}
+        """Requests started and not ended yet → the instance (``worker-0``) serving them,
+        and when the start was seen."""
         self.ended: dict[tuple[str, int], set[bytes]] = defaultdict(set)
         """Distinct terminal events per request and attempt: a publish retried after a
         lost ack is the same event (JetStream keeps it once), two different ones are a
@@ -274,11 +277,26 @@ class Watch:
             self.moved.add(ev.request_id)
         elif ev is not None:
             self.started[ev.request_id][ev.worker_id] = ev.attempt
+            self.streaming[ev.request_id] = (ev.worker_id.split(".")[0], time.monotonic())
 
     async def _on_ended(self, msg) -> None:
         ev = decode_or_none(msg.data, Terminal)
         if ev is not None:  # a rejection or the scheduler's end names no attempt: 0
             self.ended[ev.request_id, getattr(ev, "attempt", 0)].add(msg.data)
+            self.streaming.pop(ev.request_id, None)
+
+    async def serving(self, instance: str, timeout: float = 15.0) -> None:
+        """Once ``instance`` has streamed a request for a moment (its chunks flowing):
+        a worker fault then hits streams. Killed at a fixed moment, a worker that
+        happened to be between requests moved none (CI, once)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            now = time.monotonic()
+            if any(w == instance and now - t >= 0.03 for w, t in self.streaming.values()):
+                return
+            if now > deadline:
+                raise AssertionError(f"{instance} streamed nothing in {timeout:.0f}s")
+            await asyncio.sleep(0.005)
 
     def duplicates(self, ids: list[str]) -> list[str]:
         """Each duplicate, said plainly."""
@@ -429,6 +447,8 @@ async def run_fault(
     running = await p.pids()
     hang = fault.endswith(HANG)
     pid = running[fault.removesuffix(HANG)]
+    if fault.startswith("worker"):
+        await watch.serving(fault.removesuffix(HANG))
     killed_at = result.killed_at = time.monotonic()
     os.kill(pid, signal.SIGSTOP if hang else signal.SIGKILL)
     try:
