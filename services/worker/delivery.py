@@ -141,11 +141,13 @@ class Deliveries:
                 return await self._current_version(name)
             except (TimeoutError, nats.errors.Error) as exc:
                 if delay is None:
-                    return await self._not_current(name, exc)
+                    await self._not_current(name, exc)
+                    return None
                 log.warning("registry read failed; reading again", model=name, error=str(exc))
                 await asyncio.sleep(delay)
             except Exception as exc:
-                return await self._not_current(name, exc)
+                await self._not_current(name, exc)
+                return None
         return None
 
     async def _current_version(self, name: str) -> tuple[ModelVersion, Verified] | None:
