@@ -207,8 +207,9 @@ class RequestSubmitted(Event, tag="request.submitted"):
     """Chained hashes of the prompt's leading blocks, for KV-aware routing, when the
     client knows them; otherwise the scheduler hashes the prompt text itself."""
     prompt_tokens: int = 0
-    """The prompt's length in tokens when the client knows it (0: the scheduler
-    estimates it from the text), for lanes and token budgets."""
+    """The prompt's length in tokens, for lanes, fair share and token budgets: set by
+    the sanitizer from the model's tokenizer (a client's value is dropped: it would be
+    trusted for accounting); 0: the scheduler estimates it from the text."""
     prompt_token_ids: list[int] = []
     """The prompt as the served model's tokenizer reads it (chat template applied),
     set by the sanitizer when it has that tokenizer (a client's value is dropped): the
@@ -221,8 +222,9 @@ class RequestSubmitted(Event, tag="request.submitted"):
 
     @property
     def estimated_prompt_tokens(self) -> int:
-        """``prompt_tokens`` when the client knows it, else about 4 characters a token."""
-        if self.prompt_tokens:
+        """``prompt_tokens`` when the sanitizer counted it, else about 4 characters a
+        token (a count under 1 is never taken: a request is at least one token)."""
+        if self.prompt_tokens > 0:
             return self.prompt_tokens
         if self.token_prompt is not None:
             return len(self.token_prompt)

@@ -36,7 +36,10 @@ class Tokenizers(TokenizerSet):
         """``request`` with ``prompt_token_ids`` (and ``prompt_tokens``, and the
         tokenizer's fingerprint) from its model's tokenizer; with none, or a template
         that refuses it (the worker says why), with no ids: what a client put there is
-        never passed on, or the worker would run ids other than the text checked."""
+        never passed on, or the worker would run ids other than the text checked. Nor
+        is a client's ``prompt_tokens``: lanes, fair share and admission count by it,
+        and a tenant claiming -1e9 took twice its share (the scheduler estimates from
+        the text instead)."""
         tok, fingerprint = self._loaded.get(request.model, (None, ""))
         ids: list[int] = []
         if request.token_prompt is not None:  # the ids themselves: exact routing
@@ -60,9 +63,11 @@ class Tokenizers(TokenizerSet):
             except TemplateError:
                 ids = []
         if not ids:
-            if not request.prompt_token_ids and not request.prompt_tokenizer:
+            if not (request.prompt_token_ids or request.prompt_tokenizer or request.prompt_tokens):
                 return request
-            return msgspec.structs.replace(request, prompt_token_ids=[], prompt_tokenizer="")
+            return msgspec.structs.replace(
+                request, prompt_token_ids=[], prompt_tokenizer="", prompt_tokens=0
+            )
         return msgspec.structs.replace(
             request,
             prompt_token_ids=ids,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -175,6 +176,24 @@ def test_tenants_share_by_tokens_served_not_by_arrival():
     core = SchedulerCore(POLICY)
     for i in range(6):
         core.on_accepted(req(f"big{i}", 500, tenant="big"), 0.0)
+    core.on_accepted(req("small0", 500, tenant="small"), 0.1)
+    core.on_accepted(req("small1", 500, tenant="small"), 0.2)
+    order = assigned(core.on_heartbeat(hb("w"), 1.0))
+    for _ in range(7):
+        order += assigned(core.on_ended(order[-1], 2.0))
+    assert order[:4] == ["big0", "small0", "big1", "small1"]
+
+
+def test_a_negative_prompt_count_buys_no_share():
+    """Issue 42: the core took a request's prompt_tokens as sent, so a tenant claiming
+    -1e9 banked credit and went first for good. A count under 1 is not taken: its text
+    is (the sanitizer also drops what a client claims)."""
+    core = SchedulerCore(POLICY)
+    for i in range(6):
+        lie = msgspec.structs.replace(
+            req(f"big{i}", -1_000_000_000, tenant="big"), prompt="x" * 1996
+        )  # about 500 tokens of text
+        core.on_accepted(lie, 0.0)
     core.on_accepted(req("small0", 500, tenant="small"), 0.1)
     core.on_accepted(req("small1", 500, tenant="small"), 0.2)
     order = assigned(core.on_heartbeat(hb("w"), 1.0))

@@ -143,6 +143,15 @@ async def test_the_sanitizer_tokenizes_as_the_worker_does_and_drops_a_clients_id
     )
     out = await toks.tokenized(forged)
     assert out.prompt_token_ids == [] and out.prompt_tokenizer == ""
+    # nor the count it claimed (issue 42: a tenant's -1e9 took twice its fair share)
+    for claimed in (-1_000_000_000, 1):
+        lied = RequestSubmitted(
+            request_id="f", model="other", reply_to="r", prompt="x" * 400, prompt_tokens=claimed
+        )
+        out = await toks.tokenized(lied)
+        assert out.prompt_tokens == 0 and out.estimated_prompt_tokens == 101  # its text's
+    counted = await toks.tokenized(msgspec.structs.replace(lied, model="m", prompt_tokens=-5))
+    assert counted.prompt_tokens == len(tok.encode("x" * 400))
     forged = RequestSubmitted(
         request_id="e",
         model="m",
