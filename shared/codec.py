@@ -28,8 +28,14 @@ def decode(data: bytes, target: type[T]) -> T: ...
 @overload
 def decode(data: bytes, target: Any) -> Any: ...
 def decode(data: bytes, target: Any) -> Any:
-    """Decode ``data`` as ``target`` (an Event type or a union of them)."""
-    return _decoder(target).decode(data)
+    """Decode ``data`` as ``target`` (an Event type or a union of them). JSON nested
+    deeper than the interpreter's recursion allows is a ``DecodeError`` like any other
+    bad input (msgspec raises RecursionError: the sanitizer let one escape five times
+    and the request was never answered, nor dead-lettered)."""
+    try:
+        return _decoder(target).decode(data)
+    except RecursionError:
+        raise msgspec.DecodeError("JSON is nested too deeply") from None
 
 
 def to_builtins(event: Event) -> Any:

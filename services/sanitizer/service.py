@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Any
 
@@ -103,6 +104,26 @@ class _Addressed(msgspec.Struct):
 
     request_id: str
     reply_to: str
+
+
+_FIELD = {
+    name: re.compile(rb'"' + name.encode() + rb'"\s*:\s*"([^"\\]{1,256})"')
+    for name in ("request_id", "reply_to")
+}
+
+
+def _addressed(data: bytes) -> _Addressed | None:
+    """Its id and reply subject, from JSON that is not a request; JSON nested too deeply
+    to parse at all is searched for them, so its sender still gets an answer."""
+    try:
+        return decode(data, _Addressed)
+    except DecodeError as exc:
+        if "nested too deeply" not in str(exc):
+            return None
+    found = {name: pattern.search(data) for name, pattern in _FIELD.items()}
+    if not all(found.values()):
+        return None
+    return _Addressed(**{k: m.group(1).decode() for k, m in found.items() if m is not None})
 
 
 class _FilterTrace:
@@ -396,10 +417,7 @@ class SanitizerService(Service[SanitizerSettings]):
         """Dead-letter an undecodable request, and answer its sender when we can."""
         self._counts["invalid"] += 1
         await self.ctx.dead_letters.send(msg, f"undecodable RequestSubmitted: {error}")
-        try:
-            addr = msgspec.json.decode(msg.data, type=_Addressed)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            addr = None
+        addr = _addressed(msg.data)
         if addr is not None and addr.reply_to:
             failed = RequestFailed(
                 request_id=addr.request_id,

@@ -46,6 +46,27 @@ async def test_request_missing_fields_gets_a_clear_error(client):
     assert failed.code == "invalid_request" and "model" in failed.reason
 
 
+async def test_json_nested_too_deeply_gets_an_answer_and_a_dead_letter(client):
+    """Issue 42: 100,000 nested arrays in a template variable raised RecursionError in
+    the sanitizer on each of five deliveries, then the request was dropped: no answer,
+    no dead letter."""
+    inbox = client.nc.new_inbox()
+    sub = await client.nc.subscribe(inbox)
+    dlq = await client.nc.subscribe(dead_letter_subject("sanitizer"))
+    depth = 100_000
+    body = (
+        b'{"type": "request.submitted", "request_id": "r-deep", "model": "m", '
+        b'"reply_to": "' + inbox.encode() + b'", "prompt": "hi", '
+        b'"chat_template": {"kwargs": {"x": ' + b"[" * depth + b"]" * depth + b"}}}"
+    )
+    await client.js.publish(SUBMIT, body)
+    failed = decode((await sub.next_msg(timeout=10)).data, RequestFailed)
+    assert failed.code == "invalid_request" and "nested too deeply" in failed.reason
+    letter = await _dead_letter(dlq, SUBMIT)
+    assert "nested too deeply" in letter.reason
+    assert (await client.generate(MODEL, "still alive?", max_tokens=3)).outcome is not None
+
+
 async def test_bad_sampling_is_rejected_by_the_sanitizer(client):
     with pytest.raises(RequestError) as exc:
         await client.generate(MODEL, "hi", max_tokens=0)

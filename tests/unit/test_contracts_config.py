@@ -219,6 +219,10 @@ def test_decoding_garbage_fails_with_a_decode_error():
         codec.decode(b"{not json", TokenChunk)
     with pytest.raises(codec.DecodeError):
         codec.decode(b'{"type": "token.chunk", "request_id": "r"}', TokenChunk)  # no seq
+    # issue 42: msgspec raises RecursionError on deep nesting, which no handler caught
+    deep = b'{"type": "request.cancelled", "request_id": "r", "x": ' + b"[" * 100_000
+    with pytest.raises(codec.DecodeError, match="nested too deeply"):
+        codec.decode(deep + b"]" * 100_000 + b"}", RequestCancelled)
 
 
 def test_an_older_reader_ignores_new_fields():
