@@ -6,11 +6,47 @@ The standard library's loggers (nats-py, aiohttp, vLLM) go through the same rend
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from typing import Any
 
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
+
+_SECRET = re.compile(
+    r"(?i)(bearer\s+|(?:authorization|x-api-key|api[-_]key)[\"']?\s*[:=]\s*[\"']?"
+    r"(?:bearer\s+)?)[A-Za-z0-9._~+/=-]{6,}"
+)
+
+
+def redact(text: str) -> str:
+    """``text`` with bearer tokens and API-key values written ``[redacted]``."""
+    return _SECRET.sub(r"\1[redacted]", text)
+
+
+def _redact_secrets(_: WrappedLogger, __: str, event: EventDict) -> EventDict:
+    """No line says a credential: every string field is redacted."""
+    for key, value in event.items():
+        if isinstance(value, str) and ("earer" in value or "ey" in value):
+            event[key] = redact(value)
+    return event
+
+
+class _NoRawRequests(logging.Filter):
+    """aiohttp logs a request it cannot parse with the raw bytes in the exception (its
+    headers, an API key among them, and its body); keep the kind and the status."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        # by module, not by class: logging stays free of the HTTP library
+        if exc is not None and type(exc).__module__ == "aiohttp.http_exceptions":
+            code = getattr(exc, "code", "")
+            record.msg = f"{record.getMessage()}: {type(exc).__name__} ({code})"
+            record.args = ()
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
 
 _SHARED: list[Processor] = [
     structlog.contextvars.merge_contextvars,
@@ -27,6 +63,7 @@ def configure(service: str, level: str = "info", instance_id: str = "") -> None:
             *_SHARED,
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,
+            _redact_secrets,
             structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
         ],
         logger_factory=structlog.stdlib.LoggerFactory(),
@@ -39,6 +76,9 @@ def configure(service: str, level: str = "info", instance_id: str = "") -> None:
     root.handlers[:] = [handler]
     root.setLevel(lvl)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    server = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _NoRawRequests) for f in server.filters):
+        server.addFilter(_NoRawRequests())
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(service=service, instance=instance_id)
 
@@ -57,7 +97,7 @@ def stdlib_formatter(**fields: str) -> logging.Formatter:
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.JSONRenderer(),
         ],
-        foreign_pre_chain=[*_SHARED, add_fields] if fields else _SHARED,
+        foreign_pre_chain=[*_SHARED, add_fields, _redact_secrets],
     )
 
 

@@ -156,6 +156,9 @@ class Processes:
 
 
 def open_log(path: Path) -> IO[bytes]:
-    """A process's log, appended to across its restarts."""
+    """A process's log, appended to across its restarts; its owner's only (0600): a
+    log may hold what a request carried."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return open(path, "ab")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)  # one an older version made 0644
+    return os.fdopen(fd, "ab")
