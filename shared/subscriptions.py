@@ -111,6 +111,24 @@ class Subscription:
     second, counted as tokens elsewhere) are not."""
 
 
+def settings_records(
+    subject: str,
+    event: Any,
+    handler: str,
+    bad: Literal["dead_letter", "drop"] = "dead_letter",
+) -> Subscription:
+    """Settings records kept in IB_CONFIG (tenants, LLMServices): the latest of each
+    subject handed over before the service starts, then each new one as it comes."""
+    return Subscription(
+        subject,
+        event,
+        handler,
+        source=Follow("IB_CONFIG", deliver="last_per_subject", replay=True),
+        bad=bad,
+        early=True,
+    )
+
+
 @dataclass(frozen=True)
 class Wiring:
     subscriptions: tuple[Subscription, ...] = ()

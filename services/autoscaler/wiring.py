@@ -19,19 +19,12 @@ from inferbus.contracts import (
     WorkerHeartbeat,
 )
 from inferbus.contracts.control import SUPERVISORS
-from inferbus.shared.subscriptions import Follow, Subscription, Wiring
+from inferbus.shared.subscriptions import Follow, Subscription, Wiring, settings_records
 
 WIRING = Wiring(
     subscriptions=(
         # LLMServices' records first: the models they add are managed from the start
-        Subscription(
-            LLMSERVICES,
-            LLMServiceSettings,
-            "_on_service",
-            source=Follow("IB_CONFIG", deliver="last_per_subject", replay=True),
-            early=True,
-            bad="drop",
-        ),
+        settings_records(LLMSERVICES, LLMServiceSettings, "_on_service", bad="drop"),
         # events other services answer for (they dead-letter bad ones): skipped here
         Subscription(HEARTBEATS, WorkerHeartbeat, "_on_heartbeat", bad="drop"),
         Subscription(STARTED, RequestStarted, "_on_started", bad="drop"),

@@ -18,10 +18,10 @@ from inferbus.contracts import (
 from inferbus.shared.subscriptions import (
     Consume,
     ConsumerSpec,
-    Follow,
     Listen,
     Subscription,
     Wiring,
+    settings_records,
 )
 
 CHECK_ACK_WAIT_S = 5.0
@@ -55,20 +55,8 @@ WIRING = Wiring(
             early=True,
         ),
         # tenants' records and the LLMServices' checks before their requests
-        Subscription(
-            TENANT_POLICIES,
-            TenantPolicy,
-            "_on_tenant_policy",
-            source=Follow("IB_CONFIG", deliver="last_per_subject", replay=True),
-            early=True,
-        ),
-        Subscription(
-            LLMSERVICES,
-            LLMServiceSettings,
-            "_on_model_record",
-            source=Follow("IB_CONFIG", deliver="last_per_subject", replay=True),
-            early=True,
-        ),
+        settings_records(TENANT_POLICIES, TenantPolicy, "_on_tenant_policy"),
+        settings_records(LLMSERVICES, LLMServiceSettings, "_on_model_record"),
         # decoded by the handler: a malformed request is still answered if it can be
         Subscription(SUBMIT, bytes, "_on_submitted", source=Consume(SUBMITTED_CONSUMER)),
         Subscription(

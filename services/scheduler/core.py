@@ -19,6 +19,7 @@ from inferbus.contracts import (
     HANDOVER_FRESH_S,
     FailureCode,
     KvEvent,
+    LLMServiceSettings,
     ModelLoad,
     RequestSubmitted,
     Resume,
@@ -168,6 +169,16 @@ class SchedulerCore:
             self.objectives.pop(model, None)
         else:
             self.objectives[model] = ttft_slo_s
+
+    def on_service(self, record: LLMServiceSettings) -> float | None:
+        """An LLMService's record: its TTFT SLO becomes its model's objective (the
+        one admission judges by is the one the autoscaler sizes for); returns it
+        (None: the policy's). A SLO of 0 or less is refused (ValueError)."""
+        slo = None if record.removed or record.scaling is None else record.scaling.ttft_slo_s
+        if slo is not None and slo <= 0:
+            raise ValueError(f"ttft_slo_s {slo} (must be positive)")
+        self.set_objective(record.model, slo)
+        return slo
 
     def _admit(self, item: Queued, now: float, limit: float) -> Fail | None:
         """Refused now when the fleet would not start it within ``limit`` seconds:

@@ -149,13 +149,11 @@ class SchedulerService(Service[SchedulerSettings]):
     # -- inputs ----------------------------------------------------------------------
 
     async def _on_service(self, record: LLMServiceSettings, msg: Msg) -> None:
-        """An LLMService's TTFT SLO is its model's objective here too: the one request
-        admission judges by is the one the autoscaler sizes for."""
-        slo = None if record.removed or record.scaling is None else record.scaling.ttft_slo_s
-        if slo is not None and slo <= 0:
-            log.warning("llmservice record refused", model=record.model, ttft_slo_s=slo)
+        try:
+            slo = self.core.on_service(record)
+        except ValueError as exc:
+            log.warning("llmservice record refused", model=record.model, error=str(exc))
             return
-        self.core.set_objective(record.model, slo)
         log.info("llmservice record", model=record.model, service=record.service, ttft_slo_s=slo)
 
     async def _on_scaling(self, status: ScalingStatus, msg: Msg) -> None:

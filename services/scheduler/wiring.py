@@ -35,6 +35,7 @@ from inferbus.shared.subscriptions import (
     Follow,
     Subscription,
     Wiring,
+    settings_records,
 )
 
 ACCEPTED_CONSUMER = ConsumerSpec(
@@ -57,14 +58,7 @@ ENDED_CONSUMER = ConsumerSpec(
 WIRING = Wiring(
     subscriptions=(
         # LLMServices' records first: a model's TTFT objective before its requests
-        Subscription(
-            LLMSERVICES,
-            LLMServiceSettings,
-            "_on_service",
-            source=Follow("IB_CONFIG", deliver="last_per_subject", replay=True),
-            early=True,
-            bad="drop",
-        ),
+        settings_records(LLMSERVICES, LLMServiceSettings, "_on_service", bad="drop"),
         Subscription(
             HEARTBEATS,
             WorkerHeartbeat,

@@ -214,7 +214,7 @@ class Deliveries:
             try:
                 found = await self._current_adapters()
             except Exception as exc:
-                log.warning("current adapters unknown", error=str(exc), retry_in_s=delay)
+                log.warning("current adapters unknown", error=str(exc), waited_s=delay)
                 continue
             async with self._lock:
                 for mv in found:

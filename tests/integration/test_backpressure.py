@@ -4,19 +4,16 @@ requests per model, and one slow worker with a single slot."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import urllib.request
 
 import aiohttp
 import pytest
-from testkit.procs import ServiceProcess, start_all
+from testkit.procs import one_worker_platform
 from testkit.simplatform import wait_for_status
 
 from inferbus.client import Client, RequestError
 from inferbus.contracts import SCHEDULER_LOAD, SchedulerLoad
 from inferbus.shared.codec import decode
-from inferbus.shared.natsserver import NatsServer
 
 pytestmark = [pytest.mark.integration]
 
@@ -25,49 +22,14 @@ MODEL = "narrow-model"
 
 @pytest.fixture(scope="module")
 def narrow(tmp_path_factory):
-    root = tmp_path_factory.mktemp("backpressure")
-    server = NatsServer(root / "nats", log_file=root / "nats.log").start()
-    url = server.url
-    procs = [
-        ServiceProcess("sanitizer", url, root, name="bp-sanitizer"),
-        ServiceProcess(
-            "scheduler",
-            url,
-            root,
-            "--max-queue-per-model",
-            "3",
-            "--load-interval-s",
-            "0.1",
-            name="bp-scheduler",
-        ),
-        ServiceProcess(
-            "worker",
-            url,
-            root,
-            "--model",
-            MODEL,
-            "--max-num-seqs",
-            "1",
-            "--sim-decode-s-per-step",
-            "0.01",
-            "--heartbeat-interval-s",
-            "0.3",
-            name="bp-worker",
-        ),
-        ServiceProcess("gateway", url, root, name="bp-gateway"),
-    ]
-    start_all(procs)
-    gateway = procs[-1]
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:  # the gateway learns the model from heartbeats
-        with urllib.request.urlopen(f"{gateway.base}/v1/models") as r:
-            if MODEL in {m["id"] for m in json.loads(r.read())["data"]}:
-                break
-        time.sleep(0.05)
-    yield {"url": url, "gateway": gateway}
-    for p in reversed(procs):
-        p.stop()
-    server.stop()
+    with one_worker_platform(
+        tmp_path_factory.mktemp("backpressure"),
+        "bp",
+        MODEL,
+        scheduler_args=("--max-queue-per-model", "3", "--load-interval-s", "0.1"),
+        worker_args=("--max-num-seqs", "1", "--sim-decode-s-per-step", "0.01"),
+    ) as platform:
+        yield platform
 
 
 async def test_a_full_queue_gets_429_with_retry_after_and_nothing_is_lost(narrow):

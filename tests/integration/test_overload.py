@@ -13,11 +13,9 @@ import time
 
 import aiohttp
 import pytest
-from testkit.procs import ServiceProcess, start_all
-from testkit.simplatform import gateway_lists
+from testkit.procs import one_worker_platform
 
 from inferbus.client import Client, RequestError
-from inferbus.shared.natsserver import NatsServer
 
 pytestmark = [pytest.mark.integration]
 
@@ -27,44 +25,14 @@ OBJECTIVE_S = 1.0
 
 @pytest.fixture(scope="module")
 def busy(tmp_path_factory):
-    root = tmp_path_factory.mktemp("overload")
-    server = NatsServer(root / "nats", log_file=root / "nats.log").start()
-    url = server.url
-    procs = [
-        ServiceProcess("sanitizer", url, root, name="ov-sanitizer"),
-        ServiceProcess(
-            "scheduler",
-            url,
-            root,
-            "--ttft-slo-s",
-            str(OBJECTIVE_S),
-            "--load-interval-s",
-            "0.2",
-            name="ov-scheduler",
-        ),
-        ServiceProcess(
-            "worker",
-            url,
-            root,
-            "--model",
-            MODEL,
-            "--max-num-seqs",
-            "2",
-            "--sim-decode-s-per-step",
-            "0.02",
-            "--heartbeat-interval-s",
-            "0.3",
-            name="ov-worker",
-        ),
-        ServiceProcess("gateway", url, root, name="ov-gateway"),
-    ]
-    start_all(procs)
-    gateway = procs[-1]
-    asyncio.run(gateway_lists(gateway.base, MODEL))
-    yield {"url": url, "gateway": gateway}
-    for p in reversed(procs):
-        p.stop()
-    server.stop()
+    with one_worker_platform(
+        tmp_path_factory.mktemp("overload"),
+        "ov",
+        MODEL,
+        scheduler_args=("--ttft-slo-s", str(OBJECTIVE_S), "--load-interval-s", "0.2"),
+        worker_args=("--max-num-seqs", "2", "--sim-decode-s-per-step", "0.02"),
+    ) as platform:
+        yield platform
 
 
 async def _chat(http: aiohttp.ClientSession, i: int) -> tuple[int, float, dict, dict]:

@@ -9,6 +9,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from inferbus.shared.natsserver import free_port
@@ -94,3 +96,47 @@ def start_all(procs: list[ServiceProcess], timeout: float = 30.0) -> list[Servic
     for p in procs:
         p.wait_ready(timeout)
     return procs
+
+
+@contextmanager
+def one_worker_platform(
+    root: Path,
+    prefix: str,
+    model: str,
+    scheduler_args: tuple[str, ...] = (),
+    worker_args: tuple[str, ...] = (),
+) -> Iterator[dict]:
+    """A platform of its own (nats-server, sanitizer, scheduler, one sim worker serving
+    ``model``, gateway), for tests that set the scheduler or the worker apart from the
+    shared one; yields ``{"url", "gateway"}`` once the gateway lists ``model``."""
+    import asyncio
+
+    from inferbus.shared.natsserver import NatsServer
+    from testkit.simplatform import gateway_lists
+
+    server = NatsServer(root / "nats", log_file=root / "nats.log").start()
+    url = server.url
+    procs = [
+        ServiceProcess("sanitizer", url, root, name=f"{prefix}-sanitizer"),
+        ServiceProcess("scheduler", url, root, *scheduler_args, name=f"{prefix}-scheduler"),
+        ServiceProcess(
+            "worker",
+            url,
+            root,
+            "--model",
+            model,
+            "--heartbeat-interval-s",
+            "0.3",
+            *worker_args,
+            name=f"{prefix}-worker",
+        ),
+        ServiceProcess("gateway", url, root, name=f"{prefix}-gateway"),
+    ]
+    try:
+        start_all(procs)
+        asyncio.run(gateway_lists(procs[-1].base, model))
+        yield {"url": url, "gateway": procs[-1]}
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        server.stop()

@@ -397,6 +397,14 @@ def test_an_llmservice_adds_a_model_and_its_new_bounds_hold_at_the_next_tick() -
     assert core.tick(63.0) == ([], [])
 
 
+def two_ready(core: AutoscalerCore, now: float) -> None:
+    """Heartbeats of two ready workers of ``m``, eight slots each."""
+    for wid in ("w1", "w2"):
+        core.on_heartbeat(
+            WorkerHeartbeat(worker_id=wid, models=["m"], engine="sim", max_num_seqs=8), now
+        )
+
+
 def test_requests_refused_overloaded_grow_the_fleet_and_hold_it() -> None:
     """Issue 39: the scheduler refuses what it cannot start within the objective, so the
     work the fleet does stays within what it sustains and the sizing from work alone
@@ -406,10 +414,7 @@ def test_requests_refused_overloaded_grow_the_fleet_and_hold_it() -> None:
 
     def second(t: int, refused_every: int) -> list:
         now = float(t)
-        for wid in ("w1", "w2"):
-            core.on_heartbeat(
-                WorkerHeartbeat(worker_id=wid, models=["m"], engine="sim", max_num_seqs=8), now
-            )
+        two_ready(core, now)
         for i in range(10):
             rid = f"r{t}-{i}"
             core.on_accepted(accepted(rid, now), now)
@@ -442,10 +447,7 @@ def test_a_share_of_refusals_at_most_doubles_the_fleet() -> None:
     arrival and a refusal) read as a share near 1 asked for 20 times the ready fleet."""
     core = make(forecaster="constant", worker_capacity=100_000.0, burst_window_s=0)
     core.set_target("m", 2)
-    for wid in ("w1", "w2"):
-        core.on_heartbeat(
-            WorkerHeartbeat(worker_id=wid, models=["m"], engine="sim", max_num_seqs=8), 0.0
-        )
+    two_ready(core, 0.0)
     for i in range(6):  # every arrival refused
         core.on_accepted(accepted(f"r{i}", 0.0), 0.0)
         core.on_ended(f"r{i}", None, 0.0, code="overloaded")
@@ -464,10 +466,7 @@ def test_the_scheduler_s_wait_adds_a_worker_before_refusals_and_holds_the_fleet(
 
     def second(t: int, wait_s: float) -> list:
         now = float(t)
-        for wid in ("w1", "w2"):
-            core.on_heartbeat(
-                WorkerHeartbeat(worker_id=wid, models=["m"], engine="sim", max_num_seqs=8), now
-            )
+        two_ready(core, now)
         core.on_accepted(accepted(f"r{t}", now), now)
         core.on_load("m", ModelLoad(ready_workers=2, wait_s=wait_s, ttft_slo_s=4.0), now)
         return core.tick(now)[0]

@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import math
 
+import msgspec
+import pytest
+
 from inferbus.contracts import (
+    LLMServiceSettings,
     ModelLoad,
     RequestFailed,
     RequestSubmitted,
     SamplingParams,
+    ScalingSettings,
     SchedulerLoad,
     WorkerHeartbeat,
 )
@@ -232,7 +237,8 @@ def test_a_model_s_llmservice_objective_is_the_one_it_is_refused_by():
         core.on_started(f"h{i}", 1, "w", now=now + 0.01)
         now += 1.0
         core.on_ended(f"h{i}", now)
-    core.set_objective("m", 4.0)
+    record = LLMServiceSettings(service="svc", model="m", scaling=ScalingSettings(ttft_slo_s=4.0))
+    assert core.on_service(record) == 4.0
     assert core.load(now)["m"].ttft_slo_s == 4.0
     core.on_accepted(req("run", 10), now)  # holds the slot
     # 1, 2, 3 and 4 s for the slot: within 4 s; under the policy's 2 s the third was not
@@ -240,8 +246,11 @@ def test_a_model_s_llmservice_objective_is_the_one_it_is_refused_by():
     assert taken == [[], [], [], []]
     [refused] = core.on_accepted(req("late", 10), now)
     assert isinstance(refused, Fail) and "4.0s objective" in refused.reason
-    core.set_objective("m", None)
+    assert core.on_service(msgspec.structs.replace(record, removed=True)) is None
     assert core.objective("m") == POLICY.ttft_slo_s == core.load(now)["m"].ttft_slo_s
+    with pytest.raises(ValueError, match="must be positive"):
+        core.on_service(msgspec.structs.replace(record, scaling=ScalingSettings(ttft_slo_s=0)))
+    assert core.objective("m") == POLICY.ttft_slo_s  # a refused record changes nothing
 
 
 def test_the_gateway_answers_429_with_the_scheduler_s_wait():

@@ -172,16 +172,21 @@ def test_a_worker_prefills_long_prompts_within_a_token_budget_not_one_at_a_time(
     assert assigned(core.on_accepted(req("M", 2000), 0.0)) == []
 
 
+def served_in_turn(core: SchedulerCore) -> list[str]:
+    """One worker with one slot: the order the queued requests are served in."""
+    order = assigned(core.on_heartbeat(hb("w"), 1.0))
+    for _ in range(7):
+        order += assigned(core.on_ended(order[-1], 2.0))
+    return order
+
+
 def test_tenants_share_by_tokens_served_not_by_arrival():
     core = SchedulerCore(POLICY)
     for i in range(6):
         core.on_accepted(req(f"big{i}", 500, tenant="big"), 0.0)
     core.on_accepted(req("small0", 500, tenant="small"), 0.1)
     core.on_accepted(req("small1", 500, tenant="small"), 0.2)
-    order = assigned(core.on_heartbeat(hb("w"), 1.0))
-    for _ in range(7):
-        order += assigned(core.on_ended(order[-1], 2.0))
-    assert order[:4] == ["big0", "small0", "big1", "small1"]
+    assert served_in_turn(core)[:4] == ["big0", "small0", "big1", "small1"]
 
 
 def test_a_negative_prompt_count_buys_no_share():
@@ -196,10 +201,7 @@ def test_a_negative_prompt_count_buys_no_share():
         core.on_accepted(lie, 0.0)
     core.on_accepted(req("small0", 500, tenant="small"), 0.1)
     core.on_accepted(req("small1", 500, tenant="small"), 0.2)
-    order = assigned(core.on_heartbeat(hb("w"), 1.0))
-    for _ in range(7):
-        order += assigned(core.on_ended(order[-1], 2.0))
-    assert order[:4] == ["big0", "small0", "big1", "small1"]
+    assert served_in_turn(core)[:4] == ["big0", "small0", "big1", "small1"]
 
 
 def test_an_idle_tenant_cannot_bank_credit():
