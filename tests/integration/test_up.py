@@ -157,6 +157,7 @@ def _ps(nats_url: str, state: Path) -> dict[str, dict[str, str]]:
         env=_operator_env(state),
     )
     assert out.returncode == 0, out.stderr
+    assert "http :0" not in out.stdout  # issue 41: nats serves no HTTP of ours
     rows = {}
     for line in out.stdout.splitlines():
         name, state, _, pid, _, restarts, *_ = line.split()

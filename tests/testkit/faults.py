@@ -420,7 +420,11 @@ async def run_fault(
     load_s: float = 8.0,
     timeout_s: float = 20.0,
 ) -> FaultResult:
-    """Load, kill ``fault`` (a process name under ``inferbus up``), load on; counted."""
+    """Load, kill ``fault`` (a process name under ``inferbus up``), load on; counted.
+    The load goes on past ``load_s`` until a request sent after the kill was served
+    (``timeout_s`` more at most): a restart slower than the window (a loaded machine,
+    a submit's redelivery after the dead one's ack wait) is then measured, not taken
+    for "nothing served after the kill"."""
     result = FaultResult(fault)
     watch = Watch()
     await watch.open(p)
@@ -428,8 +432,18 @@ async def run_fault(
     http = aiohttp.ClientSession(p.http, connector=aiohttp.TCPConnector(limit=0))
     stop_at = time.monotonic() + load_s
 
+    def recovered() -> bool:
+        killed_at = result.killed_at
+        return killed_at > 0 and any(
+            o.kind == "ok" and o.sent_at > killed_at for o in result.outcomes
+        )
+
+    def loading() -> bool:
+        now = time.monotonic()
+        return now < stop_at or (not recovered() and now < stop_at + timeout_s)
+
     async def loop(one) -> None:
-        while time.monotonic() < stop_at:
+        while loading():
             out = await one()
             result.outcomes.append(out)
             if out.kind != "ok":
