@@ -26,10 +26,14 @@ import msgspec
 
 from inferbus.contracts import (
     GATEWAY_REPLY_OWNER,
+    KV_SPILL_INDEX,
     MODEL_ARTIFACTS,
     MODEL_REGISTRY,
     REPLY_PREFIX,
     RESPONSES,
+    STREAMS,
+    TENANT_CANCELS,
+    TENANT_SUBMITS,
     TRACE_DECIDED,
     dead_letter_subject,
     status_subject,
@@ -123,12 +127,32 @@ REGISTRY_READ = stream_read(f"KV_{MODEL_REGISTRY}", f"OBJ_{MODEL_ARTIFACTS}")
 RESPONSES_READ = stream_read(f"KV_{RESPONSES}")
 """Reading the gateway's stored responses (it writes them through its wiring)."""
 
-SERVICE_BASE = JS_PROVISION + Permissions(
+PLATFORM_STREAMS = (
+    *(spec.name for spec in STREAMS),
+    *(f"KV_{bucket}" for bucket in (RESPONSES, KV_SPILL_INDEX, MODEL_REGISTRY)),
+    f"OBJ_{MODEL_ARTIFACTS}",
+)
+"""Every stream the platform declares, the KV buckets and Object Store included."""
+
+JS_BOOTSTRAP = Permissions(
+    publish=(
+        "$JS.API.INFO",
+        "$JS.API.STREAM.NAMES",
+        "$JS.API.STREAM.INFO.*",
+        *(f"$JS.API.STREAM.CREATE.{name}" for name in PLATFORM_STREAMS),
+    ),
+)
+"""A service's part in provisioning: creating a platform stream that is missing (its
+first start, before any provisioner), never another stream, never changing one (a
+service's credentials set IB_DLQ's ``max_msgs`` to 1 and created a stream on
+``ib.reply.>``; issue 42 item 13). Limits are the provisioner's: JS_PROVISION."""
+
+SERVICE_BASE = JS_BOOTSTRAP + Permissions(
     publish=("{dead_letters}", TRACE_DECIDED),
     subscribe=("_INBOX.{user}.>", "$SRV.>", TRACE_DECIDED, "{status}"),
     responses=True,
 )
-"""What the runtime does for every service: provisioning, dead letters, trace
+"""What the runtime does for every service: bootstrapping streams, dead letters, trace
 decisions, $SRV discovery and its status endpoint. Acks are granted with the
 consumers a service reads (a worker acks its own work only)."""
 
@@ -197,6 +221,19 @@ def tenant_permissions(tenant: str, user: str) -> Permissions:
 
 
 OPERATOR_PERMISSIONS = Permissions(publish=(">",), subscribe=(">",))
+
+PLATFORM_ACCOUNT = "PLATFORM"
+"""The services', supervisors' and operator's NATS account: every stream is in it."""
+TENANT_ACCOUNT = "TENANTS"
+"""Tenants' clients: no streams, only the platform's gates below."""
+TENANT_GATES = (
+    ("service", TENANT_SUBMITS),
+    ("service", TENANT_CANCELS),
+    ("stream", tenant_reply_prefix("*") + ">"),
+)
+"""What the platform account exports to tenants: submits and cancels as services (the
+server answers them on a reply subject of its own, mapped back to the tenant's), their
+replies as a stream. Each tenant's permissions still narrow these to its own name."""
 
 
 def check_name(kind: str, name: str) -> str:
@@ -341,9 +378,18 @@ class Registry:
         return OPERATOR_PERMISSIONS
 
     def server_config(self, service_perms: dict[str, Permissions]) -> str:
-        """The ``authorization`` block of nats-server's config (JSON is valid in its
-        config syntax)."""
-        users = []
+        """The ``accounts`` block of nats-server's config (JSON is valid in its config
+        syntax): the platform's users in one account, tenants in another.
+
+        Tenants reach the platform only through its exports, and a service import maps
+        the reply subject of what they publish to one of the server's own: JetStream's
+        PubAck, or any answer, goes back to the tenant's account. In one account a
+        tenant could name a platform subject as its reply, and the server would publish
+        the PubAck there, into whatever stream captures it."""
+        accounts: dict[str, dict[str, object]] = {
+            PLATFORM_ACCOUNT: {"jetstream": "enabled", "users": [], "exports": []},
+            TENANT_ACCOUNT: {"users": [], "imports": []},
+        }
         for u in self.users.values():
             p = self.permissions(u, service_perms)
             entry: dict[str, object] = {
@@ -356,8 +402,14 @@ class Registry:
             }
             if p.responses:
                 entry["permissions"]["allow_responses"] = True  # type: ignore[index]
-            users.append(entry)
-        return "authorization " + json.dumps({"users": users}, indent=2) + "\n"
+            account = TENANT_ACCOUNT if u.role == "tenant" else PLATFORM_ACCOUNT
+            accounts[account]["users"].append(entry)  # type: ignore[attr-defined]
+        for kind, subject in TENANT_GATES:
+            accounts[PLATFORM_ACCOUNT]["exports"].append({kind: subject})  # type: ignore[attr-defined]
+            accounts[TENANT_ACCOUNT]["imports"].append(  # type: ignore[attr-defined]
+                {kind: {"account": PLATFORM_ACCOUNT, "subject": subject}}
+            )
+        return "accounts " + json.dumps(accounts, indent=2) + "\n"
 
     @property
     def config_path(self) -> Path:

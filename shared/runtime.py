@@ -217,7 +217,7 @@ class Runtime:
             s.nats_url, f"{name}:{s.instance_id}", creds, s.nats_tls_ca, watch
         )
         js = nc.jetstream()
-        await ensure_streams(js)
+        await ensure_streams(js, update=False)
         await ensure_consumers(js, self.service_cls.consumers())
 
         traces = tracing.setup(name, trace_policy(s), s.instance_id)

@@ -45,10 +45,17 @@ def consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
     )
 
 
-async def ensure_streams(js: JetStreamContext, replicas: int | None = None) -> None:
-    """Create or update every stream. Safe to run from every service and client: only
-    the provisioner that names ``replicas`` (``inferbus up --nats-cluster 3``) sets how
-    many copies a stream keeps; everyone else keeps what is there (1 for a new one)."""
+async def ensure_streams(
+    js: JetStreamContext, replicas: int | None = None, *, update: bool = True
+) -> None:
+    """Create every missing stream and, for a provisioner (``inferbus up``, the
+    Kubernetes operator, the CLI as operator), bring each to its spec. Only the
+    provisioner that names ``replicas`` (``inferbus up --nats-cluster 3``) sets how many
+    copies a stream keeps; everyone else keeps what is there (1 for a new one).
+
+    Services pass ``update=False``: their NATS users may create a platform stream that
+    is missing (a first start before any provisioner) but change none, so a service's
+    credentials cannot shrink a stream's limits (busauth.JS_BOOTSTRAP)."""
     for spec in STREAMS:
         try:
             info = await js.stream_info(spec.name)
@@ -58,8 +65,9 @@ async def ensure_streams(js: JetStreamContext, replicas: int | None = None) -> N
                 continue
             except Exception:  # another service created it between the two calls
                 info = await js.stream_info(spec.name)
-        kept = replicas or info.config.num_replicas or 1
-        await js.update_stream(stream_config(spec, kept))
+        if update:
+            kept = replicas or info.config.num_replicas or 1
+            await js.update_stream(stream_config(spec, kept))
 
 
 async def ensure_consumers(js: JetStreamContext, consumers: Sequence[ConsumerSpec]) -> None:

@@ -270,6 +270,77 @@ async def test_a_tenant_s_reply_subject_must_be_its_own(platform: Platform):
         await operator.close()
 
 
+@pytest.mark.parametrize(
+    "target",
+    ["ib.cfg.tenant.beta", "$KV.ib-models.current.sim-model", "ib.work.worker-0.x", "ib.dlq.x"],
+)
+async def test_a_tenant_s_publish_reply_lands_on_no_platform_subject(
+    platform: Platform, target: str
+):
+    """JetStream answers a publish with a PubAck on its NATS reply subject: a tenant
+    naming a platform subject there must not get the server to write into a stream
+    (issue 42 item 1: aimed at ib.cfg.tenant.<other>, it shut the other tenant out)."""
+    acme = await connect(platform.nats_url, "acme", load_credentials(platform.creds("tenant-acme")))
+    operator = await connect(platform.nats_url, "op", load_credentials(platform.creds("operator")))
+    try:
+        js = operator.jetstream()
+        stream = await js.find_stream_name_by_subject(target)
+        before = (await js.stream_info(stream)).state.messages
+        watch = await operator.subscribe(target)
+        rid = uuid.uuid4().hex
+        req = RequestSubmitted(
+            request_id=rid,
+            model="sim-model",
+            prompt="hi",
+            reply_to=tenant_reply_prefix("acme") + rid,
+            created_at=time.time(),
+        )
+        await acme.publish("ib.req.submitted.acme", encode(req), reply=target)
+        await acme.publish(
+            "ib.ctl.cancel.acme", encode(CancelRequest(request_id=rid)), reply=target
+        )
+        await acme.flush()
+        with pytest.raises(nats.errors.TimeoutError):
+            await watch.next_msg(timeout=1.0)
+        assert (await js.stream_info(stream)).state.messages == before
+    finally:
+        await acme.close()
+        await operator.close()
+
+
+@pytest.mark.parametrize("user", ["svc-kvspill", "svc-worker-0", "svc-gateway"])
+async def test_a_service_may_not_change_or_add_streams(platform: Platform, user: str):
+    """A service's user creates a platform stream that is missing, nothing more: the
+    kvspill service's had set IB_DLQ's max_msgs to 1 and made a stream on ib.reply.>
+    (issue 42 item 13)."""
+    from nats.js.api import StreamConfig
+
+    svc = await connect(platform.nats_url, "rogue", load_credentials(platform.creds(user)))
+    operator = await connect(platform.nats_url, "op", load_credentials(platform.creds("operator")))
+    try:
+        js, op_js = svc.jetstream(), operator.jetstream()
+        kept = (await op_js.stream_info("IB_DLQ")).config
+        for attempt in (
+            js.update_stream(replace_config(kept, max_msgs=1)),
+            js.add_stream(StreamConfig(name="TAP", subjects=["ib.reply.>"])),
+        ):
+            with pytest.raises(Exception):  # noqa: B017 (a timeout or a permission error)
+                await asyncio.wait_for(attempt, 3)
+        assert (await op_js.stream_info("IB_DLQ")).config.max_msgs == kept.max_msgs
+        with pytest.raises(nats.js.errors.NotFoundError):
+            await op_js.stream_info("TAP")
+        await js.stream_info("IB_REQUESTS")  # reading a stream's state is allowed
+    finally:
+        await svc.close()
+        await operator.close()
+
+
+def replace_config(config, **changes):
+    import dataclasses
+
+    return dataclasses.replace(config, **changes)
+
+
 async def test_a_worker_speaks_only_for_itself(platform: Platform):
     worker = await connect(
         platform.nats_url, "rogue-worker", load_credentials(platform.creds("svc-worker-0"))

@@ -108,8 +108,24 @@ def registry(tmp_path: Path) -> busauth.Registry:
 
 def users_of(reg: busauth.Registry) -> dict[str, dict]:
     text = reg.server_config(servicetable.permissions())
-    assert text.startswith("authorization ")
-    return {u["user"]: u for u in json.loads(text[len("authorization ") :])["users"]}
+    assert text.startswith("accounts ")
+    accounts = json.loads(text[len("accounts ") :])
+    return {u["user"]: u for a in accounts.values() for u in a["users"]}
+
+
+def test_tenants_have_an_account_of_their_own(registry: busauth.Registry):
+    """A tenant in the platform's account could have the server publish a PubAck on
+    any platform subject it names as its reply (issue 42 item 1)."""
+    text = registry.server_config(servicetable.permissions())
+    accounts = json.loads(text[len("accounts ") :])
+    tenants = {u["user"] for u in accounts[busauth.TENANT_ACCOUNT]["users"]}
+    platform = accounts[busauth.PLATFORM_ACCOUNT]
+    assert tenants == {"tenant-acme"}
+    assert "tenant-acme" not in {u["user"] for u in platform["users"]}
+    assert platform["jetstream"] == "enabled"
+    assert "jetstream" not in accounts[busauth.TENANT_ACCOUNT]
+    exported = {next(iter(e.values())) for e in platform["exports"]}
+    assert exported == {"ib.req.submitted.*", "ib.ctl.cancel.*", "ib.reply.tenant.*.>"}
 
 
 def test_two_processes_changing_users_keep_each_others(registry: busauth.Registry):

@@ -49,7 +49,7 @@ def test_every_service_runs_as_its_own_user_made_by_creds_stack(tmp_path):
     assert "operator.json" in made
     # the server's users: nats mounts the file creds stack wrote
     assert "-c" in _services()["nats"]["command"]
-    assert (tmp_path / "auth" / "nats.conf").read_text().startswith("authorization")
+    assert (tmp_path / "auth" / "nats.conf").read_text().startswith("accounts")
 
 
 def test_creds_stack_keeps_passwords_and_adds_replicas(tmp_path):
