@@ -275,9 +275,11 @@ class WorkAssigned(Event, tag="work.assigned"):
     resume: Resume | None = None
     """Set on a continuation: the attempt streams on from there."""
     lease_s: float = 0.0
-    """A migratable request moves elsewhere once its worker has said nothing (no
-    heartbeat, no chunk's copy) for this long: a worker that finds it was silent longer
-    (stopped, its loop stalled) checks with the bus for a stop before streaming on."""
+    """The scheduler acts on this request once its worker has said nothing (no
+    heartbeat, no chunk's copy) for this long (a migratable one moves elsewhere, any
+    other ends ``worker_lost``): a worker that finds it was silent longer (stopped, its
+    loop stalled) checks with the bus for a stop before it streams on or ends it.
+    0: never checks (a scheduler from before this field)."""
 
 
 class RequestStarted(Event, tag="request.started"):

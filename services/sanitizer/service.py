@@ -239,6 +239,8 @@ class SanitizerService(Service[SanitizerSettings]):
             )
         if over:
             self._streams.pop(client, None)
+            if msg.reply:  # the worker asked: the end is passed on, no backup end needed
+                await self.ctx.nc.publish(msg.reply, b"", headers=headers)
 
     async def _sweep(self) -> None:
         while True:

@@ -758,6 +758,14 @@ class SchedulerCore:
             front=True,
         )
 
+    def _lease(self, f: Inflight) -> float:
+        """How long its worker may fall silent before it must check for a stop: a
+        movable stream moves after ``stream_silence_s``; any other ends ``worker_lost``
+        after ``worker_timeout_s`` (half of it: the worker's clock is not ours)."""
+        if f.unmovable or not self.policy.migrate:
+            return self.policy.worker_timeout_s / 2
+        return self.policy.stream_silence_s
+
     def _why_not_moved(self, f: Inflight) -> str:
         """Why a started request of a lost worker cannot continue elsewhere ("": it can)."""
         if not self.policy.migrate:
@@ -922,7 +930,7 @@ class SchedulerCore:
             migratable=not self.inflight[rid].unmovable,
             resume=item.resume,
             cause=item.cause,
-            lease_s=0.0 if self.inflight[rid].unmovable else self.policy.stream_silence_s,
+            lease_s=self._lease(self.inflight[rid]),
             lane=lane,
             queued_s=max(0.0, now - item.since),
             prefix_blocks=len(item.blocks or ()),

@@ -331,9 +331,11 @@ class Voice:
             self.silences += 1
         self.last = max(self.last, now)
 
-    def must_sync(self, now: float, lease_s: float, seen: int) -> bool:
-        """Whether a stream that last spoke at silence count ``seen`` checks first."""
-        return bool(lease_s) and (now - self.last > lease_s or self.silences != seen)
+    def must_sync(self, now: float, lease_s: float, seen: int, synced_at: float = 0.0) -> bool:
+        """Whether a stream that last synced at ``synced_at`` (silence count ``seen``)
+        checks first."""
+        quiet = now - max(self.last, synced_at)
+        return bool(lease_s) and (quiet > lease_s or self.silences != seen)
 
 
 class StallWatch:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
+import nats.errors
 from nats.aio.msg import Msg
 
 from inferbus.contracts import (
@@ -22,9 +23,9 @@ from inferbus.contracts import (
     STARTED,
     CancelRequest,
     FailureCode,
-    RequestFailed,
     RequestFinished,
     RequestProgress,
+    Terminal,
     WorkAssigned,
     WorkerState,
     heartbeat_subject,
@@ -91,9 +92,9 @@ class WorkerSettings(ServiceSettings, kw_only=True):
     after it began are handed to other workers where they can move; the rest run to
     the end of the drain. 0: hold every one to its end."""
     filter_backup_s: float = 5.0
-    """A filtered stream's client is told ``stream_interrupted`` directly this long after
-    its end went to the sanitizer, in case the sanitizer lost it (those that got their
-    end no longer listen)."""
+    """A filtered stream's end goes to the sanitizer as a request: unanswered this long
+    (the sanitizer restarted and lost the stream), the client is told
+    ``stream_interrupted`` directly."""
     state_dir: str = ""
     """Where engine caches go (VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR)."""
     engine_cpus: str = ""
@@ -458,7 +459,10 @@ class WorkerService(Service[WorkerSettings]):
             engine_request(assignment)
         )
         progress = progress_subject(self.worker_id) if stream.migratable else ""
-        lease, seen = assignment.lease_s if progress else 0.0, self._voice.silences
+        # every stream, moved or not when its worker falls silent, checks for a stop
+        # after a silence: a worker stopped (SIGSTOP) past the scheduler's timeout must
+        # not end a request the scheduler already ended or moved (issue 42 item 7)
+        lease, seen, synced_at = assignment.lease_s, self._voice.silences, 0.0
         itl = metrics.ITL.tally()
         last_chunk_at = 0.0
         outputs = self._generate(assignment, stream)
@@ -470,6 +474,9 @@ class WorkerService(Service[WorkerSettings]):
         try:
             async for out in outputs:
                 self._stall.progressed(time.monotonic())
+                if self._voice.must_sync(time.monotonic(), lease, seen, synced_at):
+                    await self._sync()  # a stop for this attempt lands here
+                    seen, synced_at = self._voice.silences, time.monotonic()
                 started = stream.started(time.monotonic())
                 if started is not None:
                     self._streaming[rid] = stream.migratable
@@ -486,9 +493,6 @@ class WorkerService(Service[WorkerSettings]):
                     if gate is not None:  # being handed over: a stop, or the go-ahead
                         await gate.wait()
                     if progress:  # before the reader's copy: the scheduler never knows less
-                        if self._voice.must_sync(time.monotonic(), lease, seen):
-                            await self._sync()  # a stop for this attempt lands here
-                            seen = self._voice.silences
                         copy = RequestProgress(
                             worker_id=self.worker_id,
                             chunk=chunk,
@@ -544,9 +548,10 @@ class WorkerService(Service[WorkerSettings]):
         metrics.ITL.add((self.name, model), itl)
         ended = time.monotonic()
         try:
-            await nc.publish(reply, encode(terminal), headers=request_headers(rid))
             if req.client_reply_to and req.client_reply_to != reply:
-                self._backup_end(req.client_reply_to, rid, stream.backup_end())
+                self._end_through_filter(reply, req.client_reply_to, rid, terminal, stream)
+            else:
+                await nc.publish(reply, encode(terminal), headers=request_headers(rid))
             await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=stream.end_record_id)
         finally:  # counted and logged even when the record of its end could not be made
             report_end(self.ctx.tracing, self.name, stream, terminal, parent, received, ended)
@@ -587,21 +592,32 @@ class WorkerService(Service[WorkerSettings]):
             async for out in outputs:
                 yield out
 
-    def _backup_end(self, client: str, rid: str, failed: RequestFailed) -> None:
-        """The stream's end went through the output filter. Should that sanitizer have
-        restarted meanwhile, the client would wait for its timeout: once it has had time
-        to pass the end on, tell the client directly. A client that got its end has
-        stopped listening, so this reaches only the ones still waiting."""
+    def _end_through_filter(
+        self, via: str, client: str, rid: str, terminal: Terminal, stream: RequestStream
+    ) -> None:
+        """The end of a filtered stream goes to the sanitizer as a request: it answers
+        once it has passed the end on to ``client``. No answer within
+        ``filter_backup_s`` (that sanitizer restarted and lost the stream), or no
+        sanitizer listening: the client is told ``stream_interrupted`` directly, or it
+        would wait for its timeout. Only then: a backup sent after every end reached
+        clients as a second terminal event (issue 42 item 6)."""
         nc = self.ctx.nc
-        note = encode(failed)
+        headers = request_headers(rid)
 
-        def send() -> None:
+        async def end() -> None:
+            try:
+                await nc.request(
+                    via, encode(terminal), timeout=self.settings.filter_backup_s, headers=headers
+                )
+                return
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+                log.warning("the output filter did not pass the end on", request_id=rid)
             if not nc.is_closed:
-                task = asyncio.ensure_future(nc.publish(client, note, headers=request_headers(rid)))
-                self._notes.add(task)  # held until sent: the loop keeps only weak references
-                task.add_done_callback(self._notes.discard)
+                await nc.publish(client, encode(stream.backup_end()), headers=headers)
 
-        asyncio.get_running_loop().call_later(self.settings.filter_backup_s, send)
+        task = asyncio.ensure_future(end())
+        self._notes.add(task)  # held until sent: the loop keeps only weak references
+        task.add_done_callback(self._notes.discard)
 
     def _expire(self, rid: str) -> None:
         task = self._tasks.get(rid)

@@ -29,7 +29,7 @@ from inferbus.contracts import (
 )
 from inferbus.shared.bus import BusAuthError, connect
 from inferbus.shared.buscreds import BusCredentials, load_credentials
-from inferbus.shared.codec import decode, encode
+from inferbus.shared.codec import decode, decode_or_none, encode
 from inferbus.shared.natsserver import free_ports
 
 pytestmark = pytest.mark.integration
@@ -144,6 +144,41 @@ async def test_a_tenant_is_served_as_its_record_says_whatever_its_payload_claims
             async for _ in blocked:
                 pass
         assert info.value.code == "input_blocked"
+    finally:
+        await client.close()
+        await operator.close()
+
+
+async def test_a_filtered_stream_ends_once_on_its_reply_subject(platform: Platform):
+    """Output masking on (acme's record): the worker's end passes through the sanitizer,
+    and the client hears it once. A backup ``stream_interrupted`` sent 5 s after every
+    such end reached the reply subject as a second terminal event (issue 42 item 6)."""
+    operator = await connect(platform.nats_url, "op", load_credentials(platform.creds("operator")))
+    replies = await operator.subscribe(tenant_reply_prefix("acme") + ">")
+    client = await tenant(platform, "acme")
+    try:
+        streams = [
+            client.stream("sim-model", f"/echo call {CARD} now {i}", max_tokens=40)
+            for i in range(4)
+        ]
+        ids = {s.request_id for s in streams}
+
+        async def read(stream) -> str:
+            return "".join([c.text async for c in stream])
+
+        texts = await asyncio.gather(*(read(s) for s in streams))
+        assert all(CARD not in t for t in texts)
+        ends: dict[str, list[str]] = {rid: [] for rid in ids}
+        deadline = time.monotonic() + 7.0  # past the worker's filter_backup_s (5 s)
+        while time.monotonic() < deadline:
+            try:
+                msg = await replies.next_msg(timeout=max(0.01, deadline - time.monotonic()))
+            except nats.errors.TimeoutError:
+                break
+            ev = decode_or_none(msg.data, Terminal)
+            if ev is not None and ev.request_id in ids:
+                ends[ev.request_id].append(type(ev).__name__)
+        assert all(e == ["RequestFinished"] for e in ends.values()), ends
     finally:
         await client.close()
         await operator.close()

@@ -121,3 +121,49 @@ async def test_an_assignment_delivered_twice_is_served_once(client, model, max_t
     assert len(replies.ends) == 1, replies.ends
     seqs = [e.seq for e in replies.events if isinstance(e, TokenChunk)]
     assert seqs and seqs == list(range(len(seqs)))  # one stream, not two interleaved
+
+
+async def test_a_filtered_end_is_backed_up_only_when_the_filter_did_not_pass_it_on(client):
+    """The end of a filtered stream goes to the sanitizer as a request (issue 42 item
+    6): answered, the client hears nothing more; unanswered (a sanitizer that lost the
+    stream) after ``filter_backup_s``, or with no sanitizer listening at once, the
+    client hears ``stream_interrupted`` from the worker itself."""
+    nc = client.nc
+    worker_id = await worker_for(nc, MODEL)
+    cases = {"answers": Replies(), "swallows": Replies(), "absent": Replies()}
+
+    async def filter_answers(msg) -> None:
+        client_subject = msg.subject.split(".", 3)[3]
+        await nc.publish(client_subject, msg.data)  # passed on as a sanitizer does
+        ev = decode(msg.data, TokenChunk | RequestFailed | RequestFinished)
+        if not isinstance(ev, TokenChunk) and msg.reply:
+            await nc.publish(msg.reply, b"")
+
+    async def filter_swallows_the_end(msg) -> None:
+        ev = decode(msg.data, TokenChunk | RequestFailed | RequestFinished)
+        if isinstance(ev, TokenChunk):
+            await nc.publish(msg.subject.split(".", 3)[3], msg.data)
+
+    subs = []
+    began = time.monotonic()
+    for case, replies in cases.items():
+        inbox = nc.new_inbox()
+        subs.append(await nc.subscribe(inbox, cb=replies.on_msg))
+        via = f"ib.filter.test-{case}.{inbox}"
+        if case != "absent":
+            cb = filter_answers if case == "answers" else filter_swallows_the_end
+            subs.append(await nc.subscribe(f"ib.filter.test-{case}.>", cb=cb))
+        work = assigned(f"filtered-{case}-{began}", MODEL, worker_id, via, max_tokens=4)
+        work.request.client_reply_to = inbox
+        await client.js.publish(work_subject(worker_id), encode(work))
+    await asyncio.wait_for(cases["absent"].ended.wait(), 3)
+    assert time.monotonic() - began < 3  # no one listens: told at once
+    await asyncio.wait_for(cases["swallows"].ended.wait(), 10)
+    await asyncio.sleep(1.0)
+    for sub in subs:
+        await sub.unsubscribe()
+    [finished] = cases["answers"].ends
+    assert isinstance(finished, RequestFinished)
+    for case in ("swallows", "absent"):
+        [backup] = cases[case].ends
+        assert isinstance(backup, RequestFailed) and backup.code == "stream_interrupted", case

@@ -4,6 +4,7 @@ graceful stop finishes its work or hands its long streams over."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 import uuid
 
@@ -114,6 +115,48 @@ async def test_killed_mid_stream_that_cannot_move_ends_with_a_clear_error(
         assert exc.value.code == "worker_lost" and exc.value.event.retryable
         assert "stop strings" in exc.value.event.reason
         assert waited < 5.0  # worker timeout 1.5 s in this platform, plus a tick
+    finally:
+        for w in workers:
+            w.stop()
+
+
+async def test_a_worker_stopped_past_the_timeout_and_let_go_on_ends_nothing_twice(
+    nats_url, log_dir, client
+):
+    """SIGSTOP past the heartbeat timeout: the scheduler ends the stream it cannot move
+    ``worker_lost``; let go on (SIGCONT), the worker checks for the stop before it
+    streams on or ends it, so its client hears one end (issue 42 item 7: it had heard
+    ``worker_lost`` and then ``request.finished``)."""
+    workers = _workers(nats_url, log_dir, "stalled", "--sim-decode-s-per-step", "0.05")
+    try:
+        await wait_for_status(client.nc, lambda st: ready_workers(st, "stalled") == 2)
+        stream, ev, owner = await _streaming(
+            client, workers, "stalled", "a long answer", max_tokens=60, stop=["@@"]
+        )
+        raw = await client.nc.subscribe(stream.request.reply_to)  # what reaches the client
+        assert not ev.migratable
+        assert owner.proc is not None
+        owner.proc.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(RequestError) as exc:
+                async for _ in stream:
+                    pass
+            assert exc.value.code == "worker_lost"
+        finally:
+            owner.proc.send_signal(signal.SIGCONT)
+        # 57 tokens were left at 0.05 s: long enough to have ended them, were it to
+        await asyncio.sleep(4.0)
+        ends = []
+        while True:
+            try:
+                msg = await raw.next_msg(timeout=0.1)
+            except Exception:
+                break
+            event = decode(msg.data, ReplyEvent)
+            if not isinstance(event, TokenChunk):
+                ends.append(type(event).__name__)
+        assert ends == ["RequestFailed"], ends
+        await wait_for_status(client.nc, lambda st: ready_workers(st, "stalled") == 2)
     finally:
         for w in workers:
             w.stop()

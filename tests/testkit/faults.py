@@ -36,7 +36,7 @@ from pathlib import Path
 import aiohttp
 
 from inferbus.client import Client, RequestError
-from inferbus.contracts import ENDED, STARTED, RequestStarted, Terminal
+from inferbus.contracts import ENDED, REPLY_PREFIX, STARTED, RequestStarted, Terminal
 from inferbus.contracts.control import SupervisorQuery, SupervisorState, supervisor_subject
 from inferbus.services.worker.sim import VOCAB, token_id
 from inferbus.shared.bus import connect
@@ -265,11 +265,20 @@ class Watch:
         lost ack is the same event (JetStream keeps it once), two different ones are a
         duplicate. An attempt given up on and its successor may each record an end
         (docs/nats-api.md: the newer attempt is the outcome); that is not one."""
+        self.replied: dict[str, list[str]] = defaultdict(list)
+        """Terminal events per request on its client's reply subject, whatever their
+        attempt: a client must see exactly one (issue 42 items 6 and 7)."""
 
     async def open(self, p: Platform) -> None:
         self.nc = await connect(p.nats_url, "faults-watch", load_credentials(p.operator))
         await self.nc.subscribe(STARTED, cb=self._on_started)
         await self.nc.subscribe(ENDED, cb=self._on_ended)
+        await self.nc.subscribe(f"{REPLY_PREFIX}.>", cb=self._on_reply)
+
+    async def _on_reply(self, msg) -> None:
+        ev = decode_or_none(msg.data, Terminal)
+        if ev is not None:
+            self.replied[ev.request_id].append(msg.data.decode()[:120])
 
     async def _on_started(self, msg) -> None:
         ev = decode_or_none(msg.data, RequestStarted)
@@ -310,6 +319,10 @@ class Watch:
             for (rid, attempt), ends in self.ended.items():
                 if rid == r and len(ends) > 1:
                     out.append(f"{r} attempt {attempt} ended {[e.decode()[:120] for e in ends]}")
+            if len(self.replied.get(r, ())) > 1:
+                out.append(
+                    f"{r} ended {len(self.replied[r])} times to its client: {self.replied[r]}"
+                )
         return out
 
     def _finished(self, request_id: str, attempt: int) -> bool:
@@ -470,7 +483,9 @@ async def run_fault(
     finally:
         if hang:
             os.kill(pid, signal.SIGCONT)
-    await asyncio.sleep(1.0)  # the last terminal events on their way to the watch
+    # the last terminal events on their way to the watch; a stopped worker let go on
+    # has streams to end (or, rightly, not to)
+    await asyncio.sleep(3.0 if hang else 1.0)
     result.duplicate_detail = watch.duplicates([o.request_id for o in result.outcomes])
     result.duplicates = len(result.duplicate_detail)
     result.moved = set(watch.moved)

@@ -376,6 +376,22 @@ def test_a_worker_silent_past_its_lease_syncs_before_streaming_on():
     voice.spoke(2.7, 1.5)  # a heartbeat got out first: the silence is still counted
     assert voice.silences == 1 and voice.must_sync(2.8, 1.5, seen=0)
     assert not voice.must_sync(2.8, 1.5, seen=1) and not voice.must_sync(9.0, 0.0, seen=0)
+    # once synced, it streams on until it is silent past the lease again
+    assert not voice.must_sync(3.0, 1.5, seen=1, synced_at=2.8)
+    assert voice.must_sync(4.5, 1.5, seen=1, synced_at=2.8)
+
+
+def test_a_stream_that_cannot_move_still_has_a_lease_short_of_the_timeout():
+    """A stopped worker's unmovable stream ends ``worker_lost`` at the timeout; the
+    worker, let go on, must check for the stop before it ends the request a second
+    time (issue 42 item 7: ``worker_lost`` then ``request.finished``)."""
+    core = SchedulerCore(POLICY)
+    still = streaming(core, req("still", presence_penalty=0.5))
+    assert not still.migratable and 0 < still.lease_s < POLICY.worker_timeout_s
+    moves = streaming(core, req("moves"))
+    assert moves.migratable and moves.lease_s == POLICY.stream_silence_s
+    off = SchedulerCore(msgspec.structs.replace(POLICY, migrate=False))
+    assert 0 < streaming(off, req()).lease_s < POLICY.worker_timeout_s
 
 
 def test_the_end_of_an_attempt_given_up_on_leaves_its_queued_successor():
