@@ -31,6 +31,15 @@ class BusAuthError(ConnectionRefusedError):
     """The server refused the connection's credentials (or their absence)."""
 
 
+CLI_PATIENCE_S = 10.0
+"""How long a command waits for a NATS server before it says none answered."""
+
+
+class BusUnreachableError(ConnectionError):
+    """No NATS server answered within a command's patience (a CLI, not a service: a
+    service waits for its bus for ever)."""
+
+
 class ConnectionWatch:
     """Callbacks for a connection's outages: a service that holds streams across the
     bus (the gateway) ends them when the connection drops, since what was published
@@ -54,18 +63,35 @@ async def connect(
     creds: BusCredentials | None = None,
     tls_ca: str = "",
     watch: ConnectionWatch | None = None,
+    give_up_s: float = 0.0,
 ) -> Client:
     """Connect with unlimited reconnects; the runtime drains on shutdown. With
-    ``creds``, as that NATS user, its inboxes under ``_INBOX.<user>``."""
+    ``creds``, as that NATS user, its inboxes under ``_INBOX.<user>``. ``give_up_s``: a
+    command's bound on the first connection (BusUnreachableError): nats-py tries for
+    ever when reconnects are unlimited (``inferbus ps`` with no server hung 10 minutes)."""
+    if give_up_s > 0:
+        try:
+            return await asyncio.wait_for(connect(url, name, creds, tls_ca, watch), give_up_s)
+        except TimeoutError:
+            raise BusUnreachableError(
+                f"no NATS server answered at {url} within {give_up_s:g}s"
+            ) from None
 
     nc = Client()
 
     connected = False
 
+    refused = 0
+
     async def on_error(exc: Exception) -> None:
+        nonlocal refused
         if not connected and "authorization violation" in str(exc).lower():
             # wrong or missing credentials: fail now, not retry for ever
             raise BusAuthError(f"NATS at {url} refused {name!r}: {exc}") from None
+        if not connected:  # waiting for a server: said once, not twice a second
+            refused += 1
+            if refused > 1:
+                return
         log.warning("nats error", error=repr(exc))
 
     async def on_disconnect() -> None:
@@ -124,7 +150,8 @@ async def wait_accepted(nats_url: str, creds: BusCredentials, timeout: float = 1
         deadline = time.monotonic() + timeout
         while True:
             try:
-                nc = await connect(url, "inferbus-auth-check", creds)
+                left = max(0.5, deadline - time.monotonic())
+                nc = await connect(url, "inferbus-auth-check", creds, give_up_s=left)
                 await nc.close()
                 break
             except BusAuthError:

@@ -25,7 +25,7 @@ def canary_set(model: str, weights: tuple[str, ...], nats_url: str) -> None:
     import time as _time
 
     from inferbus.contracts import CanaryWeights, canary_subject
-    from inferbus.shared.bus import connect, publish_durable
+    from inferbus.shared.bus import CLI_PATIENCE_S, connect, publish_durable
     from inferbus.shared.buscreds import credentials_from_env
     from inferbus.shared.streams import ensure_streams
 
@@ -42,7 +42,9 @@ def canary_set(model: str, weights: tuple[str, ...], nats_url: str) -> None:
         raise click.BadParameter("the shares sum to more than 1")
 
     async def publish() -> None:
-        nc = await connect(nats_url, "inferbus-canary", credentials_from_env())
+        nc = await connect(
+            nats_url, "inferbus-canary", credentials_from_env(), give_up_s=CLI_PATIENCE_S
+        )
         try:
             js = nc.jetstream()
             await ensure_streams(js)

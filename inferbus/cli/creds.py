@@ -48,23 +48,33 @@ def _reload_bus(state_dir: Path, nats_url: str = "", new_creds: Path | None = No
 
 def _wait_accepted(nats_url: str, creds_path: Path) -> None:
     """Until every node takes the new credentials (a reload is quick, not instant)."""
-    from inferbus.shared.bus import BusAuthError, wait_accepted
+    from inferbus.shared.bus import BusAuthError, BusUnreachableError, wait_accepted
     from inferbus.shared.buscreds import load_credentials
 
     try:
         asyncio.run(wait_accepted(nats_url, load_credentials(creds_path)))
-    except BusAuthError as exc:
+    except (BusAuthError, BusUnreachableError) as exc:
         raise click.ClickException(f"the bus did not take the new credentials: {exc}") from None
 
 
-def _publish_tenant(nats_url: str, policy: Any) -> None:
+def _operator_of(state_dir: Path) -> Any:
+    """The operator's credentials of the registry being changed: ``inferbus up`` wrote
+    them in its state folder (``--state-dir`` names which; the global default is only
+    the current folder's), else INFERBUS_NATS_CREDS / ``--creds``."""
+    from inferbus.busauth import OPERATOR, Registry
+    from inferbus.shared.buscreds import credentials_from_env, load_credentials
+
+    path = Registry(state_dir / "auth").creds_path(OPERATOR)
+    return load_credentials(path) if path.exists() else credentials_from_env()
+
+
+def _publish_tenant(nats_url: str, policy: Any, operator: Any) -> None:
     from inferbus.contracts import tenant_policy_subject
-    from inferbus.shared.bus import connect, publish_durable
-    from inferbus.shared.buscreds import credentials_from_env
+    from inferbus.shared.bus import CLI_PATIENCE_S, connect, publish_durable
     from inferbus.shared.streams import ensure_streams
 
     async def publish() -> None:
-        nc = await connect(nats_url, "inferbus-creds", credentials_from_env())
+        nc = await connect(nats_url, "inferbus-creds", operator, give_up_s=CLI_PATIENCE_S)
         try:
             js = nc.jetstream()
             await ensure_streams(js)
@@ -145,25 +155,32 @@ def creds_new(
     from inferbus.busauth import Registry
     from inferbus.contracts import TenantPolicy
 
+    policy = TenantPolicy(
+        tenant=tenant,
+        priority=priority,
+        models=list(models) or ["*"],
+        max_tokens=max_tokens,
+        input_policy=input_policy,
+        data_policy=data_policy,
+        tool_call_policy=tool_call_policy,
+        mask_pii=mask_pii,
+        set_at=time.time(),
+    )
+    registry = Registry.open(state_dir / "auth")
+    existed = f"tenant-{tenant}" in registry.users
     try:
-        path = Registry.open(state_dir / "auth").tenant(tenant)
+        path = registry.tenant(tenant)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--tenant") from None
-    _reload_bus(state_dir, nats_url, path)
-    _publish_tenant(
-        nats_url,
-        TenantPolicy(
-            tenant=tenant,
-            priority=priority,
-            models=list(models) or ["*"],
-            max_tokens=max_tokens,
-            input_policy=input_policy,
-            data_policy=data_policy,
-            tool_call_policy=tool_call_policy,
-            mask_pii=mask_pii,
-            set_at=time.time(),
-        ),
-    )
+    try:
+        _reload_bus(state_dir, nats_url, path)
+        _publish_tenant(nats_url, policy, _operator_of(state_dir))
+    except Exception as exc:
+        if not existed:  # a user with no record is refused every request: none instead
+            registry.remove(f"tenant-{tenant}")
+            _reload_bus(state_dir)
+        why = exc.message if isinstance(exc, click.ClickException) else repr(exc)
+        raise click.ClickException(f"tenant {tenant!r} not made: {why}") from None
     if out is not None:
         shutil.copyfile(path, out)
         out.chmod(0o600)
@@ -186,7 +203,8 @@ def creds_revoke(tenant: str, state_dir: Path, nats_url: str) -> None:
     if not Registry.open(state_dir / "auth").remove(f"tenant-{tenant}"):
         raise click.ClickException(f"no tenant {tenant!r} in {state_dir / 'auth'}")
     _reload_bus(state_dir)
-    _publish_tenant(nats_url, TenantPolicy(tenant=tenant, revoked=True, set_at=time.time()))
+    revoked = TenantPolicy(tenant=tenant, revoked=True, set_at=time.time())
+    _publish_tenant(nats_url, revoked, _operator_of(state_dir))
     click.echo(f"revoked {tenant}")
 
 

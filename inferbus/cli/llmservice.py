@@ -78,12 +78,12 @@ async def _apply(
     from inferbus.contracts import HEARTBEATS, WorkerHeartbeat
     from inferbus.llmservice import bus, render
     from inferbus.llmservice.render import DeploymentView
-    from inferbus.shared.bus import connect
+    from inferbus.shared.bus import CLI_PATIENCE_S, connect
     from inferbus.shared.buscreds import credentials_from_env
     from inferbus.shared.codec import decode_or_none
     from inferbus.shared.streams import ensure_streams
 
-    nc = await connect(nats_url, "inferbus-apply", credentials_from_env())
+    nc = await connect(nats_url, "inferbus-apply", credentials_from_env(), give_up_s=CLI_PATIENCE_S)
     beats: dict[str, WorkerHeartbeat] = {}
 
     async def on_beat(msg: Any) -> None:
@@ -149,7 +149,7 @@ def delete(path: Path, rules_dir: Path, nats_url: str) -> None:
     back to their flags for each model, and its rule file is removed. The served
     version and the workers stay as they are."""
     from inferbus.llmservice import bus
-    from inferbus.shared.bus import connect
+    from inferbus.shared.bus import CLI_PATIENCE_S, connect
     from inferbus.shared.buscreds import credentials_from_env
     from inferbus.shared.streams import ensure_streams
 
@@ -157,7 +157,9 @@ def delete(path: Path, rules_dir: Path, nats_url: str) -> None:
     by = f"inferbus delete ({getpass.getuser()})"
 
     async def run() -> None:
-        nc = await connect(nats_url, "inferbus-delete", credentials_from_env())
+        nc = await connect(
+            nats_url, "inferbus-delete", credentials_from_env(), give_up_s=CLI_PATIENCE_S
+        )
         try:
             js = nc.jetstream()
             await ensure_streams(js)

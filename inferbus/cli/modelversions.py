@@ -26,11 +26,11 @@ nats_option = click.option(
 
 @contextlib.asynccontextmanager
 async def _bus(nats_url: str, name: str) -> AsyncIterator[Any]:
-    from inferbus.shared.bus import connect
+    from inferbus.shared.bus import CLI_PATIENCE_S, connect
     from inferbus.shared.buscreds import credentials_from_env
     from inferbus.shared.streams import ensure_streams
 
-    nc = await connect(nats_url, name, credentials_from_env())
+    nc = await connect(nats_url, name, credentials_from_env(), give_up_s=CLI_PATIENCE_S)
     try:
         js = nc.jetstream()
         await ensure_streams(js)

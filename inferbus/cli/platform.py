@@ -106,12 +106,14 @@ def serve(ctx: click.Context, service: str) -> None:
 def _supervisor_call(nats_url: str, supervisor: str, command: Any) -> Any:
     """Send a command to ``inferbus up``'s supervisor; its state back."""
     from inferbus.contracts.control import SupervisorState, supervisor_subject
-    from inferbus.shared.bus import connect
+    from inferbus.shared.bus import CLI_PATIENCE_S, connect
     from inferbus.shared.buscreds import credentials_from_env
     from inferbus.shared.codec import decode, encode
 
     async def call() -> SupervisorState:
-        nc = await connect(nats_url, "inferbus-ctl", credentials_from_env())
+        nc = await connect(
+            nats_url, "inferbus-ctl", credentials_from_env(), give_up_s=CLI_PATIENCE_S
+        )
         try:
             reply = await nc.request(supervisor_subject(supervisor), encode(command), timeout=5)
         finally:
@@ -122,8 +124,8 @@ def _supervisor_call(nats_url: str, supervisor: str, command: Any) -> Any:
         state = asyncio.run(call())
     except Exception as exc:
         raise click.ClickException(
-            f"no answer from supervisor {supervisor!r} at {nats_url} ({type(exc).__name__}); "
-            "is `inferbus up` running?"
+            f"no answer from supervisor {supervisor!r} at {nats_url} "
+            f"({exc or type(exc).__name__}); is `inferbus up` running?"
         ) from None
     for p in state.processes:
         http = f" http :{p.http_port}" if p.http_port else ""  # nats serves no /metrics

@@ -1,7 +1,10 @@
 """The supervisor's adapter: real processes under the pure core's decisions.
 
 Each process runs in its own session (so a Ctrl-C in the terminal reaches only
-``inferbus up``, which stops them in order) with its output appended to its log file.
+``inferbus up``, which stops them in order) with its output appended to its log file,
+and, on Linux, is sent SIGTERM when ``inferbus up`` dies however it dies (kill -9 had
+left every service and nats-server running unsupervised, holding the ports a second
+``up`` needs).
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,6 +104,7 @@ class Processes:
                 stdout=log,
                 stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=dies_with_parent(),
             )
         except OSError as exc:  # the binary is gone: treated as a crash, retried with backoff
             self._say(f"{spec.name} could not start: {exc}")
@@ -153,6 +158,26 @@ class Processes:
         for log in self._logs.values():
             log.close()
         self._logs.clear()
+
+
+def dies_with_parent() -> Callable[[], None] | None:
+    """Linux: what a child runs before it execs to be sent SIGTERM when this process
+    dies (PR_SET_PDEATHSIG), so its services drain and exit with it. The death watched
+    is that of the thread that forks: processes start on the event loop's thread, which
+    lives as long as ``inferbus up``. None elsewhere."""
+    if sys.platform != "linux":
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the child
+    parent = os.getpid()
+
+    def in_child() -> None:
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # it died before the line above: go now
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return in_child
 
 
 def open_log(path: Path) -> IO[bytes]:

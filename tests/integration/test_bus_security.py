@@ -429,6 +429,35 @@ async def test_the_operator_still_does_its_work(platform: Platform):
     assert bare.returncode != 0 and "refused" in bare.stderr + bare.stdout
 
 
+def test_creds_new_uses_the_operator_of_the_state_dir_it_names(platform: Platform, tmp_path: Path):
+    """``--state-dir DIR`` alone (no INFERBUS_NATS_CREDS, another working folder): it
+    wrote the user, then failed Authorization Violation, leaving a user with no record
+    (issue 42 item 14). And where the record cannot be published, no user is left."""
+    env = {k: v for k, v in os.environ.items() if k != "INFERBUS_NATS_CREDS"}
+    state = str(platform.state)
+
+    def creds(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*INFERBUS, "creds", *args],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            env=env,
+            cwd=tmp_path,
+        )
+
+    made = creds("new", "--tenant", "gamma", "--state-dir", state, "--nats-url", platform.nats_url)
+    assert made.returncode == 0, made.stderr
+    listed = creds("list", "--state-dir", state).stdout
+    assert "tenant-gamma" in listed
+    (dead,) = free_ports(1)
+    failed = creds(
+        "new", "--tenant", "delta", "--state-dir", state, "--nats-url", f"nats://127.0.0.1:{dead}"
+    )
+    assert failed.returncode == 1 and "not made" in failed.stderr, failed.stderr
+    assert "tenant-delta" not in creds("list", "--state-dir", state).stdout
+
+
 async def test_a_revoked_tenant_is_shut_out(platform: Platform):
     made = platform.cli(
         "creds",

@@ -278,3 +278,83 @@ def test_up_scales_workers_and_restarts_what_dies_nats_included(tmp_path: Path):
     assert up.returncode == 0, rest
     assert "nats exited with -9; restarting" in rest and "worker-1 exited with -9" in rest
     assert rest.rstrip().endswith("stopped")
+
+
+def _up(port: int, nats_port: int, state: Path) -> subprocess.Popen[str]:
+    import os
+
+    return subprocess.Popen(
+        [
+            *INFERBUS,
+            "up",
+            "--engine",
+            "sim",
+            "--no-selftest",
+            "--port",
+            str(port),
+            "--nats-port",
+            str(nats_port),
+            "--metrics-port-base",
+            str(metrics_port_base()),
+            "--state-dir",
+            str(state),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "NATS_URL": ""},
+    )
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_up_killed_takes_its_processes_with_it_and_comes_up_again(tmp_path: Path):
+    """kill -9 of `inferbus up` had left every service and nats-server running,
+    unsupervised, and a second `up` refused (port in use) (issue 42 item 14). Its
+    processes now go with it (and drain: SIGTERM), and `up` starts again on the same
+    ports and state."""
+    import os
+
+    port, nats_port = free_ports(2)
+    nats_url = f"nats://127.0.0.1:{nats_port}"
+    state = tmp_path / "state"
+    up = _up(port, nats_port, state)
+    try:
+        _wait_for(lambda: _chat(port), 60)
+        rows = _wait_for(lambda: _running(_ps(nats_url, state), "nats", "gateway", "worker-0"))
+        pids = [int(r["pid"]) for r in rows.values() if r["pid"] != "0"]
+        os.kill(up.pid, signal.SIGKILL)
+        up.wait(10)
+        _wait_for(lambda: not any(_alive(pid) for pid in pids), 40)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    again = _up(port, nats_port, state)
+    try:
+        _wait_for(lambda: _chat(port), 60)
+    finally:
+        again.send_signal(signal.SIGINT)
+        again.wait(90)
+    assert again.returncode == 0
+
+
+def test_ps_with_no_server_says_so_within_seconds():
+    """It had hung for over 10 minutes (issue 42 item 14)."""
+    (port,) = free_ports(1)
+    began = time.monotonic()
+    out = subprocess.run(
+        [*INFERBUS, "ps", "--nats-url", f"nats://127.0.0.1:{port}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1 and "no NATS server answered" in out.stderr, out.stderr
+    assert time.monotonic() - began < 30
