@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
+import msgspec
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
+    DiscardPolicy,
     RetentionPolicy,
     StorageType,
     StreamConfig,
@@ -15,7 +18,42 @@ from nats.js.api import (
 from nats.js.errors import NotFoundError
 
 from inferbus.contracts import STREAMS, StreamSpec
+from inferbus.shared.errors import ConfigError
 from inferbus.shared.subscriptions import ConsumerSpec
+
+LIMITS_ENV = "INFERBUS_STREAM_LIMITS"
+"""The provisioner's overrides of the streams' limits: ``NAME=SIZE[/AGE],...``, e.g.
+``IB_REQUESTS=8GiB/48h,IB_KV=512MiB`` (sizes in B, KiB, MiB, GiB, TiB; ages in s, m,
+h, d)."""
+
+_UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_AGES = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _number(text: str, units: dict[str, int], what: str) -> float:
+    t = text.strip().lower()
+    for unit in sorted(units, key=len, reverse=True):
+        if t.endswith(unit) and t[: -len(unit)].strip().replace(".", "", 1).isdigit():
+            return float(t[: -len(unit)]) * units[unit]
+    raise ConfigError(f"{LIMITS_ENV}: {text!r} is not a {what} ({', '.join(units)})")
+
+
+def stream_limits(text: str, streams: Sequence[StreamSpec] = STREAMS) -> tuple[StreamSpec, ...]:
+    """``streams`` with the limits ``text`` sets (LIMITS_ENV's syntax)."""
+    by_name = {s.name: s for s in streams}
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        name, _, value = item.partition("=")
+        spec = by_name.get(name.strip())
+        if spec is None or not value:
+            raise ConfigError(
+                f"{LIMITS_ENV}: {item!r}: NAME=SIZE[/AGE] with NAME one of {sorted(by_name)}"
+            )
+        size, _, age = value.partition("/")
+        changes: dict[str, float | int] = {"max_bytes": int(_number(size, _UNITS, "size"))}
+        if age:
+            changes["max_age_s"] = _number(age, _AGES, "duration")
+        by_name[spec.name] = msgspec.structs.replace(spec, **changes)
+    return tuple(by_name.values())
 
 
 def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
@@ -27,6 +65,8 @@ def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
         max_age=spec.max_age_s,
+        max_bytes=spec.max_bytes,
+        discard=DiscardPolicy.OLD,  # room is made, never refused
         duplicate_window=spec.duplicate_window_s,
         max_msgs_per_subject=spec.max_msgs_per_subject,
     )
@@ -56,7 +96,7 @@ async def ensure_streams(
     Services pass ``update=False``: their NATS users may create a platform stream that
     is missing (a first start before any provisioner) but change none, so a service's
     credentials cannot shrink a stream's limits (busauth.JS_BOOTSTRAP)."""
-    for spec in STREAMS:
+    for spec in stream_limits(os.environ.get(LIMITS_ENV, "")):
         try:
             info = await js.stream_info(spec.name)
         except NotFoundError:
