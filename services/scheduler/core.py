@@ -121,15 +121,19 @@ class SchedulerCore:
                 self._remember_ended(request.request_id, request)
                 return [self._deadline_fail(request, "before it was queued")]
         queued = len(self.queues.get(request.model, ()))
+        room: list[Effect] = []
         if queued >= self.policy.max_queue_per_model:
-            self._remember_ended(request.request_id, request)
-            return [
-                Fail.of(
-                    request,
-                    FailureCode.QUEUE_FULL,
-                    f"{queued} requests for {request.model!r} are already waiting; retry later",
-                )
-            ]
+            evicted = self._make_room(request)
+            if evicted is None:
+                self._remember_ended(request.request_id, request)
+                return [
+                    Fail.of(
+                        request,
+                        FailureCode.QUEUE_FULL,
+                        f"{queued} requests for {request.model!r} are already waiting; retry later",
+                    )
+                ]
+            room.append(evicted)
         objective = self.slo(request)
         item = Queued(
             request=request,
@@ -145,7 +149,33 @@ class SchedulerCore:
                 return [refused]
         self._arrivals += 1
         self._enqueue(item)
-        return self._dispatch(now)
+        return room + self._dispatch(now)
+
+    def _make_room(self, request: RequestSubmitted) -> Effect | None:
+        """A full queue takes ``request`` only from a tenant holding less of it than
+        the tenant holding most, whose newest waiting request then ends ``queue_full``
+        (longest-queue drop): one tenant's flood cannot refuse the others (issue 42
+        item 9), and with one tenant a full queue refuses as before."""
+        queue = self.queues.get(request.model)
+        held = queue.held_by() if queue is not None else {}
+        if not held:
+            return None
+        mine = held.get(request.tenant, 0)
+        hog = max(held, key=lambda t: (held[t], t))
+        if held[hog] <= mine + 1:
+            return None
+        victim = queue.newest_of(hog) if queue is not None else None
+        if victim is None:
+            return None
+        rid = victim.request.request_id
+        self._drop_queued(rid)
+        self._remember_ended(rid, victim.request)
+        return Fail.of(
+            victim.request,
+            FailureCode.QUEUE_FULL,
+            f"the queue for {request.model!r} is full and tenant {hog!r} holds most of it "
+            f"({held[hog]} requests): its newest made room for another tenant's; retry later",
+        )
 
     def slo(self, request: RequestSubmitted) -> float:
         """Its TTFT objective in seconds (inf: none)."""

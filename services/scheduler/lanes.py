@@ -101,6 +101,21 @@ class ModelQueue:
     def depths(self) -> dict[str, int]:
         return {name: sum(len(q) for q in lane.values()) for name, lane in self._lanes.items()}
 
+    def held_by(self) -> dict[str, int]:
+        """Tenant → requests it has waiting, both lanes."""
+        out: dict[str, int] = {}
+        for lane in self._lanes.values():
+            for tenant, q in lane.items():
+                out[tenant] = out.get(tenant, 0) + len(q)
+        return out
+
+    def newest_of(self, tenant: str) -> Any | None:
+        """``tenant``'s latest arrival still waiting (a continuation, queued at the
+        front, is never the newest)."""
+        tails = [lane[tenant][-1] for lane in self._lanes.values() if lane.get(tenant)]
+        fresh = [i for i in tails if getattr(i, "resume", None) is None]
+        return max(fresh, key=lambda i: i.order) if fresh else None
+
     def oldest_wait(self, lane: str, now: float) -> float:
         return max((now - q[0].since for q in self._lanes[lane].values() if q), default=0.0)
 

@@ -301,3 +301,40 @@ def test_a_short_request_goes_to_the_long_prefilling_worker_when_only_it_has_bud
         e for e in core.on_accepted(req("S2", 25, max_tokens=2000), 0.0) if isinstance(e, Assign)
     ]
     assert s2.worker_id == core.inflight["L"].worker_id
+
+
+def test_one_tenant_s_flood_does_not_refuse_another():
+    """Issue 42 item 9: the queue limit is per model, so another tenant got queue_full
+    while one flooded (3 of 69). A full queue now takes a request from a tenant that
+    holds less of it than the one holding most, whose newest waiting request ends
+    ``queue_full`` instead; a tenant alone, or the one holding most, is refused as
+    before."""
+    from inferbus.services.scheduler.core import Fail
+
+    core = SchedulerCore(msgspec.structs.replace(POLICY, max_queue_per_model=20))
+    refused: dict[str, list[str]] = {"flood": [], "calm": []}
+
+    def submit(rid: str, tenant: str, now: float) -> None:
+        for e in core.on_accepted(req(rid, 50, tenant=tenant), now):
+            if isinstance(e, Fail) and e.code == "queue_full":
+                refused[e.request.tenant].append(e.request.request_id)
+
+    for i in range(3000):  # no worker: everything queues
+        submit(f"flood{i}", "flood", i * 0.001)
+        if i % 300 == 0:  # 10 calm ones, under an even share of the queue
+            submit(f"calm{i}", "calm", i * 0.001)
+    assert refused["calm"] == []
+    (queue,) = core.queues.values()
+    assert queue.held_by() == {"flood": 10, "calm": 10}
+    # flood's newest made the room: what it has waiting are its first ten
+    assert sorted(i.request.request_id for i in queue if i.request.tenant == "flood")[:1] == [
+        "flood0"
+    ]
+    # past an even share, the calm one is refused too
+    submit("calm-more", "calm", 10.0)
+    assert refused["calm"] == ["calm-more"]
+    alone = SchedulerCore(msgspec.structs.replace(POLICY, max_queue_per_model=5))
+    ends = [alone.on_accepted(req(f"a{i}", 50, tenant="a"), 0.0) for i in range(6)]
+    assert [e for batch in ends[:5] for e in batch] == []
+    (full,) = ends[5]
+    assert isinstance(full, Fail) and full.code == "queue_full" and full.request.request_id == "a5"
