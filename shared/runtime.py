@@ -33,6 +33,7 @@ from inferbus.shared.bus import ConnectionWatch, DeadLetterer, connect
 from inferbus.shared.buscreds import load_credentials
 from inferbus.shared.config import ServiceSettings, load_settings
 from inferbus.shared.errors import ConfigError
+from inferbus.shared.httpconns import ConnectionLedger
 from inferbus.shared.streams import ensure_consumers, ensure_streams
 from inferbus.shared.subscriber import Subscriber
 from inferbus.shared.subscriptions import ConsumerSpec, Wiring
@@ -184,6 +185,7 @@ class Runtime:
     async def _serve_http(self, service: Service[Any]) -> web.AppRunner:
         s = self.settings
         app = web.Application(client_max_size=8 * 1024 * 1024, middlewares=[self._until_started])
+        ledger = app[CONNECTIONS] = ConnectionLedger(s.http_max_connections)
         app.add_routes(
             [
                 web.get("/healthz", self._healthz),
@@ -202,7 +204,7 @@ class Runtime:
         )
         await runner.setup()
         assert runner.server is not None
-        cap_connections(runner.server, s.http_max_connections, service.name)
+        cap_connections(runner.server, ledger, service.name)
         site = web.TCPSite(runner, s.http_host, s.http_port)
         await site.start()
         self.http_port = runner.addresses[0][1]
@@ -302,18 +304,50 @@ class Runtime:
 _PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
-def cap_connections(server: web.Server, limit: int, service: str) -> None:
-    """Close HTTP connections past ``limit`` as they arrive (each held connection costs
-    memory, and aiohttp has no cap of its own)."""
-    made = server.connection_made
+CONNECTIONS = web.AppKey("inferbus.connections", ConnectionLedger)
+
+
+def cap_connections(server: web.Server, ledger: ConnectionLedger, service: str) -> None:
+    """Hold at most ``ledger.limit`` HTTP connections (each costs memory, and aiohttp has
+    no cap of its own): past it, an idle one makes room for the arrival
+    (shared/httpconns.py). aiohttp's handlers say whether a request is in progress
+    and how many they served; without those (another version) every connection counts
+    as busy and the arrival is closed, as before."""
+    made, lost = server.connection_made, server.connection_lost
+
+    def busy(handler: Any) -> bool:
+        return bool(getattr(handler, "_request_in_progress", True))
+
+    def served(handler: Any) -> int:
+        return int(getattr(handler, "_request_count", 1))
 
     def connection_made(handler: Any, transport: asyncio.Transport) -> None:
         made(handler, transport)
-        if len(server.connections) > limit:
-            metrics.HTTP_CONNECTIONS_REFUSED.labels(service).inc()
+        ledger.made(handler, time.monotonic())
+        victim = ledger.to_close(handler, busy, served)
+        if victim is None:
+            return
+        metrics.HTTP_CONNECTIONS_REFUSED.labels(service).inc()
+        if victim is handler:
             transport.close()
+        else:
+            victim.force_close()  # type: ignore[attr-defined]
+            if victim.transport is not None:  # type: ignore[attr-defined]
+                victim.transport.close()  # type: ignore[attr-defined]
+
+    def connection_lost(handler: Any, exc: BaseException | None) -> None:
+        ledger.lost(handler)
+        lost(handler, exc)
 
     server.connection_made = connection_made  # type: ignore[method-assign]
+    server.connection_lost = connection_lost  # type: ignore[method-assign, assignment]
+
+
+def trust_connection(request: web.Request) -> None:
+    """The connection carrying ``request`` authenticated: shed after anonymous ones."""
+    ledger = request.app.get(CONNECTIONS)
+    if ledger is not None and request.protocol is not None:
+        ledger.trusted(request.protocol)
 
 
 def trace_policy(s: ServiceSettings) -> tracing.TracePolicy:

@@ -49,7 +49,7 @@ from inferbus.shared import logs, metrics
 from inferbus.shared.bus import publish_durable
 from inferbus.shared.codec import encode
 from inferbus.shared.config import ServiceSettings
-from inferbus.shared.runtime import Context, Service
+from inferbus.shared.runtime import Context, Service, trust_connection
 from inferbus.shared.tokenizers import TokenizerSet, parse_tokenizers
 
 from .admission import Gates, LoadView, ModelRegistry
@@ -467,9 +467,11 @@ class GatewayService(Service[GatewaySettings]):
         return None
 
     def _authenticate(self, http: web.Request) -> ApiKey:
-        return self.access.authenticate(
+        key = self.access.authenticate(
             http.headers.get("Authorization"), http.headers.get("x-api-key")
         )
+        trust_connection(http)  # past the connection cap, anonymous ones go first
+        return key
 
     async def _handle(self, http: web.Request, kind: str) -> web.StreamResponse:
         rid = _request_id(http)

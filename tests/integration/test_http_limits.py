@@ -112,12 +112,13 @@ async def test_idle_connections_are_capped_and_closed(strict_gateway):
     socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(100)]
     try:
         await asyncio.sleep(0.3)
-        refused = sum(
-            await asyncio.gather(*(asyncio.to_thread(closed_by_server, s, 0.3) for s in socks[40:]))
+        # past the cap, each arrival took the place of the oldest idle one
+        shed = sum(
+            await asyncio.gather(*(asyncio.to_thread(closed_by_server, s, 0.3) for s in socks[:60]))
         )
-        assert refused == 60  # past the cap: closed as they arrived
+        assert shed == 60
         kept = sum(
-            await asyncio.gather(*(asyncio.to_thread(closed_by_server, s, 3) for s in socks[:40]))
+            await asyncio.gather(*(asyncio.to_thread(closed_by_server, s, 3) for s in socks[60:]))
         )
         assert kept == 40  # idle: closed after the idle timeout
         # and the gateway serves as before
@@ -126,4 +127,31 @@ async def test_idle_connections_are_capped_and_closed(strict_gateway):
                 assert r.status == 200
     finally:
         for s in socks:
+            s.close()
+
+
+async def test_idle_connections_at_the_cap_do_not_lock_requests_out(strict_gateway):
+    """Issue 42 item 5: 4,096 idle connections filled the cap and 16 of 17 requests
+    were refused. Idle ones now make room; a connection busy with a request stays."""
+    port = strict_gateway.http_port
+    slow = socket.create_connection(("127.0.0.1", port))  # busy: its body is on the way
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+    slow.sendall(head + b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+    await asyncio.sleep(0.1)
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(60)]
+    try:
+        await asyncio.sleep(0.2)
+        served = 0
+        for _ in range(17):  # a fresh connection each: every one past the cap
+            async with aiohttp.ClientSession(
+                strict_gateway.base, connector=aiohttp.TCPConnector(force_close=True)
+            ) as http:
+                async with http.get("/v1/models") as r:
+                    served += r.status == 200
+        assert served == 17
+        slow.settimeout(5)  # never shed: its request ran to its own end (408)
+        assert b" 408 " in slow.recv(4096).split(b"\r\n")[0]
+    finally:
+        slow.close()
+        for s in idle:
             s.close()
