@@ -42,7 +42,12 @@ from inferbus.contracts import (
     tenant_submit_subject,
 )
 from inferbus.contracts.control import supervisor_subject
-from inferbus.shared.buscreds import BusCredentials, inbox_prefix, write_credentials
+from inferbus.shared.buscreds import (
+    BusCredentials,
+    inbox_prefix,
+    load_credentials,
+    write_credentials,
+)
 from inferbus.shared.subscriptions import Consume, Follow, Listen, Own, Wiring, as_permission
 
 OPERATOR = "operator"
@@ -265,11 +270,24 @@ class User(msgspec.Struct, kw_only=True):
     password_hash: str
 
 
+HASH_ROUNDS = 4
+"""bcrypt's cost for the server's password hashes: the least it takes. Every password
+is 24 random bytes (192 bits): a slow hash protects guessable passwords, not these,
+while the server pays it on every CONNECT, a wrong one included: at cost 10 (50 ms),
+13 wrong-password CONNECTs a second pinned nats-server's CPU and a tenant's p50 went
+from 121 ms to 1,141 ms (issue 42 item 4); at 4 a check costs under 1 ms."""
+
+
 def _hash(password: str) -> str:
     import bcrypt
 
-    # cost 10: ~50 ms a connect on the server, paid once per connection
-    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=10)).decode()
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=HASH_ROUNDS)).decode()
+
+
+def _costly(password_hash: str) -> bool:
+    """A hash made at a higher cost than HASH_ROUNDS (``$2b$10$...``)."""
+    parts = password_hash.split("$")
+    return len(parts) > 2 and parts[2].isdigit() and int(parts[2]) > HASH_ROUNDS
 
 
 @dataclass
@@ -307,6 +325,22 @@ class Registry:
                 yield
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def rehash(self) -> None:
+        """Hashes an older version made at a higher cost, made again at HASH_ROUNDS from
+        the users' credentials files (the same passwords)."""
+        with self._changing():
+            self._rehash()
+
+    def _rehash(self) -> None:
+        changed = False
+        for u in self.users.values():
+            path = self.creds_path(u.user)
+            if _costly(u.password_hash) and path.exists():
+                u.password_hash = _hash(load_credentials(path).password)
+                changed = True
+        if changed:
+            self.save()
 
     def creds_path(self, user: str) -> Path:
         return self.folder / "creds" / f"{user}.json"
@@ -422,6 +456,7 @@ class Registry:
             return self._write_server_config(service_perms)
 
     def _write_server_config(self, service_perms: dict[str, Permissions]) -> Path:
+        self._rehash()
         path = self.config_path
         tmp = path.with_suffix(".tmp")
         tmp.write_text(self.server_config(service_perms))

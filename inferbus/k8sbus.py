@@ -67,6 +67,7 @@ def bus_secrets(folder: Path, nats_replicas: int = 3) -> dict[str, Any]:
         if (user.role == "service" and user.name == ANY) or user.user == OPERATOR:
             name = f"inferbus-bus-{user.service or OPERATOR}"
             items.append(_secret(name, {"creds.json": reg.creds_path(user.user).read_text()}))
+    reg.rehash()
     conf = {"users.conf": reg.server_config(servicetable.permissions())}
     if nats_replicas > 1:
         conf["cluster.conf"] = cluster_block(route_password(folder), nats_replicas)

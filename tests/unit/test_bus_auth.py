@@ -158,6 +158,24 @@ def test_credentials_are_private_and_the_server_keeps_hashes_only(registry: busa
     assert again.users.keys() == registry.users.keys()
 
 
+def test_a_wrong_password_costs_the_server_little(registry: busauth.Registry):
+    """Issue 42 item 4: the server checks a CONNECT's password against its bcrypt hash,
+    wrong ones too; at cost 10 (50 ms each) 13 a second pinned it. The passwords are
+    random, so the least cost serves; hashes an older version made are made again."""
+    import bcrypt
+
+    for user in users_of(registry).values():
+        assert user["password"].startswith("$2b$04$")
+    name = "tenant-acme"
+    password = load_credentials(registry.creds_path(name)).password
+    old = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=10)).decode()
+    registry.users[name].password_hash = old
+    registry.save()
+    registry.write_server_config(servicetable.permissions())
+    rehashed = users_of(busauth.Registry.open(registry.folder))[name]["password"]
+    assert rehashed.startswith("$2b$04$") and bcrypt.checkpw(password.encode(), rehashed.encode())
+
+
 def test_a_tenant_may_touch_its_own_subjects_only(registry: busauth.Registry):
     p = users_of(registry)["tenant-acme"]["permissions"]
     assert p["publish"]["allow"] == ["ib.req.submitted.acme", "ib.ctl.cancel.acme"]
