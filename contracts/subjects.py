@@ -264,19 +264,18 @@ def status_subject(service: str) -> str:
     return _STATUS.format(service=service)
 
 
-_MiB = 1024 * 1024
-_GiB = 1024 * _MiB
-
-
 class StreamSpec(msgspec.Struct, kw_only=True, frozen=True):
     """A stream and its limits: past its age or its bytes the oldest messages go (a
-    publish is never refused for room), so no stream can fill the disk. The
-    provisioner's INFERBUS_STREAM_LIMITS overrides them (docs/deploy.md)."""
+    publish is never refused for room), so no stream can fill the disk. Its bytes are
+    its ``store_share`` of the platform's stream budget (INFERBUS_STREAM_STORE), which
+    the provisioner's INFERBUS_STREAM_LIMITS may override (docs/deploy.md)."""
 
     name: str
     subjects: tuple[str, ...]
     max_age_s: float
-    max_bytes: int
+    store_share: float
+    max_bytes: int = 0
+    """Set from the budget when the streams are provisioned (shared/streams.py)."""
     duplicate_window_s: float = 120.0
     description: str = ""
     max_msgs_per_subject: int = -1
@@ -288,28 +287,28 @@ STREAMS: tuple[StreamSpec, ...] = (
         name="IB_REQUESTS",
         subjects=("ib.req.>",),
         max_age_s=24 * 3600,
-        max_bytes=4 * _GiB,
+        store_share=0.35,
         description="submitted, accepted and ended requests: replayable and auditable",
     ),
     StreamSpec(
         name="IB_WORK",
         subjects=("ib.work.>",),
         max_age_s=24 * 3600,
-        max_bytes=2 * _GiB,
+        store_share=0.2,
         description="work assignments, one subject per worker",
     ),
     StreamSpec(
         name="IB_KV",
         subjects=("ib.kv.>",),
         max_age_s=24 * 3600,
-        max_bytes=2 * _GiB,
+        store_share=0.2,
         description="workers' KV cache events (blocks stored, removed, cleared), by worker",
     ),
     StreamSpec(
         name="IB_CONFIG",
         subjects=("ib.cfg.>",),
         max_age_s=0,
-        max_bytes=64 * _MiB,
+        store_share=0.05,
         max_msgs_per_subject=1,
         description="settings services read at start and follow: the latest per subject",
     ),
@@ -317,21 +316,21 @@ STREAMS: tuple[StreamSpec, ...] = (
         name="IB_SCALE",
         subjects=("ib.scale.>",),
         max_age_s=7 * 24 * 3600,
-        max_bytes=256 * _MiB,
+        store_share=0.05,
         description="the autoscaler's decisions per model, with their reasons",
     ),
     StreamSpec(
         name="IB_DELIVERY",
         subjects=("ib.delivery.>",),
         max_age_s=90 * 24 * 3600,
-        max_bytes=256 * _MiB,
+        store_share=0.05,
         description="model deliveries, workers' swaps, rollout commands and decisions",
     ),
     StreamSpec(
         name="IB_DLQ",
         subjects=("ib.dlq.>",),
         max_age_s=7 * 24 * 3600,
-        max_bytes=512 * _MiB,
+        store_share=0.1,
         description="events a service could not decode or handle, with the reason",
     ),
 )

@@ -48,7 +48,7 @@ from inferbus.shared.natsserver import (
     free_ports,
     port_open,
 )
-from inferbus.shared.streams import ensure_streams
+from inferbus.shared.streams import STORE_ENV, ensure_streams, stream_budget
 from inferbus.supervisor.core import ProcessSpec, SupervisorCore
 from inferbus.supervisor.processes import Command, Processes
 from inferbus.upoptions import Options
@@ -510,6 +510,10 @@ async def _run(o: Options) -> int:
                 f"port {o.nats_port} is in use: pass --nats-port, or --nats-url "
                 "to use a running NATS server"
             )
+        # JetStream reserves each stream's byte limit: size them to this disk (each node
+        # of a local cluster holds a copy on it)
+        budget = stream_budget(o.state_dir) // max(1, o.nats_cluster)
+        os.environ.setdefault(STORE_ENV, f"{budget}b")
         config = None
         if not o.open_bus:
             auth = Registry.open(o.state_dir / "auth")

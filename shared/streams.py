@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import shutil
+from collections.abc import Awaitable, Sequence
+from pathlib import Path
+from typing import Any
 
 import msgspec
 from nats.js import JetStreamContext
@@ -15,32 +18,50 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from inferbus.contracts import STREAMS, StreamSpec
+from inferbus.shared import logs
 from inferbus.shared.errors import ConfigError
 from inferbus.shared.subscriptions import ConsumerSpec
 
+STORE_ENV = "INFERBUS_STREAM_STORE"
+"""The bytes the platform's streams may hold together (each its ``store_share``), e.g.
+``16GiB``. JetStream reserves a stream's byte limit when it is made, so the budget must
+fit the server's storage with room left for the KV buckets and the model artifacts:
+about half of it (``inferbus up`` sets a third of its disk's free space)."""
+DEFAULT_STORE = 2 << 30
 LIMITS_ENV = "INFERBUS_STREAM_LIMITS"
-"""The provisioner's overrides of the streams' limits: ``NAME=SIZE[/AGE],...``, e.g.
-``IB_REQUESTS=8GiB/48h,IB_KV=512MiB`` (sizes in B, KiB, MiB, GiB, TiB; ages in s, m,
-h, d)."""
+"""Overrides per stream: ``NAME=SIZE[/AGE],...``, e.g. ``IB_REQUESTS=8GiB/48h,IB_KV=512MiB``
+(sizes in B, KiB, MiB, GiB, TiB; ages in s, m, h, d)."""
 
 _UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 _AGES = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_SMALLEST = 1 << 20
+"""No stream is sized smaller than this."""
 
 
-def _number(text: str, units: dict[str, int], what: str) -> float:
+def _number(text: str, units: dict[str, int], what: str, env: str) -> float:
     t = text.strip().lower()
     for unit in sorted(units, key=len, reverse=True):
         if t.endswith(unit) and t[: -len(unit)].strip().replace(".", "", 1).isdigit():
             return float(t[: -len(unit)]) * units[unit]
-    raise ConfigError(f"{LIMITS_ENV}: {text!r} is not a {what} ({', '.join(units)})")
+    raise ConfigError(f"{env}: {text!r} is not a {what} ({', '.join(units)})")
 
 
-def stream_limits(text: str, streams: Sequence[StreamSpec] = STREAMS) -> tuple[StreamSpec, ...]:
-    """``streams`` with the limits ``text`` sets (LIMITS_ENV's syntax)."""
-    by_name = {s.name: s for s in streams}
+def size_of(text: str, env: str = STORE_ENV) -> int:
+    return int(_number(text, _UNITS, "size", env))
+
+
+def stream_limits(
+    text: str = "", store: int = DEFAULT_STORE, streams: Sequence[StreamSpec] = STREAMS
+) -> tuple[StreamSpec, ...]:
+    """``streams`` with their bytes: their share of ``store``, then what ``text`` (in
+    LIMITS_ENV's syntax) sets."""
+    by_name = {
+        s.name: msgspec.structs.replace(s, max_bytes=max(_SMALLEST, int(s.store_share * store)))
+        for s in streams
+    }
     for item in filter(None, (i.strip() for i in text.split(","))):
         name, _, value = item.partition("=")
         spec = by_name.get(name.strip())
@@ -49,11 +70,26 @@ def stream_limits(text: str, streams: Sequence[StreamSpec] = STREAMS) -> tuple[S
                 f"{LIMITS_ENV}: {item!r}: NAME=SIZE[/AGE] with NAME one of {sorted(by_name)}"
             )
         size, _, age = value.partition("/")
-        changes: dict[str, float | int] = {"max_bytes": int(_number(size, _UNITS, "size"))}
+        spec = msgspec.structs.replace(spec, max_bytes=size_of(size, LIMITS_ENV))
         if age:
-            changes["max_age_s"] = _number(age, _AGES, "duration")
-        by_name[spec.name] = msgspec.structs.replace(spec, **changes)
+            spec = msgspec.structs.replace(
+                spec, max_age_s=_number(age, _AGES, "duration", LIMITS_ENV)
+            )
+        by_name[spec.name] = spec
     return tuple(by_name.values())
+
+
+def stream_budget(store_dir: Path) -> int:
+    """What an embedded server's streams may hold: a third of its disk's free space
+    (JetStream takes up to three quarters of it; the rest of that is for the KV
+    buckets and model artifacts)."""
+    folder = store_dir
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return max(16 * _SMALLEST, shutil.disk_usage(folder).free // 3)
+
+
+log = logs.get("inferbus.streams")
 
 
 def stream_config(spec: StreamSpec, replicas: int = 1) -> StreamConfig:
@@ -95,19 +131,63 @@ async def ensure_streams(
 
     Services pass ``update=False``: their NATS users may create a platform stream that
     is missing (a first start before any provisioner) but change none, so a service's
-    credentials cannot shrink a stream's limits (busauth.JS_BOOTSTRAP)."""
-    for spec in stream_limits(os.environ.get(LIMITS_ENV, "")):
+    credentials cannot shrink a stream's limits (busauth.JS_BOOTSTRAP).
+
+    JetStream reserves each stream's byte limit: where it has no room for the budget
+    (a small disk, a small ``max_file_store``), the streams are sized again at half of
+    it, and so on: streams smaller than asked beat a platform that cannot start."""
+    store = os.environ.get(STORE_ENV, "")
+    budget = size_of(store) if store else DEFAULT_STORE
+    while True:
+        try:
+            await _ensure(
+                js, stream_limits(os.environ.get(LIMITS_ENV, ""), budget), replicas, update
+            )
+            return
+        except NoRoomError as exc:
+            if budget // 2 < 16 * _SMALLEST:
+                raise NoRoomError(
+                    f"{exc}: JetStream has no room for the streams even at a {budget}-byte "
+                    f"budget; give it more storage"
+                ) from None
+            budget //= 2
+            log.warning("streams sized again: JetStream had no room", budget=budget)
+
+
+async def _ensure(
+    js: JetStreamContext, specs: Sequence[StreamSpec], replicas: int | None, update: bool
+) -> None:
+    for spec in specs:
         try:
             info = await js.stream_info(spec.name)
         except NotFoundError:
             try:
-                await js.add_stream(stream_config(spec, replicas or 1))
+                await _no_room_said(js.add_stream(stream_config(spec, replicas or 1)), spec)
                 continue
+            except NoRoomError:
+                raise
             except Exception:  # another service created it between the two calls
                 info = await js.stream_info(spec.name)
         if update:
             kept = replicas or info.config.num_replicas or 1
-            await js.update_stream(stream_config(spec, kept))
+            await _no_room_said(js.update_stream(stream_config(spec, kept)), spec)
+
+
+class NoRoomError(RuntimeError):
+    """JetStream has no room for a stream's byte limit."""
+
+
+async def _no_room_said(call: Awaitable[Any], spec: StreamSpec) -> None:
+    try:
+        await call
+    except APIError as exc:
+        if exc.err_code == _NO_ROOM:
+            raise NoRoomError(f"no room for stream {spec.name} at {spec.max_bytes} bytes") from None
+        raise
+
+
+_NO_ROOM = 10047
+"""JetStream's "insufficient storage resources available"."""
 
 
 async def ensure_consumers(js: JetStreamContext, consumers: Sequence[ConsumerSpec]) -> None:

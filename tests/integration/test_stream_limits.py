@@ -1,30 +1,41 @@
 """Every stream is bounded by bytes and age (issue 40, issue 42 item 3: a tenant's
 rejected 1 MB prompts and garbage submits grew IB_REQUESTS and IB_DLQ without limit):
-at its limit the oldest messages go and a publish is still taken. A real nats-server
-of its own."""
+at its limit the oldest messages go and a publish is still taken. JetStream reserves a
+stream's byte limit, so on a disk too small for the budget the streams shrink rather
+than the platform failing to start. Real nats-servers of their own."""
 
 from __future__ import annotations
+
+import os
+import subprocess
 
 import nats
 import pytest
 from nats.js.api import DiscardPolicy
 
 from inferbus.contracts import STREAMS
+from inferbus.shared.errors import ConfigError
 from inferbus.shared.natsserver import NatsServer
-from inferbus.shared.streams import LIMITS_ENV, ensure_streams
+from inferbus.shared.streams import (
+    LIMITS_ENV,
+    STORE_ENV,
+    ensure_streams,
+    stream_limits,
+)
 
 pytestmark = pytest.mark.integration
 
 
 async def test_a_stream_at_its_limit_drops_its_oldest_and_takes_the_publish(tmp_path, monkeypatch):
+    monkeypatch.setenv(STORE_ENV, "256MiB")
     server = NatsServer(tmp_path / "nats").start()
     nc = await nats.connect(server.url)
     try:
         js = nc.jetstream()
         await ensure_streams(js)
-        for spec in STREAMS:  # the defaults: every one bounded, oldest out first
+        for spec in stream_limits(store=256 << 20):  # each bounded, its share, oldest out first
             config = (await js.stream_info(spec.name)).config
-            assert config.max_bytes == spec.max_bytes > 0
+            assert config.max_bytes == spec.max_bytes == int(spec.store_share * (256 << 20))
             assert config.discard in ("old", DiscardPolicy.OLD)
         # the provisioner's override, applied to the stream already there
         monkeypatch.setenv(LIMITS_ENV, "IB_DLQ=64KiB/1h")
@@ -43,10 +54,38 @@ async def test_a_stream_at_its_limit_drops_its_oldest_and_takes_the_publish(tmp_
         server.stop()
 
 
-def test_a_bad_limit_is_a_clear_error():
-    from inferbus.shared.errors import ConfigError
-    from inferbus.shared.streams import stream_limits
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 32 MiB tmpfs (JetStream takes 24 MiB of it); mounting needs root."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(where)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"no tmpfs here: {done.stderr.decode().strip()}")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
+
+async def test_on_a_disk_too_small_for_the_budget_the_streams_shrink(small_disk):
+    server = NatsServer(small_disk / "nats").start()
+    nc = await nats.connect(server.url)
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js)  # the default budget, 2 GiB: no room for it here
+        sizes = {s.name: (await js.stream_info(s.name)).config.max_bytes for s in STREAMS}
+        assert all(0 < size < 32 << 20 for size in sizes.values()), sizes
+        ack = await js.publish("ib.dlq.x", b"fits")
+        assert ack.stream == "IB_DLQ"
+    finally:
+        await nc.close()
+        server.stop()
+
+
+def test_a_bad_limit_is_a_clear_error():
     for bad in ("IB_NOPE=1GiB", "IB_KV=lots", "IB_KV=1GiB/forever", "IB_KV"):
         with pytest.raises(ConfigError, match=LIMITS_ENV):
             stream_limits(bad)
