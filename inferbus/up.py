@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -51,6 +52,7 @@ from inferbus.shared.natsserver import (
 from inferbus.shared.streams import STORE_ENV, ensure_streams, stream_budget
 from inferbus.supervisor.core import ProcessSpec, SupervisorCore
 from inferbus.supervisor.processes import Command, Processes
+from inferbus.supervisor.storewatch import StoreWatch
 from inferbus.upoptions import Options
 
 TINY_MODEL = "tiny-llama"
@@ -242,6 +244,8 @@ class Up:
         self.procs = Processes(self.core, platform.command, _say)
         self.stopping = asyncio.Event()
         self._control: Client | None = None
+        self.stores = StoreWatch()
+        self._log_read: dict[str, int] = {}
 
     async def start_nats(self) -> None:
         for spec in self.platform.nats_specs():
@@ -377,12 +381,38 @@ class Up:
         raise TimeoutError(f"the platform was not ready within {timeout:g}s; see the logs")
 
     async def supervise(self) -> None:
+        checked = 0.0
         while not self.stopping.is_set():
             await self.procs.tick()
+            if time.monotonic() - checked >= 1.0:
+                checked = time.monotonic()
+                await asyncio.to_thread(self.check_stores)
             try:
                 await asyncio.wait_for(self.stopping.wait(), 0.2)
             except TimeoutError:
                 pass
+
+    def check_stores(self) -> None:
+        """An embedded server whose store could not write (its disk filled) is
+        restarted once its disk has room again: its streams stay in error until then."""
+        for spec, server in zip(self.platform.nats_specs(), self.platform.nats, strict=True):
+            path = self.procs.log_path(spec.name)
+            if path is None or not path.exists():
+                continue
+            size = path.stat().st_size
+            start = self._log_read.setdefault(spec.name, size)  # what earlier runs wrote: not read
+            if size < start:
+                start = 0
+            if size > start:
+                with open(path, "rb") as log:
+                    log.seek(start)
+                    text = log.read(min(size - start, 1 << 20)).decode(errors="replace")
+                self._log_read[spec.name] = size
+                self.stores.read(spec.name, text, time.monotonic())
+            free = shutil.disk_usage(server.store_dir).free
+            if self.stores.to_restart(spec.name, free, time.monotonic()):
+                _say(f"{spec.name}: its store could not write (a full disk?); restarting it")
+                self.procs.send_signal(spec.name, signal.SIGTERM)
 
     async def stop(self) -> None:
         _say("stopping")

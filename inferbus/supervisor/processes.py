@@ -67,6 +67,10 @@ class Processes:
     async def tick(self) -> None:
         await self.apply(self.core.tick(time.monotonic()))
 
+    def log_path(self, name: str) -> Path | None:
+        cmd = self._commands.get(name)
+        return cmd.log_path if cmd is not None else None
+
     def log_tail(self, name: str, chars: int = 2000) -> str:
         cmd = self._commands.get(name)
         if cmd is None or not cmd.log_path.exists():
