@@ -257,6 +257,18 @@ class SanitizerService(Service[SanitizerSettings]):
                         past_deadline_s=round(wall - s.deadline, 1) if s.deadline else None,
                     )
 
+    async def _refuse_reused(self, request: RequestSubmitted, trace: dict[str, str]) -> None:
+        rid = request.request_id
+        log.warning("request id reused", request_id=rid)
+        refusal = RequestFailed(
+            request_id=rid,
+            code=FailureCode.DUPLICATE_REQUEST,
+            reason=f"request id {rid!r} was already submitted; submit with a new id",
+        )
+        await self.ctx.nc.publish(
+            request.reply_to, encode(refusal), headers=request_headers(rid, trace)
+        )
+
     async def _on_submitted(self, _: bytes, msg: Msg) -> None:
         # requests are independent: check many at once rather than one ack round trip apiece
         await self._work.spawn(self._check(msg))
@@ -351,10 +363,12 @@ class SanitizerService(Service[SanitizerSettings]):
             )
         if rejection is None:
             request = await self.tokenizers.tokenized(request)
+            fresh = False
             if verdict.mask_output:
                 # the output comes back through this instance's filter, then to the client
                 request = through_filter(request, self._filter_prefix)
                 client = request.client_reply_to
+                fresh = client not in self._streams
                 # keyed by the client's subject: another request reusing the id (or a
                 # redelivery of this one) never shares or resets this stream
                 self._streams.setdefault(
@@ -372,7 +386,7 @@ class SanitizerService(Service[SanitizerSettings]):
                     self._filter_traces.setdefault(client, _FilterTrace(parent))
             accepted = RequestAccepted(request=request, accepted_at=time.time(), findings=found)
             try:
-                await publish_durable(
+                ack = await publish_durable(
                     js, ACCEPTED, accepted, request_id=rid, msg_id=f"{rid}:accepted", trace=trace
                 )
             except BaseException as exc:
@@ -382,7 +396,15 @@ class SanitizerService(Service[SanitizerSettings]):
                 if span is not None:
                     span.end(f"publish_failed: {exc!r}")
                 raise
-            self._counts["accepted"] += 1
+            if ack.duplicate and _first_delivery(msg):
+                # another submit (its own Nats-Msg-Id) of an id accepted in the last two
+                # minutes: JetStream kept the first, and this sender would wait for ever
+                if fresh:  # the filter stream made for it: nothing will come through
+                    self._streams.pop(request.client_reply_to, None)
+                    self._filter_traces.pop(request.client_reply_to, None)
+                await self._refuse_reused(request, trace)
+            else:
+                self._counts["accepted"] += 1
         else:
             if rejection.param == "reply_to":  # nowhere to answer: keep it with the reason
                 await self.ctx.dead_letters.send(msg, rejection.reason)
@@ -428,3 +450,12 @@ class SanitizerService(Service[SanitizerSettings]):
             )
             await self.ctx.nc.publish(addr.reply_to, encode(failed))
         await msg.ack()
+
+
+def _first_delivery(msg: Msg) -> bool:
+    """Not a redelivery of a submit this or another sanitizer handled before (whose
+    accepted event is the one JetStream kept)."""
+    try:
+        return msg.metadata.num_delivered == 1
+    except Exception:  # not a JetStream message: taken for a redelivery, said nothing
+        return False

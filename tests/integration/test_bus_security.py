@@ -20,9 +20,12 @@ from testkit.ports import metrics_port_base
 from inferbus.client import Client, RequestError
 from inferbus.contracts import (
     CancelRequest,
+    ReplyEvent,
     RequestAccepted,
     RequestCancelled,
+    RequestFailed,
     RequestSubmitted,
+    SamplingParams,
     Terminal,
     WorkerHeartbeat,
     tenant_reply_prefix,
@@ -374,6 +377,42 @@ def replace_config(config, **changes):
     import dataclasses
 
     return dataclasses.replace(config, **changes)
+
+
+async def test_a_reused_request_id_with_a_new_msg_id_is_refused_not_left_waiting(
+    platform: Platform,
+):
+    """Issue 42 item 11: an id reused with a new Nats-Msg-Id within the duplicate
+    window was deduplicated at the sanitizer's accepted publish and never answered."""
+    acme = await connect(platform.nats_url, "acme", load_credentials(platform.creds("tenant-acme")))
+    try:
+        js = acme.jetstream()
+        rid = uuid.uuid4().hex
+        prefix = tenant_reply_prefix("acme") + rid
+        first, again = await acme.subscribe(prefix), await acme.subscribe(prefix + "-again")
+
+        def submit(reply_to: str) -> RequestSubmitted:
+            return RequestSubmitted(
+                request_id=rid,
+                model="sim-model",
+                prompt="hi",
+                reply_to=reply_to,
+                created_at=time.time(),
+                sampling=SamplingParams(max_tokens=2),
+            )
+
+        headers = {"Nats-Msg-Id": uuid.uuid4().hex}
+        await js.publish("ib.req.submitted.acme", encode(submit(prefix)), headers=headers)
+        while not isinstance(decode((await first.next_msg(timeout=10)).data, ReplyEvent), Terminal):
+            pass
+        headers = {"Nats-Msg-Id": uuid.uuid4().hex}  # a new one: JetStream keeps both
+        await js.publish(
+            "ib.req.submitted.acme", encode(submit(prefix + "-again")), headers=headers
+        )
+        answer = decode((await again.next_msg(timeout=10)).data, ReplyEvent)
+        assert isinstance(answer, RequestFailed) and answer.code == "duplicate_request"
+    finally:
+        await acme.close()
 
 
 async def test_a_worker_speaks_only_for_itself(platform: Platform):
