@@ -51,7 +51,7 @@ from inferbus.shared.natsserver import (
 )
 from inferbus.shared.streams import STORE_ENV, ensure_streams, stream_budget
 from inferbus.supervisor.core import ProcessSpec, SupervisorCore
-from inferbus.supervisor.processes import Command, Processes
+from inferbus.supervisor.processes import Command, Processes, rotate_log
 from inferbus.supervisor.storewatch import StoreWatch
 from inferbus.upoptions import Options
 
@@ -387,10 +387,16 @@ class Up:
             if time.monotonic() - checked >= 1.0:
                 checked = time.monotonic()
                 await asyncio.to_thread(self.check_stores)
+                await asyncio.to_thread(self.rotate_logs)
             try:
                 await asyncio.wait_for(self.stopping.wait(), 0.2)
             except TimeoutError:
                 pass
+
+    def rotate_logs(self) -> None:
+        """Process logs are bounded: one past --log-max-mb moves to ``<log>.1``."""
+        for path in self.procs.log_paths():
+            rotate_log(path, self.o.log_max_mb << 20)  # a store watch reads on from 0
 
     def check_stores(self) -> None:
         """An embedded server whose store could not write (its disk filled) is

@@ -118,6 +118,13 @@ class Options:
         "node is lost.",
     )
     restart: RestartPolicy = field(default_factory=RestartPolicy)
+    log_max_mb: int = flag(
+        64,
+        "--log-max-mb",
+        type=click.IntRange(min=1),
+        help="A process log past this many MiB is moved to <log>.1 (the one before it "
+        "dropped) and started again.",
+    )
     autoscale: bool = flag(
         False,
         "--autoscale",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import sys
 import time
@@ -66,6 +67,9 @@ class Processes:
 
     async def tick(self) -> None:
         await self.apply(self.core.tick(time.monotonic()))
+
+    def log_paths(self) -> list[Path]:
+        return [cmd.log_path for cmd in self._commands.values()]
 
     def log_path(self, name: str) -> Path | None:
         cmd = self._commands.get(name)
@@ -182,6 +186,23 @@ def dies_with_parent() -> Callable[[], None] | None:
             os.kill(os.getpid(), signal.SIGTERM)
 
     return in_child
+
+
+def rotate_log(path: Path, max_bytes: int) -> bool:
+    """Past ``max_bytes``, ``path`` is copied to ``<path>.1`` (replacing it) and cut to
+    nothing: its process keeps writing to the same file (opened to append), so nothing
+    needs reopening; only what it writes between the copy and the cut is lost."""
+    try:
+        if path.stat().st_size <= max_bytes:
+            return False
+    except FileNotFoundError:
+        return False
+    kept = path.with_name(path.name + ".1")
+    fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out, open(path, "rb") as log:
+        shutil.copyfileobj(log, out, 1 << 20)
+    os.truncate(path, 0)
+    return True
 
 
 def open_log(path: Path) -> IO[bytes]:

@@ -88,3 +88,26 @@ def test_process_logs_are_their_owners_only(tmp_path):
             f.write(b"x\n")
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert old.read_text() == "from before\nx\n"  # appended, not truncated
+
+
+def test_a_process_log_past_its_bound_moves_aside_and_starts_again(tmp_path):
+    """Issue 42 item 12: process logs were never rotated."""
+    import stat
+
+    from inferbus.supervisor.processes import open_log, rotate_log
+
+    path = tmp_path / "worker-0.log"
+    log = open_log(path)  # as the supervisor hands it to its process
+    log.write(b"x" * 3000)
+    log.flush()
+    assert not rotate_log(path, 4096)
+    log.write(b"y" * 2000)
+    log.flush()
+    assert rotate_log(path, 4096)
+    kept = tmp_path / "worker-0.log.1"
+    assert kept.read_bytes() == b"x" * 3000 + b"y" * 2000
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    log.write(b"after")  # the process writes on, from the start of the emptied file
+    log.flush()
+    assert path.read_bytes() == b"after"
+    log.close()
