@@ -430,6 +430,9 @@ class RequestRejected(Event, tag="request.rejected"):
     reason: str
     param: str | None = None
     findings: list[InputFinding] = []
+    retry_after_s: float = 0.0
+    """When a retry may succeed (``rate_limited``: when the tenant's quota has room for
+    it again); 0: not said."""
 
 
 class RequestCancelled(Event, tag="request.cancelled"):
@@ -550,6 +553,10 @@ class TenantPolicy(Event, tag="tenant.policy"):
     """None: the deployment's default (on)."""
     tool_call_policy: str = ""
     """``mask`` or ``refuse`` PII in tool-call arguments; empty: the deployment's."""
+    max_bytes_per_minute: int = 0
+    """What its submits may weigh in a minute (bursts up to a minute's worth); past
+    it they end ``rate_limited``. 0: the deployment's (the sanitizer's
+    ``--tenant-bytes-per-minute``)."""
     revoked: bool = False
     """Its requests are refused (its credentials should also be removed)."""
     set_at: float = 0.0

@@ -42,6 +42,7 @@ class FailureCode(StrEnum):
     INPUT_BLOCKED = "input_blocked"
     OUTPUT_BLOCKED = "output_blocked"
     QUEUE_FULL = "queue_full"
+    RATE_LIMITED = "rate_limited"
     QUEUE_TIMEOUT = "queue_timeout"
     OVERLOADED = "overloaded"
     NO_WORKER = "no_worker"
@@ -95,6 +96,12 @@ FAILURES: dict[FailureCode, Failure] = {
         http_status=429,
         retryable=True,
         meaning="the model's queue is at its limit; back off",
+    ),
+    FailureCode.RATE_LIMITED: Failure(
+        http_status=429,
+        retryable=True,
+        meaning="a tenant's submits weighed more than its bytes per minute; retry after "
+        "retry_after_s",
     ),
     FailureCode.OVERLOADED: Failure(
         http_status=429,

@@ -170,6 +170,11 @@ GATEWAY_REFUSALS = Counter(
     ["code"],
 )
 PII_MASKED = Counter("inferbus_pii_masked_total", "PII entities masked in output", ["type"])
+TENANT_RATE_LIMITED = Counter(
+    "inferbus_tenant_rate_limited_total",
+    "A tenant's submits refused past its bytes per minute",
+    ["tenant"],
+)
 INPUT_FINDINGS = Counter(
     "inferbus_input_findings_total",
     "Injection findings on input, by type, rule and decision (block, flag)",

@@ -101,6 +101,13 @@ def _publish_tenant(nats_url: str, policy: Any, operator: Any) -> None:
 @click.option("--model", "models", multiple=True, help="A model it may use (default: all).")
 @click.option("--max-tokens", default=0, show_default=True, help="Per request; 0: no cap.")
 @click.option(
+    "--max-bytes-per-minute",
+    default=0,
+    show_default=True,
+    help="What its submits may weigh in a minute; 0: the deployment's (the sanitizer's "
+    "--tenant-bytes-per-minute).",
+)
+@click.option(
     "--input-policy",
     type=click.Choice(["", "block", "flag", "off"]),
     default="",
@@ -137,6 +144,7 @@ def creds_new(
     priority: str,
     models: tuple[str, ...],
     max_tokens: int,
+    max_bytes_per_minute: int,
     input_policy: str,
     data_policy: str,
     tool_call_policy: str,
@@ -160,6 +168,7 @@ def creds_new(
         priority=priority,
         models=list(models) or ["*"],
         max_tokens=max_tokens,
+        max_bytes_per_minute=max_bytes_per_minute,
         input_policy=input_policy,
         data_policy=data_policy,
         tool_call_policy=tool_call_policy,

@@ -22,6 +22,7 @@ from inferbus.contracts import (
     ReplyEvent,
     RequestAccepted,
     RequestFailed,
+    RequestRejected,
     RequestSubmitted,
     TenantPolicy,
     subject_token,
@@ -45,6 +46,7 @@ from .core import (
     FilteredStream,
     InputLimits,
     InputRules,
+    InputVerdict,
     given_pii,
     json_output,
     model_settings,
@@ -52,6 +54,8 @@ from .core import (
     through_filter,
     with_models,
 )
+from .quota import ByteQuota
+from .tenants import own_reply
 from .tokens import Tokenizers, parse_tokenizers
 from .wiring import WIRING
 
@@ -62,6 +66,10 @@ class SanitizerSettings(ServiceSettings, kw_only=True):
     """inferbus sanitizer: checks every submitted request before it is scheduled, and
     masks PII in the output streams that pass through it."""
 
+    tenant_bytes_per_minute: int = 64 * 1024 * 1024
+    """What a tenant's submits over NATS may weigh in a minute (bursts up to a minute's
+    worth), unless its record says (``inferbus creds new --max-bytes-per-minute``); past
+    it they end ``rate_limited``. 0: no quota."""
     max_prompt_chars: int = 32_768
     """The largest prompt taken, in characters (all messages together): ``prompt_too_long`` past
     it."""
@@ -162,6 +170,7 @@ class SanitizerService(Service[SanitizerSettings]):
         )
         """What every input decision depends on; tenants' and LLMServices' records
         (IB_CONFIG ``ib.cfg.tenant.*``, ``ib.cfg.llmservice.*``) update it."""
+        self.quota = ByteQuota()
         self._work = Background()
         self._counts = {"accepted": 0, "rejected": 0, "invalid": 0, "blocked": 0, "flagged": 0}
         self.filter_id = subject_token(settings.instance_id)
@@ -257,6 +266,28 @@ class SanitizerService(Service[SanitizerSettings]):
                         past_deadline_s=round(wall - s.deadline, 1) if s.deadline else None,
                     )
 
+    def _over_quota(self, request: RequestSubmitted, tenant: str, size: int) -> InputVerdict | None:
+        """A tenant past its bytes per minute is refused before any check (answered only
+        on a reply subject of its own)."""
+        if not own_reply(request, tenant):
+            return None
+        record = self.rules.tenants.get(tenant)
+        per_minute = (record.max_bytes_per_minute if record else 0) or (
+            self.settings.tenant_bytes_per_minute
+        )
+        wait = self.quota.take(tenant, size, per_minute, time.monotonic())
+        if not wait:
+            return None
+        metrics.TENANT_RATE_LIMITED.labels(tenant).inc()
+        refusal = RequestRejected(
+            request_id=request.request_id,
+            code=FailureCode.RATE_LIMITED,
+            reason=f"tenant {tenant!r} sent more than {per_minute} bytes of requests in a "
+            f"minute; retry in {wait:.1f}s",
+            retry_after_s=round(wait, 3),
+        )
+        return InputVerdict(request=request, rejection=refusal)
+
     async def _refuse_reused(self, request: RequestSubmitted, trace: dict[str, str]) -> None:
         rid = request.request_id
         log.warning("request id reused", request_id=rid)
@@ -329,9 +360,9 @@ class SanitizerService(Service[SanitizerSettings]):
             await self._invalid(msg, str(exc))
             return
         rid = request.request_id
-        verdict = self.rules.decide(
-            request, tenant_of_subject(msg.subject, SUBMIT), self.tokenizers.text_of(request)
-        )
+        tenant = tenant_of_subject(msg.subject, SUBMIT)
+        over = self._over_quota(request, tenant, len(msg.data)) if tenant else None
+        verdict = over or self.rules.decide(request, tenant, self.tokenizers.text_of(request))
         request, rejection, found = verdict.request, verdict.rejection, verdict.findings
         tracing = self.ctx.tracing
         trace = valid_context(msg.headers or {})

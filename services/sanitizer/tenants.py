@@ -14,6 +14,12 @@ from inferbus.contracts import (
 )
 
 
+def own_reply(request: RequestSubmitted, tenant: str) -> bool:
+    """Its reply subject is under the tenant's own prefix: it may be answered there."""
+    prefix = tenant_reply_prefix(tenant)
+    return request.reply_to.startswith(prefix) and len(request.reply_to) > len(prefix)
+
+
 def admit_tenant(
     request: RequestSubmitted, tenant: str, policy: TenantPolicy | None
 ) -> RequestSubmitted | RequestRejected:
@@ -29,7 +35,7 @@ def admit_tenant(
         why = "has been revoked" if policy is not None else "has no record"
         return reject(FailureCode.PERMISSION_DENIED, f"tenant {tenant!r} {why}")
     prefix = tenant_reply_prefix(tenant)
-    if not request.reply_to.startswith(prefix) or len(request.reply_to) == len(prefix):
+    if not own_reply(request, tenant):
         return reject(
             FailureCode.INVALID_REQUEST,
             f"reply_to must be under {prefix}<id> for tenant {tenant!r}",

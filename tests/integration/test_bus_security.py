@@ -497,6 +497,34 @@ def test_creds_new_uses_the_operator_of_the_state_dir_it_names(platform: Platfor
     assert "tenant-delta" not in creds("list", "--state-dir", state).stdout
 
 
+async def test_a_tenant_past_its_bytes_per_minute_is_rate_limited(platform: Platform):
+    """Issue 42 item 3: a tenant's 50 rejected 1 MB prompts went into the platform in
+    2.1 s. Past its record's bytes per minute its submits end ``rate_limited`` at once,
+    with when to retry; another tenant is served meanwhile."""
+    made = platform.cli(
+        "creds", "new", "--tenant", "heavy", "--max-bytes-per-minute", "40000",
+        "--state-dir", str(platform.state), "--nats-url", platform.nats_url,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    heavy = await tenant(platform, "heavy")
+    calm = await tenant(platform, "acme")
+    try:
+        codes = []
+        for i in range(8):  # 8 x ~10 KB against 40 KB a minute
+            try:
+                await heavy.generate("sim-model", f"{i} " + "x" * 10_000, max_tokens=2)
+                codes.append("ok")
+            except RequestError as exc:
+                codes.append(exc.code)
+                if exc.code == "rate_limited":
+                    assert 0 < exc.event.retry_after_s <= 60
+        assert codes[:3] == ["ok"] * 3 and codes[-1] == "rate_limited", codes
+        assert (await calm.generate("sim-model", "hello", max_tokens=2)).text
+    finally:
+        await heavy.close()
+        await calm.close()
+
+
 async def test_a_revoked_tenant_is_shut_out(platform: Platform):
     made = platform.cli(
         "creds",
