@@ -230,7 +230,10 @@ OPERATOR_PERMISSIONS = Permissions(publish=(">",), subscribe=(">",))
 PLATFORM_ACCOUNT = "PLATFORM"
 """The services', supervisors' and operator's NATS account: every stream is in it."""
 TENANT_ACCOUNT = "TENANTS"
-"""Tenants' clients: no streams, only the platform's gates below."""
+"""Tenants' clients: no streams, only the platform's gates below. One account for all,
+not one each (which would also bound each tenant's connections): tenants are added
+while the server runs, and an account a reload adds gets no working service import
+(nats-server 2.15.1: its publishes find no responders until a restart)."""
 TENANT_GATES = (
     ("service", TENANT_SUBMITS),
     ("service", TENANT_CANCELS),
