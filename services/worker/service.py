@@ -612,8 +612,12 @@ class WorkerService(Service[WorkerSettings]):
                 return
             except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
                 log.warning("the output filter did not pass the end on", request_id=rid)
-            if not nc.is_closed:
+            except Exception:  # the connection is closing: nothing more can go out
+                return
+            try:
                 await nc.publish(client, encode(stream.backup_end()), headers=headers)
+            except Exception:
+                log.warning("could not tell the client its stream's end", request_id=rid)
 
         task = asyncio.ensure_future(end())
         self._notes.add(task)  # held until sent: the loop keeps only weak references

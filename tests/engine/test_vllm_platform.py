@@ -27,6 +27,7 @@ import time
 import uuid
 from functools import partial
 
+import nats.errors
 import pytest
 
 pytest.importorskip("vllm", reason="the vLLM engine is not installed (pip install -e '.[cpu]')")
@@ -42,13 +43,16 @@ from testkit.delivery import (
 )
 from testkit.faults import Platform, Starts
 
-from inferbus.client import Client
+from inferbus.client import Client, RequestError
 from inferbus.contracts import (
     KV_EVENTS,
     KV_SPILL_INDEX,
+    PROGRESS,
     ChatMessage,
     KvBlocksStored,
     KvSpillNamespace,
+    RequestProgress,
+    Terminal,
     WorkAssigned,
     status_subject,
 )
@@ -326,7 +330,7 @@ def test_a_stream_whose_worker_is_killed_goes_on_on_the_other(p):
 async def _migrate(p: Platform) -> None:
     import aiohttp
 
-    starts = await Starts().open(p, "migrate-watch")
+    copies = await FirstCopies.open(p)
     client = await Client.connect(p.nats_url, "migrate-client", creds=p.tenant)
     greedy = {"max_tokens": LONG, "temperature": 0.0, "ignore_eos": True}
     try:
@@ -335,13 +339,15 @@ async def _migrate(p: Platform) -> None:
         assert reference.outcome is not None
         assert reference.outcome.usage.completion_tokens == LONG
 
-        # over NATS: killed at its first chunk (the tiny model decodes fast)
+        # over NATS: killed at its first chunk's copy to the scheduler, while it has
+        # most of its tokens to go (killed when the client read its first chunk, a
+        # worker that outran a loaded client had finished them all: CI, once)
         pids = await p.pids()
         stream = client.stream(MODEL, messages=STORY, **greedy)
+        killing = asyncio.ensure_future(_kill(copies, pids, stream.request_id))
         await stream.__anext__()
-        instance = await starts.instance(stream.request_id)
-        os.kill(pids[instance], signal.SIGKILL)
-        killed_at, gap = time.monotonic(), None
+        instance, killed_at = await killing
+        gap = None
         async for _ in stream:
             gap = gap if gap is not None else time.monotonic() - killed_at
         end = stream.outcome
@@ -357,8 +363,9 @@ async def _migrate(p: Platform) -> None:
         pids = await p.pids()
         body = {"model": MODEL, "messages": STORY, "stream": True, **greedy}
         body["stream_options"] = {"include_usage": True}
-        text, usage, chunks = "", None, 0
+        text, usage = "", None
         rid = uuid.uuid4().hex
+        killing = asyncio.ensure_future(_kill(copies, pids, rid))
         async with aiohttp.ClientSession(p.http) as http:
             headers = {"x-request-id": rid}
             async with http.post("/v1/chat/completions", json=body, headers=headers) as r:
@@ -371,15 +378,43 @@ async def _migrate(p: Platform) -> None:
                     for choice in obj.get("choices", []):
                         text += choice["delta"].get("content") or ""
                     usage = obj.get("usage") or usage
-                    chunks += 1
-                    if chunks == 1:
-                        instance = await starts.instance(rid)
-                        os.kill(pids[instance], signal.SIGKILL)
+        await killing
         assert text == reference.text
         assert usage is not None and usage["completion_tokens"] == LONG
     finally:
         await client.close()
-        await starts.close()
+        await copies.close()
+
+
+class FirstCopies:
+    """The worker streaming a request, the moment the scheduler has a copy of its first
+    chunk (what a continuation picks up from): it has its tokens to go. A fault aimed
+    at the client's first chunk instead found, on a loaded machine, a worker that had
+    finished all its tokens (CI, once)."""
+
+    @classmethod
+    async def open(cls, p: Platform) -> FirstCopies:
+        self = cls()
+        self.nc = await connect(p.nats_url, "first-copies", load_credentials(p.operator))
+        self.copies = await self.nc.subscribe(PROGRESS)  # before the request is sent
+        return self
+
+    async def instance(self, request_id: str) -> str:
+        while True:
+            msg = await self.copies.next_msg(timeout=120)
+            copy = decode_or_none(msg.data, RequestProgress)
+            if copy is not None and copy.chunk.request_id == request_id:
+                assert not copy.finish_reason
+                return copy.worker_id.split(".")[0]
+
+    async def close(self) -> None:
+        await self.nc.close()
+
+
+async def _kill(copies: FirstCopies, pids: dict[str, int], request_id: str) -> tuple[str, float]:
+    instance = await copies.instance(request_id)
+    os.kill(pids[instance], signal.SIGKILL)
+    return instance, time.monotonic()
 
 
 def test_a_stream_on_a_hung_engine_goes_on_on_the_other(p):
@@ -390,7 +425,7 @@ def test_a_stream_on_a_hung_engine_goes_on_on_the_other(p):
 
 
 async def _hung_engine(p: Platform) -> None:
-    starts = await Starts().open(p, "stall-watch")
+    copies = await FirstCopies.open(p)
     client = await Client.connect(p.nats_url, "stall-client", creds=p.tenant)
     greedy = {"max_tokens": LONG, "temperature": 0.0, "ignore_eos": True}
     stopped: list[int] = []
@@ -399,13 +434,19 @@ async def _hung_engine(p: Platform) -> None:
         reference = await client.generate(MODEL, messages=STORY, **greedy)
         pids = await p.pids()
         stream = client.stream(MODEL, messages=STORY, **greedy)
+
+        async def stop_its_engine() -> tuple[str, list[int]]:
+            instance = await copies.instance(stream.request_id)
+            engine = process_tree(pids[instance])[1:]  # its engine's, not the worker's
+            for child in engine:
+                os.kill(child, signal.SIGSTOP)
+            return instance, engine
+
+        stopping = asyncio.ensure_future(stop_its_engine())
         await stream.__anext__()
-        instance = await starts.instance(stream.request_id)
+        instance, stopped = await stopping
         pid = pids[instance]
-        stopped = process_tree(pid)[1:]  # the engine's processes, not the worker's
         assert stopped, "the worker has no engine process to stop"
-        for child in stopped:
-            os.kill(child, signal.SIGSTOP)
         hung_at = time.monotonic()
         async for _ in stream:
             pass
@@ -422,6 +463,56 @@ async def _hung_engine(p: Platform) -> None:
             except ProcessLookupError:
                 pass
         await client.close()
+        await copies.close()
+
+
+def test_a_worker_stopped_past_the_timeout_ends_its_stream_once(p):
+    """SIGSTOP to the worker process alone, its stream one that cannot move (a stop
+    string): vLLM's engine core, a process of its own, goes on producing while the
+    worker is stopped. The scheduler ends the request ``worker_lost``; let go on
+    (SIGCONT), the worker checks for the stop before it streams or ends anything, so
+    the client's reply subject carries one terminal event (issue 42 item 7)."""
+    asyncio.run(_stopped_worker(p))
+
+
+async def _stopped_worker(p: Platform) -> None:
+    client = await Client.connect(p.nats_url, "sigstop-client", creds=p.tenant)
+    watch = await connect(p.nats_url, "sigstop-watch", load_credentials(p.operator))
+    starts = await Starts().open(p, "sigstop-starts")
+    asked = {"max_tokens": 400, "temperature": 0.0, "ignore_eos": True, "stop": ["@@@@"]}
+    stopped = 0
+    try:
+        await ready_workers(p.nats_url, p.operator, MODEL, 2, timeout=240)
+        pids = await p.pids()
+        stream = client.stream(MODEL, messages=STORY, **asked)
+        raw = await watch.subscribe(stream.request.reply_to)  # what reaches the client
+        await stream.__anext__()
+        instance = await starts.instance(stream.request_id)
+        stopped = pids[instance]
+        os.kill(stopped, signal.SIGSTOP)
+        with pytest.raises(RequestError) as failed:
+            async for _ in stream:
+                pass
+        assert failed.value.code == "worker_lost", failed.value
+        os.kill(stopped, signal.SIGCONT)
+        stopped = 0
+        await asyncio.sleep(5.0)  # its engine had its 400 tokens done: time to end them
+        ends = []
+        while True:
+            try:
+                msg = await raw.next_msg(timeout=0.2)
+            except nats.errors.TimeoutError:
+                break
+            event = decode_or_none(msg.data, Terminal)
+            if event is not None:
+                ends.append(type(event).__name__)
+        assert ends == ["RequestFailed"], ends
+        await ready_workers(p.nats_url, p.operator, MODEL, 2, timeout=120)
+    finally:
+        if stopped:
+            os.kill(stopped, signal.SIGCONT)
+        await client.close()
+        await watch.close()
         await starts.close()
 
 
