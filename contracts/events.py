@@ -596,16 +596,25 @@ class KvBlocksStored(Event, tag="kv.stored"):
     medium: str | None = None
     """Where: the engine's cache (``GPU``, or none), or the worker's KV spill tiers
     (``CPU``: host memory, ``STORAGE``: its disk), from which it restores blocks."""
+    seq: int = 0
+    """The worker's count of its KV events, from 1 (its worker id is new at each
+    start): a reader that sees one skipped knows it missed an event (they are published
+    without waiting for JetStream's ack) and drops what it believed of that worker. 0:
+    not numbered (a worker from before this field)."""
 
 
 class KvBlocksRemoved(Event, tag="kv.removed"):
     worker_id: str
     block_hashes: list[int]
     medium: str | None = None
+    seq: int = 0
+    """As KvBlocksStored's."""
 
 
 class KvAllCleared(Event, tag="kv.cleared"):
     worker_id: str
+    seq: int = 0
+    """As KvBlocksStored's."""
 
 
 class KvSpillNamespace(msgspec.Struct, kw_only=True):

@@ -666,6 +666,7 @@ class SchedulerCore:
                 "prefix_hit_rate": round(self.routed_hits / self.routed_blocks, 4)
                 if self.routed_blocks
                 else None,
+                "kv_event_gaps": self.kv.gaps,
             },
         }
 

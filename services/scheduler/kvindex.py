@@ -91,9 +91,24 @@ class KvIndex:
         self._block_size: dict[str, int] = {}
         """Worker → the engine's block size, from its heartbeats or its events (partial
         blocks say less)."""
+        self._seq: dict[str, int] = {}
+        """Worker → the number of its last KV event."""
+        self.gaps = 0
+        """KV event streams found with an event missing."""
 
     def on_event(self, event: KvEvent) -> None:
         w = event.worker_id
+        if event.seq:
+            last = self._seq.get(w)
+            if last is not None and event.seq <= last:
+                return  # seen: a redelivery
+            if last is not None and event.seq != last + 1:
+                # events were lost on the way: a lost removal would leave blocks believed
+                # cached that are not; what it reported before is dropped, and it fills
+                # in again as its engine stores blocks
+                self.gaps += 1
+                self.forget_reports(w)
+            self._seq[w] = event.seq
         self._reporting.add(w)
         spilled = self._spilled.get(getattr(event, "medium", None) or "")
         if spilled is not None:
@@ -136,14 +151,19 @@ class KvIndex:
             old, _ = lru.popitem(last=False)
             self._approx.remove(worker_id, old)
 
-    def drop_worker(self, worker_id: str) -> None:
+    def forget_reports(self, worker_id: str) -> None:
+        """What ``worker_id``'s events said (the engine's cache and its spill tiers)."""
         for spilled in self._spilled.values():
             spilled.forget(worker_id)
         self._exact.forget(worker_id)
+
+    def drop_worker(self, worker_id: str) -> None:
+        self.forget_reports(worker_id)
         self._approx.forget(worker_id)
         self._lru.pop(worker_id, None)
         self._reporting.discard(worker_id)
         self._block_size.pop(worker_id, None)
+        self._seq.pop(worker_id, None)
 
     def overlaps(self, block_hashes: list[int], workers: list[str]) -> dict[str, int]:
         """For each worker, how many of the request's leading blocks it holds, by
