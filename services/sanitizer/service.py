@@ -15,6 +15,7 @@ from inferbus.contracts import (
     CANCEL,
     ENDED,
     FILTER_PREFIX,
+    HEADER_MSG_ID,
     SUBMIT,
     CancelRequest,
     FailureCode,
@@ -288,18 +289,6 @@ class SanitizerService(Service[SanitizerSettings]):
         )
         return InputVerdict(request=request, rejection=refusal)
 
-    async def _refuse_reused(self, request: RequestSubmitted, trace: dict[str, str]) -> None:
-        rid = request.request_id
-        log.warning("request id reused", request_id=rid)
-        refusal = RequestFailed(
-            request_id=rid,
-            code=FailureCode.DUPLICATE_REQUEST,
-            reason=f"request id {rid!r} was already submitted; submit with a new id",
-        )
-        await self.ctx.nc.publish(
-            request.reply_to, encode(refusal), headers=request_headers(rid, trace)
-        )
-
     async def _on_submitted(self, _: bytes, msg: Msg) -> None:
         # requests are independent: check many at once rather than one ack round trip apiece
         await self._work.spawn(self._check(msg))
@@ -394,12 +383,10 @@ class SanitizerService(Service[SanitizerSettings]):
             )
         if rejection is None:
             request = await self.tokenizers.tokenized(request)
-            fresh = False
             if verdict.mask_output:
                 # the output comes back through this instance's filter, then to the client
                 request = through_filter(request, self._filter_prefix)
                 client = request.client_reply_to
-                fresh = client not in self._streams
                 # keyed by the client's subject: another request reusing the id (or a
                 # redelivery of this one) never shares or resets this stream
                 self._streams.setdefault(
@@ -417,8 +404,13 @@ class SanitizerService(Service[SanitizerSettings]):
                     self._filter_traces.setdefault(client, _FilterTrace(parent))
             accepted = RequestAccepted(request=request, accepted_at=time.time(), findings=found)
             try:
-                ack = await publish_durable(
-                    js, ACCEPTED, accepted, request_id=rid, msg_id=f"{rid}:accepted", trace=trace
+                await publish_durable(
+                    js,
+                    ACCEPTED,
+                    accepted,
+                    request_id=rid,
+                    msg_id=accepted_id(rid, msg),
+                    trace=trace,
                 )
             except BaseException as exc:
                 if request.client_reply_to:  # nothing will come through it: JetStream
@@ -427,15 +419,7 @@ class SanitizerService(Service[SanitizerSettings]):
                 if span is not None:
                     span.end(f"publish_failed: {exc!r}")
                 raise
-            if ack.duplicate and _first_delivery(msg):
-                # another submit (its own Nats-Msg-Id) of an id accepted in the last two
-                # minutes: JetStream kept the first, and this sender would wait for ever
-                if fresh:  # the filter stream made for it: nothing will come through
-                    self._streams.pop(request.client_reply_to, None)
-                    self._filter_traces.pop(request.client_reply_to, None)
-                await self._refuse_reused(request, trace)
-            else:
-                self._counts["accepted"] += 1
+            self._counts["accepted"] += 1
         else:
             if rejection.param == "reply_to":  # nowhere to answer: keep it with the reason
                 await self.ctx.dead_letters.send(msg, rejection.reason)
@@ -483,10 +467,11 @@ class SanitizerService(Service[SanitizerSettings]):
         await msg.ack()
 
 
-def _first_delivery(msg: Msg) -> bool:
-    """Not a redelivery of a submit this or another sanitizer handled before (whose
-    accepted event is the one JetStream kept)."""
-    try:
-        return msg.metadata.num_delivered == 1
-    except Exception:  # not a JetStream message: taken for a redelivery, said nothing
-        return False
+def accepted_id(request_id: str, submit: Msg) -> str:
+    """The accepted event's Nats-Msg-Id: the request id and the submit's own. A
+    redelivered submit (a sanitizer that died before its ack, a NATS restart that forgot
+    the consumer's delivery count) dedupes to the first accepted event; another submit
+    reusing the request id under a new Nats-Msg-Id does not, and the scheduler, which
+    knows the id, answers it ``duplicate_request`` (issue 42 item 11: its accepted event
+    was deduplicated and ignored, and its sender waited for ever)."""
+    return f"{request_id}:{(submit.headers or {}).get(HEADER_MSG_ID, '')}:accepted"
