@@ -521,6 +521,12 @@ class SchedulerCore:
                 self._cancelled_unseen.popitem(last=False)
         return []
 
+    def heard_nothing(self, now: float) -> None:
+        """The scheduler's own bus connection was down until ``now``: it heard no
+        heartbeat and no chunk's copy, so no worker's silence until now counts."""
+        for w in self.workers.values():
+            w.last_seen = max(w.last_seen, now)
+
     def tick(self, now: float) -> list[Effect]:
         effects: list[Effect] = []
         for w in list(self.workers.values()):

@@ -75,6 +75,11 @@ class SchedulerSettings(ServiceSettings, kw_only=True):
     count, and a lost worker fails them): a restart strands no request."""
 
 
+_RECONNECT_GRACE_S = 1.0
+"""After its own connection comes back, how long before workers not heard from yet
+count as silent: they reconnect on their own retries (every 0.5 s)."""
+
+
 class SchedulerService(Service[SchedulerSettings]):
     name = "scheduler"
     wiring = WIRING
@@ -93,9 +98,23 @@ class SchedulerService(Service[SchedulerSettings]):
         """Each live request's W3C context from its accepted message, carried onward."""
         self._aged: set[str] = set()
         self._live_seen: set[str] = set()
+        self._deaf = False
+        """Its own bus connection is down: it hears no one, so it judges no silence."""
 
     async def start(self) -> None:
+        self.ctx.connection.disconnected.append(self._on_bus_lost)
+        self.ctx.connection.reconnected.append(self._on_bus_back)
         await self._restore(self.ctx)
+
+    async def _on_bus_lost(self) -> None:
+        self._deaf = True
+
+    async def _on_bus_back(self) -> None:
+        # a NATS restart had it move every stream of workers it could not hear, whose
+        # own ends then reached the clients beside the continuations' (CI, the nats
+        # fault); the workers reconnect about when it does, give or take a retry
+        self.core.heard_nothing(time.monotonic() + _RECONNECT_GRACE_S)
+        self._deaf = False
 
     async def serving(self) -> None:
         self._tick_task = asyncio.create_task(self._ticks(), name="ticks")
@@ -224,6 +243,8 @@ class SchedulerService(Service[SchedulerSettings]):
         next_load = 0.0
         while True:
             await asyncio.sleep(self.settings.tick_interval_s)
+            if self._deaf:
+                continue  # time-based decisions wait for the bus (it reconnects in seconds)
             try:
                 now = time.monotonic()
                 await self._apply(self.core.tick(now))

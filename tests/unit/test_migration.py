@@ -514,3 +514,16 @@ def test_a_chunk_copy_before_its_start_counts_as_started():
     (moved,) = ends(core.tick(3.5))
     assert isinstance(moved, Assign) and moved.resume is not None
     assert moved.resume.output_ids == [4]
+
+
+def test_a_scheduler_that_could_not_hear_judges_no_silence():
+    """A NATS restart cut the scheduler off with everyone else: judged by the clock, it
+    moved every stream, and the workers, which had heard no stop, ended theirs too (two
+    request.finished on a client's reply subject; CI, the nats fault)."""
+    core = SchedulerCore(POLICY)
+    streaming(core, req())
+    core.heard_nothing(2.5)  # its connection came back at 2.5 s
+    core.tick(2.6)
+    assert "r" in core.inflight and not core.is_queued("r")
+    core.tick(4.5)  # silent since it could hear: moved (no other worker: it waits)
+    assert core.is_queued("r")
