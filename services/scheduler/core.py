@@ -65,6 +65,10 @@ class SchedulerCore:
         """Cancels that came before their request (id → reason): a client that went
         away while its request was still in the sanitizer."""
         self._stalled: OrderedDict[str, None] = OrderedDict()
+        self._stopped_on: dict[str, dict[str, tuple[int, RequestSubmitted]]] = {}
+        """Worker → the attempts taken from it (request id → attempt, request) while it
+        may still run them: its stop went out on core NATS, which a worker cut off at
+        the time never got, so it goes again while the worker says it runs them."""
         """Workers whose engines hung: never given work again (a restart is a new id)."""
         self.kv = KvIndex(self.policy.approx_cache_blocks)
         self.router: Router = make_router(self.policy, self.kv)
@@ -309,7 +313,31 @@ class SchedulerCore:
             self.kv.set_block_size(hb.worker_id, hb.kv_block_size)
         fresh = wall is None or not hb.sent_at or wall - hb.sent_at <= HANDOVER_FRESH_S
         moved = self._hand_over(w, hb.handover, now) if hb.handover and fresh else []
-        return moved + self._dispatch(now)
+        return self._stop_again(hb) + moved + self._dispatch(now)
+
+    def _stop_again(self, hb: WorkerHeartbeat) -> list[Effect]:
+        """The stops of attempts taken from this worker that it still says it runs."""
+        stopped = self._stopped_on.get(hb.worker_id)
+        if not stopped:
+            return []
+        running = set(hb.inflight)
+        for rid in [r for r in stopped if r not in running]:
+            del stopped[rid]
+        if not stopped:
+            del self._stopped_on[hb.worker_id]
+            return []
+        return [
+            Supersede(request=request, worker_id=hb.worker_id, attempt=attempt)
+            for attempt, request in stopped.values()
+        ]
+
+    def _stopping(self, request: RequestSubmitted, worker_id: str, attempt: int) -> Supersede:
+        """The stop of ``attempt`` on ``worker_id``, kept to send again (``_stop_again``)."""
+        stopped = self._stopped_on.setdefault(worker_id, {})
+        stopped[request.request_id] = (attempt, request)
+        if len(stopped) > self.policy.remember_ended:
+            del stopped[next(iter(stopped))]
+        return Supersede(request=request, worker_id=worker_id, attempt=attempt)
 
     def _hand_over(self, w: Worker, request_ids: list[str], now: float) -> list[Effect]:
         """A draining worker's streams, moved where other workers have seats for them
@@ -773,7 +801,7 @@ class SchedulerCore:
         and stop its attempt there."""
         assert f.progress is not None
         self._requeue(f, now, f.progress.resume(f.attempt), cause, f.progress.at or now)
-        return [Supersede(request=f.request, worker_id=worker_id, attempt=f.attempt)]
+        return [self._stopping(f.request, worker_id, f.attempt)]
 
     def _requeue(
         self, f: Inflight, now: float, resume: Resume | None, cause: str, quiet_since: float
@@ -833,7 +861,7 @@ class SchedulerCore:
                 continue
             # whatever becomes of it, the presumed-lost worker stops this attempt if it
             # was only stalled: it must not run it beside the next one
-            effects.append(Supersede(request=f.request, worker_id=worker_id, attempt=f.attempt))
+            effects.append(self._stopping(f.request, worker_id, f.attempt))
             if f.started:
                 effects.append(
                     Fail.of(
@@ -959,6 +987,7 @@ class SchedulerCore:
             prefill=prefill,
         )
         self._dispatched[model] = self._dispatched.get(model, 0) + 1
+        self._stopped_on.get(w.worker_id, {}).pop(rid, None)  # its newer attempt runs there
         return Assign(
             worker_id=w.worker_id,
             request=item.request,

@@ -527,3 +527,19 @@ def test_a_scheduler_that_could_not_hear_judges_no_silence():
     assert "r" in core.inflight and not core.is_queued("r")
     core.tick(4.5)  # silent since it could hear: moved (no other worker: it waits)
     assert core.is_queued("r")
+
+
+def test_a_worker_that_was_cut_off_is_told_its_stop_again():
+    """A stop goes out on core NATS: a worker partitioned from a scheduler that stayed
+    connected never got it, and would end, when back, a stream already moved. While its
+    heartbeats say it still runs the attempt, each brings the stop again."""
+    core = SchedulerCore(POLICY)
+    streaming(core, req())
+    stops = [e for e in core.tick(1.7) if isinstance(e, Supersede)]  # silent: moved
+    assert [(s.worker_id, s.attempt) for s in stops] == [("w1", 1)]
+    back = msgspec.structs.replace(hb("w1"), inflight=["r"])
+    again = [e for e in core.on_heartbeat(back, 2.0) if isinstance(e, Supersede)]
+    assert [(s.worker_id, s.attempt) for s in again] == [("w1", 1)]
+    done = msgspec.structs.replace(hb("w1"), inflight=[])
+    assert not [e for e in core.on_heartbeat(done, 3.0) if isinstance(e, Supersede)]
+    assert not [e for e in core.on_heartbeat(back, 4.0) if isinstance(e, Supersede)]
