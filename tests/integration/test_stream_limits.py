@@ -6,12 +6,10 @@ than the platform failing to start. Real nats-servers of their own."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import nats
 import pytest
 from nats.js.api import DiscardPolicy
+from testkit.tmpfs import tmpfs
 
 from inferbus.contracts import STREAMS
 from inferbus.shared.errors import ConfigError
@@ -56,18 +54,9 @@ async def test_a_stream_at_its_limit_drops_its_oldest_and_takes_the_publish(tmp_
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 32 MiB tmpfs (JetStream takes 24 MiB of it); mounting needs root."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(where)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"no tmpfs here: {done.stderr.decode().strip()}")
-    yield where
-    subprocess.run(["umount", "-l", str(where)], capture_output=True)
+    """A 32 MiB tmpfs (JetStream takes 24 MiB of it)."""
+    with tmpfs(tmp_path / "disk", "32m") as where:
+        yield where
 
 
 async def test_on_a_disk_too_small_for_the_budget_the_streams_shrink(small_disk):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from testkit.ports import metrics_port_base
+from testkit.tmpfs import tmpfs
 
 from inferbus.shared.natsserver import free_ports
 
@@ -204,27 +205,7 @@ def test_up_scales_workers_and_restarts_what_dies_nats_included(tmp_path: Path):
     port, nats_port = free_ports(2)
     nats_url = f"nats://127.0.0.1:{nats_port}"
     state = tmp_path / "state"
-    up = subprocess.Popen(
-        [
-            *INFERBUS,
-            "up",
-            "--engine",
-            "sim",
-            "--no-selftest",
-            "--port",
-            str(port),
-            "--nats-port",
-            str(nats_port),
-            "--metrics-port-base",
-            str(metrics_port_base()),
-            "--state-dir",
-            str(state),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "NATS_URL": ""},
-    )
+    up = _up(port, nats_port, state, subprocess.PIPE)
     try:
         _wait_for(lambda: _chat(port), 60)
         scaled = subprocess.run(
@@ -280,7 +261,10 @@ def test_up_scales_workers_and_restarts_what_dies_nats_included(tmp_path: Path):
     assert rest.rstrip().endswith("stopped")
 
 
-def _up(port: int, nats_port: int, state: Path) -> subprocess.Popen[str]:
+def _up(
+    port: int, nats_port: int, state: Path, out: int = subprocess.DEVNULL
+) -> subprocess.Popen[str]:
+    """`inferbus up --engine sim` on these ports and state; its output to ``out``."""
     import os
 
     return subprocess.Popen(
@@ -299,8 +283,8 @@ def _up(port: int, nats_port: int, state: Path) -> subprocess.Popen[str]:
             "--state-dir",
             str(state),
         ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=out,
+        stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "NATS_URL": ""},
     )
@@ -365,26 +349,13 @@ def test_a_full_disk_heals_once_space_returns(tmp_path: Path):
     stayed in error after the space was freed (0 of 360 requests a minute later; only
     a nats-server restart cured it). `inferbus up` reads its server's log and restarts
     it once the disk has room: serving resumes within 10 s of space returning."""
-    import os
+    with tmpfs(tmp_path / "disk", "128m") as disk:
+        _heals(disk)
 
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=128m", "tmpfs", str(disk)], capture_output=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"no tmpfs here: {mounted.stderr.decode().strip()}")
+
+def _heals(disk: Path) -> None:
     port, nats_port = free_ports(2)
-    state = disk / "state"
-    up = subprocess.Popen(
-        [*INFERBUS, "up", "--engine", "sim", "--no-selftest", "--port", str(port),
-         "--nats-port", str(nats_port), "--metrics-port-base", str(metrics_port_base()),
-         "--state-dir", str(state)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "NATS_URL": ""},
-    )  # fmt: skip
+    up = _up(port, nats_port, disk / "state", subprocess.PIPE)
     filler = disk / "filler"
     try:
         _wait_for(lambda: _chat(port), 60)
@@ -400,5 +371,4 @@ def test_a_full_disk_heals_once_space_returns(tmp_path: Path):
         filler.unlink(missing_ok=True)
         up.send_signal(signal.SIGINT)
         rest, _ = up.communicate(timeout=90)
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
     assert "its store could not write" in rest, rest[-3000:]
