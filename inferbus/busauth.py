@@ -229,11 +229,9 @@ OPERATOR_PERMISSIONS = Permissions(publish=(">",), subscribe=(">",))
 
 PLATFORM_ACCOUNT = "PLATFORM"
 """The services', supervisors' and operator's NATS account: every stream is in it."""
-TENANT_ACCOUNT = "TENANTS"
-"""Tenants' clients: no streams, only the platform's gates below. One account for all,
-not one each (which would also bound each tenant's connections): tenants are added
-while the server runs, and an account a reload adds gets no working service import
-(nats-server 2.15.1: its publishes find no responders until a restart)."""
+TENANT_CONNECTIONS = 256
+"""A tenant's connections at once unless its user says otherwise: one tenant opening
+thousands would use up the server's (64K) and lock every other client out."""
 TENANT_GATES = (
     ("service", TENANT_SUBMITS),
     ("service", TENANT_CANCELS),
@@ -241,7 +239,24 @@ TENANT_GATES = (
 )
 """What the platform account exports to tenants: submits and cancels as services (the
 server answers them on a reply subject of its own, mapped back to the tenant's), their
-replies as a stream. Each tenant's permissions still narrow these to its own name."""
+replies as a stream. Each tenant's account imports only its own."""
+
+
+def tenant_account(tenant: str) -> str:
+    """A tenant's own NATS account: no streams, only its gates into the platform, and
+    its own connection limit. A reload that adds an account does not wire its imports
+    (nats-server 2.15.1: its publishes find no responders until the next reload), so
+    ``inferbus creds new`` reloads until the tenant's submit reaches the platform."""
+    return f"TENANT_{tenant}"
+
+
+def tenant_imports(tenant: str) -> list[dict[str, object]]:
+    own = (
+        ("service", tenant_submit_subject(tenant)),
+        ("service", tenant_cancel_subject(tenant)),
+        ("stream", tenant_reply_prefix(tenant) + ">"),
+    )
+    return [{kind: {"account": PLATFORM_ACCOUNT, "subject": subject}} for kind, subject in own]
 
 
 def check_name(kind: str, name: str) -> str:
@@ -271,6 +286,8 @@ class User(msgspec.Struct, kw_only=True):
     """The service instance, supervisor or tenant it stands for."""
     service: str = ""
     password_hash: str
+    max_connections: int = 0
+    """A tenant's connections at once (its NATS account's limit); 0: TENANT_CONNECTIONS."""
 
 
 HASH_ROUNDS = 4
@@ -397,11 +414,21 @@ class Registry:
     def operator(self) -> Path:
         return self.ensure(OPERATOR, "operator")
 
-    def tenant(self, tenant: str) -> Path:
+    def tenant(self, tenant: str, max_connections: int | None = None) -> Path:
+        """``max_connections``: set (0: TENANT_CONNECTIONS); None keeps what it was."""
         check_name("tenant", tenant)
         if tenant in RESERVED_TENANTS:
             raise ValueError(f"tenant name {tenant!r} is reserved")
-        return self.ensure(f"tenant-{tenant}", "tenant", tenant, tenant=tenant)
+        user = f"tenant-{tenant}"
+        path = self.ensure(user, "tenant", tenant, tenant=tenant)
+        if max_connections is not None and max_connections < 0:
+            raise ValueError("max_connections: 0 (the default) or more")
+        if max_connections is not None:
+            with self._changing():
+                if self.users[user].max_connections != max_connections:
+                    self.users[user].max_connections = max_connections
+                    self.save()
+        return path
 
     # -- the server's view -------------------------------------------------------------
 
@@ -422,10 +449,14 @@ class Registry:
         the reply subject of what they publish to one of the server's own: JetStream's
         PubAck, or any answer, goes back to the tenant's account. In one account a
         tenant could name a platform subject as its reply, and the server would publish
-        the PubAck there, into whatever stream captures it."""
+        the PubAck there, into whatever stream captures it. Each tenant has an account
+        of its own, so its connections are bounded apart from every other's."""
         accounts: dict[str, dict[str, object]] = {
-            PLATFORM_ACCOUNT: {"jetstream": "enabled", "users": [], "exports": []},
-            TENANT_ACCOUNT: {"users": [], "imports": []},
+            PLATFORM_ACCOUNT: {
+                "jetstream": "enabled",
+                "users": [],
+                "exports": [{kind: subject} for kind, subject in TENANT_GATES],
+            },
         }
         for u in self.users.values():
             p = self.permissions(u, service_perms)
@@ -439,13 +470,14 @@ class Registry:
             }
             if p.responses:
                 entry["permissions"]["allow_responses"] = True  # type: ignore[index]
-            account = TENANT_ACCOUNT if u.role == "tenant" else PLATFORM_ACCOUNT
-            accounts[account]["users"].append(entry)  # type: ignore[attr-defined]
-        for kind, subject in TENANT_GATES:
-            accounts[PLATFORM_ACCOUNT]["exports"].append({kind: subject})  # type: ignore[attr-defined]
-            accounts[TENANT_ACCOUNT]["imports"].append(  # type: ignore[attr-defined]
-                {kind: {"account": PLATFORM_ACCOUNT, "subject": subject}}
-            )
+            if u.role == "tenant":
+                accounts[tenant_account(u.name)] = {
+                    "users": [entry],
+                    "imports": tenant_imports(u.name),
+                    "limits": {"max_connections": u.max_connections or TENANT_CONNECTIONS},
+                }
+            else:
+                accounts[PLATFORM_ACCOUNT]["users"].append(entry)  # type: ignore[attr-defined]
         return "accounts " + json.dumps(accounts, indent=2) + "\n"
 
     @property

@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -19,6 +20,7 @@ from inferbus.contracts import (
     DeadLetter,
     Event,
     dead_letter_subject,
+    tenant_submit_subject,
 )
 from inferbus.shared import logs, metrics
 from inferbus.shared.buscreds import TLS_CA_ENV, BusCredentials, tls_context
@@ -57,6 +59,10 @@ class ConnectionWatch:
                 log.exception("connection callback failed")
 
 
+REFUSALS = ("authorization violation", "maximum account active connections exceeded")
+"""What the server says when it refuses a connection retrying would not change."""
+
+
 async def connect(
     url: str,
     name: str,
@@ -85,8 +91,9 @@ async def connect(
 
     async def on_error(exc: Exception) -> None:
         nonlocal refused
-        if not connected and "authorization violation" in str(exc).lower():
-            # wrong or missing credentials: fail now, not retry for ever
+        if not connected and any(why in str(exc).lower() for why in REFUSALS):
+            # wrong or missing credentials, or a tenant at its connection limit: fail
+            # now, not retry for ever
             raise BusAuthError(f"NATS at {url} refused {name!r}: {exc}") from None
         if not connected:  # waiting for a server: said once, not twice a second
             refused += 1
@@ -143,21 +150,57 @@ async def round_trip(nc: Client, timeout: float = 10.0) -> None:
 _NO_LIMIT_S = 24 * 3600
 
 
-async def wait_accepted(nats_url: str, creds: BusCredentials, timeout: float = 10.0) -> None:
-    """Until every server of ``nats_url`` takes ``creds``: a server rereads its users on
-    reload quickly, not at once. BusAuthError past ``timeout``."""
+async def wait_accepted(
+    nats_url: str,
+    creds: BusCredentials,
+    timeout: float = 10.0,
+    nudge: Callable[[], object] | None = None,
+) -> None:
+    """Until every server of ``nats_url`` takes ``creds`` (a server rereads its users on
+    reload quickly, not at once) and, for a tenant's, routes its submits into the
+    platform: a reload that adds a tenant's account does not wire its imports
+    (nats-server 2.15.1), the next one does; ``nudge`` reloads again. BusAuthError past
+    ``timeout``."""
     for url in nats_url.split(","):
         deadline = time.monotonic() + timeout
         while True:
             try:
                 left = max(0.5, deadline - time.monotonic())
                 nc = await connect(url, "inferbus-auth-check", creds, give_up_s=left)
-                await nc.close()
-                break
             except BusAuthError:
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.05)
+                continue
+            try:
+                if not creds.tenant or await gates_open(nc, creds.tenant):
+                    break
+            finally:
+                await nc.close()
+            if time.monotonic() > deadline:
+                raise BusAuthError(f"{url}: tenant {creds.tenant!r}'s submits reach no stream")
+            if nudge is not None:
+                nudge()
+            await asyncio.sleep(0.2)
+
+
+GATE_PROBE_STREAM = "inferbus-gate-probe"
+
+
+async def gates_open(nc: Client, tenant: str) -> bool:
+    """Whether this connection's submits reach the platform's stream. The probe expects
+    a stream of another name, so JetStream answers it with an error and stores
+    nothing; where no stream hears it, no one answers."""
+    try:
+        await nc.request(
+            tenant_submit_subject(tenant),
+            b"",
+            timeout=2,
+            headers={"Nats-Expected-Stream": GATE_PROBE_STREAM},
+        )
+    except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+        return False
+    return True
 
 
 def request_headers(request_id: str, trace: dict[str, str] | None = None) -> dict[str, str]:

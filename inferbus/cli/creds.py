@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,28 +32,33 @@ def _reload_bus(state_dir: Path, nats_url: str = "", new_creds: Path | None = No
     from inferbus.busauth import Registry
 
     Registry.open(state_dir / "auth").write_server_config(servicetable.permissions())
-    reloaded = 0
-    for pid_file in sorted(state_dir.glob("nats*.pid")):  # one, or each node of a cluster
-        try:
-            os.kill(int(pid_file.read_text().strip()), signal.SIGHUP)
-            reloaded += 1
-        except (OSError, ValueError):
-            pass
-    if not reloaded:
+
+    def reload() -> int:
+        reloaded = 0
+        for pid_file in sorted(state_dir.glob("nats*.pid")):  # one, or each node of a cluster
+            try:
+                os.kill(int(pid_file.read_text().strip()), signal.SIGHUP)
+                reloaded += 1
+            except (OSError, ValueError):
+                pass
+        return reloaded
+
+    if not reload():
         click.echo(
             "the embedded nats-server is not running: it reads them when it starts", err=True
         )
     elif new_creds is not None:
-        _wait_accepted(nats_url, new_creds)
+        _wait_accepted(nats_url, new_creds, reload)
 
 
-def _wait_accepted(nats_url: str, creds_path: Path) -> None:
-    """Until every node takes the new credentials (a reload is quick, not instant)."""
+def _wait_accepted(nats_url: str, creds_path: Path, reload: Callable[[], object]) -> None:
+    """Until every node takes the new credentials (a reload is quick, not instant) and
+    routes a new tenant's submits (its account's imports take a second reload)."""
     from inferbus.shared.bus import BusAuthError, BusUnreachableError, wait_accepted
     from inferbus.shared.buscreds import load_credentials
 
     try:
-        asyncio.run(wait_accepted(nats_url, load_credentials(creds_path)))
+        asyncio.run(wait_accepted(nats_url, load_credentials(creds_path), nudge=reload))
     except (BusAuthError, BusUnreachableError) as exc:
         raise click.ClickException(f"the bus did not take the new credentials: {exc}") from None
 
@@ -108,6 +114,12 @@ def _publish_tenant(nats_url: str, policy: Any, operator: Any) -> None:
     "--tenant-bytes-per-minute).",
 )
 @click.option(
+    "--max-connections",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Its NATS connections at once; 0: the default (256). Unset: what it had.",
+)
+@click.option(
     "--input-policy",
     type=click.Choice(["", "block", "flag", "off"]),
     default="",
@@ -145,6 +157,7 @@ def creds_new(
     models: tuple[str, ...],
     max_tokens: int,
     max_bytes_per_minute: int,
+    max_connections: int | None,
     input_policy: str,
     data_policy: str,
     tool_call_policy: str,
@@ -178,7 +191,7 @@ def creds_new(
     registry = Registry.open(state_dir / "auth")
     existed = f"tenant-{tenant}" in registry.users
     try:
-        path = registry.tenant(tenant)
+        path = registry.tenant(tenant, max_connections)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--tenant") from None
     try:

@@ -525,6 +525,37 @@ async def test_a_tenant_past_its_bytes_per_minute_is_rate_limited(platform: Plat
         await calm.close()
 
 
+async def test_a_tenant_s_connections_are_bounded_apart_from_others(platform: Platform):
+    """Tenants shared one account, so nothing but the server's 64K bounded one tenant's
+    connections: it could lock every other client out. Each tenant's account has its
+    own limit, and a tenant made while the server runs submits at once (a reload that
+    adds an account does not wire its imports: ``creds new`` reloads until it does)."""
+    made = platform.cli(
+        "creds", "new", "--tenant", "greedy", "--max-connections", "3",
+        "--state-dir", str(platform.state), "--nats-url", platform.nats_url,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    creds = load_credentials(made.stdout.strip())
+    held = [await connect(platform.nats_url, f"greedy-{i}", creds) for i in range(3)]
+    try:
+        with pytest.raises(BusAuthError, match="maximum account active connections"):
+            await connect(platform.nats_url, "greedy-3", creds, give_up_s=10)
+        calm = await tenant(platform, "acme")  # another tenant connects and is served
+        try:
+            assert (await calm.generate("sim-model", "hello", max_tokens=2)).text
+        finally:
+            await calm.close()
+        await held.pop().close()
+        greedy = await Client.connect(platform.nats_url, creds=made.stdout.strip())
+        try:  # within its limit again; its account's gates are wired
+            assert (await greedy.generate("sim-model", "hello", max_tokens=2)).text
+        finally:
+            await greedy.close()
+    finally:
+        for nc in held:
+            await nc.close()
+
+
 async def test_a_revoked_tenant_is_shut_out(platform: Platform):
     made = platform.cli(
         "creds",

@@ -115,17 +115,26 @@ def users_of(reg: busauth.Registry) -> dict[str, dict]:
 
 def test_tenants_have_an_account_of_their_own(registry: busauth.Registry):
     """A tenant in the platform's account could have the server publish a PubAck on
-    any platform subject it names as its reply (issue 42 item 1)."""
+    any platform subject it names as its reply (issue 42 item 1); in one account with
+    the other tenants, its connections would bound theirs too."""
+    registry.tenant("globex", max_connections=3)
     text = registry.server_config(servicetable.permissions())
     accounts = json.loads(text[len("accounts ") :])
-    tenants = {u["user"] for u in accounts[busauth.TENANT_ACCOUNT]["users"]}
     platform = accounts[busauth.PLATFORM_ACCOUNT]
-    assert tenants == {"tenant-acme"}
-    assert "tenant-acme" not in {u["user"] for u in platform["users"]}
+    assert set(accounts) == {"PLATFORM", "TENANT_acme", "TENANT_globex"}
+    assert not {"tenant-acme", "tenant-globex"} & {u["user"] for u in platform["users"]}
     assert platform["jetstream"] == "enabled"
-    assert "jetstream" not in accounts[busauth.TENANT_ACCOUNT]
     exported = {next(iter(e.values())) for e in platform["exports"]}
     assert exported == {"ib.req.submitted.*", "ib.ctl.cancel.*", "ib.reply.tenant.*.>"}
+    acme = accounts["TENANT_acme"]
+    assert [u["user"] for u in acme["users"]] == ["tenant-acme"]
+    assert "jetstream" not in acme
+    imported = {next(iter(i.values()))["subject"] for i in acme["imports"]}
+    assert imported == {"ib.req.submitted.acme", "ib.ctl.cancel.acme", "ib.reply.tenant.acme.>"}
+    assert acme["limits"] == {"max_connections": busauth.TENANT_CONNECTIONS}
+    assert accounts["TENANT_globex"]["limits"] == {"max_connections": 3}
+    registry.tenant("globex")  # issued again without a limit: it keeps its own
+    assert busauth.Registry.open(registry.folder).users["tenant-globex"].max_connections == 3
 
 
 def test_two_processes_changing_users_keep_each_others(registry: busauth.Registry):
