@@ -44,7 +44,7 @@ def main(creds: str | None) -> None:
 
 
 def _register() -> None:
-    from . import canary, certs, checks, contracts, creds, keys, llmservice, model, platform
+    from . import canary, certs, checks, contracts, creds, keys, llmservice, model, nats, platform
 
     for command in (
         platform.up,
@@ -61,6 +61,7 @@ def _register() -> None:
         contracts.contracts,
         certs.certs,
         creds.creds,
+        nats.nats,
     ):
         main.add_command(command)
     llmservice.register(main)

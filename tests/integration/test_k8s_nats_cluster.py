@@ -98,8 +98,13 @@ def test_the_statefulsets_nodes_form_a_closed_jetstream_cluster(tmp_path):
         pytest.skip(missing)
     listing = bus_secrets(tmp_path / "auth", NODES)
     auth = next(s for s in listing["items"] if s["metadata"]["name"] == "inferbus-nats-auth")
-    manifests = yaml.safe_load_all((ROOT / "deploy/k8s/base/nats.yaml").read_text())
-    config_map = next(o for o in manifests if o and o["kind"] == "ConfigMap")
+    manifests = [
+        o for o in yaml.safe_load_all((ROOT / "deploy/k8s/base/nats.yaml").read_text()) if o
+    ]
+    config_map = next(o for o in manifests if o["kind"] == "ConfigMap")
+    statefulset = next(o for o in manifests if o["kind"] == "StatefulSet")
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    command = container["command"]  # as the pod runs it: under `inferbus nats run`
     etc = tmp_path / "etc"
     (etc / "auth").mkdir(parents=True)
     (etc / "nats.conf").write_text(config_map["data"]["nats.conf"])
@@ -136,10 +141,9 @@ def test_the_statefulsets_nodes_form_a_closed_jetstream_cluster(tmp_path):
                 "--tmpfs",
                 "/data:rw,uid=10001,gid=10001",
                 "--entrypoint",
-                "nats-server",
+                command[0],
                 IMAGE,
-                "-c",
-                "/etc/nats/nats.conf",
+                *command[1:],
             )
         out = docker(
             "run",

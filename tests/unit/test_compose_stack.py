@@ -49,6 +49,12 @@ def test_every_service_runs_as_its_own_user_made_by_creds_stack(tmp_path):
     assert "operator.json" in made
     # the server's users: nats mounts the file creds stack wrote
     assert "-c" in _services()["nats"]["command"]
+    # under the store watch (issue 42 item 2), watching the store it names
+    nats = _services()["nats"]
+    assert nats["entrypoint"][:3] == ["inferbus", "nats", "run"]
+    assert nats["command"][0] == "nats-server"
+    store = nats["entrypoint"][nats["entrypoint"].index("--store-dir") + 1]
+    assert nats["command"][nats["command"].index("-sd") + 1] == store
     assert (tmp_path / "auth" / "nats.conf").read_text().startswith("accounts")
 
 

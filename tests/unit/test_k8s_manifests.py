@@ -230,8 +230,15 @@ def test_the_nats_nodes_configuration_is_valid_for_nats_server(tmp_path, replica
         env={"POD_NAME": "nats-0"},
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    (statefulset,) = [o for o in kustomize(K8S) if o["kind"] == "StatefulSet"]
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    # the server runs under the store watch (issue 42 item 2), watching its store_dir
+    command = container["command"]
+    assert command[:3] == ["inferbus", "nats", "run"]
+    assert command[command.index("--") + 1 :] == ["nats-server", "-c", "/etc/nats/nats.conf"]
+    store = command[command.index("--store-dir") + 1]
+    assert f"store_dir: {store}" in config_map["data"]["nats.conf"]
     if replicas > 1:
-        (statefulset,) = [o for o in kustomize(K8S) if o["kind"] == "StatefulSet"]
         assert statefulset["spec"]["replicas"] == replicas
         assert statefulset["spec"]["serviceName"] in auth["cluster.conf"]
 
