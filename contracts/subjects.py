@@ -65,6 +65,7 @@ __all__ = [
     "tenant_of_subject",
     "tenant_policy_subject",
     "tenant_reply_prefix",
+    "tenant_request_id",
     "tenant_submit_subject",
     "work_subject",
 ]
@@ -176,6 +177,20 @@ def tenant_submit_subject(tenant: str) -> str:
     return _TENANT_SUBMIT.format(tenant=tenant)
 
 
+TENANT_ID_SEPARATOR = "~"
+"""Between a tenant's name and its own request id: no tenant name holds it."""
+
+
+def tenant_request_id(tenant: str, request_id: str) -> str:
+    """The platform's id for a request a tenant submitted (or cancels) on its own
+    subject: ``<tenant>~<its id>``. A tenant chooses its ids, so two may choose the
+    same; scoped, one tenant's id never meets another's, nor tells it that an id is in
+    use or refuses its request for it (issue 42 item 11). Its events carry this id; an
+    id already scoped to the tenant is kept."""
+    prefix = tenant + TENANT_ID_SEPARATOR
+    return request_id if request_id.startswith(prefix) else prefix + request_id
+
+
 def tenant_cancel_subject(tenant: str) -> str:
     return _TENANT_CANCEL.format(tenant=tenant)
 
@@ -277,6 +292,9 @@ class StreamSpec(msgspec.Struct, kw_only=True, frozen=True):
     max_bytes: int = 0
     """Set from the budget when the streams are provisioned (shared/streams.py)."""
     duplicate_window_s: float = 120.0
+    """JetStream's, for Nats-Msg-Id (at least 0.1 s). Tenants' submits keep its least:
+    their ids are theirs to choose, and a longer window would dedupe one tenant's
+    publish against another's, telling it that the id is in use."""
     description: str = ""
     max_msgs_per_subject: int = -1
     """1 for settings: a subject holds only its latest value."""
@@ -285,10 +303,18 @@ class StreamSpec(msgspec.Struct, kw_only=True, frozen=True):
 STREAMS: tuple[StreamSpec, ...] = (
     StreamSpec(
         name="IB_REQUESTS",
-        subjects=("ib.req.>",),
+        subjects=(SUBMIT, ACCEPTED, ENDED),
         max_age_s=24 * 3600,
-        store_share=0.35,
+        store_share=0.27,
         description="submitted, accepted and ended requests: replayable and auditable",
+    ),
+    StreamSpec(
+        name="IB_TENANT_SUBMITS",
+        subjects=(TENANT_SUBMITS,),
+        max_age_s=24 * 3600,
+        store_share=0.08,
+        duplicate_window_s=0.1,
+        description="what tenants submit on their own subjects, as they sent it",
     ),
     StreamSpec(
         name="IB_WORK",

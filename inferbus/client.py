@@ -52,6 +52,7 @@ from inferbus.contracts import (
     request_failed,
     tenant_cancel_subject,
     tenant_reply_prefix,
+    tenant_request_id,
     tenant_submit_subject,
 )
 from inferbus.shared.bus import ConnectionWatch, connect, publish_durable
@@ -356,6 +357,8 @@ class Client:
                 for m in messages
             ]
         request_id = request_id or uuid.uuid4().hex
+        if self.tenant:  # the platform's id for it, which its events carry
+            request_id = tenant_request_id(self.tenant, request_id)
         request = RequestSubmitted(
             request_id=request_id,
             model=model,

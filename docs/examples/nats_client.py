@@ -172,6 +172,9 @@ async def run(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     request_id = args.request_id or uuid.uuid4().hex
     if tenant:
+        # the platform knows a tenant's request as <tenant>~<id>, and its events say so
+        if not request_id.startswith(f"{tenant}~"):
+            request_id = f"{tenant}~{request_id}"
         reply_to = f"ib.reply.tenant.{tenant}.{subject_token(request_id)}"
         submit, cancel_subject = f"{SUBMIT}.{tenant}", f"{CANCEL}.{tenant}"
     else:

@@ -28,6 +28,7 @@ from inferbus.contracts import (
     TenantPolicy,
     subject_token,
     tenant_of_subject,
+    tenant_request_id,
 )
 from inferbus.shared import logs, metrics
 from inferbus.shared.bus import (
@@ -348,8 +349,10 @@ class SanitizerService(Service[SanitizerSettings]):
         except DecodeError as exc:
             await self._invalid(msg, str(exc))
             return
-        rid = request.request_id
         tenant = tenant_of_subject(msg.subject, SUBMIT)
+        if tenant:  # its id is the platform's from here on, every event included
+            request.request_id = tenant_request_id(tenant, request.request_id)
+        rid = request.request_id
         over = self._over_quota(request, tenant, len(msg.data)) if tenant else None
         verdict = over or self.rules.decide(request, tenant, self.tokenizers.text_of(request))
         request, rejection, found = verdict.request, verdict.rejection, verdict.findings

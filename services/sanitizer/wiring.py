@@ -37,7 +37,7 @@ SUBMITTED_CONSUMER = ConsumerSpec(
 )
 TENANT_SUBMITTED_CONSUMER = ConsumerSpec(
     durable="sanitizer-tenants",
-    stream="IB_REQUESTS",
+    stream="IB_TENANT_SUBMITS",
     filter_subject=TENANT_SUBMITS,
     deliver_subject="ib.deliver.sanitizer-tenants",
     ack_wait_s=CHECK_ACK_WAIT_S,

@@ -27,6 +27,7 @@ from inferbus.contracts import (
     WorkAssigned,
     WorkerHeartbeat,
     tenant_of_subject,
+    tenant_request_id,
     work_subject,
 )
 from inferbus.shared import logs, metrics
@@ -237,7 +238,8 @@ class SchedulerService(Service[SchedulerSettings]):
         if ev.attempt:
             return  # one attempt's: for the worker that runs it (this scheduler's own)
         tenant = tenant_of_subject(msg.subject, CANCEL)
-        await self._apply(self.core.on_cancel(ev.request_id, ev.reason, tenant))
+        rid = tenant_request_id(tenant, ev.request_id) if tenant else ev.request_id
+        await self._apply(self.core.on_cancel(rid, ev.reason, tenant))
 
     async def _ticks(self) -> None:
         next_load = 0.0

@@ -33,6 +33,7 @@ from inferbus.contracts import (
     progress_subject,
     subject_token,
     tenant_of_subject,
+    tenant_request_id,
 )
 from inferbus.shared import logs, metrics, modelstore
 from inferbus.shared.bus import publish_durable, request_headers, round_trip
@@ -635,10 +636,12 @@ class WorkerService(Service[WorkerSettings]):
             task.cancel()
 
     async def _on_cancel(self, cancel: CancelRequest, msg: Msg) -> None:
-        task = self._tasks.get(cancel.request_id)
         tenant = tenant_of_subject(msg.subject, CANCEL)
-        if tenant is not None and self._tenants.get(cancel.request_id) != tenant:
-            return  # a tenant cancels its own requests only
+        if tenant is not None:  # its request, by the platform's id for it
+            cancel.request_id = tenant_request_id(tenant, cancel.request_id)
+            if self._tenants.get(cancel.request_id) != tenant:
+                return  # a tenant cancels its own requests only
+        task = self._tasks.get(cancel.request_id)
         if cancel.attempt:  # one attempt, given up on: not a newer one running here
             self._served.refuse(cancel.request_id, cancel.attempt)
             if self._attempts.get(cancel.request_id) != cancel.attempt:

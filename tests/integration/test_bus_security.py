@@ -24,11 +24,13 @@ from inferbus.contracts import (
     RequestAccepted,
     RequestCancelled,
     RequestFailed,
+    RequestFinished,
     RequestSubmitted,
     SamplingParams,
     Terminal,
     WorkerHeartbeat,
     tenant_reply_prefix,
+    tenant_request_id,
 )
 from inferbus.shared.bus import BusAuthError, connect
 from inferbus.shared.buscreds import BusCredentials, load_credentials
@@ -275,7 +277,7 @@ async def test_a_tenant_cancels_its_own_requests_only(platform: Platform):
         await own.cancel("changed my mind")
         while True:
             event = decode((await ended.next_msg(timeout=5)).data, Terminal)
-            if event.request_id == own.request_id:
+            if event.request_id == tenant_request_id("acme", own.request_id):
                 break
         assert isinstance(event, RequestCancelled)
     finally:
@@ -413,6 +415,67 @@ async def test_a_reused_request_id_with_a_new_msg_id_is_refused_not_left_waiting
         assert isinstance(answer, RequestFailed) and answer.code == "duplicate_request"
     finally:
         await acme.close()
+
+
+async def test_another_tenant_s_request_id_is_neither_told_nor_taken(platform: Platform):
+    """Issue 42 item 11: zeta resubmitting acme's id with acme's Nats-Msg-Id got
+    ``duplicate: true`` (the id is in use), with a new Nats-Msg-Id ``duplicate_request``;
+    and a tenant that submitted an id first had another's request with it refused.
+    Tenants' submits have a stream of their own (its duplicate window JetStream's least)
+    and each tenant's ids are its own (``<tenant>~<id>`` in the platform)."""
+    made = platform.cli(
+        "creds", "new", "--tenant", "zeta",
+        "--state-dir", str(platform.state), "--nats-url", platform.nats_url,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    nats_of = {}
+    for name in ("acme", "zeta"):
+        creds = load_credentials(platform.creds(f"tenant-{name}"))
+        nats_of[name] = await connect(platform.nats_url, name, creds)
+
+    async def submit(name: str, rid: str, msg_id: str, model: str) -> tuple[bool, ReplyEvent]:
+        nc = nats_of[name]
+        reply = tenant_reply_prefix(name) + rid + "-" + uuid.uuid4().hex[:6]
+        replies = await nc.subscribe(reply)
+        request = RequestSubmitted(
+            request_id=rid,
+            model=model,
+            prompt="hi",
+            reply_to=reply,
+            created_at=time.time(),
+            sampling=SamplingParams(max_tokens=2),
+        )
+        ack = await nc.jetstream().publish(
+            f"ib.req.submitted.{name}", encode(request), headers={"Nats-Msg-Id": msg_id}
+        )
+        while not isinstance(
+            event := decode((await replies.next_msg(timeout=10)).data, ReplyEvent), Terminal
+        ):
+            pass  # fmt: skip
+        return bool(ack.duplicate), event
+
+    async def served(name: str, rid: str, msg_id: str) -> None:
+        duplicate, event = await submit(name, rid, msg_id, "sim-model")
+        assert not duplicate, f"{name} was told the id is in use"
+        assert isinstance(event, RequestFinished), event
+        assert event.request_id == f"{name}~{rid}"
+        await asyncio.sleep(0.2)  # past JetStream's least duplicate window (0.1 s)
+
+    try:
+        for first, then in (("acme", "zeta"), ("zeta", "acme")):
+            rid, msg_id = uuid.uuid4().hex, uuid.uuid4().hex
+            await served(first, rid, msg_id)
+            await served(then, rid, msg_id)  # the same id and Nats-Msg-Id
+            await served(then if first == "acme" else first, uuid.uuid4().hex, msg_id)
+        rid = uuid.uuid4().hex
+        await served("acme", rid, uuid.uuid4().hex)
+        await served("zeta", rid, uuid.uuid4().hex)  # the same id, a new Nats-Msg-Id
+        # a tenant's own id reused is still its to be told of
+        _, event = await submit("zeta", rid, uuid.uuid4().hex, "sim-model")
+        assert isinstance(event, RequestFailed) and event.code == "duplicate_request", event
+    finally:
+        for nc in nats_of.values():
+            await nc.close()
 
 
 async def test_a_worker_speaks_only_for_itself(platform: Platform):

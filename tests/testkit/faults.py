@@ -345,6 +345,7 @@ async def _nats_one(client: Client, tokens: int, timeout: float) -> Outcome:
     gap, last = 0.0, 0.0
     prompt = f"fault load {rid}"
     stream = client.stream(MODEL, prompt, max_tokens=tokens, request_id=rid, timeout=timeout)
+    rid = stream.request_id  # the platform's id for it (the tenant's name before ours)
     try:
         async for _ in stream:
             now = time.monotonic()
