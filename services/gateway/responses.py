@@ -54,6 +54,8 @@ class StoredResponse(msgspec.Struct, kw_only=True):
 
     response: dict[str, Any]
     messages: list[dict[str, Any]]
+    tenant: str = ""
+    """Whose it is: only that tenant's keys read, continue or delete it."""
 
 
 class Turn(msgspec.Struct, kw_only=True):
@@ -282,8 +284,11 @@ class ResponseShapes:
     """A Response object and its stream of events, from the turn's chunks (choice 0;
     the Responses API has one answer). Streaming or not, the items are the same."""
 
-    def __init__(self, *, request_id: str, model: str, created: int, turn: Turn) -> None:
+    def __init__(
+        self, *, request_id: str, model: str, created: int, turn: Turn, tenant: str = ""
+    ) -> None:
         self.id = f"resp_{request_id}"
+        self.tenant = tenant
         self.request_id = request_id
         self.model = model
         self.created = created
@@ -497,4 +502,6 @@ class ResponseShapes:
                 }
                 for c in calls
             ]
-        return StoredResponse(response=self.final, messages=[*self.turn.messages, answer])
+        return StoredResponse(
+            response=self.final, messages=[*self.turn.messages, answer], tenant=self.tenant
+        )

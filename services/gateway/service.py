@@ -44,6 +44,7 @@ from inferbus.contracts import (
     WorkerHeartbeat,
     reply_subject,
     subject_token,
+    tenant_request_id,
 )
 from inferbus.shared import logs, metrics
 from inferbus.shared.bus import publish_durable
@@ -53,7 +54,7 @@ from inferbus.shared.runtime import Context, Service, trust_connection
 from inferbus.shared.tokenizers import TokenizerSet, parse_tokenizers
 
 from .admission import Gates, LoadView, ModelRegistry
-from .auth import AccessControl, ApiKey, estimate_prompt_tokens, load_keys
+from .auth import OPEN_KEY, AccessControl, ApiKey, estimate_prompt_tokens, load_keys
 from .errors import ApiError, error_for, failure_error
 from .openapi import openapi_document
 from .protocol import request_timeout
@@ -141,8 +142,10 @@ class _Continues(msgspec.Struct):
 _RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9_-]{1,128}")
 
 
-def _response_key(response_id: str) -> str:
-    return f"r.{response_id}"
+def _response_key(tenant: str, response_id: str) -> str:
+    """A tenant's responses under its own keys: ids may be a client's choice
+    (``x-request-id``), and one tenant's must neither read nor overwrite another's."""
+    return f"r.{tenant}.{response_id}"
 
 
 class _Ended(Exception):
@@ -364,18 +367,18 @@ class GatewayService(Service[GatewaySettings]):
 
     async def get_response(self, http: web.Request) -> web.Response:
         try:
-            self._authenticate(http)
-            stored = await self._stored_response(http.match_info["id"])
+            key = self._authenticate(http)
+            stored = await self._stored_response(http.match_info["id"], key.tenant_id)
         except ApiError as err:
             return _error_response(err, "")
         return web.json_response(stored.response)
 
     async def delete_response(self, http: web.Request) -> web.Response:
         try:
-            self._authenticate(http)
+            key = self._authenticate(http)
             rid = http.match_info["id"]
-            await self._stored_response(rid)
-            await (await self._responses()).delete(_response_key(rid))
+            await self._stored_response(rid, key.tenant_id)
+            await (await self._responses()).delete(_response_key(key.tenant_id, rid))
         except ApiError as err:
             return _error_response(err, "")
         return web.json_response({"id": rid, "object": "response", "deleted": True})
@@ -398,7 +401,7 @@ class GatewayService(Service[GatewaySettings]):
                 )
         return self._responses_kv
 
-    async def _stored_response(self, response_id: str) -> StoredResponse:
+    async def _stored_response(self, response_id: str, tenant: str) -> StoredResponse:
         unknown = ApiError(
             404,
             f"no stored response {response_id!r} (never stored, deleted, or expired)",
@@ -409,7 +412,7 @@ class GatewayService(Service[GatewaySettings]):
         if not _RESPONSE_ID.fullmatch(response_id):
             raise unknown
         try:
-            entry = await (await self._responses()).get(_response_key(response_id))
+            entry = await (await self._responses()).get(_response_key(tenant, response_id))
         except (KeyNotFoundError, KeyDeletedError):
             raise unknown from None
         except (nats.errors.Error, TimeoutError) as exc:
@@ -422,13 +425,13 @@ class GatewayService(Service[GatewaySettings]):
             raise unknown
         return msgspec.json.decode(entry.value, type=StoredResponse)
 
-    async def _earlier_turn(self, body: bytes) -> StoredResponse | None:
+    async def _earlier_turn(self, body: bytes, tenant: str) -> StoredResponse | None:
         """The stored turn a Responses body continues (its previous_response_id)."""
         try:
             earlier = msgspec.json.decode(body, type=_Continues).previous_response_id
         except (msgspec.DecodeError, msgspec.ValidationError):
             return None  # read_turn says what is wrong with the body
-        return None if earlier is None else await self._stored_response(earlier)
+        return None if earlier is None else await self._stored_response(earlier, tenant)
 
     async def _store(self, shapes: Presenter) -> None:
         """Keep the turn a next one may continue: before its end goes out, so that a
@@ -438,7 +441,7 @@ class GatewayService(Service[GatewaySettings]):
             return
         try:
             kv = await self._responses()
-            await kv.put(_response_key(shapes.id), msgspec.json.encode(record))
+            await kv.put(_response_key(record.tenant, shapes.id), msgspec.json.encode(record))
         except (nats.errors.Error, TimeoutError) as exc:
             raise _Ended(
                 failure_error(
@@ -523,7 +526,7 @@ class GatewayService(Service[GatewaySettings]):
         body = await self._read_body(http)
         # a request that names no max_tokens gets the default, within the key's cap
         default_max = min(self.settings.default_max_tokens, key.max_tokens or 2**31)
-        asked = await self._asked(kind, body, default_max)
+        asked = await self._asked(kind, body, default_max, key.tenant_id)
         sampling, prompts, messages = asked.sampling, asked.prompts, asked.messages
         timeout_s = request_timeout(http.headers.get("X-Request-Timeout"))
         now = time.monotonic()
@@ -531,6 +534,9 @@ class GatewayService(Service[GatewaySettings]):
         chars = sum(prompt_chars(p, messages) for p in prompts)
         # a batch of prompts runs as a request apiece, under ids of the client's id
         ids = [rid] if len(prompts) == 1 else [f"{rid}_{i}" for i in range(len(prompts))]
+        if "x-request-id" in http.headers and key is not OPEN_KEY:
+            # the client's choice: its tenant's own id (an open gateway has one tenant)
+            ids = [tenant_request_id(key.tenant_id, i) for i in ids]
         admission = self.gates.admit(
             key,
             request_id=rid,
@@ -596,7 +602,7 @@ class GatewayService(Service[GatewaySettings]):
         finally:
             self.access.settle(admission, flow.used_tokens(chars), time.monotonic())
 
-    async def _asked(self, kind: str, body: bytes, default_max: int) -> _Asked:
+    async def _asked(self, kind: str, body: bytes, default_max: int, tenant: str) -> _Asked:
         """What the body asks for, by API (``responses`` runs as a chat, after the turn
         it continues), and the shapes its answer takes."""
         if kind == "embeddings":
@@ -635,13 +641,15 @@ class GatewayService(Service[GatewaySettings]):
             )
         turn: Turn | None = None
         if kind == "responses":
-            turn = read_turn(body, await self._earlier_turn(body))
+            turn = read_turn(body, await self._earlier_turn(body, tenant))
             body = msgspec.json.encode(turn.chat)
         chat, csampling, messages = parse_chat(body, default_max)
 
         def shapes(rid: str, created: int) -> Presenter:
             if turn is not None:
-                return ResponseShapes(request_id=rid, model=chat.model, created=created, turn=turn)
+                return ResponseShapes(
+                    request_id=rid, model=chat.model, created=created, turn=turn, tenant=tenant
+                )
             return Shapes(
                 chat=True,
                 request_id=rid,

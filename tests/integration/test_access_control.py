@@ -7,6 +7,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+import uuid
 
 import openai
 import pytest
@@ -26,6 +27,7 @@ KEYS = {
     "tpm": "ib-tpm-secret",
     "tpm-cut": "ib-tpm-cut-secret",
     "scrape": "ib-scrape-secret",
+    "globex": "ib-globex-secret",
 }
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -56,6 +58,11 @@ tokens_per_min = 600
 name = "tpm-cut"
 sha256 = "{digest(KEYS["tpm-cut"])}"
 tokens_per_min = 600
+
+[[keys]]
+name = "globex"
+sha256 = "{digest(KEYS["globex"])}"
+tenant = "globex"
 
 [[keys]]
 name = "scrape"
@@ -113,6 +120,47 @@ async def test_the_key_sets_tenant_and_priority_on_the_request(keyed_gateway, cl
             break
     assert (ev.tenant, ev.priority) == ("acme", "interactive")
     await sub.unsubscribe()
+
+
+def test_a_tenant_s_request_ids_and_stored_responses_are_its_own(keyed_gateway):
+    """A client chooses its ids (x-request-id): another tenant's request with the same
+    id was refused ``duplicate_request`` (telling it the id is in use, and taking the
+    id from whoever came second), and a stored response, kept by id, was any key's to
+    read, continue, delete or overwrite (issue 42 item 11, over HTTP)."""
+    acme, globex = sdk(keyed_gateway, "full"), sdk(keyed_gateway, "globex")
+    rid = f"shared-{uuid.uuid4().hex[:8]}"
+    for client in (acme, globex):
+        r = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=MESSAGES, max_tokens=2, extra_headers={"x-request-id": rid}
+        )
+        assert r.headers["x-request-id"] == rid and r.parse().choices
+    with pytest.raises(openai.ConflictError) as e:  # its own id again: its to be told
+        acme.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=2, extra_headers={"x-request-id": rid}
+        )
+    assert e.value.code == "duplicate_request"
+
+    rid = f"turn-{uuid.uuid4().hex[:8]}"
+    own = acme.responses.create(
+        model=MODEL,
+        input="My name is Ada.",
+        max_output_tokens=5,
+        extra_headers={"x-request-id": rid},
+    )
+    with pytest.raises(openai.NotFoundError):
+        globex.responses.retrieve(own.id)
+    with pytest.raises(openai.NotFoundError):
+        globex.responses.create(model=MODEL, input="Who?", previous_response_id=own.id)
+    with pytest.raises(openai.NotFoundError):
+        globex.responses.delete(own.id)
+    theirs = globex.responses.create(  # the same id: a response of globex's own
+        model=MODEL, input="Something else entirely", max_output_tokens=5,
+        extra_headers={"x-request-id": rid},
+    )  # fmt: skip
+    assert theirs.id == own.id
+    kept = acme.responses.retrieve(own.id)
+    assert kept.output_text == own.output_text and kept.created_at == own.created_at
+    assert globex.responses.retrieve(own.id).output_text == theirs.output_text
 
 
 def test_scopes_limit_models_and_max_tokens(keyed_gateway):

@@ -378,9 +378,10 @@ async def _http_one(http: aiohttp.ClientSession, tokens: int, timeout: float) ->
     got = "no answer"
     try:
         async with asyncio.timeout(timeout):
-            async with http.post(
-                "/v1/chat/completions", json=body, headers={"x-request-id": rid}
-            ) as r:
+            # the gateway's id for it is the platform's (an id the client chose would
+            # be its tenant's: <tenant>~<id>)
+            async with http.post("/v1/chat/completions", json=body) as r:
+                rid = r.headers.get("x-request-id", rid)
                 if r.status != 200:
                     kind = "retryable" if r.status in (429, 503) else "error"
                     return Outcome(rid, sent, time.monotonic(), kind, f"HTTP {r.status}")
