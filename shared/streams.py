@@ -125,9 +125,13 @@ async def ensure_streams(
     js: JetStreamContext, replicas: int | None = None, *, update: bool = True
 ) -> None:
     """Create every missing stream and, for a provisioner (``inferbus up``, the
-    Kubernetes operator, the CLI as operator), bring each to its spec. Only the
-    provisioner that names ``replicas`` (``inferbus up --nats-cluster 3``) sets how many
-    copies a stream keeps; everyone else keeps what is there (1 for a new one).
+    Kubernetes operator), bring each to its spec. Only the provisioner that names
+    ``replicas`` (``inferbus up --nats-cluster 3``) sets how many copies a stream keeps;
+    everyone else keeps what is there (1 for a new one).
+
+    The CLI's commands pass ``update=False``: they do not know the budget their
+    platform's provisioner sized the streams by (``up`` takes a third of its disk's
+    free space), and a ``creds new`` resized every stream to its own.
 
     Services pass ``update=False``: their NATS users may create a platform stream that
     is missing (a first start before any provisioner) but change none, so a service's

@@ -36,6 +36,12 @@ class _Commands(click.Group):
 def main(creds: str | None) -> None:
     """inferbus: LLM inference as event-driven services over NATS JetStream."""
     import os
+    import sys
+
+    import structlog
+
+    # a command's output is its stdout (`creds new` prints a path): its logs go aside
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
 
     if creds:
         os.environ[CREDS_ENV] = creds

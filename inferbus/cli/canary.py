@@ -47,7 +47,7 @@ def canary_set(model: str, weights: tuple[str, ...], nats_url: str) -> None:
         )
         try:
             js = nc.jetstream()
-            await ensure_streams(js)
+            await ensure_streams(js, update=False)
             await publish_durable(
                 js,
                 canary_subject(model),

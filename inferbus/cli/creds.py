@@ -83,7 +83,7 @@ def _publish_tenant(nats_url: str, policy: Any, operator: Any) -> None:
         nc = await connect(nats_url, "inferbus-creds", operator, give_up_s=CLI_PATIENCE_S)
         try:
             js = nc.jetstream()
-            await ensure_streams(js)
+            await ensure_streams(js, update=False)
             await publish_durable(
                 js,
                 tenant_policy_subject(policy.tenant),

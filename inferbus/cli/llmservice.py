@@ -94,7 +94,7 @@ async def _apply(
     failed = 0
     try:
         js = nc.jetstream()
-        await ensure_streams(js)
+        await ensure_streams(js, update=False)
         sub = await nc.subscribe(HEARTBEATS, cb=on_beat)
         started = time.monotonic()
         for svc in services:
@@ -162,7 +162,7 @@ def delete(path: Path, rules_dir: Path, nats_url: str) -> None:
         )
         try:
             js = nc.jetstream()
-            await ensure_streams(js)
+            await ensure_streams(js, update=False)
             for svc in services:
                 if not await bus.withdraw(js, svc, set_by=by, now=time.time()):
                     click.echo(f"llmservice {svc.key}: not applied")

@@ -33,7 +33,7 @@ async def _bus(nats_url: str, name: str) -> AsyncIterator[Any]:
     nc = await connect(nats_url, name, credentials_from_env(), give_up_s=CLI_PATIENCE_S)
     try:
         js = nc.jetstream()
-        await ensure_streams(js)
+        await ensure_streams(js, update=False)
         yield js
     finally:
         await nc.close()

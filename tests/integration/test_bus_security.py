@@ -19,6 +19,7 @@ from testkit.ports import metrics_port_base
 
 from inferbus.client import Client, RequestError
 from inferbus.contracts import (
+    STREAMS,
     CancelRequest,
     ReplyEvent,
     RequestAccepted,
@@ -617,6 +618,36 @@ async def test_a_tenant_s_connections_are_bounded_apart_from_others(platform: Pl
     finally:
         for nc in held:
             await nc.close()
+
+
+async def test_a_cli_command_leaves_the_streams_as_up_sized_them(platform: Platform):
+    """`creds new` (as every CLI command that makes sure the streams exist) brought each
+    stream to the CLI's own budget (INFERBUS_STREAM_STORE, else 2 GiB), not the one
+    `inferbus up` sized them by (a third of its disk's free space), and printed the
+    resizing on stdout, where the credentials' path goes."""
+    op = await connect(platform.nats_url, "op", load_credentials(platform.creds("operator")))
+    try:
+        js = op.jetstream()
+
+        async def sizes() -> dict[str, int]:
+            return {s.name: (await js.stream_info(s.name)).config.max_bytes for s in STREAMS}
+
+        before = await sizes()
+        env = {
+            **os.environ,
+            "INFERBUS_NATS_CREDS": str(platform.creds("operator")),
+            "INFERBUS_STREAM_STORE": "64MiB",  # the CLI's budget is not the platform's
+        }
+        made = subprocess.run(
+            [*INFERBUS, "creds", "new", "--tenant", "sized",
+             "--state-dir", str(platform.state), "--nats-url", platform.nats_url],
+            capture_output=True, text=True, timeout=60, env=env,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        assert Path(made.stdout.strip()).exists(), made.stdout  # the path, and nothing else
+        assert await sizes() == before
+    finally:
+        await op.close()
 
 
 async def test_a_revoked_tenant_is_shut_out(platform: Platform):
