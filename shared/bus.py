@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -233,6 +234,44 @@ async def publish_durable(
     if msg_id:
         headers[HEADER_MSG_ID] = msg_id
     return await js.publish(subject, encode(event), headers=headers)
+
+
+END_PATIENCE_S = 15.0
+"""How long a request's end waits for JetStream to record it (a NATS server coming
+back) before it is given up: unrecorded, it is not sent."""
+
+
+async def record_end(
+    js: JetStreamContext,
+    subject: str,
+    terminal: Event,
+    *,
+    request_id: str,
+    msg_id: str,
+    patience_s: float = END_PATIENCE_S,
+) -> bool:
+    """Record a request's end on ``ib.req.ended`` before anyone tells its client:
+    whether this is the first record of it. The services that may end a request (the
+    sanitizer, the scheduler, a worker's attempt) share its Nats-Msg-Id, so the one
+    whose record comes first tells the client and the others say nothing. Told first
+    and recorded after, an end the record lost was decided again: a whole platform
+    restarted under load (`bench/faults.py --faults up`) told 16 clients
+    ``request.finished`` and then ``worker_lost``. Retries while JetStream does not
+    answer (the same Nats-Msg-Id: idempotent); raises past ``patience_s``."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            ack = await publish_durable(js, subject, terminal, request_id=request_id, msg_id=msg_id)
+            return not ack.duplicate
+        except (
+            nats.errors.TimeoutError,
+            nats.errors.NoRespondersError,
+            nats.js.errors.NoStreamResponseError,
+            TimeoutError,
+        ):
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.2)
 
 
 class DeadLetterer:

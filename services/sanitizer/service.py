@@ -34,6 +34,7 @@ from inferbus.shared import logs, metrics
 from inferbus.shared.bus import (
     Background,
     publish_durable,
+    record_end,
     request_headers,
 )
 from inferbus.shared.codec import DecodeError, decode, encode
@@ -424,11 +425,12 @@ class SanitizerService(Service[SanitizerSettings]):
                 raise
             self._counts["accepted"] += 1
         else:
+            # recorded first: told only once, a redelivered submit's rejection not again
+            told = await record_end(js, ENDED, rejection, request_id=rid, msg_id=f"{rid}:end")
             if rejection.param == "reply_to":  # nowhere to answer: keep it with the reason
                 await self.ctx.dead_letters.send(msg, rejection.reason)
-            else:
+            elif told:
                 await nc.publish(request.reply_to, encode(rejection), headers=request_headers(rid))
-            await publish_durable(js, ENDED, rejection, request_id=rid, msg_id=f"{rid}:end")
             self._counts["rejected"] += 1
             metrics.REQUESTS.labels(self.name, request.model, "request.rejected").inc()
         if span is not None:

@@ -34,6 +34,7 @@ from inferbus.shared import logs, metrics
 from inferbus.shared.bus import (
     Background,
     publish_durable,
+    record_end,
     replay,
     request_headers,
     trace_headers,
@@ -413,8 +414,9 @@ class SchedulerService(Service[SchedulerSettings]):
             else:
                 assert isinstance(e, Cancel)
                 terminal = RequestCancelled(request_id=rid, reason=e.reason)
-            await nc.publish(e.request.reply_to, encode(terminal), headers=request_headers(rid))
-            await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=f"{rid}:end")
+            # recorded first: told only if no one else ended it (record_end)
+            if await record_end(js, ENDED, terminal, request_id=rid, msg_id=f"{rid}:end"):
+                await nc.publish(e.request.reply_to, encode(terminal), headers=request_headers(rid))
             outcome = terminal.__struct_config__.tag
             metrics.REQUESTS.labels(self.name, e.request.model, outcome).inc()
             self._trace_end(e, self._traces.pop(rid, None), outcome)

@@ -36,7 +36,7 @@ from inferbus.contracts import (
     tenant_request_id,
 )
 from inferbus.shared import logs, metrics, modelstore
-from inferbus.shared.bus import publish_durable, request_headers, round_trip
+from inferbus.shared.bus import record_end, request_headers, round_trip
 from inferbus.shared.codec import encode
 from inferbus.shared.config import ServiceSettings, group
 from inferbus.shared.cpus import parse_cpus, pin_threads
@@ -553,12 +553,12 @@ class WorkerService(Service[WorkerSettings]):
             )
         metrics.ITL.add((self.name, model), itl)
         ended = time.monotonic()
-        try:
-            if req.client_reply_to and req.client_reply_to != reply:
-                self._end_through_filter(reply, req.client_reply_to, rid, terminal, stream)
-            else:
-                await nc.publish(reply, encode(terminal), headers=request_headers(rid))
-            await publish_durable(js, ENDED, terminal, request_id=rid, msg_id=stream.end_record_id)
+        try:  # recorded first: told only if no one else ended it (record_end)
+            if await record_end(js, ENDED, terminal, request_id=rid, msg_id=stream.end_record_id):
+                if req.client_reply_to and req.client_reply_to != reply:
+                    self._end_through_filter(reply, req.client_reply_to, rid, terminal, stream)
+                else:
+                    await nc.publish(reply, encode(terminal), headers=request_headers(rid))
         finally:  # counted and logged even when the record of its end could not be made
             report_end(self.ctx.tracing, self.name, stream, terminal, parent, received, ended)
 
