@@ -5,11 +5,13 @@ after another, each phase measured against the probe's own baseline in the same 
 - flood: another tenant keeps --flood-inflight requests in flight (a 3,000-request
   flood, its refusals retried at once);
 - logins: --logins wrong-password CONNECTs a second for the probe tenant's user;
+- connections: another tenant opens --hog connections (its account takes 256) and
+  keeps trying more, the probe connecting afresh for each request (its baseline too);
 - idle: --idle idle TCP connections held open to the gateway, the probe on HTTP with
   a fresh connection per request (its baseline on HTTP too).
 
     python bench/isolation.py [--phase-s 15] [--tokens 8] [--flood 3000]
-        [--flood-inflight 200] [--logins 50] [--idle 5000]
+        [--flood-inflight 200] [--logins 50] [--hog 1000] [--idle 5000]
 
 Prints, per phase, the probe's requests, its errors and refusals, its p50 and p95 and
 the ratio of its p50 to its baseline's; the last line is the same as JSON. Goal: each
@@ -115,6 +117,46 @@ async def failed_logins(p: Platform, user: str, per_s: float, until: float) -> i
     return tries
 
 
+async def probe_fresh(
+    p: Platform, creds: str, tokens: int, until: float
+) -> tuple[list[float], int]:
+    """A request on a connection of its own: the connect is part of what it waits."""
+    took, errors = [], 0
+    while time.monotonic() < until:
+        began = time.monotonic()
+        try:
+            client = await Client.connect(p.nats_url, "probe-fresh", creds=creds)
+            try:
+                await client.generate(MODEL, f"probe {uuid.uuid4().hex[:6]}", max_tokens=tokens)
+            finally:
+                await client.close()
+            took.append(time.monotonic() - began)
+        except (RequestError, BusAuthError):
+            errors += 1
+    return took, errors
+
+
+async def hog_connections(p: Platform, creds: str, n: int, until: float) -> tuple[int, int]:
+    """Up to ``n`` connections held, then one more tried every 20 ms: (held, refused)."""
+    who = load_credentials(creds)
+    held, refused = [], 0
+
+    async def one(i: int) -> None:
+        nonlocal refused
+        try:
+            held.append(await connect(p.nats_url, f"hog-{i}", who, give_up_s=5))
+        except BusAuthError:
+            refused += 1
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    while time.monotonic() < until:
+        await one(n)
+        await asyncio.sleep(0.02)
+    for nc in held:
+        await nc.close()
+    return len(held), refused
+
+
 def hold_idle(port: int, n: int) -> list[socket.socket]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, n + 1024)), hard))
@@ -176,6 +218,16 @@ async def main(a: argparse.Namespace) -> None:
             rows.append(summary(f"logins ({tries / a.phase_s:.0f}/s)", took, err, base))
             await client.close()
             until = time.monotonic() + a.phase_s
+            took, err = await probe_fresh(p, p.tenant, a.tokens, until)
+            fresh_base = statistics.median(took)
+            rows.append(summary("fresh-conn baseline", took, err, None))
+            until = time.monotonic() + a.phase_s
+            (took, err), (held_n, refused) = await asyncio.gather(
+                probe_fresh(p, p.tenant, a.tokens, until),
+                hog_connections(p, flood_creds, a.hog, until),
+            )
+            rows.append(summary(f"conns ({held_n} held, {refused} refused)", took, err, fresh_base))
+            until = time.monotonic() + a.phase_s
             took, err = await probe_http(p.http, a.tokens, until)
             http_base = statistics.median(took)
             rows.append(summary("http baseline", took, err, None))
@@ -188,9 +240,9 @@ async def main(a: argparse.Namespace) -> None:
         finally:
             p.stop()
     cols = ["phase", "requests", "errors", "p50_ms", "p95_ms", "ratio"]
-    print(" ".join(f"{c:>22}" for c in cols))
+    print(" ".join(f"{c:>34}" for c in cols))
     for r in rows:
-        print(" ".join(f"{r[c]!s:>22}" for c in cols))
+        print(" ".join(f"{r[c]!s:>34}" for c in cols))
     print(json.dumps({"bench": "isolation", "results": rows}))
 
 
@@ -203,5 +255,6 @@ if __name__ == "__main__":
     ap.add_argument("--flood", type=int, default=3000)
     ap.add_argument("--flood-inflight", type=int, default=200)
     ap.add_argument("--logins", type=float, default=50.0)
+    ap.add_argument("--hog", type=int, default=1000)
     ap.add_argument("--idle", type=int, default=5000)
     asyncio.run(main(ap.parse_args()))

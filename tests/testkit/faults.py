@@ -49,6 +49,12 @@ MODEL = "sim-model"
 HANG = "-hang"
 """A fault name ending so stops the process (SIGSTOP) rather than killing it."""
 FAULTS = ("sanitizer", "scheduler", "worker-0", "worker-0-hang", "gateway", "nats")
+WHOLE = ("up", "disk")
+"""Faults of the whole platform: ``up`` killed with SIGKILL (its children with it) and
+started again on the same state; ``disk``, the state's disk filled for FULL_S, then
+freed (the state must be on a disk of its own: a small tmpfs). For these, recovery is
+counted from the moment ``up`` was started again or the space came back."""
+FULL_S = 3.0
 
 
 @dataclass
@@ -129,47 +135,30 @@ class Platform:
         self.nats_url = f"nats://127.0.0.1:{nats_port}"
         """Every node's URL, comma-separated (from up's banner)."""
         self.http = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "inferbus.cli",
-                "up",
-                "--engine",
-                engine,
-                "--no-selftest",
-                "--port",
-                str(self.port),
-                "--nats-port",
-                str(nats_port),
-                "--state-dir",
-                str(state),
-                "--workers",
-                str(workers),
-                "--metrics-port-base",
-                str(metrics_port_base()),
-                *([f"--worker-arg=--sim-decode-s-per-step={decode_s}"] if engine == "sim" else []),
-                "--nats-cluster",
-                str(nats_cluster),
-                *extra,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "NATS_URL": ""},
-        )
-        assert self.proc.stdout is not None
-        lines = []
-        deadline = time.monotonic() + (90 if engine == "sim" else 300)
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError("inferbus up exited:\n" + "".join(lines))
-            lines.append(line)
-            if line.startswith("  nats "):  # every node's URL, for failover
-                self.nats_url = line.split()[1]
-            if line.startswith("try:"):
-                break
+        self.command = [
+            sys.executable,
+            "-m",
+            "inferbus.cli",
+            "up",
+            "--engine",
+            engine,
+            "--no-selftest",
+            "--port",
+            str(self.port),
+            "--nats-port",
+            str(nats_port),
+            "--state-dir",
+            str(state),
+            "--workers",
+            str(workers),
+            "--metrics-port-base",
+            str(metrics_port_base()),
+            *([f"--worker-arg=--sim-decode-s-per-step={decode_s}"] if engine == "sim" else []),
+            "--nats-cluster",
+            str(nats_cluster),
+            *extra,
+        ]
+        self.start(90 if engine == "sim" else 300)
         self.operator = state / "auth" / "creds" / "operator.json"
         made = subprocess.run(
             [
@@ -193,6 +182,29 @@ class Platform:
             self.stop()  # a platform the caller never gets must not outlive this
             raise RuntimeError(made.stderr)
         self.tenant = made.stdout.strip()
+
+    def start(self, timeout: float = 90.0) -> None:
+        """``inferbus up`` (again, after a kill: the same ports and state folder)."""
+        self.proc = subprocess.Popen(
+            self.command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "NATS_URL": ""},
+        )
+        assert self.proc.stdout is not None
+        lines = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError("inferbus up exited:\n" + "".join(lines))
+            lines.append(line)
+            if line.startswith("  nats "):  # every node's URL, for failover
+                self.nats_url = line.split()[1]
+            if line.startswith("try:"):
+                return
+        raise RuntimeError("inferbus up was not ready:\n" + "".join(lines))
 
     def stop(self) -> str:
         self.proc.send_signal(signal.SIGINT)
@@ -424,6 +436,32 @@ _RETRYABLE = {
 }
 
 
+async def _whole(p: Platform, fault: str, running: dict[str, int], result: FaultResult) -> None:
+    if fault == "up":
+        p.proc.kill()  # its children get SIGTERM as it dies (PR_SET_PDEATHSIG)
+        await asyncio.to_thread(p.proc.wait)
+        while any(_alive(pid) for pid in running.values()):
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(p.start)
+        result.killed_at = time.monotonic()
+        return
+    filler = p.state.parent / "filler"
+    await asyncio.to_thread(
+        subprocess.run, ["dd", "if=/dev/zero", f"of={filler}", "bs=1M"], capture_output=True
+    )
+    await asyncio.sleep(FULL_S)
+    filler.unlink()
+    result.killed_at = time.monotonic()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 async def run_fault(
     p: Platform,
     fault: str,
@@ -475,11 +513,16 @@ async def run_fault(
     await asyncio.sleep(kill_after_s)
     running = await p.pids()
     hang = fault.endswith(HANG)
-    pid = running[fault.removesuffix(HANG)]
-    if fault.startswith("worker"):
-        await watch.serving(fault.removesuffix(HANG))
-    killed_at = result.killed_at = time.monotonic()
-    os.kill(pid, signal.SIGSTOP if hang else signal.SIGKILL)
+    pid = 0
+    if fault in WHOLE:
+        await _whole(p, fault, running, result)
+    else:
+        pid = running[fault.removesuffix(HANG)]
+        if fault.startswith("worker"):
+            await watch.serving(fault.removesuffix(HANG))
+        result.killed_at = time.monotonic()
+        os.kill(pid, signal.SIGSTOP if hang else signal.SIGKILL)
+    killed_at = result.killed_at
     try:
         await asyncio.gather(*loops)
     finally:
