@@ -240,9 +240,10 @@ async def main(a: argparse.Namespace) -> None:
         finally:
             p.stop()
     cols = ["phase", "requests", "errors", "p50_ms", "p95_ms", "ratio"]
-    print(" ".join(f"{c:>34}" for c in cols))
+    widths = [34] + [10] * (len(cols) - 1)
+    print(" ".join(f"{c:>{w}}" for c, w in zip(cols, widths, strict=True)))
     for r in rows:
-        print(" ".join(f"{r[c]!s:>34}" for c in cols))
+        print(" ".join(f"{r[c]!s:>{w}}" for c, w in zip(cols, widths, strict=True)))
     print(json.dumps({"bench": "isolation", "results": rows}))
 
 

@@ -236,9 +236,10 @@ async def publish_durable(
     return await js.publish(subject, encode(event), headers=headers)
 
 
-END_PATIENCE_S = 15.0
+END_PATIENCE_S = 60.0
 """How long a request's end waits for JetStream to record it (a NATS server coming
-back) before it is given up: unrecorded, it is not sent."""
+back) before it is given up: unrecorded, it is not sent. Under IB_REQUESTS's 120 s
+duplicate window, so a late record still meets another's of the same end."""
 
 
 async def record_end(
