@@ -39,7 +39,7 @@ import testkit_path  # noqa: F401  (before testkit)
 from testkit.faults import MODEL, Platform
 
 from inferbus.client import Client, RequestError
-from inferbus.shared.bus import BusAuthError, connect
+from inferbus.shared.bus import BusAuthError, BusUnreachableError, connect
 from inferbus.shared.buscreds import BusCredentials, load_credentials
 
 
@@ -145,7 +145,7 @@ async def hog_connections(p: Platform, creds: str, n: int, until: float) -> tupl
         nonlocal refused
         try:
             held.append(await connect(p.nats_url, f"hog-{i}", who, give_up_s=5))
-        except BusAuthError:
+        except (BusAuthError, BusUnreachableError):
             refused += 1
 
     await asyncio.gather(*(one(i) for i in range(n)))

@@ -60,7 +60,8 @@ class ConnectionWatch:
                 log.exception("connection callback failed")
 
 
-REFUSALS = ("authorization violation", "maximum account active connections exceeded")
+AT_LIMIT = "maximum account active connections exceeded"
+REFUSALS = ("authorization violation", AT_LIMIT)
 """What the server says when it refuses a connection retrying would not change."""
 
 
@@ -168,7 +169,9 @@ async def wait_accepted(
             try:
                 left = max(0.5, deadline - time.monotonic())
                 nc = await connect(url, "inferbus-auth-check", creds, give_up_s=left)
-            except BusAuthError:
+            except BusAuthError as exc:
+                if AT_LIMIT in str(exc).lower():
+                    break  # taken, and its account holds all it may: an old tenant's
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.05)
@@ -252,26 +255,36 @@ async def record_end(
     patience_s: float = END_PATIENCE_S,
 ) -> bool:
     """Record a request's end on ``ib.req.ended`` before anyone tells its client:
-    whether this is the first record of it. The services that may end a request (the
-    sanitizer, the scheduler, a worker's attempt) share its Nats-Msg-Id, so the one
-    whose record comes first tells the client and the others say nothing. Told first
-    and recorded after, an end the record lost was decided again: a whole platform
-    restarted under load (`bench/faults.py --faults up`) told 16 clients
-    ``request.finished`` and then ``worker_lost``. Retries while JetStream does not
-    answer (the same Nats-Msg-Id: idempotent); raises past ``patience_s``."""
+    whether to tell it. The services that may end a request (the sanitizer, the
+    scheduler, a worker's first attempt) share its Nats-Msg-Id, so the one whose record
+    comes first tells the client and the others say nothing. Told first and recorded
+    after, an end the record lost was decided again: a whole platform restarted under
+    load (`bench/faults.py --faults up`) told 16 clients ``request.finished`` and then
+    ``worker_lost``.
+
+    Retried while JetStream cannot take it (the same Nats-Msg-Id: idempotent). Where
+    it is not sure, this tells: a duplicate after a try that got no answer may be that
+    try's own record, and past ``patience_s`` the end is told unrecorded. Told twice
+    is a client's to drop (the first end is its end); never told, it waits out its
+    timeout."""
     deadline = time.monotonic() + patience_s
+    unanswered = False
     while True:
         try:
             ack = await publish_durable(js, subject, terminal, request_id=request_id, msg_id=msg_id)
-            return not ack.duplicate
+            return unanswered or not ack.duplicate
         except (
             nats.errors.TimeoutError,
             nats.errors.NoRespondersError,
             nats.js.errors.NoStreamResponseError,
+            nats.js.errors.ServiceUnavailableError,
             TimeoutError,
-        ):
+        ) as exc:
+            # a timeout may have been stored; a refusal or no responder was not
+            unanswered = unanswered or isinstance(exc, nats.errors.TimeoutError | TimeoutError)
             if time.monotonic() >= deadline:
-                raise
+                log.warning("a request's end could not be recorded", request_id=request_id)
+                return True
             await asyncio.sleep(0.2)
 
 

@@ -170,6 +170,15 @@ async def _ensure(
                 continue
             except NoRoomError:
                 raise
+            except APIError as exc:
+                if exc.err_code == _OVERLAP:
+                    raise ConfigError(
+                        f"stream {spec.name} cannot be made: its subjects "
+                        f"{list(spec.subjects)} overlap an existing stream's (a store an "
+                        "older inferbus made); bring the streams to their spec once as "
+                        "the operator: `inferbus nats provision`"
+                    ) from None
+                info = await js.stream_info(spec.name)  # another made it meanwhile
             except Exception:  # another service created it between the two calls
                 info = await js.stream_info(spec.name)
         if update:
@@ -192,6 +201,8 @@ async def _no_room_said(call: Awaitable[Any], spec: StreamSpec) -> None:
 
 _NO_ROOM = 10047
 """JetStream's "insufficient storage resources available"."""
+_OVERLAP = 10065
+"""JetStream's "subjects overlap with an existing stream"."""
 
 
 async def ensure_consumers(js: JetStreamContext, consumers: Sequence[ConsumerSpec]) -> None:

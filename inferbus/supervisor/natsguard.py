@@ -24,6 +24,11 @@ from inferbus.supervisor.storewatch import StoreWatch
 PASSED_ON = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 """Stop, reload, reopen logs, lame duck: the server's own signals."""
 SERVER = "nats"
+CARRY = 200
+"""Characters of a log block kept to read with the next (longer than any phrase
+StoreWatch looks for)."""
+STOP_S = 30.0
+"""How long a server restarted after a full disk has to stop before it is killed."""
 
 
 def _say(text: str) -> None:
@@ -36,7 +41,7 @@ class Guard:
         self.store_dir = store_dir
         self.watch = watch
         self.proc: asyncio.subprocess.Process | None = None
-        self.stopping = False
+        self.stopping: signal.Signals | None = None
         self.restarting = False
 
     async def run(self) -> int:
@@ -48,25 +53,32 @@ class Guard:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.command, stdout=None, stderr=asyncio.subprocess.PIPE
             )
+            if self.stopping is not None:  # told to stop while it was (re)starting
+                self.proc.send_signal(self.stopping)
             watching = asyncio.create_task(self._check_store())
             await self._read_log(self.proc)
             code = await self.proc.wait()
             watching.cancel()
-            if not self.restarting or self.stopping:
-                return code
+            if not self.restarting or self.stopping is not None:
+                return code if code >= 0 else 128 - code  # killed by a signal: as a shell says
 
     def _pass_on(self, sig: signal.Signals) -> None:
         if sig in (signal.SIGTERM, signal.SIGINT):
-            self.stopping = True
+            self.stopping = sig
         if self.proc is not None and self.proc.returncode is None:
             self.proc.send_signal(sig)
 
     async def _read_log(self, proc: asyncio.subprocess.Process) -> None:
+        """Passed through as it comes, in blocks (a line may be longer than a reader's
+        buffer); a phrase split between two blocks is read with the end of the first."""
         assert proc.stderr is not None
-        while line := await proc.stderr.readline():
-            sys.stderr.buffer.write(line)
+        carry = ""
+        while block := await proc.stderr.read(1 << 16):
+            sys.stderr.buffer.write(block)
             sys.stderr.flush()
-            self.watch.read(SERVER, line.decode(errors="replace"), time.monotonic())
+            text = block.decode(errors="replace")
+            self.watch.read(SERVER, carry + text, time.monotonic())
+            carry = text[-CARRY:]
 
     async def _check_store(self) -> None:
         while True:
@@ -77,6 +89,11 @@ class Guard:
                 self.restarting = True
                 assert self.proc is not None
                 self.proc.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(asyncio.shield(self.proc.wait()), STOP_S)
+                except TimeoutError:
+                    _say(f"it did not stop within {STOP_S:g}s; killing it")
+                    self.proc.kill()
                 return
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import importlib.metadata
 import re
 import secrets
@@ -144,8 +145,10 @@ _RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9_-]{1,128}")
 
 def _response_key(tenant: str, response_id: str) -> str:
     """A tenant's responses under its own keys: ids may be a client's choice
-    (``x-request-id``), and one tenant's must neither read nor overwrite another's."""
-    return f"r.{tenant}.{response_id}"
+    (``x-request-id``), and one tenant's must neither read nor overwrite another's.
+    The tenant hashed: a key's tenant may hold what a KV key may not (a space, '@')."""
+    owner = hashlib.sha256(tenant.encode()).hexdigest()[:32]
+    return f"r.{owner}.{response_id}"
 
 
 class _Ended(Exception):

@@ -15,7 +15,6 @@ from inferbus.contracts import (
     CANCEL,
     ENDED,
     FILTER_PREFIX,
-    HEADER_MSG_ID,
     SUBMIT,
     CancelRequest,
     FailureCode,
@@ -28,6 +27,7 @@ from inferbus.contracts import (
     TenantPolicy,
     subject_token,
     tenant_of_subject,
+    tenant_reply_prefix,
     tenant_request_id,
 )
 from inferbus.shared import logs, metrics
@@ -426,7 +426,9 @@ class SanitizerService(Service[SanitizerSettings]):
             self._counts["accepted"] += 1
         else:
             # recorded first: told only once, a redelivered submit's rejection not again
-            told = await record_end(js, ENDED, rejection, request_id=rid, msg_id=f"{rid}:end")
+            told = await record_end(
+                js, ENDED, rejection, request_id=rid, msg_id=rejected_id(rid, msg)
+            )
             if rejection.param == "reply_to":  # nowhere to answer: keep it with the reason
                 await self.ctx.dead_letters.send(msg, rejection.reason)
             elif told:
@@ -462,9 +464,16 @@ class SanitizerService(Service[SanitizerSettings]):
         self._counts["invalid"] += 1
         await self.ctx.dead_letters.send(msg, f"undecodable RequestSubmitted: {error}")
         addr = _addressed(msg.data)
+        tenant = tenant_of_subject(msg.subject, SUBMIT)
         if addr is not None and addr.reply_to:
+            rid = addr.request_id
+            if tenant:  # its own replies only (another's may be named), by the platform's id
+                rid = tenant_request_id(tenant, rid)
+                if not addr.reply_to.startswith(tenant_reply_prefix(tenant)):
+                    await msg.ack()
+                    return
             failed = RequestFailed(
-                request_id=addr.request_id,
+                request_id=rid,
                 code=FailureCode.INVALID_REQUEST,
                 reason=f"invalid request: {error}",
             )
@@ -473,10 +482,19 @@ class SanitizerService(Service[SanitizerSettings]):
 
 
 def accepted_id(request_id: str, submit: Msg) -> str:
-    """The accepted event's Nats-Msg-Id: the request id and the submit's own. A
-    redelivered submit (a sanitizer that died before its ack, a NATS restart that forgot
-    the consumer's delivery count) dedupes to the first accepted event; another submit
-    reusing the request id under a new Nats-Msg-Id does not, and the scheduler, which
-    knows the id, answers it ``duplicate_request`` (issue 42 item 11: its accepted event
-    was deduplicated and ignored, and its sender waited for ever)."""
-    return f"{request_id}:{(submit.headers or {}).get(HEADER_MSG_ID, '')}:accepted"
+    """The accepted event's Nats-Msg-Id: the request id and where the submit is stored
+    (its stream and sequence). A redelivered submit (a sanitizer that died before its
+    ack, a NATS restart that forgot the consumer's delivery count) dedupes to the first
+    accepted event; another copy of it stored again (a client's resend: tenants' submits
+    dedupe for 0.1 s only) or another submit reusing the id does not, and the scheduler,
+    which knows the id, answers it: a resend of a request that ended, or a reuse,
+    ``duplicate_request`` (issue 42 item 11: one deduplicated here was never answered)."""
+    where = submit.metadata
+    return f"{request_id}:{where.stream}:{where.sequence.stream}:accepted"
+
+
+def rejected_id(request_id: str, submit: Msg) -> str:
+    """A rejection's record on ``ib.req.ended``, per stored submit: a redelivered one
+    is not told twice, a client's resend (after ``rate_limited``, say) is told."""
+    where = submit.metadata
+    return f"{request_id}:{where.stream}:{where.sequence.stream}:rejected"

@@ -59,6 +59,9 @@ class SchedulerCore:
         self.inflight: dict[str, Inflight] = {}
         self._queued_ids: set[str] = set()
         self._ended: OrderedDict[str, tuple[str, float] | None] = OrderedDict()
+        self._copies: OrderedDict[str, str] = OrderedDict()
+        """Request id → the accepted copy it was taken from (its Nats-Msg-Id: where
+        its submit is stored), to tell a resend from a redelivery once it ended."""
         """Recently ended ids → the identity of their request, when known."""
         self._arrivals = 0
         self._cancelled_unseen: OrderedDict[str, tuple[str, str | None]] = OrderedDict()
@@ -97,12 +100,18 @@ class SchedulerCore:
         now: float,
         wall: float | None = None,
         redelivered: bool = False,
+        copy: str = "",
     ) -> list[Effect]:
         """``wall`` is the Unix time matching ``now``, to place the request's deadline.
-        ``redelivered``: JetStream delivered this message before."""
-        if self.knows(request.request_id):
-            if redelivered or self._same_request(request):
-                return []  # a redelivery or a resend of a known request: idempotent
+        ``redelivered``: JetStream delivered this message before. ``copy``: which
+        stored copy of the request this is (the accepted event's Nats-Msg-Id)."""
+        rid = request.request_id
+        if self.knows(rid):
+            resent = rid in self._ended and self._copies.get(rid, copy) != copy
+            if redelivered or (self._same_request(request) and not resent):
+                # a redelivery, or a resend of one still running (its sender hears its
+                # events on the same reply subject): idempotent
+                return []
             # the id was reused (past JetStream's duplicate window), or its first use is
             # unknown here (it ended before we saw it): without an answer this sender
             # would wait forever
@@ -114,6 +123,10 @@ class SchedulerCore:
                     "submit with a new id",
                 )
             ]
+        if copy:
+            self._copies[rid] = copy
+            if len(self._copies) > self.policy.remember_ended:
+                self._copies.popitem(last=False)
         unseen = self._cancelled_unseen.pop(request.request_id, None)
         if unseen is not None and unseen[1] in (None, request.tenant):
             self._remember_ended(request.request_id, request)

@@ -11,6 +11,7 @@ from nats.aio.msg import Msg
 from inferbus.contracts import (
     CANCEL,
     ENDED,
+    HEADER_MSG_ID,
     SCHEDULER_LOAD,
     CanaryWeights,
     CancelRequest,
@@ -183,9 +184,10 @@ class SchedulerService(Service[SchedulerSettings]):
     async def _on_accepted(self, event: RequestAccepted, msg: Msg) -> None:
         rid = event.request.request_id
         redelivered = msg.metadata.num_delivered > 1
+        copy = (msg.headers or {}).get(HEADER_MSG_ID, "")
         if self.core.knows(rid):  # a redelivery or resend (nothing) or a reused id (refused)
             effects = self.core.on_accepted(
-                event.request, time.monotonic(), time.time(), redelivered
+                event.request, time.monotonic(), time.time(), redelivered, copy
             )
             if rid in self._unacked and not effects:
                 self._unacked[rid] = msg  # still queued: keep the newest handle
@@ -199,7 +201,7 @@ class SchedulerService(Service[SchedulerSettings]):
         if trace:
             self._traces[rid] = trace
         await self._apply(
-            self.core.on_accepted(event.request, time.monotonic(), time.time(), redelivered)
+            self.core.on_accepted(event.request, time.monotonic(), time.time(), redelivered, copy)
         )
 
     async def _on_heartbeat(self, hb: WorkerHeartbeat, msg: Msg) -> None:

@@ -479,6 +479,70 @@ async def test_another_tenant_s_request_id_is_neither_told_nor_taken(platform: P
             await nc.close()
 
 
+async def test_a_resent_submit_of_an_ended_request_is_answered(platform: Platform):
+    """Tenants' submits dedupe for 0.1 s only, so a client's resend of the very same
+    submit (its PubAck lost, say) is stored again. Sent after its request ended, its
+    accepted event deduplicated against the first and no one answered it."""
+    acme = await connect(platform.nats_url, "acme", load_credentials(platform.creds("tenant-acme")))
+    try:
+        rid = uuid.uuid4().hex
+        reply = tenant_reply_prefix("acme") + rid
+        replies = await acme.subscribe(reply)
+        body = encode(
+            RequestSubmitted(
+                request_id=rid,
+                model="sim-model",
+                prompt="hi",
+                reply_to=reply,
+                created_at=time.time(),
+                sampling=SamplingParams(max_tokens=2),
+            )
+        )
+        ends = []
+        for _ in range(2):  # the same bytes, the same Nats-Msg-Id
+            await acme.jetstream().publish(
+                "ib.req.submitted.acme", body, headers={"Nats-Msg-Id": rid}
+            )
+            while not isinstance(
+                event := decode((await replies.next_msg(timeout=10)).data, ReplyEvent), Terminal
+            ):
+                pass  # fmt: skip
+            ends.append(event)
+            await asyncio.sleep(0.2)
+        assert isinstance(ends[0], RequestFinished), ends
+        assert isinstance(ends[1], RequestFailed) and ends[1].code == "duplicate_request", ends
+    finally:
+        await acme.close()
+
+
+async def test_a_malformed_submit_is_answered_on_the_tenant_s_own_replies_only(
+    platform: Platform,
+):
+    """A request too malformed to decode was answered wherever its reply_to said: a
+    tenant could put ``invalid_request`` on another tenant's reply subject, ending that
+    one's stream for its client (found reviewing issue 42's close)."""
+    acme = await connect(platform.nats_url, "acme", load_credentials(platform.creds("tenant-acme")))
+    beta = await connect(platform.nats_url, "beta", load_credentials(platform.creds("tenant-beta")))
+    try:
+        victim = await beta.subscribe(tenant_reply_prefix("beta") + "victim")
+        own = await acme.subscribe(tenant_reply_prefix("acme") + "mine")
+        for reply in ("beta.victim", "acme.mine"):
+            bad = (
+                b'{"request_id": "x", "model": 5, "reply_to": "ib.reply.tenant.'
+                + reply.encode()
+                + b'"}'
+            )
+            await acme.jetstream().publish("ib.req.submitted.acme", bad)
+        answer = decode((await own.next_msg(timeout=10)).data, ReplyEvent)
+        assert isinstance(answer, RequestFailed) and answer.code == "invalid_request"
+        assert answer.request_id == "acme~x"
+        with pytest.raises(nats.errors.TimeoutError):
+            await victim.next_msg(timeout=1.0)
+    finally:
+        await acme.close()
+        await beta.close()
+
+
 async def test_a_worker_speaks_only_for_itself(platform: Platform):
     worker = await connect(
         platform.nats_url, "rogue-worker", load_credentials(platform.creds("svc-worker-0"))

@@ -80,3 +80,37 @@ def test_a_bad_limit_is_a_clear_error():
             stream_limits(bad)
     (kv,) = [s for s in stream_limits("IB_KV=1.5GiB/2d") if s.name == "IB_KV"]
     assert kv.max_bytes == int(1.5 * (1 << 30)) and kv.max_age_s == 2 * 86400
+
+
+async def test_a_store_an_older_version_made_is_provisioned_not_crashed_on(tmp_path):
+    """IB_REQUESTS once took every ib.req subject, which IB_TENANT_SUBMITS now has a
+    share of: a service (which may only create what is missing) met an overlap it
+    could not mend and died on it in every container. It now says what to run, and
+    `inferbus nats provision` (compose's provision step) brings the streams to spec."""
+    import subprocess
+    import sys
+
+    server = NatsServer(tmp_path / "nats").start()
+    nc = await nats.connect(server.url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="IB_REQUESTS", subjects=["ib.req.>"])
+        with pytest.raises(ConfigError, match="inferbus nats provision"):
+            await ensure_streams(js, update=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "inferbus.cli", "nats", "provision", "--nats-url", server.url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        assert (await js.stream_info("IB_REQUESTS")).config.subjects == [
+            "ib.req.submitted",
+            "ib.req.accepted",
+            "ib.req.ended",
+        ]
+        assert (await js.stream_info("IB_TENANT_SUBMITS")).config.subjects == ["ib.req.submitted.*"]
+        await ensure_streams(js, update=False)  # a service's start: nothing to mend
+    finally:
+        await nc.close()
+        server.stop()

@@ -853,6 +853,23 @@ def test_a_reused_id_is_refused_to_its_new_sender_only():
     assert [type(e) for e in core.on_accepted(again, 200.0)] == [Refuse]
 
 
+def test_a_resend_of_an_ended_request_is_told_a_redelivery_is_not():
+    """Tenants' submits dedupe for 0.1 s only (issue 42 item 11), so a client's resend
+    of a request is a new stored copy (a new accepted Nats-Msg-Id). While the request
+    runs, its sender hears its events on the same reply subject; once it ended, a
+    resend was never answered. A redelivery of the copy it was taken from (a NATS
+    restart forgets delivery counts) must stay silent: its client has its end."""
+    core = SchedulerCore(POLICY)
+    core.on_heartbeat(hb("w1"), 0.0)
+    first = req("once")
+    assert assigns(core.on_accepted(first, 0.0, copy="once:S:1:accepted")) == [("once", "w1", 1)]
+    assert core.on_accepted(first, 0.1, copy="once:S:2:accepted") == []  # running: it hears
+    core.on_ended("once", 1.0)
+    assert core.on_accepted(first, 2.0, copy="once:S:1:accepted") == []  # the same copy
+    [refuse] = core.on_accepted(first, 2.0, copy="once:S:3:accepted")  # a resend
+    assert isinstance(refuse, Refuse) and refuse.code == "duplicate_request"
+
+
 def test_a_cancel_that_overtakes_its_request_still_cancels_it():
     core = SchedulerCore(POLICY)
     core.on_heartbeat(hb("w1"), 0.0)
