@@ -117,6 +117,27 @@ async def tenant(p: Platform, name: str) -> Client:
     return await Client.connect(p.nats_url, creds=str(p.creds(f"tenant-{name}")))
 
 
+def two_tokens(rid: str, reply_to: str) -> RequestSubmitted:
+    """A small request as a raw NATS client sends it."""
+    return RequestSubmitted(
+        request_id=rid,
+        model="sim-model",
+        prompt="hi",
+        reply_to=reply_to,
+        created_at=time.time(),
+        sampling=SamplingParams(max_tokens=2),
+    )
+
+
+async def terminal_on(sub) -> ReplyEvent:
+    """The first terminal event on a reply subscription (chunks skipped)."""
+    while not isinstance(
+        event := decode((await sub.next_msg(timeout=10)).data, ReplyEvent), Terminal
+    ):
+        pass  # fmt: skip
+    return event
+
+
 async def test_no_credentials_no_bus(platform: Platform):
     with pytest.raises(BusAuthError):
         await connect(platform.nats_url, "anonymous")
@@ -394,23 +415,12 @@ async def test_a_reused_request_id_with_a_new_msg_id_is_refused_not_left_waiting
         prefix = tenant_reply_prefix("acme") + rid
         first, again = await acme.subscribe(prefix), await acme.subscribe(prefix + "-again")
 
-        def submit(reply_to: str) -> RequestSubmitted:
-            return RequestSubmitted(
-                request_id=rid,
-                model="sim-model",
-                prompt="hi",
-                reply_to=reply_to,
-                created_at=time.time(),
-                sampling=SamplingParams(max_tokens=2),
-            )
-
         headers = {"Nats-Msg-Id": uuid.uuid4().hex}
-        await js.publish("ib.req.submitted.acme", encode(submit(prefix)), headers=headers)
-        while not isinstance(decode((await first.next_msg(timeout=10)).data, ReplyEvent), Terminal):
-            pass
+        await js.publish("ib.req.submitted.acme", encode(two_tokens(rid, prefix)), headers=headers)
+        await terminal_on(first)
         headers = {"Nats-Msg-Id": uuid.uuid4().hex}  # a new one: JetStream keeps both
         await js.publish(
-            "ib.req.submitted.acme", encode(submit(prefix + "-again")), headers=headers
+            "ib.req.submitted.acme", encode(two_tokens(rid, prefix + "-again")), headers=headers
         )
         answer = decode((await again.next_msg(timeout=10)).data, ReplyEvent)
         assert isinstance(answer, RequestFailed) and answer.code == "duplicate_request"
@@ -434,29 +444,19 @@ async def test_another_tenant_s_request_id_is_neither_told_nor_taken(platform: P
         creds = load_credentials(platform.creds(f"tenant-{name}"))
         nats_of[name] = await connect(platform.nats_url, name, creds)
 
-    async def submit(name: str, rid: str, msg_id: str, model: str) -> tuple[bool, ReplyEvent]:
+    async def submit(name: str, rid: str, msg_id: str) -> tuple[bool, ReplyEvent]:
         nc = nats_of[name]
         reply = tenant_reply_prefix(name) + rid + "-" + uuid.uuid4().hex[:6]
         replies = await nc.subscribe(reply)
-        request = RequestSubmitted(
-            request_id=rid,
-            model=model,
-            prompt="hi",
-            reply_to=reply,
-            created_at=time.time(),
-            sampling=SamplingParams(max_tokens=2),
-        )
         ack = await nc.jetstream().publish(
-            f"ib.req.submitted.{name}", encode(request), headers={"Nats-Msg-Id": msg_id}
+            f"ib.req.submitted.{name}",
+            encode(two_tokens(rid, reply)),
+            headers={"Nats-Msg-Id": msg_id},
         )
-        while not isinstance(
-            event := decode((await replies.next_msg(timeout=10)).data, ReplyEvent), Terminal
-        ):
-            pass  # fmt: skip
-        return bool(ack.duplicate), event
+        return bool(ack.duplicate), await terminal_on(replies)
 
     async def served(name: str, rid: str, msg_id: str) -> None:
-        duplicate, event = await submit(name, rid, msg_id, "sim-model")
+        duplicate, event = await submit(name, rid, msg_id)
         assert not duplicate, f"{name} was told the id is in use"
         assert isinstance(event, RequestFinished), event
         assert event.request_id == f"{name}~{rid}"
@@ -472,7 +472,7 @@ async def test_another_tenant_s_request_id_is_neither_told_nor_taken(platform: P
         await served("acme", rid, uuid.uuid4().hex)
         await served("zeta", rid, uuid.uuid4().hex)  # the same id, a new Nats-Msg-Id
         # a tenant's own id reused is still its to be told of
-        _, event = await submit("zeta", rid, uuid.uuid4().hex, "sim-model")
+        _, event = await submit("zeta", rid, uuid.uuid4().hex)
         assert isinstance(event, RequestFailed) and event.code == "duplicate_request", event
     finally:
         for nc in nats_of.values():
@@ -488,26 +488,13 @@ async def test_a_resent_submit_of_an_ended_request_is_answered(platform: Platfor
         rid = uuid.uuid4().hex
         reply = tenant_reply_prefix("acme") + rid
         replies = await acme.subscribe(reply)
-        body = encode(
-            RequestSubmitted(
-                request_id=rid,
-                model="sim-model",
-                prompt="hi",
-                reply_to=reply,
-                created_at=time.time(),
-                sampling=SamplingParams(max_tokens=2),
-            )
-        )
+        body = encode(two_tokens(rid, reply))
         ends = []
         for _ in range(2):  # the same bytes, the same Nats-Msg-Id
             await acme.jetstream().publish(
                 "ib.req.submitted.acme", body, headers={"Nats-Msg-Id": rid}
             )
-            while not isinstance(
-                event := decode((await replies.next_msg(timeout=10)).data, ReplyEvent), Terminal
-            ):
-                pass  # fmt: skip
-            ends.append(event)
+            ends.append(await terminal_on(replies))
             await asyncio.sleep(0.2)
         assert isinstance(ends[0], RequestFinished), ends
         assert isinstance(ends[1], RequestFailed) and ends[1].code == "duplicate_request", ends

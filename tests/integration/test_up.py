@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from testkit.ports import metrics_port_base
+from testkit.procs import alive
 from testkit.tmpfs import tmpfs
 
 from inferbus.shared.natsserver import free_ports
@@ -290,16 +291,6 @@ def _up(
     )
 
 
-def _alive(pid: int) -> bool:
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_up_killed_takes_its_processes_with_it_and_comes_up_again(tmp_path: Path):
     """kill -9 of `inferbus up` had left every service and nats-server running,
     unsupervised, and a second `up` refused (port in use) (issue 42 item 14). Its
@@ -317,7 +308,7 @@ def test_up_killed_takes_its_processes_with_it_and_comes_up_again(tmp_path: Path
         pids = [int(r["pid"]) for r in rows.values() if r["pid"] != "0"]
         os.kill(up.pid, signal.SIGKILL)
         up.wait(10)
-        _wait_for(lambda: not any(_alive(pid) for pid in pids), 40)
+        _wait_for(lambda: not any(alive(pid) for pid in pids), 40)
     finally:
         if up.poll() is None:
             up.kill()

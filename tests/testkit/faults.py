@@ -44,6 +44,7 @@ from inferbus.shared.buscreds import load_credentials
 from inferbus.shared.codec import decode, decode_or_none, encode
 from inferbus.shared.natsserver import free_ports
 from testkit.ports import metrics_port_base
+from testkit.procs import alive
 
 MODEL = "sim-model"
 HANG = "-hang"
@@ -440,7 +441,7 @@ async def _whole(p: Platform, fault: str, running: dict[str, int], result: Fault
     if fault == "up":
         p.proc.kill()  # its children get SIGTERM as it dies (PR_SET_PDEATHSIG)
         await asyncio.to_thread(p.proc.wait)
-        while any(_alive(pid) for pid in running.values()):
+        while any(alive(pid) for pid in running.values()):
             await asyncio.sleep(0.05)
         await asyncio.to_thread(p.start)
         result.killed_at = time.monotonic()
@@ -452,14 +453,6 @@ async def _whole(p: Platform, fault: str, running: dict[str, int], result: Fault
     await asyncio.sleep(FULL_S)
     filler.unlink()
     result.killed_at = time.monotonic()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 async def run_fault(

@@ -140,3 +140,12 @@ def one_worker_platform(
         for p in reversed(procs):
             p.stop()
         server.stop()
+
+
+def alive(pid: int) -> bool:
+    """Whether a process of that id is still there."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

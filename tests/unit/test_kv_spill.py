@@ -8,12 +8,11 @@ import gzip
 import json
 import os
 import random
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from testkit.tmpfs import tmpfs
 
 from inferbus.services.worker.spill.plan import (
     Restore,
@@ -293,19 +292,8 @@ def test_a_failing_disk_degrades_to_host_memory_only(tmp_path):
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 64 KiB tmpfs: a disk that really fills (ENOSPC); mounting needs root."""
-    where = tmp_path / "small"
-    where.mkdir()
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"no tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "small", "64k") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def test_a_full_disk_degrades_to_host_memory_only(small_disk):
