@@ -32,7 +32,8 @@ from .goodput import Fleet, slo_s
 from .kvindex import KvIndex, prefix_blocks
 from .lanes import ModelQueue, cost_tokens, prompt_tokens
 from .migration import Progress, unmovable
-from .routing import Router, make_router
+from .pool import Pool
+from .routing import Fits, Router, make_router
 from .state import Inflight, Queued, SchedulerPolicy, Worker, restore_worth
 
 __all__ = [
@@ -55,6 +56,15 @@ class SchedulerCore:
     def __init__(self, policy: SchedulerPolicy | None = None) -> None:
         self.policy = policy or SchedulerPolicy()
         self.workers: dict[str, Worker] = {}
+        self._pools: dict[str, Pool] = {}
+        """Model → its ready workers (``pool.py``), built when first needed after a
+        worker joined, left, or changed state or models."""
+        self._changes = 0
+        """Counts what may let a queued request be placed: a worker's books, who is in
+        a pool, what is queued."""
+        self._stuck: dict[str, int] = {}
+        """Model → ``_changes`` when a pass over its queue last placed nothing: a
+        heartbeat that changed nothing does not try again (a tick does)."""
         self.queues: dict[str, ModelQueue] = {}
         self.inflight: dict[str, Inflight] = {}
         self._queued_ids: set[str] = set()
@@ -257,28 +267,18 @@ class SchedulerCore:
     def fleet(self, model: str, ahead: Callable[[Queued], bool] = lambda _: True) -> Fleet:
         """What stands ahead of a new request for ``model`` (``ahead``: the queued
         requests that go before it) and how fast it goes."""
-        out = Fleet()
-        rate, measured = 0.0, 0
-        holds: list[float] = []
-        for w in self.workers.values():
-            if model not in w.models or w.state != "ready":
-                continue
-            out.workers += 1
-            out.pending += w.pending_prefill
-            if out.least_pending is None or w.pending_prefill < out.least_pending:
-                out.least_pending = w.pending_prefill
-            out.slots += w.max_num_seqs
-            out.free_seqs += max(0, w.max_num_seqs - w.assigned_seqs - len(w.foreign))
-            r = w.rates.prefill_rate()
-            if r is not None:
-                rate += r
-                measured += 1
-            h = w.rates.hold_s()
-            if h is not None:
-                holds.append(h)
+        pool = self._pool(model)
+        out = Fleet(
+            workers=len(pool),
+            pending=pool.pending,
+            least_pending=pool.least_pending,
+            slots=pool.slots,
+            free_seqs=pool.free_seqs,
+            hold_s=pool.hold_sum / pool.holds_measured if pool.holds_measured else None,
+        )
         # a worker not measured yet (never saturated) goes about as fast as the rest
-        out.prefill_rate = rate / measured * out.workers if measured else None
-        out.hold_s = sum(holds) / len(holds) if holds else None
+        if pool.rates_measured:
+            out.prefill_rate = pool.rate_sum / pool.rates_measured * out.workers
         for item in self.queues.get(model, ()):
             if ahead(item):
                 out.prefill_ahead += prompt_tokens(item.request)
@@ -301,6 +301,7 @@ class SchedulerCore:
                 self._stalled.popitem(last=False)
             return self._lose_worker(hb.worker_id, now, "stalled") + self._dispatch(now)
         w = self.workers.get(hb.worker_id)
+        joined = w is None or w.state != hb.state or w.models != list(hb.models)
         if w is None:
             w = self.workers[hb.worker_id] = Worker(
                 worker_id=hb.worker_id,
@@ -322,11 +323,15 @@ class SchedulerCore:
         w.interval_s = hb.interval_s
         w.foreign = {rid for rid in hb.inflight if rid not in w.assigned and rid not in self._ended}
         w.spill_weight = restore_worth(hb.prefill_s_per_token, hb.kv_restore_s_per_token)
+        if joined:
+            self._regroup()
+        else:
+            self._touch(w)
         if hb.kv_block_size:
             self.kv.set_block_size(hb.worker_id, hb.kv_block_size)
         fresh = wall is None or not hb.sent_at or wall - hb.sent_at <= HANDOVER_FRESH_S
         moved = self._hand_over(w, hb.handover, now) if hb.handover and fresh else []
-        return self._stop_again(hb) + moved + self._dispatch(now)
+        return self._stop_again(hb) + moved + self._dispatch(now, skip_unchanged=True)
 
     def _stop_again(self, hb: WorkerHeartbeat) -> list[Effect]:
         """The stops of attempts taken from this worker that it still says it runs."""
@@ -405,11 +410,13 @@ class SchedulerCore:
                 w = self.workers[worker_id] = Worker(
                     worker_id=worker_id, models=[], max_num_seqs=0, state="ready", last_seen=now
                 )
+                self._regroup()
             self._arrivals += 1
             tokens = cost_tokens(request)
             w.assigned.add(rid)
             w.assigned_tokens += tokens
             w.assigned_seqs += request.sampling.n
+            self._touch(w)
             self.inflight[rid] = Inflight(
                 request=request,
                 worker_id=worker_id,
@@ -508,6 +515,7 @@ class SchedulerCore:
             w.rates.on_start(f.prefill, f.assigned_at, now)
         elif now:  # a continuation's prefill is not the prompt's: not measured, but
             w.rates.last_start = max(w.rates.last_start, now)  # the worker was busy
+        self._touch(w)
 
     def on_ended(self, request_id: str, now: float, attempt: int = 0) -> list[Effect]:
         """A request's end (``attempt``: the one it names, 0 for none). The end of an
@@ -533,8 +541,7 @@ class SchedulerCore:
             return self._dispatch(now)
         return []
 
-    @staticmethod
-    def _release(w: Worker, f: Inflight) -> None:
+    def _release(self, w: Worker, f: Inflight) -> None:
         """``w`` no longer holds ``f``: its slots and tokens are free."""
         rid = f.request.request_id
         w.assigned.discard(rid)
@@ -543,6 +550,7 @@ class SchedulerCore:
         w.assigned_seqs -= f.request.sampling.n
         if not f.started:
             w.pending_prefill -= f.prefill
+        self._touch(w)
 
     def on_cancel(self, request_id: str, reason: str, tenant: str | None = None) -> list[Effect]:
         """Queued requests are cancelled here; running ones by their worker; ones not
@@ -682,6 +690,25 @@ class SchedulerCore:
         for model, target in targets.items():
             self._scaling[model] = (target, now + valid_s)
 
+    def _pool(self, model: str) -> Pool:
+        pool = self._pools.get(model)
+        if pool is None:
+            pool = self._pools[model] = Pool(
+                w for w in self.workers.values() if model in w.models and w.state == "ready"
+            )
+        return pool
+
+    def _regroup(self) -> None:
+        """Who is in a pool changed: each is built again when next needed."""
+        self._pools.clear()
+        self._changes += 1
+
+    def _touch(self, w: Worker) -> None:
+        """``w``'s books may have changed: the pools it is in keep their sums."""
+        pools = [pool for m in w.models if (pool := self._pools.get(m)) is not None]
+        if not pools or any([pool.touch(w) for pool in pools]):
+            self._changes += 1
+
     def live_models(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for w in self.workers.values():
@@ -728,6 +755,7 @@ class SchedulerCore:
             )
         q.push(item, front)
         self._queued_ids.add(item.request.request_id)
+        self._changes += 1
 
     def _queued_attempt(self, request_id: str) -> int:
         """The attempt a queued request will run as (0: not queued)."""
@@ -741,6 +769,7 @@ class SchedulerCore:
 
     def _drop_queued(self, request_id: str) -> Queued | None:
         self._queued_ids.discard(request_id)
+        self._changes += 1
         for q in self.queues.values():
             for item in q:
                 if item.request.request_id == request_id:
@@ -861,6 +890,7 @@ class SchedulerCore:
     def _lose_worker(self, worker_id: str, now: float, cause: str) -> list[Effect]:
         """``cause``: ``lost`` (heartbeats stopped), or the state the worker reported."""
         w = self.workers.pop(worker_id, None)
+        self._regroup()
         self.kv.drop_worker(worker_id)
         if w is None:
             return []
@@ -903,13 +933,21 @@ class SchedulerCore:
                 )
         return effects
 
-    def _dispatch(self, now: float) -> list[Effect]:
+    def _dispatch(self, now: float, skip_unchanged: bool = False) -> list[Effect]:
+        """Place what can be placed. ``skip_unchanged``: not for a model whose last pass
+        placed nothing while nothing changed since (a heartbeat's pass: with a standing
+        queue each would scan a full fleet for the room none has)."""
         effects: list[Effect] = []
         ready = self.live_models() if self.canaries else {}
-        candidates = _Candidates(self.workers)
         for model, q in self.queues.items():
-            if q:
-                effects += self._dispatch_model(model, q, now, ready, candidates)
+            if not q or (skip_unchanged and self._stuck.get(model) == self._changes):
+                continue
+            placed = self._dispatch_model(model, q, now, ready)
+            if placed:
+                self._stuck.pop(model, None)
+                effects += placed
+            else:
+                self._stuck[model] = self._changes
         return effects
 
     def _dispatch_model(
@@ -918,7 +956,6 @@ class SchedulerCore:
         q: ModelQueue,
         now: float,
         ready: dict[str, int],
-        candidates: _Candidates,
     ) -> list[Effect]:
         """Place what ``model``'s queue can place now, lane by lane until no worker
         can take more of a lane."""
@@ -936,14 +973,15 @@ class SchedulerCore:
             )
             tokens = cost_tokens(item.request)
             target = self._target(model, item, ready)
-            w = self._place(target, item, candidates, lane, unreserved, tokens)
+            w = self._place(target, item, lane, unreserved, tokens)
             if w is None and target != model:
                 # the new version has no room now: this one runs on the current one
                 item.target = target = model
-                w = self._place(model, item, candidates, lane, unreserved, tokens)
+                w = self._place(model, item, lane, unreserved, tokens)
             if w is None:
                 blocked.add(lane)
-                if lane == "short" and any(x.can_take() for x in candidates.of(target)):
+                free = self._pool(target).least_loaded(lambda x: x.can_take())
+                if lane == "short" and free is not None:
                     # slots are free but not the tokens it needs: keep the long lane
                     # from taking them, so running work drains until it fits
                     blocked.add("long")
@@ -953,22 +991,45 @@ class SchedulerCore:
         return effects
 
     def _place(
-        self,
-        target: str,
-        item: Queued,
-        candidates: _Candidates,
-        lane: str,
-        unreserved: bool,
-        tokens: int,
+        self, target: str, item: Queued, lane: str, unreserved: bool, tokens: int
     ) -> Worker | None:
-        """The worker serving ``target`` that takes ``item`` now, if any."""
-        pool = candidates.of(target)
+        """The worker serving ``target`` that takes ``item`` now, if any: one with room
+        for it, that its lane allows. Long prompts prefill within each worker's budget
+        (``_prefills_more``), off the reserved share unless ``unreserved`` (past its
+        bound, or long prompts backed up); short ones go where no long prompt
+        prefills when such a worker has room (it would stall their first token)."""
+        pool = self._pool(target)
         if not pool:
             return None
-        eligible = self._eligible(
-            pool, lane, unreserved, tokens, prompt_tokens(item.request), item.request.sampling.n
+        p = self.policy
+        seqs = item.request.sampling.n
+        prompt = prompt_tokens(item.request)
+
+        def fits(w: Worker) -> bool:
+            return w.can_take(tokens, seqs)
+
+        if not p.lanes:
+            return self._route(target, item, pool, fits)
+        if unreserved:
+            return self._route(
+                target, item, pool, lambda w: fits(w) and self._prefills_more(w, prompt)
+            )
+        if lane == "short":
+            clear = self._route(target, item, pool, lambda w: not w.prefilling_long and fits(w))
+            return clear if clear is not None else self._route(target, item, pool, fits)
+        reserved = (
+            max(1, round(p.short_reserve * len(pool)))
+            if len(pool) > 1 and p.short_reserve > 0 and prompt >= p.reserve_above_tokens
+            else 0
         )
-        return self._route(target, item, eligible)
+        if pool.holding_long >= len(pool) - reserved:  # only workers already holding one
+            return self._route(
+                target,
+                item,
+                pool,
+                lambda w: bool(w.prefilling_long) and fits(w) and self._prefills_more(w, prompt),
+            )
+        return self._route(target, item, pool, lambda w: fits(w) and self._prefills_more(w, prompt))
 
     def _assign(
         self, model: str, target: str, item: Queued, w: Worker, lane: str, tokens: int, now: float
@@ -984,6 +1045,7 @@ class SchedulerCore:
             w.prefilling_long[rid] = prompt_tokens(item.request)
         prefill = max(1, prompt_tokens(item.request) - item.cached_blocks * item.block_tokens)
         w.pending_prefill += prefill
+        self._touch(w)
         self.inflight[rid] = Inflight(
             request=item.request,
             worker_id=w.worker_id,
@@ -1017,39 +1079,6 @@ class SchedulerCore:
             cached_tokens=item.cached_blocks * item.block_tokens,
         )
 
-    def _eligible(
-        self,
-        candidates: list[Worker],
-        lane: str,
-        unreserved: bool,
-        tokens: int = 0,
-        prompt: int = 0,
-        seqs: int = 1,
-    ) -> list[Worker]:
-        """Workers a request of ``lane`` may go to: long prompts prefill within each
-        worker's budget (``_prefills_more``), off the reserved share unless
-        ``unreserved`` (past its bound, or long prompts backed up)."""
-        p = self.policy
-        if not p.lanes:
-            return candidates
-        if unreserved:
-            return [w for w in candidates if self._prefills_more(w, prompt)]
-        if lane == "short":
-            # away from long prefills when possible: they would stall its first token
-            clear = [w for w in candidates if not w.prefilling_long]
-            return clear if any(w.can_take(tokens, seqs) for w in clear) else candidates
-        reserved = (
-            max(1, round(p.short_reserve * len(candidates)))
-            if len(candidates) > 1 and p.short_reserve > 0 and prompt >= p.reserve_above_tokens
-            else 0
-        )
-        holding = [w for w in candidates if w.prefilling_long]
-        if len(holding) >= len(candidates) - reserved:
-            pool = holding
-        else:
-            pool = candidates
-        return [w for w in pool if self._prefills_more(w, prompt)]
-
     def _prefills_more(self, w: Worker, prompt: int) -> bool:
         """Whether ``w`` may start prefilling another long prompt of ``prompt`` tokens."""
         p = self.policy
@@ -1059,25 +1088,24 @@ class SchedulerCore:
             return sum(w.prefilling_long.values()) + prompt <= p.long_prefill_tokens
         return len(w.prefilling_long) < p.long_per_worker
 
-    def _route(self, model: str, item: Queued, candidates: list[Worker]) -> Worker | None:
-        """The worker of ``candidates`` the routing strategy picks for ``item``, among
-        those with room for it; None when none has."""
-        tokens = cost_tokens(item.request)
-        free = [w for w in candidates if w.can_take(tokens, item.request.sampling.n)]
-        if not free:
-            return None
+    def _route(self, model: str, item: Queued, pool: Pool, fits: Fits) -> Worker | None:
+        """The worker of ``pool`` the routing strategy picks for ``item`` among those
+        that ``fit``; None when none does."""
         if not self.router.uses_prefix:
-            w, _ = self.router.choose(model, [], candidates, free)
-            return w
+            chosen = self.router.choose(model, [], pool, fits)
+            return chosen[0] if chosen else None
         if item.blocks is None:
             p = self.policy
-            size = self.kv.block_size([w.worker_id for w in candidates])
+            size = self.kv.block_size(w.worker_id for w in pool.workers)
             item.blocks, item.exact_blocks = prefix_blocks(
                 item.request, p.kv_block_chars, size, p.kv_hash_seed
             )
             hashed_here = item.exact_blocks and not item.request.prefix_hashes
             item.block_tokens = size if hashed_here else p.block_tokens
-        w, hits = self.router.choose(model, item.blocks, candidates, free)
+        chosen = self.router.choose(model, item.blocks, pool, fits)
+        if chosen is None:
+            return None
+        w, hits = chosen
         self._note_route(w, item, hits)
         return w
 
@@ -1091,24 +1119,6 @@ class SchedulerCore:
         if not item.request.prefix_hashes:
             # until the engine's events say so (text blocks: never), remember them here
             self.kv.on_routed(w.worker_id, blocks)
-
-
-class _Candidates:
-    """The ready workers serving each model, by worker id: looked up once per dispatch
-    pass (placing work changes their load, not who they are)."""
-
-    def __init__(self, workers: dict[str, Worker]) -> None:
-        self._workers = workers
-        self._by_model: dict[str, list[Worker]] = {}
-
-    def of(self, model: str) -> list[Worker]:
-        found = self._by_model.get(model)
-        if found is None:
-            found = self._by_model[model] = sorted(
-                (w for w in self._workers.values() if model in w.models and w.state == "ready"),
-                key=lambda w: w.worker_id,
-            )
-        return found
 
 
 def _identity(request: RequestSubmitted) -> tuple[str, float]:

@@ -1,18 +1,22 @@
 """Which worker a request goes to: one strategy per ``SchedulerPolicy.routing``. No I/O.
 
 Each strategy is built once, with what it needs (the policy, the KV index), and
-answers one question: of the workers that may take this request (``free``, a subset
-of ``candidates``, the ready workers serving the model that the request's lane
-allows), which one, and how many of the request's prefix blocks it holds. The
+answers one question: of the workers of a ``Pool`` (the ready workers serving the
+model) that ``fit`` the request (room for it, and what its lane allows), which one,
+and how many of the request's prefix blocks it holds; None when none fits. The
 caller computes the prefix blocks (only for strategies that look at them) and keeps
 the books of what was routed where; a strategy reads the index, never writes it.
 
-- ``kv``: the free worker with the lowest ``load_weight x busy share -
+- ``kv``: the fitting worker with the lowest ``load_weight x busy share -
   overlap_weight x cached share of the request's blocks``, among those within
-  ``max_load_skew`` of the mean load (all free workers when none is).
+  ``max_load_skew`` of the pool's mean load (all fitting workers when none is). Its
+  cost does not grow with the fleet: a worker holding none of the request's blocks
+  is worth only its load, so of those only the least loaded that fits can win (the
+  pool's heap), and the others are the holders of the request's first block (the
+  index's); it looks at those few, not at every worker.
 - ``dynamo``: NVIDIA Dynamo's KV router cost, for comparison: blocks still to
-  prefill times ``overlap_weight``, plus the worker's active blocks.
-- ``round_robin``: the next free worker after the last one chosen, caches ignored.
+  prefill times ``overlap_weight``, plus the worker's active blocks (a scan).
+- ``round_robin``: the next fitting worker after the last one chosen, caches ignored.
 
 Ties go to the lowest worker id, so a decision is a function of its inputs (and, for
 round robin, of the strategy's own rotation).
@@ -20,10 +24,15 @@ round robin, of the strategy's own rotation).
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Callable
 from typing import ClassVar, Protocol
 
 from .kvindex import KvIndex
+from .pool import Pool, load_of
 from .state import SchedulerPolicy, Worker
+
+Fits = Callable[[Worker], bool]
 
 
 class Router(Protocol):
@@ -35,11 +44,10 @@ class Router(Protocol):
     neither computes them nor counts the route in the cache statistics."""
 
     def choose(
-        self, model: str, blocks: list[int], candidates: list[Worker], free: list[Worker]
-    ) -> tuple[Worker, int]:
-        """The worker for a request of ``model`` (one of ``free``, never empty) and how
-        many of its leading ``blocks`` that worker holds. ``candidates`` are the
-        eligible workers by worker id, ``free`` those of them with room for it."""
+        self, model: str, blocks: list[int], pool: Pool, fits: Fits
+    ) -> tuple[Worker, int] | None:
+        """The worker of ``pool`` for a request of ``model`` (one that ``fits``) and how
+        many of its leading ``blocks`` that worker holds; None when none fits."""
         ...
 
 
@@ -48,17 +56,27 @@ class RoundRobinRouter:
     uses_prefix: ClassVar[bool] = False
 
     def __init__(self, policy: SchedulerPolicy, kv: KvIndex) -> None:
-        self._next: dict[str, int] = {}
-        """Model → where the rotation over its candidates starts next."""
+        self._next: dict[str, str] = {}
+        """Model → the worker id the rotation over its pool starts from next."""
 
     def choose(
-        self, model: str, blocks: list[int], candidates: list[Worker], free: list[Worker]
-    ) -> tuple[Worker, int]:
-        room = {w.worker_id for w in free}
-        start = self._next.get(model, 0) % len(candidates)
-        w = next(w for w in candidates[start:] + candidates[:start] if w.worker_id in room)
-        self._next[model] = (candidates.index(w) + 1) % len(candidates)
-        return w, 0
+        self, model: str, blocks: list[int], pool: Pool, fits: Fits
+    ) -> tuple[Worker, int] | None:
+        ring = pool.workers
+        if not ring:
+            return None
+        start = bisect.bisect_left(ring, self._next.get(model, ""), key=lambda w: w.worker_id)
+        for k in range(len(ring)):
+            w = ring[(start + k) % len(ring)]
+            if fits(w):
+                self._next[model] = ring[(start + k + 1) % len(ring)].worker_id
+                return w, 0
+        return None
+
+
+FEW_HOLDERS = 32
+"""A prefix block held by at most this many workers has them looked at one by one;
+workers holding only blocks more widely held are found in order of load."""
 
 
 class KvRouter:
@@ -70,13 +88,92 @@ class KvRouter:
         self.kv = kv
 
     def choose(
-        self, model: str, blocks: list[int], candidates: list[Worker], free: list[Worker]
-    ) -> tuple[Worker, int]:
+        self, model: str, blocks: list[int], pool: Pool, fits: Fits
+    ) -> tuple[Worker, int] | None:
         p = self.policy
-        load = {w.worker_id: w.assigned_seqs / max(1, w.max_num_seqs) for w in candidates}
-        mean = sum(load.values()) / len(load)
-        ceiling = (1 + p.max_load_skew) * mean + 1 / max(1, min(w.max_num_seqs for w in candidates))
-        allowed = [w for w in free if load[w.worker_id] <= ceiling] or free
+        if p.load_weight <= 0 or p.overlap_weight < 0 or self.kv.spills():
+            return self._by_holders(blocks, pool, fits)
+        # the first block few workers hold: only they may hold more than ``wide`` blocks;
+        # each of the others holds at most ``wide``, and of those holding the same
+        # number only the least loaded can win
+        wide = next(
+            (d for d, h in enumerate(blocks) if self.kv.holder_count(h) <= FEW_HOLDERS), len(blocks)
+        )
+        deep = self.kv.holders(blocks[wide]) if wide < len(blocks) else set()
+        direct = [w for w in map(pool.get, deep) if w is not None and fits(w)]
+        ceiling = (1 + p.max_load_skew) * pool.mean_load + 1 / pool.min_slots
+        found = self._search(blocks, pool, fits, direct, deep, wide, ceiling)
+        if found is None:  # none within the load bound: the best of all that fit
+            found = self._search(blocks, pool, fits, direct, deep, wide, float("inf"))
+        return found
+
+    def _search(
+        self,
+        blocks: list[int],
+        pool: Pool,
+        fits: Fits,
+        direct: list[Worker],
+        deep: set[str],
+        wide: int,
+        limit: float,
+    ) -> tuple[Worker, int] | None:
+        """The cheapest fitting worker at load ``limit`` or under: ``direct`` ones each,
+        the rest in order of load until none left unseen can cost less (a threshold
+        search: one of ``h`` held blocks costs at least ``load_weight x load -
+        overlap_weight x h / n``)."""
+        p = self.policy
+        n = max(1, len(blocks))
+        best: tuple[tuple[float, str], Worker, int] | None = None
+
+        def consider(w: Worker, held: int) -> None:
+            nonlocal best
+            c = (p.load_weight * load_of(w) - p.overlap_weight * held / n, w.worker_id)
+            if best is None or c < best[0]:
+                best = (c, w, held)
+
+        for w in direct:
+            if load_of(w) <= limit:
+                consider(w, self.kv.depth(w.worker_id, blocks))
+        unresolved = set(range(wide + 1))  # how many blocks the rest may hold
+        scan = pool.by_load()
+        try:
+            for w in scan:
+                load = load_of(w)
+                if load > limit:
+                    break
+                most = max(unresolved)
+                bound = (p.load_weight * load - p.overlap_weight * most / n, w.worker_id)
+                if best is not None and bound > best[0]:
+                    break
+                if w.worker_id in deep or not fits(w):
+                    continue
+                held = self.kv.depth(w.worker_id, blocks)
+                if held in unresolved:  # the least loaded holding that many
+                    unresolved.discard(held)
+                    consider(w, held)
+                    if not unresolved:
+                        break
+        finally:
+            scan.close()
+        return None if best is None else (best[1], best[2])
+
+    def _by_holders(self, blocks: list[int], pool: Pool, fits: Fits) -> tuple[Worker, int] | None:
+        """Each holder of the request's first block, and the least loaded of the rest
+        (or, with ``load_weight`` 0, the lowest id): where spill tiers or weights
+        make the cost more than load and held blocks."""
+        p = self.policy
+        holders = self.kv.holders(blocks[0]) if blocks else set()
+        found = [w for w in map(pool.get, holders) if w is not None and fits(w)]
+        if p.load_weight > 0:
+            other = pool.least_loaded(fits, skip=holders)
+        else:  # load counts for nothing: the lowest id wins among the non-holders
+            other = next((w for w in pool.workers if w.worker_id not in holders and fits(w)), None)
+        if other is not None:
+            found.append(other)
+        if not found:
+            return None
+        ceiling = (1 + p.max_load_skew) * pool.mean_load + 1 / pool.min_slots
+        allowed = [w for w in found if load_of(w) <= ceiling] or found
         overlap = self.kv.overlaps(blocks, [w.worker_id for w in allowed])
         # blocks a worker restores from its spill tiers: cheaper than computing them,
         # dearer than having them (the engine reports both as cached), by what the
@@ -88,7 +185,7 @@ class KvRouter:
             wid = w.worker_id
             spill = p.spill_weight if w.spill_weight is None else w.spill_weight
             worth = overlap[wid] + spill * restore[wid]
-            return p.load_weight * load[wid] - p.overlap_weight * worth / n, wid
+            return p.load_weight * load_of(w) - p.overlap_weight * worth / n, wid
 
         best = min(allowed, key=cost)
         return best, overlap[best.worker_id] + restore[best.worker_id]
@@ -103,9 +200,12 @@ class DynamoRouter:
         self.kv = kv
 
     def choose(
-        self, model: str, blocks: list[int], candidates: list[Worker], free: list[Worker]
-    ) -> tuple[Worker, int]:
+        self, model: str, blocks: list[int], pool: Pool, fits: Fits
+    ) -> tuple[Worker, int] | None:
         p = self.policy
+        free = [w for w in pool.workers if fits(w)]
+        if not free:
+            return None
         hit = self.kv.overlaps(blocks, [w.worker_id for w in free])
 
         def cost(w: Worker) -> tuple[float, str]:

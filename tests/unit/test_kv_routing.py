@@ -17,6 +17,7 @@ from inferbus.contracts import (
 )
 from inferbus.services.scheduler.core import Assign, SchedulerCore, SchedulerPolicy, Worker
 from inferbus.services.scheduler.kvindex import KvIndex, text_blocks
+from inferbus.services.scheduler.pool import Pool
 from inferbus.services.scheduler.routing import (
     ROUTERS,
     DynamoRouter,
@@ -277,11 +278,15 @@ def test_every_strategy_chooses_a_worker_that_can_take_the_request(name, workers
         )
         if held:
             kv.on_event(KvBlocksStored(worker_id=wid, block_hashes=held))
+    pool = Pool(candidates)
     for t in tokens:  # several decisions: round robin's rotation moves between them
         free = [w for w in candidates if w.can_take(t)]
+        found = router.choose("m", blocks, pool, lambda w, t=t: w.can_take(t))
         if not free:
+            assert found is None
             continue
-        chosen, hits = router.choose("m", blocks, candidates, free)
+        assert found is not None
+        chosen, hits = found
         assert any(chosen is w for w in free)
         assert chosen.can_take(t)
         if router.uses_prefix:
