@@ -25,6 +25,7 @@ __all__ = [
     "HEADER_TRACEPARENT",
     "HEARTBEATS",
     "KV_EVENTS",
+    "KV_INDEX",
     "KV_SPILL_INDEX",
     "LLMSERVICES",
     "MODEL_ARTIFACTS",
@@ -133,6 +134,12 @@ SCALING_STATUS = "ib.scaling.status"
 KV_SPILL_INDEX = "ib-kvspill"
 """JetStream KV bucket: ``ns.<namespace>`` → KvSpillNamespace, what the shared tier
 holds of each model's weights (the kvspill service writes it after each scan)."""
+
+# the scheduler's KV index, for its next start (services/scheduler/kvsnapshot.py)
+KV_INDEX = "ib-kv-index"
+"""JetStream KV bucket: ``<worker_id>.<medium>.<part>`` → KvIndexPart, the blocks each
+worker's KV events said it holds, as of a position in IB_KV: a restarted scheduler
+loads these and reads IB_KV on from there instead of from its start."""
 
 # the gateway's stored responses (OpenAI's Responses API, services/gateway/responses.py)
 RESPONSES = "ib-responses"

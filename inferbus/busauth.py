@@ -26,6 +26,7 @@ import msgspec
 
 from inferbus.contracts import (
     GATEWAY_REPLY_OWNER,
+    KV_INDEX,
     KV_SPILL_INDEX,
     MODEL_ARTIFACTS,
     MODEL_REGISTRY,
@@ -132,9 +133,12 @@ REGISTRY_READ = stream_read(f"KV_{MODEL_REGISTRY}", f"OBJ_{MODEL_ARTIFACTS}")
 RESPONSES_READ = stream_read(f"KV_{RESPONSES}")
 """Reading the gateway's stored responses (it writes them through its wiring)."""
 
+KV_INDEX_READ = stream_read(f"KV_{KV_INDEX}")
+"""Reading the scheduler's stored KV index (it writes it through its wiring)."""
+
 PLATFORM_STREAMS = (
     *(spec.name for spec in STREAMS),
-    *(f"KV_{bucket}" for bucket in (RESPONSES, KV_SPILL_INDEX, MODEL_REGISTRY)),
+    *(f"KV_{bucket}" for bucket in (RESPONSES, KV_SPILL_INDEX, MODEL_REGISTRY, KV_INDEX)),
     f"OBJ_{MODEL_ARTIFACTS}",
 )
 """Every stream the platform declares, the KV buckets and Object Store included."""

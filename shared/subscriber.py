@@ -79,7 +79,9 @@ class Subscriber:
     async def open(self, owner: object, subscriptions: Collection[Subscription]) -> None:
         for spec in subscriptions:
             handler = resolve(owner, spec.handler)  # a wrong name fails the start, not later
-            self._open.append((spec, await self._subscribe(spec, self._receiver(spec, handler))))
+            self._open.append(
+                (spec, await self._subscribe(spec, self._receiver(spec, handler), owner))
+            )
 
     async def close(self, *, keep: Collection[str] = (), drain: bool = False) -> None:
         """Stop reading, the last opened first (``drain``: hand what already arrived to
@@ -136,7 +138,9 @@ class Subscriber:
 
         return receive
 
-    async def _subscribe(self, spec: Subscription, cb: Callable[[Msg], Awaitable[None]]) -> Any:
+    async def _subscribe(
+        self, spec: Subscription, cb: Callable[[Msg], Awaitable[None]], owner: object
+    ) -> Any:
         subject = fill(spec.subject, self.fields)
         source = spec.source
         if isinstance(source, Listen):
@@ -151,6 +155,17 @@ class Subscriber:
                     self._js, source.stream, subject, since_s=SETTINGS_HISTORY_S
                 ):
                     await cb(Msg(self._nc, subject=subject, data=data, headers=headers))
+            after = int(getattr(owner, source.start_after, 0) or 0) if source.start_after else 0
+            if after:
+                return await self._js.subscribe(
+                    subject,
+                    stream=source.stream,
+                    cb=cb,
+                    ordered_consumer=True,
+                    config=ConsumerConfig(
+                        deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1
+                    ),
+                )
             return await self._js.subscribe(
                 subject,
                 stream=source.stream,

@@ -67,6 +67,9 @@ class Follow:
     stream: str
     deliver: Deliver = "new"
     replay: bool = False
+    start_after: str = ""
+    """An attribute of the service holding a stream sequence (set by its ``start``):
+    when not 0, delivery begins at the message after it instead of at ``deliver``."""
 
 
 @dataclass(frozen=True)

@@ -741,6 +741,7 @@ class SchedulerCore:
                 if self.routed_blocks
                 else None,
                 "kv_event_gaps": self.kv.gaps,
+                "kv_blocks": self.kv.blocks(),
             },
         }
 

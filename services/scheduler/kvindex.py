@@ -21,7 +21,7 @@ is the number of its leading blocks the worker holds):
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
 from typing import NamedTuple
 
 from inferbus.contracts import (
@@ -252,6 +252,39 @@ class KvIndex:
                 n += 1
             out[w] = n
         return out
+
+    def reports(self) -> Iterator[tuple[str, str, set[int]]]:
+        """What each worker's events say it holds: (worker, medium, blocks), the
+        medium empty for the engine's cache."""
+        for w, blocks in self._exact.by_worker.items():
+            yield w, "", blocks
+        for medium, spilled in self._spilled.items():
+            for w, blocks in spilled.by_worker.items():
+                yield w, medium, blocks
+
+    def last_seq(self, worker_id: str) -> int:
+        return self._seq.get(worker_id, 0)
+
+    def known_block_size(self, worker_id: str) -> int:
+        return self._block_size.get(worker_id, 0)
+
+    def load(self, worker_id: str, seq: int, block_size: int, media: dict[str, list[int]]) -> None:
+        """What a snapshot says ``worker_id``'s events had said, up to its event ``seq``
+        (medium "" the engine's cache): in place of what this index believed of it."""
+        self.forget_reports(worker_id)
+        self._reporting.add(worker_id)
+        if seq:
+            self._seq[worker_id] = seq
+        if block_size:
+            self._block_size[worker_id] = block_size
+        for medium, hashes in media.items():
+            holders = self._spilled[medium] if medium else self._exact
+            for h in hashes:
+                holders.add(worker_id, h)
+
+    def blocks(self) -> int:
+        """Blocks the engines' events say are cached, counted once however many hold each."""
+        return len(self._exact.by_block)
 
     def workers(self) -> set[str]:
         return set(self._exact.by_worker) | set(self._approx.by_worker) | self._reporting

@@ -7,15 +7,20 @@ import time
 from typing import Any
 
 from nats.aio.msg import Msg
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from inferbus.contracts import (
     CANCEL,
     ENDED,
     HEADER_MSG_ID,
+    KV_INDEX,
     SCHEDULER_LOAD,
     CanaryWeights,
     CancelRequest,
     KvEvent,
+    KvEventBatch,
+    KvIndexPart,
     LLMServiceSettings,
     RequestAccepted,
     RequestCancelled,
@@ -46,6 +51,7 @@ from inferbus.shared.runtime import Context, Service
 from inferbus.shared.tracing import attributes as t
 from inferbus.shared.tracing import valid_context
 
+from . import kvsnapshot
 from .core import (
     Assign,
     Cancel,
@@ -76,7 +82,13 @@ class SchedulerSettings(ServiceSettings, kw_only=True):
     restore_window_s: float = 900.0
     """On start, assignments this recent that never ended are taken back (their slots
     count, and a lost worker fails them): a restart strands no request."""
+    kv_snapshot_interval_s: float = 60.0
+    """How often the KV index is stored (``ib-kv-index``, and once more when it stops)
+    for the next start to load instead of reading all of IB_KV. 0: never."""
 
+
+SNAPSHOT_HISTORY_S = 86400.0
+"""A stored KV index older than this is dropped (its scheduler gone a day)."""
 
 _RECONNECT_GRACE_S = 1.0
 """After its own connection comes back, how long before workers not heard from yet
@@ -103,11 +115,18 @@ class SchedulerService(Service[SchedulerSettings]):
         self._live_seen: set[str] = set()
         self._deaf = False
         """Its own bus connection is down: it hears no one, so it judges no silence."""
+        self.kv_resume_seq = 0
+        """The IB_KV position the stored index loaded at start is as of (0: none)."""
+        self._kv_applied = 0
+        """The last IB_KV message the index holds."""
+        self._kv_keys: set[str] = set()
+        self._snapshot_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self.ctx.connection.disconnected.append(self._on_bus_lost)
         self.ctx.connection.reconnected.append(self._on_bus_back)
         await self._restore(self.ctx)
+        await self._load_kv_index()
 
     async def _on_bus_lost(self) -> None:
         self._deaf = True
@@ -122,6 +141,8 @@ class SchedulerService(Service[SchedulerSettings]):
     async def serving(self) -> None:
         self._tick_task = asyncio.create_task(self._ticks(), name="ticks")
         self._progress_task = asyncio.create_task(self._keep_unacked(), name="in-progress")
+        if self.settings.kv_snapshot_interval_s > 0:
+            self._snapshot_task = asyncio.create_task(self._store_kv_index(), name="kv-index")
 
     def status(self) -> dict[str, Any]:
         return self.core.status()
@@ -158,11 +179,75 @@ class SchedulerService(Service[SchedulerSettings]):
             inflight=len(self.core.inflight),
         )
 
+    async def _load_kv_index(self) -> None:
+        """The index as last stored, and where in IB_KV it is as of (read on from
+        there by the KV subscription, ``start_after``)."""
+        try:
+            stored = await replay(
+                self.ctx.js, f"KV_{KV_INDEX}", f"$KV.{KV_INDEX}.>", SNAPSHOT_HISTORY_S
+            )
+        except NotFoundError:
+            return  # never stored: IB_KV is read from its start
+        parts = []
+        for data, _ in stored:
+            if data:  # an empty value is a deleted key
+                try:
+                    parts.append(decode(data, KvIndexPart))
+                except DecodeError:
+                    continue
+        began = time.monotonic()
+        self.kv_resume_seq = self._kv_applied = kvsnapshot.load(self.core.kv, parts)
+        self._kv_keys = {kvsnapshot.key_of(p) for p in parts}
+        log.info(
+            "kv index loaded",
+            parts=len(parts),
+            blocks=self.core.kv.blocks(),
+            after_stream_seq=self.kv_resume_seq,
+            seconds=round(time.monotonic() - began, 3),
+        )
+
+    async def _store_kv_index(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.kv_snapshot_interval_s)
+            try:
+                await self._write_kv_index()
+            except Exception:
+                log.exception("could not store the KV index")
+
+    async def _write_kv_index(self) -> None:
+        """Store the index as it stands now (its parts as of ``_kv_applied``), and drop
+        the keys of workers it no longer holds."""
+        parts = kvsnapshot.snapshot(self.core.kv, self._kv_applied)
+        try:
+            bucket = await self.ctx.js.key_value(KV_INDEX)
+        except BucketNotFoundError:
+            kv_stream = await self.ctx.js.stream_info("IB_KV")
+            size = max(8 << 20, (kv_stream.config.max_bytes or 0) // 4)
+            bucket = await self.ctx.js.create_key_value(
+                KeyValueConfig(
+                    bucket=KV_INDEX,
+                    history=1,
+                    max_bytes=size,
+                    ttl=SNAPSHOT_HISTORY_S,
+                    storage=StorageType.FILE,
+                )
+            )
+        for key, part in parts.items():
+            await bucket.put(key, encode(part))
+        for gone in self._kv_keys - parts.keys():
+            await bucket.delete(gone)
+        self._kv_keys = set(parts)
+
     async def drain(self) -> None:
         await self.ctx.subscriptions.close(drain=True)
-        for task in (self._tick_task, self._progress_task):
+        for task in (self._tick_task, self._progress_task, self._snapshot_task):
             if task:
                 task.cancel()
+        if self.settings.kv_snapshot_interval_s > 0:
+            try:  # the next start loads what this one knew at its end
+                await asyncio.wait_for(self._write_kv_index(), 10.0)
+            except Exception:
+                log.exception("could not store the KV index")
         await self._work.wait()
         # unacked accepted requests go back to JetStream for the next scheduler
         for msg in self._unacked.values():
@@ -207,8 +292,19 @@ class SchedulerService(Service[SchedulerSettings]):
     async def _on_heartbeat(self, hb: WorkerHeartbeat, msg: Msg) -> None:
         await self._apply(self.core.on_heartbeat(hb, time.monotonic(), time.time()))
 
-    async def _on_kv(self, event: KvEvent, msg: Msg) -> None:
-        self.core.on_kv_event(event)
+    async def _on_kv(self, event: KvEvent | KvEventBatch, msg: Msg) -> None:
+        self._kv_applied = msg.metadata.sequence.stream
+        if not isinstance(event, KvEventBatch):
+            self.core.on_kv_event(event)  # one event: a worker from before batches
+            return
+        other = next((e.worker_id for e in event.events if e.worker_id != event.worker_id), None)
+        if other is not None:  # its subject vouches for the batch's worker, not for this
+            await self.ctx.dead_letters.send(
+                msg, f"a KV event of {other!r} in a batch of {event.worker_id!r}"
+            )
+            return
+        for e in event.events:
+            self.core.on_kv_event(e)
 
     async def _on_canary(self, ev: CanaryWeights, msg: Msg) -> None:
         try:

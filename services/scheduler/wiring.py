@@ -9,6 +9,7 @@ from inferbus.contracts import (
     ENDED,
     HEARTBEATS,
     KV_EVENTS,
+    KV_INDEX,
     LLMSERVICES,
     PROGRESS,
     SCALING_STATUS,
@@ -18,6 +19,7 @@ from inferbus.contracts import (
     CanaryWeights,
     CancelRequest,
     KvEvent,
+    KvEventBatch,
     LLMServiceSettings,
     RequestAccepted,
     RequestProgress,
@@ -79,13 +81,14 @@ WIRING = Wiring(
         Subscription(TENANT_CANCELS, CancelRequest, "_on_cancel"),
         Subscription(ENDED, Terminal, "_on_ended", source=Consume(ENDED_CONSUMER)),
         Subscription(ACCEPTED, RequestAccepted, "_on_accepted", source=Consume(ACCEPTED_CONSUMER)),
-        # the workers' KV events, replayed from the stream's start: the index of which
-        # worker holds which prefix is rebuilt after a restart
+        # the workers' KV events, replayed from the stream's start, or from where the
+        # stored index loaded at start is as of: the index of which worker holds which
+        # prefix is rebuilt after a restart
         Subscription(
             KV_EVENTS,
-            KvEvent,
+            KvEvent | KvEventBatch,
             "_on_kv",
-            source=Follow("IB_KV", deliver="all"),
+            source=Follow("IB_KV", deliver="all", start_after="kv_resume_seq"),
             sender=lambda ev: kv_subject(ev.worker_id),
         ),
         # canary weights: the latest per model, then every change
@@ -97,5 +100,6 @@ WIRING = Wiring(
         ),
     ),
     # CANCEL: a superseded attempt's stop, for a presumed-lost worker that wakes
-    publishes=("ib.work.>", ENDED, SCHEDULER_LOAD, CANCEL),
+    # its KV index, for its next start (kvsnapshot.py)
+    publishes=("ib.work.>", ENDED, SCHEDULER_LOAD, CANCEL, f"$KV.{KV_INDEX}.>"),
 )

@@ -58,6 +58,7 @@ from .core import (
 )
 from .delivery import Deliveries, trusted_keys
 from .engine import Engine, EngineError, EngineOptions, EngineOutput
+from .kvbatch import kv_batches
 from .report import report_end, report_spill, report_stats
 from .sim import SimEngine, SimTiming
 from .swap import Held, Holding
@@ -385,14 +386,16 @@ class WorkerService(Service[WorkerSettings]):
         return metrics.add_label(body, b"vllm:", "worker", self.worker_id)
 
     async def _publish_kv_events(self, events: list[Any]) -> None:
-        """Core-NATS publishes into the IB_KV stream: no ack wait on the engine's hot
-        path; numbered, so a reader knows when one was lost (of 200,000 in a burst, up to
-        1,010 were never stored)."""
+        """One engine step's events as one message (``KvEventBatch``, split past
+        ``KV_BATCH_BYTES``), core-NATS into the IB_KV stream: no ack wait on the
+        engine's hot path; numbered, so a reader knows when one was lost (of 200,000 in
+        a burst, up to 1,010 were never stored)."""
         subject = kv_subject(self.worker_id)
         for ev in events:
             self._kv_seq += 1
             ev.seq = self._kv_seq
-            await self.ctx.nc.publish(subject, encode(ev))
+        for data in kv_batches(self.worker_id, events):
+            await self.ctx.nc.publish(subject, data)
 
     def status(self) -> dict[str, Any]:
         stats = self.engine.stats()

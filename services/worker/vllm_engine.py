@@ -174,7 +174,9 @@ def timings_of(metrics: Any, received_wall: float) -> StageTimings | None:
 
 
 def kv_events_of(batch: Any, worker_id: str) -> list[KvEvent]:
-    """vLLM's KVEventBatch as our contract events (hashes as unsigned 64-bit ints)."""
+    """vLLM's KVEventBatch as our contract events (hashes as unsigned 64-bit ints;
+    not the blocks' token ids: the index keys blocks by hash, and the ids were most of
+    a stored event's bytes)."""
 
     out: list[KvEvent] = []
     for ev in batch.events:
@@ -187,7 +189,6 @@ def kv_events_of(batch: Any, worker_id: str) -> list[KvEvent]:
                     parent_block_hash=(
                         None if ev.parent_block_hash is None else event_hash(ev.parent_block_hash)
                     ),
-                    token_ids=list(ev.token_ids),
                     block_size=ev.block_size,
                     lora_name=ev.lora_name,
                     medium=ev.medium,

@@ -29,6 +29,7 @@ from inferbus.contracts import (
     KV_EVENTS,
     CancelRequest,
     KvBlocksStored,
+    KvEventBatch,
     RequestCancelled,
     WorkerHeartbeat,
 )
@@ -271,8 +272,10 @@ async def test_kv_events_heartbeat_stats_and_metrics(vllm_worker, client):
     long_prompt = " ".join(f"word{i}" for i in range(200))
     for _ in range(2):  # the second pass hits the prefix cache
         await client.generate(MODEL, long_prompt, max_tokens=2, temperature=0.0)
-    stored = decode((await kv.next_msg(timeout=10)).data, KvBlocksStored)
+    batch = decode((await kv.next_msg(timeout=10)).data, KvEventBatch)  # an engine step's
+    stored = next(e for e in batch.events if isinstance(e, KvBlocksStored))
     assert stored.block_hashes and stored.worker_id.startswith("vllm-worker")
+    assert batch.worker_id == stored.worker_id and stored.seq >= 1 and not stored.token_ids
     for _ in range(50):
         hb = decode((await hbs.next_msg(timeout=5)).data, WorkerHeartbeat)
         if hb.engine == "vllm" and hb.prefix_cache_hits > 0:

@@ -50,6 +50,7 @@ from inferbus.contracts import (
     PROGRESS,
     ChatMessage,
     KvBlocksStored,
+    KvEventBatch,
     KvSpillNamespace,
     RequestProgress,
     Terminal,
@@ -118,9 +119,9 @@ async def _exact_hits(p: Platform) -> None:
     stored: list[KvBlocksStored] = []
 
     async def on_kv(msg) -> None:
-        ev = decode_or_none(msg.data, KvBlocksStored)
-        if ev is not None:
-            stored.append(ev)
+        batch = decode_or_none(msg.data, KvEventBatch)  # one engine step's events
+        if batch is not None:
+            stored.extend(e for e in batch.events if isinstance(e, KvBlocksStored))
 
     await nc.subscribe(KV_EVENTS, cb=on_kv)
     expected: dict[str, int] = {}

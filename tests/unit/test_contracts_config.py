@@ -23,6 +23,7 @@ from inferbus.contracts import (
     KvAllCleared,
     KvBlocksRemoved,
     KvBlocksStored,
+    KvEventBatch,
     ModelLoad,
     ReplyEvent,
     RequestAccepted,
@@ -140,6 +141,14 @@ SAMPLES = {
     ),
     KvBlocksRemoved: KvBlocksRemoved(worker_id="w1", block_hashes=[7], medium="CPU"),
     KvAllCleared: KvAllCleared(worker_id="w1"),
+    KvEventBatch: KvEventBatch(
+        worker_id="w1",
+        events=[
+            KvBlocksStored(worker_id="w1", block_hashes=[2**64 - 1], block_size=16, seq=1),
+            KvBlocksRemoved(worker_id="w1", block_hashes=[7], seq=2),
+            KvAllCleared(worker_id="w1", seq=3),
+        ],
+    ),
     CanaryWeights: CanaryWeights(model="m", weights={"m-v2": 0.1}),
     TenantPolicy: TenantPolicy(tenant="acme", priority="batch", models=["m"], mask_pii=True),
     TraceDecided: TraceDecided(

@@ -37,6 +37,7 @@ def test_kv_events_map_and_hash_bytes_become_uint64():
     stored, removed, cleared = kv_events_of(batch, "w1")
     assert isinstance(stored, KvBlocksStored) and stored.worker_id == "w1"
     assert stored.block_hashes == [2**64 - 1, 7] and stored.block_size == 16
+    assert stored.token_ids == []  # the index keys blocks by hash: not carried
     assert isinstance(removed, KvBlocksRemoved) and removed.block_hashes == [7]
     assert isinstance(cleared, KvAllCleared)
 

@@ -1,0 +1,117 @@
+"""KV events in batches on a real nats-server and scheduler: applied live, replayed
+after a restart, and a batch that names another worker inside dead-lettered."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import nats
+from testkit.deadletters import letter_about
+from testkit.procs import ServiceProcess, start_all
+
+from inferbus.contracts import (
+    KvBlocksRemoved,
+    KvBlocksStored,
+    KvEventBatch,
+    kv_subject,
+    status_subject,
+)
+from inferbus.shared.codec import encode
+from inferbus.shared.natsserver import NatsServer
+
+
+async def _routing(nc, want: int, timeout: float = 30.0) -> dict:
+    """The scheduler's routing status once it holds ``want`` blocks."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            reply = await nc.request(status_subject("scheduler"), b"", timeout=2)
+            routing = json.loads(reply.data)["routing"]
+            if routing["kv_blocks"] == want or time.monotonic() > deadline:
+                return routing
+        except (TimeoutError, nats.errors.NoRespondersError):
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.2)
+
+
+async def test_a_batch_of_kv_events_is_applied_replayed_and_checked(tmp_path):
+    server = NatsServer(tmp_path / "nats", log_file=tmp_path / "nats.log").start()
+    scheduler = ServiceProcess("scheduler", server.url, tmp_path, name="kvb-scheduler")
+    start_all([scheduler])
+    nc = await nats.connect(server.url)
+    try:
+        w = "worker-0.kvb"
+        batch = KvEventBatch(
+            worker_id=w,
+            events=[
+                KvBlocksStored(worker_id=w, block_hashes=[1, 2, 3, 4], block_size=16, seq=1),
+                KvBlocksRemoved(worker_id=w, block_hashes=[4], seq=2),
+                KvBlocksStored(worker_id=w, block_hashes=[9], block_size=16, seq=3),
+            ],
+        )
+        await nc.publish(kv_subject(w), encode(batch))
+        routing = await _routing(nc, 4)
+        assert (routing["kv_blocks"], routing["kv_event_gaps"]) == (4, 0)
+
+        # a worker may publish on its own subject only: inside, another's events are
+        # not taken on its word
+        forged = KvEventBatch(
+            worker_id=w,
+            events=[KvBlocksStored(worker_id="worker-1.victim", block_hashes=[77], seq=1)],
+        )
+        await nc.publish(kv_subject(w), encode(forged))
+        letter = await letter_about(nc, "scheduler", "worker-1.victim", timeout=30)
+        assert "in a batch of" in letter.reason
+        assert (await _routing(nc, 4))["kv_blocks"] == 4
+
+        # a restarted scheduler replays IB_KV, batches and all (the forged one again
+        # dead-lettered, not applied)
+        scheduler.stop()
+        start_all([scheduler])
+        routing = await _routing(nc, 4)
+        assert (routing["kv_blocks"], routing["kv_event_gaps"]) == (4, 0)
+    finally:
+        await nc.close()
+        scheduler.stop()
+        server.stop()
+
+
+async def test_a_restart_loads_the_stored_index_and_reads_on_from_where_it_was(tmp_path):
+    """The index a stopping scheduler stored is what the next one starts from: with
+    IB_KV emptied in between it still knows every block, and the worker's next event
+    follows on without a gap."""
+    server = NatsServer(tmp_path / "nats", log_file=tmp_path / "nats.log").start()
+    scheduler = ServiceProcess("scheduler", server.url, tmp_path, name="kvs-scheduler")
+    start_all([scheduler])
+    nc = await nats.connect(server.url)
+    try:
+        w = "worker-0.kvs"
+        first = KvEventBatch(
+            worker_id=w,
+            events=[
+                KvBlocksStored(worker_id=w, block_hashes=[1, 2, 3], block_size=16, seq=1),
+                KvBlocksStored(worker_id=w, block_hashes=[4], medium="CPU", seq=2),
+            ],
+        )
+        await nc.publish(kv_subject(w), encode(first))
+        assert (await _routing(nc, 3))["kv_blocks"] == 3
+        scheduler.stop()  # its drain stores the index
+        await nc.jetstream().purge_stream("IB_KV")
+        start_all([scheduler])
+        assert (await _routing(nc, 3))["kv_blocks"] == 3  # not from IB_KV: it is empty
+        nxt = KvEventBatch(
+            worker_id=w,
+            events=[KvBlocksStored(worker_id=w, block_hashes=[5], block_size=16, seq=3)],
+        )
+        await nc.publish(kv_subject(w), encode(nxt))
+        routing = await _routing(nc, 4)
+        assert (routing["kv_blocks"], routing["kv_event_gaps"]) == (4, 0)
+        log = (tmp_path / "kvs-scheduler.log").read_text()
+        assert '"kv index loaded"' in log or "kv index loaded" in log
+    finally:
+        await nc.close()
+        scheduler.stop()
+        server.stop()
