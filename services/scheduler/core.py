@@ -823,6 +823,7 @@ class SchedulerCore:
         """Move a silent worker's migratable streams; it gets no new work until it is
         heard from again, and the rest of its work waits for ``worker_timeout_s``."""
         w.state = "silent"  # its next heartbeat says what it is
+        self._regroup()  # out of its pools: no placement, no slots counted
         effects: list[Effect] = []
         for rid in sorted(w.assigned, key=lambda r: self.inflight[r].order, reverse=True):
             f = self.inflight[rid]
@@ -981,8 +982,8 @@ class SchedulerCore:
                 w = self._place(model, item, lane, unreserved, tokens)
             if w is None:
                 blocked.add(lane)
-                free = self._pool(target).least_loaded(lambda x: x.can_take())
-                if lane == "short" and free is not None:
+                pool = self._pool(target)
+                if lane == "short" and pool.least_loaded(lambda x: x.can_take()) is not None:
                     # slots are free but not the tokens it needs: keep the long lane
                     # from taking them, so running work drains until it fits
                     blocked.add("long")

@@ -21,7 +21,7 @@ is the number of its leading blocks the worker holds):
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable
 from typing import NamedTuple
 
 from inferbus.contracts import (
@@ -220,12 +220,16 @@ class KvIndex:
         )
 
     def holder_count(self, block_hash: int) -> int:
-        """At least as many as hold ``block_hash`` in the cache and routed views."""
-        return len(self._exact.of(block_hash)) + len(self._approx.of(block_hash))
+        """At least as many as hold ``block_hash`` in any view."""
+        return (
+            len(self._exact.of(block_hash))
+            + len(self._approx.of(block_hash))
+            + sum(len(s.of(block_hash)) for s in self._spilled.values())
+        )
 
     def spills(self) -> bool:
-        """Some worker reported blocks in a spill tier."""
-        return any(s.by_worker for s in self._spilled.values())
+        """Some worker's spill tiers hold blocks now."""
+        return any(s.by_block for s in self._spilled.values())
 
     def holders(self, block_hash: int) -> set[str]:
         """The workers holding ``block_hash`` in any view (cache, routed, spilled):
@@ -253,14 +257,17 @@ class KvIndex:
             out[w] = n
         return out
 
-    def reports(self) -> Iterator[tuple[str, str, set[int]]]:
-        """What each worker's events say it holds: (worker, medium, blocks), the
-        medium empty for the engine's cache."""
-        for w, blocks in self._exact.by_worker.items():
-            yield w, "", blocks
-        for medium, spilled in self._spilled.items():
-            for w, blocks in spilled.by_worker.items():
-                yield w, medium, blocks
+    def reporters(self) -> list[str]:
+        """Workers whose events say they hold blocks (in the cache or a spill tier)."""
+        out = set(self._exact.by_worker)
+        for spilled in self._spilled.values():
+            out.update(spilled.by_worker)
+        return sorted(out)
+
+    def held_by(self, worker_id: str) -> dict[str, set[int]]:
+        """What ``worker_id``'s events say it holds, by medium ("": the engine's cache)."""
+        views = {"": self._exact, **self._spilled}
+        return {m: blocks for m, h in views.items() if (blocks := h.by_worker.get(worker_id))}
 
     def last_seq(self, worker_id: str) -> int:
         return self._seq.get(worker_id, 0)

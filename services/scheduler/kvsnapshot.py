@@ -7,10 +7,11 @@ with the IB_KV position it is as of, in the KV bucket ``ib-kv-index``; a new one
 loads the parts and reads IB_KV on from that position. Only what the workers' events
 said is kept (the engine's cache and its spill tiers), not what was routed.
 
-A round's keys are written one after another: a scheduler that dies mid-round
-leaves some keys at the last position and some at the one before. Reading on from
-the earliest is safe: an event a loaded worker's part already covers has a number
-its count has passed, and is ignored.
+A round is written a worker at a time (each worker's parts at the position when they
+were taken, the service yielding between workers), and a scheduler that dies
+mid-round leaves some keys at one position and some at another. Reading on from the
+earliest is safe: an event a loaded worker's part already covers has a number its
+count has passed, and is ignored.
 """
 
 from __future__ import annotations
@@ -32,7 +33,12 @@ PART_BLOCKS = 50_000
 
 
 def _pack(hashes: list[int]) -> bytes:
-    a = array("Q", hashes)
+    """Little-endian uint64s (a hash out of that range, from a worker's bug, left out:
+    it could not have matched a request's)."""
+    try:
+        a = array("Q", hashes)
+    except OverflowError:
+        a = array("Q", [h for h in hashes if 0 <= h < 1 << 64])
     if sys.byteorder == "big":
         a.byteswap()
     return a.tobytes()
@@ -53,13 +59,13 @@ def key_of(part: KvIndexPart) -> str:
     return f"{worker}.{part.medium or 'cache'}.{part.part}"
 
 
-def snapshot(
-    index: KvIndex, stream_seq: int, part_blocks: int = PART_BLOCKS
+def worker_parts(
+    index: KvIndex, worker: str, stream_seq: int, part_blocks: int = PART_BLOCKS
 ) -> dict[str, KvIndexPart]:
-    """The index as it stands, after IB_KV's message ``stream_seq``: key → part."""
+    """One worker's blocks, after IB_KV's message ``stream_seq``: key → part."""
     out: dict[str, KvIndexPart] = {}
-    for worker, medium, blocks in index.reports():
-        hashes = sorted(blocks)
+    for medium, blocks in index.held_by(worker).items():
+        hashes = list(blocks)
         parts = max(1, -(-len(hashes) // part_blocks))
         for i in range(parts):
             part = KvIndexPart(
@@ -73,6 +79,16 @@ def snapshot(
                 hashes=_pack(hashes[i * part_blocks : (i + 1) * part_blocks]),
             )
             out[key_of(part)] = part
+    return out
+
+
+def snapshot(
+    index: KvIndex, stream_seq: int, part_blocks: int = PART_BLOCKS
+) -> dict[str, KvIndexPart]:
+    """The whole index as it stands, after IB_KV's message ``stream_seq``."""
+    out: dict[str, KvIndexPart] = {}
+    for worker in index.reporters():
+        out.update(worker_parts(index, worker, stream_seq, part_blocks))
     return out
 
 

@@ -91,7 +91,7 @@ class KvRouter:
         self, model: str, blocks: list[int], pool: Pool, fits: Fits
     ) -> tuple[Worker, int] | None:
         p = self.policy
-        if p.load_weight <= 0 or p.overlap_weight < 0 or self.kv.spills():
+        if p.load_weight <= 0 or p.overlap_weight < 0:
             return self._by_holders(blocks, pool, fits)
         # the first block few workers hold: only they may hold more than ``wide`` blocks;
         # each of the others holds at most ``wide``, and of those holding the same
@@ -125,32 +125,49 @@ class KvRouter:
         n = max(1, len(blocks))
         best: tuple[tuple[float, str], Worker, int] | None = None
 
-        def consider(w: Worker, held: int) -> None:
+        def consider(w: Worker, worth: float, hits: int) -> None:
             nonlocal best
-            c = (p.load_weight * load_of(w) - p.overlap_weight * held / n, w.worker_id)
+            c = (p.load_weight * load_of(w) - p.overlap_weight * worth / n, w.worker_id)
             if best is None or c < best[0]:
-                best = (c, w, held)
+                best = (c, w, hits)
+
+        spills = self.kv.spills()
+
+        def held(w: Worker) -> tuple[float, int]:
+            """Its worth in blocks (a restorable one at its spill weight), and the blocks
+            it has cached or can restore."""
+            cached = self.kv.depth(w.worker_id, blocks)
+            if not spills:
+                return cached, cached
+            restore = self.kv.restorable(blocks, {w.worker_id: cached})[w.worker_id]
+            weight = p.spill_weight if w.spill_weight is None else w.spill_weight
+            return cached + weight * restore, cached + restore
 
         for w in direct:
             if load_of(w) <= limit:
-                consider(w, self.kv.depth(w.worker_id, blocks))
-        unresolved = set(range(wide + 1))  # how many blocks the rest may hold
+                consider(w, *held(w))
+        # what the rest may be worth: at most ``wide`` blocks each; without spill tiers
+        # a whole number of them, and only the least loaded holding each can win
+        unresolved = set(range(wide + 1))
+        top = max(1.0, p.spill_weight) if spills else 1.0  # a restorable block's most worth
         scan = pool.by_load()
         try:
             for w in scan:
                 load = load_of(w)
                 if load > limit:
                     break
-                most = max(unresolved)
+                most = max(unresolved) * top
                 bound = (p.load_weight * load - p.overlap_weight * most / n, w.worker_id)
                 if best is not None and bound > best[0]:
                     break
                 if w.worker_id in deep or not fits(w):
                     continue
-                held = self.kv.depth(w.worker_id, blocks)
-                if held in unresolved:  # the least loaded holding that many
-                    unresolved.discard(held)
-                    consider(w, held)
+                worth, hits = held(w)
+                if spills:
+                    consider(w, worth, hits)
+                elif hits in unresolved:  # the least loaded holding that many
+                    unresolved.discard(hits)
+                    consider(w, worth, hits)
                     if not unresolved:
                         break
         finally:
@@ -164,15 +181,17 @@ class KvRouter:
         p = self.policy
         holders = self.kv.holders(blocks[0]) if blocks else set()
         found = [w for w in map(pool.get, holders) if w is not None and fits(w)]
+        ceiling = (1 + p.max_load_skew) * pool.mean_load + 1 / pool.min_slots
         if p.load_weight > 0:
             other = pool.least_loaded(fits, skip=holders)
-        else:  # load counts for nothing: the lowest id wins among the non-holders
-            other = next((w for w in pool.workers if w.worker_id not in holders and fits(w)), None)
+        else:  # load counts for nothing: the lowest id wins among the non-holders, one
+            # within the load bound if any is
+            rest = [w for w in pool.workers if w.worker_id not in holders and fits(w)]
+            other = next((w for w in rest if load_of(w) <= ceiling), rest[0] if rest else None)
         if other is not None:
             found.append(other)
         if not found:
             return None
-        ceiling = (1 + p.max_load_skew) * pool.mean_load + 1 / pool.min_slots
         allowed = [w for w in found if load_of(w) <= ceiling] or found
         overlap = self.kv.overlaps(blocks, [w.worker_id for w in allowed])
         # blocks a worker restores from its spill tiers: cheaper than computing them,

@@ -181,13 +181,17 @@ class SchedulerService(Service[SchedulerSettings]):
 
     async def _load_kv_index(self) -> None:
         """The index as last stored, and where in IB_KV it is as of (read on from
-        there by the KV subscription, ``start_after``)."""
+        there by the KV subscription, ``start_after``). Whatever goes wrong here, IB_KV
+        is read from its start, as without a stored index."""
         try:
             stored = await replay(
                 self.ctx.js, f"KV_{KV_INDEX}", f"$KV.{KV_INDEX}.>", SNAPSHOT_HISTORY_S
             )
         except NotFoundError:
-            return  # never stored: IB_KV is read from its start
+            return  # never stored
+        except Exception:
+            log.exception("could not read the stored KV index; reading IB_KV")
+            return
         parts = []
         for data, _ in stored:
             if data:  # an empty value is a deleted key
@@ -196,7 +200,21 @@ class SchedulerService(Service[SchedulerSettings]):
                 except DecodeError:
                     continue
         began = time.monotonic()
-        self.kv_resume_seq = self._kv_applied = kvsnapshot.load(self.core.kv, parts)
+        try:
+            resume = kvsnapshot.load(self.core.kv, parts)
+            last = (await self.ctx.js.stream_info("IB_KV")).state.last_seq if resume else 0
+        except Exception:
+            log.exception("could not load the stored KV index; reading IB_KV")
+            resume = last = 0
+        if resume > last:
+            # IB_KV was made again since (its numbers start over): the position means
+            # nothing there, and its events would be skipped until it passed it
+            log.warning("stored KV index ignored: IB_KV is newer", position=resume, last=last)
+            resume = 0
+        if not resume:
+            for worker in {p.worker_id for p in parts}:
+                self.core.kv.drop_worker(worker)
+        self.kv_resume_seq = self._kv_applied = resume
         self._kv_keys = {kvsnapshot.key_of(p) for p in parts}
         log.info(
             "kv index loaded",
@@ -215,9 +233,9 @@ class SchedulerService(Service[SchedulerSettings]):
                 log.exception("could not store the KV index")
 
     async def _write_kv_index(self) -> None:
-        """Store the index as it stands now (its parts as of ``_kv_applied``), and drop
-        the keys of workers it no longer holds."""
-        parts = kvsnapshot.snapshot(self.core.kv, self._kv_applied)
+        """Store the index as it stands, a worker at a time (each at the IB_KV position
+        when its parts were taken; the loop goes on between workers), and drop the keys
+        of workers it no longer holds."""
         try:
             bucket = await self.ctx.js.key_value(KV_INDEX)
         except BucketNotFoundError:
@@ -232,26 +250,32 @@ class SchedulerService(Service[SchedulerSettings]):
                     storage=StorageType.FILE,
                 )
             )
-        for key, part in parts.items():
-            await bucket.put(key, encode(part))
-        for gone in self._kv_keys - parts.keys():
+        written: set[str] = set()
+        for worker in self.core.kv.reporters():
+            parts = kvsnapshot.worker_parts(self.core.kv, worker, self._kv_applied)
+            for key, part in parts.items():
+                await bucket.put(key, encode(part))
+                written.add(key)
+                self._kv_keys.add(key)  # a round cut short leaves no key unknown
+            await asyncio.sleep(0)
+        for gone in self._kv_keys - written:
             await bucket.delete(gone)
-        self._kv_keys = set(parts)
+            self._kv_keys.discard(gone)
 
     async def drain(self) -> None:
         await self.ctx.subscriptions.close(drain=True)
         for task in (self._tick_task, self._progress_task, self._snapshot_task):
             if task:
                 task.cancel()
-        if self.settings.kv_snapshot_interval_s > 0:
-            try:  # the next start loads what this one knew at its end
-                await asyncio.wait_for(self._write_kv_index(), 10.0)
-            except Exception:
-                log.exception("could not store the KV index")
         await self._work.wait()
         # unacked accepted requests go back to JetStream for the next scheduler
         for msg in self._unacked.values():
             await msg.nak()
+        if self.settings.kv_snapshot_interval_s > 0:
+            try:  # the next start loads what this one knew at its end
+                await asyncio.wait_for(self._write_kv_index(), 5.0)
+            except Exception:
+                log.exception("could not store the KV index")
 
     # -- inputs ----------------------------------------------------------------------
 

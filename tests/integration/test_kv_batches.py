@@ -20,6 +20,7 @@ from inferbus.contracts import (
 )
 from inferbus.shared.codec import encode
 from inferbus.shared.natsserver import NatsServer
+from inferbus.shared.streams import ensure_streams
 
 
 async def _routing(nc, want: int, timeout: float = 30.0) -> dict:
@@ -39,7 +40,10 @@ async def _routing(nc, want: int, timeout: float = 30.0) -> dict:
 
 async def test_a_batch_of_kv_events_is_applied_replayed_and_checked(tmp_path):
     server = NatsServer(tmp_path / "nats", log_file=tmp_path / "nats.log").start()
-    scheduler = ServiceProcess("scheduler", server.url, tmp_path, name="kvb-scheduler")
+    # the fake worker never heartbeats: not dropped as gone while the test runs
+    scheduler = ServiceProcess(
+        "scheduler", server.url, tmp_path, "--worker-timeout-s", "600", name="kvb-scheduler"
+    )
     start_all([scheduler])
     nc = await nats.connect(server.url)
     try:
@@ -84,7 +88,9 @@ async def test_a_restart_loads_the_stored_index_and_reads_on_from_where_it_was(t
     IB_KV emptied in between it still knows every block, and the worker's next event
     follows on without a gap."""
     server = NatsServer(tmp_path / "nats", log_file=tmp_path / "nats.log").start()
-    scheduler = ServiceProcess("scheduler", server.url, tmp_path, name="kvs-scheduler")
+    scheduler = ServiceProcess(
+        "scheduler", server.url, tmp_path, "--worker-timeout-s", "600", name="kvs-scheduler"
+    )
     start_all([scheduler])
     nc = await nats.connect(server.url)
     try:
@@ -111,6 +117,40 @@ async def test_a_restart_loads_the_stored_index_and_reads_on_from_where_it_was(t
         assert (routing["kv_blocks"], routing["kv_event_gaps"]) == (4, 0)
         log = (tmp_path / "kvs-scheduler.log").read_text()
         assert '"kv index loaded"' in log or "kv index loaded" in log
+    finally:
+        await nc.close()
+        scheduler.stop()
+        server.stop()
+
+
+async def test_a_stored_index_older_than_a_remade_ib_kv_is_not_read_on_from(tmp_path):
+    """IB_KV deleted and made again numbers from 1: the stored position would skip its
+    events; the index is read from IB_KV's start instead."""
+    server = NatsServer(tmp_path / "nats", log_file=tmp_path / "nats.log").start()
+    scheduler = ServiceProcess(
+        "scheduler", server.url, tmp_path, "--worker-timeout-s", "600", name="kvn-scheduler"
+    )
+    start_all([scheduler])
+    nc = await nats.connect(server.url)
+    try:
+        w = "worker-0.kvn"
+        for seq in (1, 2, 3):
+            ev = KvBlocksStored(worker_id=w, block_hashes=[seq], block_size=16, seq=seq)
+            await nc.publish(kv_subject(w), encode(KvEventBatch(worker_id=w, events=[ev])))
+        assert (await _routing(nc, 3))["kv_blocks"] == 3
+        scheduler.stop()  # stored as of IB_KV's message 3
+        js = nc.jetstream()
+        await js.delete_stream("IB_KV")
+        await ensure_streams(js)
+        w2 = "worker-1.kvn"
+        ev = KvBlocksStored(worker_id=w2, block_hashes=[50], block_size=16, seq=1)
+        await nc.publish(kv_subject(w2), encode(KvEventBatch(worker_id=w2, events=[ev])))
+        await nc.flush()
+        start_all([scheduler])
+        routing = await _routing(nc, 1)
+        assert routing["kv_blocks"] == 1  # the new stream's event, not the old index
+        log = (tmp_path / "kvn-scheduler.log").read_text()
+        assert "stored KV index ignored" in log
     finally:
         await nc.close()
         scheduler.stop()

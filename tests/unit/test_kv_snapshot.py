@@ -64,3 +64,12 @@ def test_a_worker_id_a_key_may_not_hold_is_kept_whole_in_its_part():
     kv.on_event(KvBlocksStored(worker_id="w 1*", block_hashes=[5], seq=1))
     [(key, part)] = kvsnapshot.snapshot(kv, stream_seq=1).items()
     assert key == "w_1_.cache.0" and part.worker_id == "w 1*"
+
+
+def test_a_hash_out_of_range_is_left_out_not_the_whole_snapshot():
+    kv = KvIndex()
+    kv.on_event(KvBlocksStored(worker_id="w", block_hashes=[5, -1, 2**64], seq=1))
+    [part] = kvsnapshot.snapshot(kv, stream_seq=1).values()
+    loaded = KvIndex()
+    kvsnapshot.load(loaded, [part])
+    assert loaded.blocks() == 1 and loaded.holder_count(5) == 1

@@ -58,7 +58,8 @@ _op = st.one_of(
     _request,
     st.tuples(st.just("end"), st.integers(0, 50), st.just(0), st.just(0)),
     st.tuples(st.just("start"), st.integers(0, 50), st.just(0), st.just(0)),
-    st.tuples(st.just("kv"), st.integers(0, 9), st.integers(0, 5), st.booleans()),
+    # c: 0 removed, 1 stored, in the engine's cache; 2 removed, 3 stored, in a spill tier
+    st.tuples(st.just("kv"), st.integers(0, 9), st.integers(0, 5), st.integers(0, 3)),
     st.tuples(st.just("lose"), st.integers(0, 9), st.just(0), st.just(0)),
 )
 
@@ -138,8 +139,9 @@ def _run_both(
                     else:
                         core.on_started(rid, core.inflight[rid].attempt, now=now)
             elif kind == "kv":
-                cls = KvBlocksStored if c else KvBlocksRemoved
-                core.on_kv_event(cls(worker_id=f"w{a}", block_hashes=_prefix(b)))
+                cls = KvBlocksStored if c % 2 else KvBlocksRemoved
+                medium = "CPU" if c >= 2 else None
+                core.on_kv_event(cls(worker_id=f"w{a}", block_hashes=_prefix(b), medium=medium))
             else:
                 stopped = WorkerHeartbeat(
                     worker_id=f"w{a}", models=["m"], engine="sim", state="stopped"
