@@ -25,6 +25,7 @@ from .generation import (
 __all__ = [
     "ALL_EVENTS",
     "HANDOVER_FRESH_S",
+    "KV_SPILL_MEDIA",
     "TERMINAL_TYPES",
     "CanaryWeights",
     "CancelRequest",
@@ -40,6 +41,7 @@ __all__ = [
     "KvEvent",
     "KvEventBatch",
     "KvIndexPart",
+    "KvResync",
     "KvSpillNamespace",
     "ModelLoad",
     "ReplyEvent",
@@ -605,6 +607,11 @@ class KvBlocksStored(Event, tag="kv.stored"):
     not numbered (a worker from before this field)."""
 
 
+KV_SPILL_MEDIA = ("CPU", "STORAGE")
+"""KV event media of a worker's spill tiers; any other (vLLM's ``GPU``, or none) is the
+engine's own cache, which ``kv.cleared`` empties."""
+
+
 class KvBlocksRemoved(Event, tag="kv.removed"):
     worker_id: str
     block_hashes: list[int]
@@ -617,6 +624,16 @@ class KvAllCleared(Event, tag="kv.cleared"):
     worker_id: str
     seq: int = 0
     """As KvBlocksStored's."""
+
+
+class KvResync(Event, tag="kv.resync"):
+    """The scheduler missed some of a worker's KV events (``seq`` skipped past
+    ``seen_seq``): the worker answers on its ``ib.kv.<worker_id>`` with its whole state,
+    one batch numbered on from both counts: ``kv.cleared``, then what each medium holds."""
+
+    worker_id: str
+    seen_seq: int = 0
+    """The highest event number the scheduler has from this worker."""
 
 
 class KvIndexPart(msgspec.Struct, kw_only=True):
@@ -699,6 +716,7 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     KvBlocksRemoved,
     KvAllCleared,
     KvEventBatch,
+    KvResync,
     SchedulerLoad,
     CanaryWeights,
     TenantPolicy,

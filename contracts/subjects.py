@@ -52,6 +52,7 @@ __all__ = [
     "delivery_command_subject",
     "delivery_load_subject",
     "heartbeat_subject",
+    "kv_resync_subject",
     "kv_subject",
     "llmservice_subject",
     "progress_subject",
@@ -88,6 +89,9 @@ _WORK = "ib.work.{worker_id}"
 _DEAD_LETTER = "ib.dlq.{service}"
 _KV = "ib.kv.{worker_id}"
 KV_EVENTS = "ib.kv.>"
+_KV_RESYNC = "ib.kvsync.{worker_id}"
+"""The scheduler asks a worker for its whole KV state (core NATS): it found one of the
+worker's events missing."""
 
 # core NATS subjects
 CANCEL = "ib.ctl.cancel"
@@ -237,6 +241,10 @@ def work_subject(worker_id: str) -> str:
 def kv_subject(worker_id: str) -> str:
     """A worker's KV cache events (JetStream), for KV-aware routing and the spill service."""
     return _KV.format(worker_id=worker_id)
+
+
+def kv_resync_subject(worker_id: str) -> str:
+    return _KV_RESYNC.format(worker_id=worker_id)
 
 
 def dead_letter_subject(service: str) -> str:

@@ -25,6 +25,7 @@ from collections.abc import Collection, Iterable
 from typing import NamedTuple
 
 from inferbus.contracts import (
+    KV_SPILL_MEDIA,
     KvAllCleared,
     KvBlocksRemoved,
     KvBlocksStored,
@@ -112,9 +113,7 @@ class _Holders:
         return out
 
 
-SPILL_MEDIA = ("CPU", "STORAGE")
-"""KV event media of the spill tiers; any other (vLLM's ``GPU``, or none) is the
-engine's own cache."""
+SPILL_MEDIA = KV_SPILL_MEDIA
 
 
 class KvIndex:
@@ -132,6 +131,9 @@ class KvIndex:
         """Worker → the number of its last KV event."""
         self.gaps = 0
         """KV event streams found with an event missing."""
+        self.resyncs: dict[str, int] = {}
+        """Workers to ask for their whole state (``KvResync``), each with the highest
+        event number seen of it."""
 
     def on_event(self, event: KvEvent) -> None:
         w = event.worker_id
@@ -145,6 +147,7 @@ class KvIndex:
                 # in again as its engine stores blocks
                 self.gaps += 1
                 self.forget_reports(w)
+                self.resyncs[w] = event.seq  # its whole state, asked of it
             self._seq[w] = event.seq
         self._reporting.add(w)
         spilled = self._spilled.get(getattr(event, "medium", None) or "")
@@ -193,6 +196,11 @@ class KvIndex:
         for spilled in self._spilled.values():
             spilled.forget(worker_id)
         self._exact.forget(worker_id)
+
+    def take_resyncs(self) -> dict[str, int]:
+        """The workers to ask for their whole state since the last call."""
+        out, self.resyncs = self.resyncs, {}
+        return out
 
     def drop_worker(self, worker_id: str) -> None:
         self.forget_reports(worker_id)

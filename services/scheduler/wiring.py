@@ -28,6 +28,7 @@ from inferbus.contracts import (
     Terminal,
     WorkerHeartbeat,
     heartbeat_subject,
+    kv_resync_subject,
     kv_subject,
     progress_subject,
 )
@@ -101,5 +102,13 @@ WIRING = Wiring(
     ),
     # CANCEL: a superseded attempt's stop, for a presumed-lost worker that wakes
     # its KV index, for its next start (kvsnapshot.py)
-    publishes=("ib.work.>", ENDED, SCHEDULER_LOAD, CANCEL, f"$KV.{KV_INDEX}.>"),
+    # (and asks workers for their whole KV state: kv_resync_subject)
+    publishes=(
+        "ib.work.>",
+        ENDED,
+        SCHEDULER_LOAD,
+        CANCEL,
+        f"$KV.{KV_INDEX}.>",
+        kv_resync_subject(">"),
+    ),
 )

@@ -21,11 +21,11 @@ from nats.aio.msg import Msg
 
 from inferbus.contracts import (
     KvAllCleared,
+    KvEvent,
     ModelDelivery,
     ModelResidency,
     ModelSwapped,
     ModelVersion,
-    kv_subject,
     swapped_subject,
 )
 from inferbus.shared import logs, metrics, modelstore
@@ -98,6 +98,10 @@ class SwapTarget(Protocol):
         ...
 
     async def send_heartbeat(self) -> None: ...
+
+    async def publish_kv_events(self, events: list[KvEvent]) -> None:
+        """Its KV events, numbered on and kept in its own picture of its cache."""
+        ...
 
     def cannot_serve(self, quantization: str) -> str:
         """Why its engine cannot serve weights quantized so ("" when it can)."""
@@ -421,9 +425,7 @@ class Deliveries:
 
     async def _kv_cleared(self) -> None:
         """Every prefix the scheduler saw on this worker was computed by the old weights."""
-        ctx = self.ctx
-        wid = self.worker.worker_id
-        await ctx.nc.publish(kv_subject(wid), encode(KvAllCleared(worker_id=wid)))
+        await self.worker.publish_kv_events([KvAllCleared(worker_id=self.worker.worker_id)])
 
     async def _report(self, delivery_id: str, ref: str, role: str, **fields: Any) -> ModelSwapped:
         ctx = self.ctx

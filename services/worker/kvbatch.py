@@ -1,10 +1,18 @@
-"""A worker's KV events as the messages it publishes. No I/O."""
+"""A worker's KV events as the messages it publishes, and what it tells a scheduler
+that missed some. No I/O."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from inferbus.contracts import KvEvent, KvEventBatch
+from inferbus.contracts import (
+    KV_SPILL_MEDIA,
+    KvAllCleared,
+    KvBlocksRemoved,
+    KvBlocksStored,
+    KvEvent,
+    KvEventBatch,
+)
 from inferbus.shared.codec import encode
 
 KV_BATCH_BYTES = 256 * 1024
@@ -26,3 +34,44 @@ def kv_batches(
     half = len(events) // 2
     yield from kv_batches(worker_id, events[:half], limit)
     yield from kv_batches(worker_id, events[half:], limit)
+
+
+RESYNC_BLOCKS = 10_000
+"""Hashes a stored event of a resync carries (about 210 KB of JSON)."""
+
+
+class KvMirror:
+    """What this worker's own KV events said it holds, by medium (None or ``GPU``: the
+    engine's cache): what it answers a scheduler that missed some of them with."""
+
+    def __init__(self) -> None:
+        self.held: dict[str | None, set[int]] = {}
+        self.block_size = 0
+
+    def apply(self, events: list[KvEvent]) -> None:
+        for e in events:
+            if isinstance(e, KvBlocksStored):
+                self.held.setdefault(e.medium, set()).update(e.block_hashes)
+                self.block_size = max(self.block_size, e.block_size)
+            elif isinstance(e, KvBlocksRemoved):
+                self.held.get(e.medium, set()).difference_update(e.block_hashes)
+            else:  # the engine's cache emptied; its spill tiers keep theirs
+                self.held = {m: b for m, b in self.held.items() if m in KV_SPILL_MEDIA}
+
+    def resync(self, worker_id: str) -> list[KvEvent]:
+        """The whole state as events, not numbered: the engine's cache cleared, then
+        what each medium holds (the cleared reader forgets nothing it should keep: a
+        spill tier's blocks come again in full)."""
+        out: list[KvEvent] = [KvAllCleared(worker_id=worker_id)]
+        for medium, blocks in self.held.items():
+            hashes = list(blocks)
+            for i in range(0, len(hashes), RESYNC_BLOCKS):
+                out.append(
+                    KvBlocksStored(
+                        worker_id=worker_id,
+                        block_hashes=hashes[i : i + RESYNC_BLOCKS],
+                        block_size=self.block_size,
+                        medium=medium,
+                    )
+                )
+        return out

@@ -23,6 +23,8 @@ from inferbus.contracts import (
     STARTED,
     CancelRequest,
     FailureCode,
+    KvEvent,
+    KvResync,
     RequestFinished,
     RequestProgress,
     Terminal,
@@ -58,7 +60,7 @@ from .core import (
 )
 from .delivery import Deliveries, trusted_keys
 from .engine import Engine, EngineError, EngineOptions, EngineOutput
-from .kvbatch import kv_batches
+from .kvbatch import KvMirror, kv_batches
 from .report import report_end, report_spill, report_stats
 from .sim import SimEngine, SimTiming
 from .swap import Held, Holding
@@ -199,9 +201,11 @@ class WorkerService(Service[WorkerSettings]):
         self._attempts: dict[str, int] = {}
         """The attempt of each request running here (an attempt-scoped cancel names one)."""
         self._superseded: set[str] = set()
-        self._kv_seq = 0
         """Running attempts the scheduler gave up on: they stop without a word (their
         end is not the request's; its successor's reader would take it for one)."""
+        self._kv_seq = 0
+        """The number of its last KV event (from 1; its id is new at each start)."""
+        self._kv_mirror = KvMirror()
         self._voice = Voice(time.monotonic())
         self._stall = StallWatch(time.monotonic())
         self._streaming: dict[str, bool] = {}
@@ -385,17 +389,34 @@ class WorkerService(Service[WorkerSettings]):
     def render_metrics(self, body: bytes) -> bytes:
         return metrics.add_label(body, b"vllm:", "worker", self.worker_id)
 
+    async def publish_kv_events(self, events: list[KvEvent]) -> None:
+        await self._publish_kv_events(events)
+
     async def _publish_kv_events(self, events: list[Any]) -> None:
         """One engine step's events as one message (``KvEventBatch``, split past
         ``KV_BATCH_BYTES``), core-NATS into the IB_KV stream: no ack wait on the
         engine's hot path; numbered, so a reader knows when one was lost (of 200,000 in
-        a burst, up to 1,010 were never stored)."""
+        a burst, up to 1,010 were never stored) and asks for the whole state again."""
+        self._kv_mirror.apply(events)
+        await self._publish_numbered(events)
+
+    async def _publish_numbered(self, events: list[Any]) -> None:
         subject = kv_subject(self.worker_id)
         for ev in events:
             self._kv_seq += 1
             ev.seq = self._kv_seq
         for data in kv_batches(self.worker_id, events):
             await self.ctx.nc.publish(subject, data)
+
+    async def _on_kv_resync(self, ask: KvResync, msg: Msg) -> None:
+        """A scheduler missed some of this worker's KV events: its whole state, numbered
+        on past what that reader has seen."""
+        if ask.worker_id != self.worker_id:
+            return
+        self._kv_seq = max(self._kv_seq, ask.seen_seq)
+        events = self._kv_mirror.resync(self.worker_id)
+        log.info("kv state sent again", seen_seq=ask.seen_seq, events=len(events))
+        await self._publish_numbered(events)
 
     def status(self) -> dict[str, Any]:
         stats = self.engine.stats()

@@ -13,9 +13,11 @@ from inferbus.contracts import (
     STARTED,
     TENANT_CANCELS,
     CancelRequest,
+    KvResync,
     ModelDelivery,
     ModelResidency,
     WorkAssigned,
+    kv_resync_subject,
     work_subject,
 )
 from inferbus.shared.subscriptions import Own, Subscription, Wiring
@@ -33,6 +35,8 @@ WIRING = Wiring(
             "_on_work",
             source=Own("IB_WORK", name="work-{worker_id}"),
         ),
+        # a scheduler that missed some of its KV events asks for its whole state
+        Subscription(kv_resync_subject("{worker_id}"), KvResync, "_on_kv_resync", bad="drop"),
         # deliveries and residency policies in (the latest of each, then every change)
         Subscription(
             DELIVERY_LOADS,

@@ -15,10 +15,11 @@ from inferbus.contracts import (
     KvBlocksRemoved,
     KvBlocksStored,
     KvEventBatch,
+    WorkerHeartbeat,
     kv_subject,
     status_subject,
 )
-from inferbus.shared.codec import encode
+from inferbus.shared.codec import decode, encode
 from inferbus.shared.natsserver import NatsServer
 from inferbus.shared.streams import ensure_streams
 
@@ -154,4 +155,38 @@ async def test_a_stored_index_older_than_a_remade_ib_kv_is_not_read_on_from(tmp_
     finally:
         await nc.close()
         scheduler.stop()
+        server.stop()
+
+
+async def test_a_worker_whose_events_were_missed_sends_its_whole_state_again(tmp_path):
+    """A skipped event number on a real worker's subject: the scheduler forgets what
+    it believed of that worker, asks it, and the worker (sim engine: it holds nothing)
+    answers with its state, numbered on past what the scheduler saw."""
+    server = NatsServer(tmp_path / "nats", log_file=tmp_path / "nats.log").start()
+    procs = [
+        ServiceProcess("scheduler", server.url, tmp_path, name="kvr-scheduler"),
+        ServiceProcess("worker", server.url, tmp_path, "--model", "kvr-model", name="kvr-worker"),
+    ]
+    start_all(procs)
+    nc = await nats.connect(server.url)
+    try:
+        beats = await nc.subscribe("ib.hb.>")
+        wid = decode((await beats.next_msg(timeout=30)).data, WorkerHeartbeat).worker_id
+        await beats.unsubscribe()
+        answer = await nc.subscribe(kv_subject(wid))
+        # events in the worker's name (an open bus lets the test publish them), the
+        # second numbered 3: event 2 was lost on the way
+        for seq, blocks in ((1, [1, 2]), (3, [3])):
+            ev = KvBlocksStored(worker_id=wid, block_hashes=blocks, block_size=16, seq=seq)
+            await nc.publish(kv_subject(wid), encode(KvEventBatch(worker_id=wid, events=[ev])))
+        for _ in range(3):  # the two published here come back first
+            reply = decode((await answer.next_msg(timeout=30)).data, KvEventBatch)
+        assert [type(e).__name__ for e in reply.events] == ["KvAllCleared"]
+        assert reply.events[0].seq == 4  # on past the 3 the scheduler saw
+        routing = await _routing(nc, 0)
+        assert (routing["kv_blocks"], routing["kv_event_gaps"]) == (0, 1)
+    finally:
+        await nc.close()
+        for p in reversed(procs):
+            p.stop()
         server.stop()

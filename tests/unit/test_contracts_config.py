@@ -24,6 +24,7 @@ from inferbus.contracts import (
     KvBlocksRemoved,
     KvBlocksStored,
     KvEventBatch,
+    KvResync,
     ModelLoad,
     ReplyEvent,
     RequestAccepted,
@@ -141,6 +142,7 @@ SAMPLES = {
     ),
     KvBlocksRemoved: KvBlocksRemoved(worker_id="w1", block_hashes=[7], medium="CPU"),
     KvAllCleared: KvAllCleared(worker_id="w1"),
+    KvResync: KvResync(worker_id="w1", seen_seq=41),
     KvEventBatch: KvEventBatch(
         worker_id="w1",
         events=[

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from inferbus.contracts import KvAllCleared, KvBlocksRemoved, KvBlocksStored, KvEventBatch
-from inferbus.services.worker.kvbatch import kv_batches
+from inferbus.services.scheduler.kvindex import KvIndex
+from inferbus.services.worker.kvbatch import KvMirror, kv_batches
 from inferbus.shared.codec import decode
 
 
@@ -37,3 +38,48 @@ def test_an_event_bigger_than_the_limit_goes_alone():
     parts = [decode(d, KvEventBatch).events for d in kv_batches("w", [big, small], limit=1000)]
     assert parts == [[big], [small]]
     assert list(kv_batches("w", [])) == []
+
+
+def test_a_scheduler_that_missed_events_gets_the_worker_s_whole_state_again():
+    """The worker's mirror of its own events, sent as a resync after a gap, leaves the
+    scheduler's index with what the worker holds: its cache and its spill tier."""
+    mirror, index, seq = KvMirror(), KvIndex(), 0
+
+    def publish(events, lost=False):
+        nonlocal seq
+        mirror.apply(events)
+        for e in events:
+            seq += 1
+            e.seq = seq
+            if not lost:
+                index.on_event(e)
+
+    publish([KvBlocksStored(worker_id="w", block_hashes=[1, 2, 3], block_size=16)])
+    publish([KvBlocksStored(worker_id="w", block_hashes=[7], medium="CPU")])
+    publish([KvBlocksRemoved(worker_id="w", block_hashes=[3])], lost=True)  # never stored
+    publish([KvBlocksStored(worker_id="w", block_hashes=[4], block_size=16)])
+    assert index.gaps == 1 and index.take_resyncs() == {"w": 4}
+    assert index.take_resyncs() == {}
+    # the index forgot what it believed; the worker answers with all it holds
+    for e in mirror.resync("w"):
+        seq += 1
+        e.seq = seq
+        index.on_event(e)
+    assert index.overlaps([1, 2, 3], ["w"]) == {"w": 2}  # 3 was removed
+    assert index.holders(4) == {"w"} and index.restorable([7], {"w": 0}) == {"w": 1}
+    assert index.gaps == 1
+
+
+def test_the_mirror_keeps_spill_tiers_through_a_cleared_cache_and_splits_big_sets():
+    mirror = KvMirror()
+    mirror.apply(
+        [
+            KvBlocksStored(worker_id="w", block_hashes=list(range(25_000)), block_size=16),
+            KvBlocksStored(worker_id="w", block_hashes=[1], medium="STORAGE"),
+        ]
+    )
+    events = mirror.resync("w")
+    assert isinstance(events[0], KvAllCleared)
+    assert [len(e.block_hashes) for e in events[1:]] == [10_000, 10_000, 5_000, 1]
+    mirror.apply([KvAllCleared(worker_id="w")])
+    assert [e.medium for e in mirror.resync("w")[1:]] == ["STORAGE"]
