@@ -61,11 +61,16 @@ _op = st.one_of(
     # c: 0 removed, 1 stored, in the engine's cache; 2 removed, 3 stored, in a spill tier
     st.tuples(st.just("kv"), st.integers(0, 9), st.integers(0, 5), st.integers(0, 3)),
     st.tuples(st.just("lose"), st.integers(0, 9), st.just(0), st.just(0)),
+    # time passes (tenths of a second): silent streams move, silent workers are lost
+    st.tuples(st.just("tick"), st.integers(1, 40), st.just(0), st.just(0)),
 )
 
 
 def _check_books(core: SchedulerCore) -> None:
     for model, pool in core._pools.items():
+        ready = [w for w in core.workers.values() if model in w.models and w.state == "ready"]
+        assert sorted(w.worker_id for w in pool.workers) == sorted(w.worker_id for w in ready)
+        assert all(core.workers[w.worker_id] is w for w in pool.workers)
         fresh = Pool(pool.workers)
         assert (pool.pending, pool.slots, pool.free_seqs, pool.holding_long) == (
             fresh.pending,
@@ -106,7 +111,7 @@ def _run_both(
     now = 0.0
     joins = [("hb", a, b, c) for a, (b, c) in enumerate(fleet)]
     for i, (kind, a, b, c) in enumerate(joins + ops):
-        now += 0.01
+        now += a / 10 if kind == "tick" else 0.01
         out: list[list[object]] = []
         for core in (indexed, scan):
             if kind == "hb":
@@ -137,7 +142,10 @@ def _run_both(
                     if kind == "end":
                         out.append(list(core.on_ended(rid, now)))
                     else:
-                        core.on_started(rid, core.inflight[rid].attempt, now=now)
+                        f = core.inflight[rid]
+                        core.on_started(rid, f.attempt, f.worker_id, migratable=a % 2 == 0, now=now)
+            elif kind == "tick":
+                out.append(list(core.tick(now)))
             elif kind == "kv":
                 cls = KvBlocksStored if c % 2 else KvBlocksRemoved
                 medium = "CPU" if c >= 2 else None
