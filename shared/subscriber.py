@@ -156,22 +156,15 @@ class Subscriber:
                 ):
                     await cb(Msg(self._nc, subject=subject, data=data, headers=headers))
             after = int(getattr(owner, source.start_after, 0) or 0) if source.start_after else 0
-            if after:
-                return await self._js.subscribe(
-                    subject,
-                    stream=source.stream,
-                    cb=cb,
-                    ordered_consumer=True,
-                    config=ConsumerConfig(
-                        deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1
-                    ),
+            config = (
+                ConsumerConfig(
+                    deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1
                 )
+                if after
+                else ConsumerConfig(deliver_policy=_DELIVER[source.deliver])
+            )
             return await self._js.subscribe(
-                subject,
-                stream=source.stream,
-                cb=cb,
-                ordered_consumer=True,
-                deliver_policy=_DELIVER[source.deliver],
+                subject, stream=source.stream, cb=cb, ordered_consumer=True, config=config
             )
         assert isinstance(source, Own)
         return await self._js.subscribe(

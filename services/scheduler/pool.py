@@ -50,6 +50,15 @@ def _part(w: Worker) -> _Part:
     )
 
 
+def _moved(total: float, count: int, old: float | None, new: float | None) -> tuple[float, int]:
+    """A sum of measured values and how many, one of them changed (None: unmeasured)."""
+    if old is not None:
+        total, count = total - old, count - 1
+    if new is not None:
+        total, count = total + new, count + 1
+    return total, count
+
+
 class Pool:
     """The ready workers of one model. Who is in it is fixed: the core builds a new
     pool when a worker joins, leaves, or changes state or models."""
@@ -58,7 +67,6 @@ class Pool:
         self.workers = sorted(workers, key=lambda w: w.worker_id)
         """In worker id order."""
         self._by_id = {w.worker_id: w for w in self.workers}
-        self.min_slots = min((max(1, w.max_num_seqs) for w in self.workers), default=1)
         self._recount()
 
     def __len__(self) -> int:
@@ -108,18 +116,12 @@ class Pool:
         self.pending += new.pending - old.pending
         self.free_seqs += new.free_seqs - old.free_seqs
         self.holding_long += new.holds_long - old.holds_long
-        if old.rate is not None:
-            self.rate_sum -= old.rate
-            self.rates_measured -= 1
-        if new.rate is not None:
-            self.rate_sum += new.rate
-            self.rates_measured += 1
-        if old.hold is not None:
-            self.hold_sum -= old.hold
-            self.holds_measured -= 1
-        if new.hold is not None:
-            self.hold_sum += new.hold
-            self.holds_measured += 1
+        self.rate_sum, self.rates_measured = _moved(
+            self.rate_sum, self.rates_measured, old.rate, new.rate
+        )
+        self.hold_sum, self.holds_measured = _moved(
+            self.hold_sum, self.holds_measured, old.hold, new.hold
+        )
         if new.load != old.load:
             heapq.heappush(self._by_load, (new.load, w.worker_id))
         if new.pending != old.pending:
