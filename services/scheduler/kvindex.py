@@ -115,6 +115,9 @@ class _Holders:
 
 SPILL_MEDIA = KV_SPILL_MEDIA
 
+RESYNC_EVERY_S = 5.0
+"""A worker is asked for its whole KV state at most this often."""
+
 
 class KvIndex:
     def __init__(self, approx_capacity_blocks: int = 4096) -> None:
@@ -131,9 +134,10 @@ class KvIndex:
         """Worker → the number of its last KV event."""
         self.gaps = 0
         """KV event streams found with an event missing."""
-        self.resyncs: dict[str, int] = {}
-        """Workers to ask for their whole state (``KvResync``), each with the highest
-        event number seen of it."""
+        self.resyncs: set[str] = set()
+        """Workers to ask for their whole state (``KvResync``): an event of theirs was
+        missed."""
+        self._resync_asked: dict[str, float] = {}
 
     def on_event(self, event: KvEvent) -> None:
         w = event.worker_id
@@ -147,7 +151,7 @@ class KvIndex:
                 # in again as its engine stores blocks
                 self.gaps += 1
                 self.forget_reports(w)
-                self.resyncs[w] = event.seq  # its whole state, asked of it
+                self.resyncs.add(w)  # its whole state, asked of it
             self._seq[w] = event.seq
         self._reporting.add(w)
         spilled = self._spilled.get(getattr(event, "medium", None) or "")
@@ -197,10 +201,22 @@ class KvIndex:
             spilled.forget(worker_id)
         self._exact.forget(worker_id)
 
-    def take_resyncs(self) -> dict[str, int]:
-        """The workers to ask for their whole state since the last call."""
-        out, self.resyncs = self.resyncs, {}
-        return out
+    def take_resyncs(self, now: float) -> dict[str, int]:
+        """The workers to ask for their whole state now, each with the highest event
+        number seen of it: at most every ``RESYNC_EVERY_S`` a worker (its answer may be
+        lost in turn); the others stay due."""
+        due: dict[str, int] = {}
+        for w in sorted(self.resyncs):
+            if now - self._resync_asked.get(w, -RESYNC_EVERY_S) < RESYNC_EVERY_S:
+                continue
+            self.resyncs.discard(w)
+            self._resync_asked[w] = now
+            due[w] = self._seq.get(w, 0)
+        if len(self._resync_asked) > 10_000:
+            self._resync_asked = {
+                w: t for w, t in self._resync_asked.items() if now - t < RESYNC_EVERY_S
+            }
+        return due
 
     def drop_worker(self, worker_id: str) -> None:
         self.forget_reports(worker_id)
@@ -209,6 +225,7 @@ class KvIndex:
         self._reporting.discard(worker_id)
         self._block_size.pop(worker_id, None)
         self._seq.pop(worker_id, None)
+        self.resyncs.discard(worker_id)
 
     def overlaps(self, block_hashes: list[int], workers: list[str]) -> dict[str, int]:
         """For each worker, how many of the request's leading blocks it holds, by

@@ -89,9 +89,6 @@ class SchedulerSettings(ServiceSettings, kw_only=True):
     for the next start to load instead of reading all of IB_KV. 0: never."""
 
 
-RESYNC_EVERY_S = 5.0
-"""A worker is asked for its whole KV state at most this often."""
-
 SNAPSHOT_HISTORY_S = 86400.0
 """A stored KV index older than this is dropped (its scheduler gone a day)."""
 
@@ -125,8 +122,6 @@ class SchedulerService(Service[SchedulerSettings]):
         self._kv_applied = 0
         """The last IB_KV message the index holds."""
         self._kv_keys: set[str] = set()
-        self._resync_pending: dict[str, int] = {}
-        self._resync_asked: dict[str, float] = {}
         self._snapshot_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -411,25 +406,12 @@ class SchedulerService(Service[SchedulerSettings]):
                 log.exception("tick failed")
 
     async def _ask_resyncs(self, now: float) -> None:
-        """Ask each worker whose KV events came with one missing for its whole state
-        (at most every ``RESYNC_EVERY_S`` a worker: its answer may be lost in turn)."""
-        self._resync_pending.update(self.core.kv.take_resyncs())
-        for worker in list(self._resync_pending):
-            if now - self._resync_asked.get(worker, -RESYNC_EVERY_S) < RESYNC_EVERY_S:
-                continue
-            del self._resync_pending[worker]
-            if worker not in self.core.kv.workers():
-                continue  # gone meanwhile
-            self._resync_asked[worker] = now
-            seen = self.core.kv.last_seq(worker)
+        """Ask the workers whose KV events came with one missing for their whole state."""
+        for worker, seen in self.core.kv.take_resyncs(now).items():
             log.info("kv events missed: asking for the whole state", worker=worker, seen_seq=seen)
             await self.ctx.nc.publish(
                 kv_resync_subject(worker), encode(KvResync(worker_id=worker, seen_seq=seen))
             )
-        if len(self._resync_asked) > 10_000:
-            self._resync_asked = {
-                w: t for w, t in self._resync_asked.items() if now - t < RESYNC_EVERY_S
-            }
 
     def _heartbeat_ages(self, now: float) -> None:
         workers = self.core.workers

@@ -58,8 +58,8 @@ def test_a_scheduler_that_missed_events_gets_the_worker_s_whole_state_again():
     publish([KvBlocksStored(worker_id="w", block_hashes=[7], medium="CPU")])
     publish([KvBlocksRemoved(worker_id="w", block_hashes=[3])], lost=True)  # never stored
     publish([KvBlocksStored(worker_id="w", block_hashes=[4], block_size=16)])
-    assert index.gaps == 1 and index.take_resyncs() == {"w": 4}
-    assert index.take_resyncs() == {}
+    assert index.gaps == 1 and index.take_resyncs(0.0) == {"w": 4}
+    assert index.take_resyncs(0.0) == {}
     # the index forgot what it believed; the worker answers with all it holds
     for e in mirror.resync("w"):
         seq += 1
@@ -83,3 +83,16 @@ def test_the_mirror_keeps_spill_tiers_through_a_cleared_cache_and_splits_big_set
     assert [len(e.block_hashes) for e in events[1:]] == [10_000, 10_000, 5_000, 1]
     mirror.apply([KvAllCleared(worker_id="w")])
     assert [e.medium for e in mirror.resync("w")[1:]] == ["STORAGE"]
+
+
+def test_a_worker_is_asked_again_at_most_every_five_seconds():
+    index = KvIndex()
+    for seq in (1, 3):  # 2 missed
+        index.on_event(KvBlocksStored(worker_id="w", block_hashes=[seq], seq=seq))
+    assert index.take_resyncs(10.0) == {"w": 3}
+    index.on_event(KvBlocksStored(worker_id="w", block_hashes=[9], seq=9))  # 4 to 8 missed
+    assert index.take_resyncs(12.0) == {}  # asked 2 s ago: its answer may be on the way
+    assert index.take_resyncs(15.0) == {"w": 9}
+    index.on_event(KvBlocksStored(worker_id="w", block_hashes=[11], seq=11))
+    index.drop_worker("w")
+    assert index.take_resyncs(30.0) == {}  # gone: not asked
