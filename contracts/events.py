@@ -575,6 +575,9 @@ class SchedulerLoad(Event, tag="scheduler.load"):
     sent_at: float = 0.0
     interval_s: float = 0.25
     """How often this scheduler reports; a reader treats silence past a few as gone."""
+    partitions: list[int] = []
+    """The partitions it owns (a partitioned scheduler): its ``models`` count their
+    workers and queues only; empty: unpartitioned, it books every worker."""
 
 
 class DeadLetter(Event, tag="dead_letter"):

@@ -8,11 +8,13 @@ JetStream); core NATS where latency matters (token chunks, heartbeats, control).
 from __future__ import annotations
 
 import re
+import zlib
 
 import msgspec
 
 __all__ = [
     "ACCEPTED",
+    "ACCEPTED_PARTITIONS",
     "CANARIES",
     "CANCEL",
     "DELIVERY_COMMANDS",
@@ -37,6 +39,7 @@ __all__ = [
     "ROLLOUTS",
     "SCALE_DECISIONS",
     "SCALING_STATUS",
+    "SCHEDULER_LEASES",
     "SCHEDULER_LOAD",
     "STARTED",
     "STREAMS",
@@ -47,6 +50,7 @@ __all__ = [
     "TENANT_SUBMITS",
     "TRACE_DECIDED",
     "StreamSpec",
+    "accepted_subject",
     "canary_subject",
     "dead_letter_subject",
     "delivery_command_subject",
@@ -70,6 +74,7 @@ __all__ = [
     "tenant_request_id",
     "tenant_submit_subject",
     "work_subject",
+    "worker_partition",
 ]
 
 # JetStream subjects
@@ -83,6 +88,10 @@ TENANT_SUBMITS = "ib.req.submitted.*"
 publish on it, and the sanitizer takes the tenant, priority and policies of what
 arrives here from the tenant's record, never from the payload."""
 ACCEPTED = "ib.req.accepted"
+"""Accepted requests for the scheduler; with the scheduler partitioned
+(INFERBUS_SCHEDULER_PARTITIONS > 1), each partition's on ``ib.req.accepted.<p>``."""
+_ACCEPTED_PARTITION = "ib.req.accepted.{partition}"
+ACCEPTED_PARTITIONS = "ib.req.accepted.*"
 ENDED = "ib.req.ended"
 """Every terminal event is recorded here as well as sent to the reply subject."""
 _WORK = "ib.work.{worker_id}"
@@ -140,6 +149,10 @@ KV_SPILL_INDEX = "ib-kvspill"
 holds of each model's weights (the kvspill service writes it after each scan)."""
 
 # the scheduler's KV index, for its next start (services/scheduler/kvsnapshot.py)
+SCHEDULER_LEASES = "ib-sched-leases"
+"""JetStream KV bucket: which scheduler instance owns which partition (``part.<p>``)
+and which instances are alive (``member.<instance>``), each renewed every second or so
+(services/scheduler/leases.py)."""
 KV_INDEX = "ib-kv-index"
 """JetStream KV bucket: ``<worker_id>.<medium>.<part>`` → KvIndexPart, the blocks each
 worker's KV events said it holds, as of a position in IB_KV: a restarted scheduler
@@ -224,6 +237,18 @@ def tenant_policy_subject(tenant: str) -> str:
     """A tenant's record (JetStream IB_CONFIG, the latest kept): set by an operator
     (``inferbus creds new --tenant``), read by the sanitizer."""
     return _TENANT_POLICY.format(tenant=tenant)
+
+
+def accepted_subject(partition: int | None) -> str:
+    """Where an accepted request goes: its scheduler partition's subject, or the one
+    subject of an unpartitioned scheduler (None)."""
+    return ACCEPTED if partition is None else _ACCEPTED_PARTITION.format(partition=partition)
+
+
+def worker_partition(worker_id: str, partitions: int) -> int:
+    """The scheduler partition that books a worker: from its id alone, so a scheduler
+    tells from a heartbeat's or KV event's subject whether to read it at all."""
+    return zlib.crc32(worker_id.encode()) % partitions if partitions > 1 else 0
 
 
 def heartbeat_subject(worker_id: str) -> str:
@@ -318,7 +343,7 @@ class StreamSpec(msgspec.Struct, kw_only=True, frozen=True):
 STREAMS: tuple[StreamSpec, ...] = (
     StreamSpec(
         name="IB_REQUESTS",
-        subjects=(SUBMIT, ACCEPTED, ENDED),
+        subjects=(SUBMIT, ACCEPTED, ACCEPTED_PARTITIONS, ENDED),
         max_age_s=24 * 3600,
         store_share=0.27,
         description="submitted, accepted and ended requests: replayable and auditable",

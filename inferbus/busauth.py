@@ -32,6 +32,7 @@ from inferbus.contracts import (
     MODEL_REGISTRY,
     REPLY_PREFIX,
     RESPONSES,
+    SCHEDULER_LEASES,
     STREAMS,
     TENANT_CANCELS,
     TENANT_SUBMITS,
@@ -135,10 +136,20 @@ RESPONSES_READ = stream_read(f"KV_{RESPONSES}")
 
 KV_INDEX_READ = stream_read(f"KV_{KV_INDEX}")
 """Reading the scheduler's stored KV index (it writes it through its wiring)."""
+SCHEDULER_PARTITIONS = Permissions(
+    publish=stream_read(f"KV_{SCHEDULER_LEASES}"),
+    subscribe=("ib.deliver.scheduler-accepted.*",),
+)
+"""A partitioned scheduler: its leases (written through its wiring), and the accepted
+requests of the partitions it holds, subscribed as it takes them
+(services/scheduler/wiring.py, ``accepted_consumer``)."""
 
 PLATFORM_STREAMS = (
     *(spec.name for spec in STREAMS),
-    *(f"KV_{bucket}" for bucket in (RESPONSES, KV_SPILL_INDEX, MODEL_REGISTRY, KV_INDEX)),
+    *(
+        f"KV_{bucket}"
+        for bucket in (RESPONSES, KV_SPILL_INDEX, MODEL_REGISTRY, KV_INDEX, SCHEDULER_LEASES)
+    ),
     f"OBJ_{MODEL_ARTIFACTS}",
 )
 """Every stream the platform declares, the KV buckets and Object Store included."""

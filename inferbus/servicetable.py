@@ -20,6 +20,7 @@ from inferbus.busauth import (
     REGISTRY_READ,
     REPLIES,
     RESPONSES_READ,
+    SCHEDULER_PARTITIONS,
     Permissions,
     wiring_permissions,
 )
@@ -118,7 +119,7 @@ SERVICES: tuple[ServiceEntry, ...] = (
     _entry("sanitizer", "Sanitizer", start_order=1, stop_order=2, port_offset=1,
            launch="inferbus.up:launch_sanitizer", grants=REPLIES),
     _entry("scheduler", "Scheduler", start_order=2, stop_order=4, port_offset=2,
-           grants=REPLIES + Permissions(publish=KV_INDEX_READ)),
+           grants=REPLIES + Permissions(publish=KV_INDEX_READ) + SCHEDULER_PARTITIONS),
     # workers at base+10, base+11, ... (one port each); a worker's user may publish its
     # own instance's heartbeats and KV events, and read its own work only
     _entry("worker", "Worker", start_order=3, stop_order=3, port_offset=10, scalable=True,

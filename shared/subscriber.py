@@ -80,8 +80,14 @@ class Subscriber:
         for spec in subscriptions:
             handler = resolve(owner, spec.handler)  # a wrong name fails the start, not later
             self._open.append(
-                (spec, await self._subscribe(spec, self._receiver(spec, handler), owner))
+                (spec, await self._subscribe(spec, self._receiver(spec, handler, owner), owner))
             )
+
+    async def open_one(self, owner: object, spec: Subscription) -> Any:
+        """A subscription opened while the service runs (a partition it took over); the
+        caller closes it (``sub.drain()``), ``close`` does not."""
+        handler = resolve(owner, spec.handler)
+        return await self._subscribe(spec, self._receiver(spec, handler, owner), owner)
 
     async def close(self, *, keep: Collection[str] = (), drain: bool = False) -> None:
         """Stop reading, the last opened first (``drain``: hand what already arrived to
@@ -94,7 +100,9 @@ class Subscriber:
             except Exception:  # gone with the connection
                 pass
 
-    def _receiver(self, spec: Subscription, handler: Handler) -> Callable[[Msg], Awaitable[None]]:
+    def _receiver(
+        self, spec: Subscription, handler: Handler, owner: object = None
+    ) -> Callable[[Msg], Awaitable[None]]:
         acks = isinstance(spec.source, Consume | Own)
         service = self._service
         counters: dict[type, Any] = {}
@@ -114,7 +122,13 @@ class Subscriber:
             if acks:
                 await msg.ack()  # settled: never redelivered
 
+        only: Callable[[str], bool] | None = getattr(owner, spec.only) if spec.only else None
+
         async def receive(msg: Msg) -> None:
+            if only is not None and not only(msg.subject):
+                if acks:
+                    await msg.ack()
+                return
             if spec.event is bytes:
                 event: Any = msg.data
             else:

@@ -112,6 +112,10 @@ class Subscription:
     counted: bool = True
     """Counted in ``inferbus_events_handled_total``; a reply stream's chunks (thousands a
     second, counted as tokens elsewhere) are not."""
+    only: str = ""
+    """A method of the service that says from a message's subject alone whether to read
+    it (``only(subject) -> bool``); one it declines is neither decoded nor counted (a
+    partitioned scheduler's heartbeats and KV events of the workers it does not book)."""
 
 
 def settings_records(

@@ -168,6 +168,10 @@ class _ModelState:
     asked: deque[tuple[float, int]] = field(default_factory=deque)
     """(time, need) of recent ticks, for the scale-down stabilisation window."""
     queued: int = 0
+    """Queued in every scheduler instance heard from in the last few seconds."""
+    queued_by: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """Each scheduler instance's queue for the model and when it said so (a partitioned
+    scheduler's instances each report their own partitions')."""
     waits: deque[tuple[float, float]] = field(default_factory=deque)
     """(time, the scheduler's estimate of a new request's wait) over the panic window."""
     slo_s: float = 0.0
@@ -262,8 +266,9 @@ class AutoscalerCore:
     def on_accepted(self, accepted: RequestAccepted, now: float) -> None:
         req = accepted.request
         m = self.models.get(req.model)
-        if m is None:
-            return
+        seen = self._flights.get(req.request_id)
+        if m is None or (seen is not None and seen[0] == req.model):
+            return  # a redelivery, or handed from one scheduler partition to another
         prompt = req.estimated_prompt_tokens
         expected_out = m.mean_output if m.outputs_seen else req.sampling.max_tokens
         expected_out = min(expected_out, req.sampling.max_tokens or expected_out)
@@ -302,11 +307,15 @@ class AutoscalerCore:
         prompt = finished.usage.prompt_tokens or flight[1].prompt_tokens
         m.window_work += m.spec.prefill_weight * prompt + out
 
-    def on_load(self, model: str, load: ModelLoad, now: float) -> None:
+    def on_load(self, model: str, load: ModelLoad, now: float, scheduler: str = "") -> None:
         m = self.models.get(model)
         if m is None:
             return
-        m.queued = load.queued
+        m.queued_by[scheduler] = (load.queued, now)
+        for sid, (_, seen) in list(m.queued_by.items()):
+            if now - seen > LOAD_STALE_S:
+                del m.queued_by[sid]
+        m.queued = sum(q for q, _ in m.queued_by.values())
         m.waits.append((now, load.wait_s))
         m.slo_s = load.ttft_slo_s
         m.load_seen = now
@@ -460,7 +469,7 @@ class AutoscalerCore:
             )
         # zero: waiting requests start a worker; a long quiet lets the last one go
         idle = now - max(m.last_arrival, m.started) >= spec.idle_to_zero_s
-        waiting = m.queued > 0 and now - m.load_seen < 5.0
+        waiting = m.queued > 0 and now - m.load_seen < LOAD_STALE_S
         if need == 0 and (waiting or (m.target > 0 and not idle)):
             need = 1  # the last worker stays until the model has been idle long enough
         elif need == 0 and m.target > 0:
@@ -594,6 +603,9 @@ class AutoscalerCore:
         m.window_ready = []
         m.window_saturated_ticks = 0
 
+
+LOAD_STALE_S = 5.0
+"""A scheduler's queue report older than this no longer counts."""
 
 MIN_REFUSALS = 5
 """Refusals in the stable window before their share counts."""

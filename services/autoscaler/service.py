@@ -227,7 +227,7 @@ class AutoscalerService(Service[AutoscalerSettings]):
     async def _on_load(self, load: SchedulerLoad, msg: Msg) -> None:
         now = time.time()
         for model, m in load.models.items():
-            self.core.on_load(model, m, now)
+            self.core.on_load(model, m, now, load.scheduler_id)
 
     async def _on_accepted(self, ev: RequestAccepted, msg: Msg) -> None:
         self.core.on_accepted(ev, time.time())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from inferbus.contracts import (
     ACCEPTED,
+    ACCEPTED_PARTITIONS,
     ENDED,
     HEARTBEATS,
     LLMSERVICES,
@@ -32,6 +33,14 @@ WIRING = Wiring(
         # the request stream from now on, read without holding anything back
         Subscription(
             ACCEPTED, RequestAccepted, "_on_accepted", source=Follow("IB_REQUESTS"), bad="drop"
+        ),
+        # a partitioned scheduler's (INFERBUS_SCHEDULER_PARTITIONS)
+        Subscription(
+            ACCEPTED_PARTITIONS,
+            RequestAccepted,
+            "_on_accepted",
+            source=Follow("IB_REQUESTS"),
+            bad="drop",
         ),
         Subscription(ENDED, Terminal, "_on_ended", source=Follow("IB_REQUESTS"), bad="drop"),
     ),

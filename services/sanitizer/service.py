@@ -11,7 +11,6 @@ import msgspec
 from nats.aio.msg import Msg
 
 from inferbus.contracts import (
-    ACCEPTED,
     CANCEL,
     ENDED,
     FILTER_PREFIX,
@@ -24,7 +23,9 @@ from inferbus.contracts import (
     RequestFailed,
     RequestRejected,
     RequestSubmitted,
+    SchedulerLoad,
     TenantPolicy,
+    accepted_subject,
     subject_token,
     tenant_of_subject,
     tenant_reply_prefix,
@@ -40,6 +41,7 @@ from inferbus.shared.bus import (
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.errors import ConfigError
+from inferbus.shared.partitions import PartitionView
 from inferbus.shared.runtime import Context, Service
 from inferbus.shared.tracing import attributes as t
 from inferbus.shared.tracing import valid_context
@@ -108,6 +110,14 @@ class SanitizerSettings(ServiceSettings, kw_only=True):
     """Per model, the folder of the tokenizer its prompts are read with, e.g.
     "tiny-llama=/models/tiny-llama": accepted requests carry their token ids, and the
     scheduler routes them on the engine's own prefix block hashes."""
+    scheduler_partitions: int = 1
+    """The scheduler's partitions (its setting of the same name, one
+    ``INFERBUS_SCHEDULER_PARTITIONS``): each accepted request goes to one's subject,
+    chosen from the instances' reports (shared/partitions.py). 1: ``ib.req.accepted``."""
+
+    @property
+    def partitioned(self) -> bool:
+        return self.scheduler_partitions > 1
 
 
 class _Addressed(msgspec.Struct):
@@ -153,6 +163,7 @@ class SanitizerService(Service[SanitizerSettings]):
 
     def __init__(self, settings: SanitizerSettings, ctx: Context[SanitizerSettings]) -> None:
         super().__init__(settings, ctx)
+        self.partitions = PartitionView(settings.scheduler_partitions)
         if settings.tool_call_policy not in TOOL_CALL_POLICIES:
             raise ConfigError(
                 f"tool call policy {settings.tool_call_policy!r} (choose mask or refuse)"
@@ -321,6 +332,9 @@ class SanitizerService(Service[SanitizerSettings]):
         )
         log.info("tenant record", tenant=policy.tenant, revoked=policy.revoked)
 
+    async def _on_scheduler_load(self, load: SchedulerLoad, msg: Msg) -> None:
+        self.partitions.on_load(load, time.monotonic())
+
     async def _on_model_record(self, record: LLMServiceSettings, msg: Msg) -> None:
         try:
             ms = model_settings(record)
@@ -408,9 +422,10 @@ class SanitizerService(Service[SanitizerSettings]):
                     self._filter_traces.setdefault(client, _FilterTrace(parent))
             accepted = RequestAccepted(request=request, accepted_at=time.time(), findings=found)
             try:
+                partition = self.partitions.choose(request, time.monotonic())
                 await publish_durable(
                     js,
-                    ACCEPTED,
+                    accepted_subject(partition),
                     accepted,
                     request_id=rid,
                     msg_id=accepted_id(rid, msg),

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from inferbus.contracts import (
     ACCEPTED,
+    ACCEPTED_PARTITIONS,
     CANCEL,
     ENDED,
     FILTER_PREFIX,
     LLMSERVICES,
+    SCHEDULER_LOAD,
     SUBMIT,
     TENANT_POLICIES,
     TENANT_SUBMITS,
     LLMServiceSettings,
     ReplyEvent,
+    SchedulerLoad,
     TenantPolicy,
 )
 from inferbus.shared.subscriptions import (
@@ -62,6 +65,15 @@ WIRING = Wiring(
         Subscription(
             TENANT_SUBMITS, bytes, "_on_submitted", source=Consume(TENANT_SUBMITTED_CONSUMER)
         ),
+        # a partitioned scheduler's instances: which partition serves which model
+        Subscription(
+            SCHEDULER_LOAD,
+            SchedulerLoad,
+            "_on_scheduler_load",
+            bad="drop",
+            when="partitioned",
+            early=True,
+        ),
     ),
-    publishes=(ACCEPTED, ENDED, CANCEL),
+    publishes=(ACCEPTED, ACCEPTED_PARTITIONS, ENDED, CANCEL),
 )

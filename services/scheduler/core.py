@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from inferbus.contracts import (
     HANDOVER_FRESH_S,
@@ -27,7 +27,7 @@ from inferbus.contracts import (
     WorkerHeartbeat,
 )
 
-from .effects import Assign, Cancel, Effect, Fail, Refuse, Supersede
+from .effects import Assign, Cancel, Effect, Fail, HandOff, Refuse, Supersede
 from .goodput import Fleet, slo_s
 from .kvindex import KvIndex, prefix_blocks
 from .lanes import ModelQueue, cost_tokens, prompt_tokens
@@ -41,6 +41,7 @@ __all__ = [
     "Cancel",
     "Effect",
     "Fail",
+    "HandOff",
     "Inflight",
     "Queued",
     "Refuse",
@@ -620,6 +621,25 @@ class SchedulerCore:
                         else self._timed_out(item.request, limit)
                     )
         return effects + self._dispatch(now)
+
+    def hand_off(self, elsewhere: Collection[str], now: float, after_s: float) -> list[Effect]:
+        """A partitioned scheduler's requests queued ``after_s`` or more for a model no
+        worker of its serves while another partition's does (``elsewhere``): they go
+        there. A continuation stays (where its stream stopped is known here only)."""
+        live = self.live_models()
+        effects: list[Effect] = []
+        for model, q in self.queues.items():
+            if live.get(model) or model not in elsewhere:
+                continue
+
+            def waited(item: Queued) -> bool:  # a retry's attempt numbers are this one's
+                return item.attempt == 1 and item.resume is None and now - item.since >= after_s
+
+            for item in q.drop_where(waited):
+                self._queued_ids.discard(item.request.request_id)
+                self._changes += 1
+                effects.append(HandOff(request=item.request))
+        return effects
 
     # -- views -----------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """What the scheduler's core asks its adapter to do: assign, fail, cancel, refuse,
-supersede."""
+supersede, hand off."""
 
 from __future__ import annotations
 
@@ -87,4 +87,11 @@ class Supersede(msgspec.Struct, kw_only=True, frozen=True):
     attempt: int
 
 
-Effect = Assign | Fail | Cancel | Refuse | Supersede
+class HandOff(msgspec.Struct, kw_only=True, frozen=True):
+    """A partitioned scheduler's queued request for a model it has no worker for while
+    another partition has: accepted again there (and no longer this one's)."""
+
+    request: RequestSubmitted
+
+
+Effect = Assign | Fail | Cancel | Refuse | Supersede | HandOff

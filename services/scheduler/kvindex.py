@@ -201,6 +201,12 @@ class KvIndex:
             spilled.forget(worker_id)
         self._exact.forget(worker_id)
 
+    def ask_whole_state(self, worker_id: str) -> None:
+        """A worker whose events this index may not have read (a partitioned scheduler
+        took over its partition): unless some were read, ask it for its whole state."""
+        if worker_id not in self._seq:
+            self.resyncs.add(worker_id)
+
     def take_resyncs(self, now: float) -> dict[str, int]:
         """The workers to ask for their whole state now, each with the highest event
         number seen of it: at most every ``RESYNC_EVERY_S`` a worker (its answer may be

@@ -8,13 +8,14 @@ from typing import Any
 
 from nats.aio.msg import Msg
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.errors import BucketNotFoundError, KeyValueError, NotFoundError
 
 from inferbus.contracts import (
     CANCEL,
     ENDED,
     HEADER_MSG_ID,
     KV_INDEX,
+    SCHEDULER_LEASES,
     SCHEDULER_LOAD,
     CanaryWeights,
     CancelRequest,
@@ -33,10 +34,12 @@ from inferbus.contracts import (
     Terminal,
     WorkAssigned,
     WorkerHeartbeat,
+    accepted_subject,
     kv_resync_subject,
     tenant_of_subject,
     tenant_request_id,
     work_subject,
+    worker_partition,
 )
 from inferbus.shared import logs, metrics
 from inferbus.shared.bus import (
@@ -49,7 +52,10 @@ from inferbus.shared.bus import (
 )
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
+from inferbus.shared.partitions import PartitionView
 from inferbus.shared.runtime import Context, Service
+from inferbus.shared.streams import ensure_consumers
+from inferbus.shared.subscriptions import Consume
 from inferbus.shared.tracing import attributes as t
 from inferbus.shared.tracing import valid_context
 
@@ -59,12 +65,14 @@ from .core import (
     Cancel,
     Effect,
     Fail,
+    HandOff,
     Refuse,
     SchedulerCore,
     SchedulerPolicy,
     Supersede,
 )
-from .wiring import ACCEPTED_CONSUMER, WIRING
+from .leases import Claim, Leases, Put, Renew, member_key, part_key
+from .wiring import ACCEPTED_CONSUMER, WIRING, accepted_subscription
 
 log = logs.get("inferbus.scheduler")
 
@@ -87,10 +95,34 @@ class SchedulerSettings(ServiceSettings, kw_only=True):
     kv_snapshot_interval_s: float = 60.0
     """How often the KV index is stored (``ib-kv-index``, and once more when it stops)
     for the next start to load instead of reading all of IB_KV. 0: never."""
+    scheduler_partitions: int = 1
+    """Partitions of the fleet and its requests (docs/architecture.md): each instance
+    books the workers and serves the requests of the partitions whose leases it holds.
+    The sanitizer's setting of the same name (one ``INFERBUS_SCHEDULER_PARTITIONS``)
+    must match. 1: unpartitioned, every instance books every worker (as before)."""
+    lease_ttl_s: float = 3.0
+    """A partition whose owner has not renewed its lease this long is taken over."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.scheduler_partitions < 1:
+            raise ValueError("scheduler_partitions must be at least 1")
+
+    @property
+    def partitioned(self) -> bool:
+        return self.scheduler_partitions > 1
+
+    @property
+    def unpartitioned(self) -> bool:
+        return self.scheduler_partitions == 1
 
 
 SNAPSHOT_HISTORY_S = 86400.0
 """A stored KV index older than this is dropped (its scheduler gone a day)."""
+
+HAND_OFF_AFTER_S = 1.0
+"""Partitioned: a request queued this long for a model no worker here serves goes to a
+partition whose workers do (a worker here may only have been slow to be heard)."""
 
 _RECONNECT_GRACE_S = 1.0
 """After its own connection comes back, how long before workers not heard from yet
@@ -123,12 +155,153 @@ class SchedulerService(Service[SchedulerSettings]):
         """The last IB_KV message the index holds."""
         self._kv_keys: set[str] = set()
         self._snapshot_task: asyncio.Task[None] | None = None
+        self.leases = (
+            Leases(settings.instance_id, settings.scheduler_partitions, settings.lease_ttl_s)
+            if settings.partitioned
+            else None
+        )
+        """Partitioned: the partitions it holds (services/scheduler/leases.py)."""
+        self._leases_kv: Any = None
+        self._lease_tasks: list[asyncio.Task[None]] = []
+        self._partition_subs: dict[int, Any] = {}
+        self.ended_resume_seq = 0
+        """Partitioned: the IB_REQUESTS position its restore began at; ends are read on
+        from there."""
+        self._fenced = ""
+        self.peers = PartitionView(settings.scheduler_partitions)
+        """The other instances' reports: where a request for a model this one has no
+        worker for goes on to."""
+        """Why it must restart: a lease it held was taken while it stalled."""
 
     async def start(self) -> None:
         self.ctx.connection.disconnected.append(self._on_bus_lost)
         self.ctx.connection.reconnected.append(self._on_bus_back)
+        if self.leases is not None:
+            await self._take_leases()
+            stream = await self.ctx.js.stream_info("IB_REQUESTS")
+            self.ended_resume_seq = stream.state.last_seq
         await self._restore(self.ctx)
         await self._load_kv_index()
+
+    # -- partitions ------------------------------------------------------------------
+
+    def books(self, worker_id: str) -> bool:
+        """Whether this instance books the worker (unpartitioned: every worker)."""
+        if self.leases is None:
+            return True
+        return worker_partition(worker_id, self.leases.partitions) in self.leases.owned
+
+    def books_subject(self, subject: str) -> bool:
+        """``ib.hb.<worker>``, ``ib.kv.<worker>``, ``ib.progress.<worker>``: its own?"""
+        return self.leases is None or self.books(subject.split(".", 2)[2])
+
+    async def _take_leases(self) -> None:
+        """Join the lease bucket, hear who else is there for one lease time, then claim
+        a share of the partitions (leases.py), before restoring what they hold."""
+        assert self.leases is not None
+        js = self.ctx.js
+        try:
+            self._leases_kv = await js.key_value(SCHEDULER_LEASES)
+        except BucketNotFoundError:
+            self._leases_kv = await js.create_key_value(
+                KeyValueConfig(
+                    bucket=SCHEDULER_LEASES, history=1, storage=StorageType.FILE, max_bytes=1 << 20
+                )
+            )
+        watcher = await self._leases_kv.watchall()
+        self._lease_tasks.append(asyncio.create_task(self._watch_leases(watcher), name="leases"))
+        self.leases.started_at = time.monotonic()
+        while time.monotonic() - self.leases.started_at < self.leases.ttl_s:
+            await self._lease_round(gain=False)
+            await asyncio.sleep(self.leases.ttl_s / 3)
+        for _ in range(20):  # a claim lost to another's, heard of late: the next free one
+            await self._lease_round(gain=False)
+            if not self.leases.wanted(time.monotonic()):
+                break
+            await asyncio.sleep(0.05)
+        log.info(
+            "partitions held",
+            partitions=sorted(self.leases.owned),
+            of=self.leases.partitions,
+            instances=len(self.leases.members(time.monotonic())),
+        )
+
+    async def _watch_leases(self, watcher: Any) -> None:
+        assert self.leases is not None
+        async for entry in watcher:
+            if entry is None:
+                continue  # the end of the values there were when it began
+            value = b"" if entry.operation in ("DEL", "PURGE") else (entry.value or b"")
+            self.leases.seen(entry.key, value.decode(), entry.revision, time.monotonic())
+
+    async def _hold_leases(self) -> None:
+        assert self.leases is not None
+        while True:
+            await asyncio.sleep(self.leases.ttl_s / 3)
+            try:
+                await self._lease_round(gain=True)
+            except Exception:
+                log.exception("lease round failed")
+
+    async def _lease_round(self, gain: bool) -> None:
+        """Carry out one step of the leases; open what was newly gained (``gain``: at
+        start the restore does that); stop if a lease was lost to another."""
+        leases, kv = self.leases, self._leases_kv
+        assert leases is not None and kv is not None
+        for op in leases.step(time.monotonic()):
+            try:
+                if isinstance(op, Put):
+                    await kv.put(op.key, op.value.encode())
+                    continue
+                key = part_key(op.partition)
+                me = self.settings.instance_id.encode()
+                if isinstance(op, Claim) and not op.revision:
+                    revision = await kv.create(key, me)
+                else:
+                    revision = await kv.update(key, me, last=op.revision)
+            except KeyValueError:  # another instance wrote it first
+                if isinstance(op, Renew):
+                    leases.refused(op.partition)
+                continue
+            leases.claimed(op.partition, revision, time.monotonic())
+            if isinstance(op, Claim):
+                log.info("partition taken", partition=op.partition)
+                if gain:
+                    await self._gain(op.partition)
+        if leases.lost and not self._fenced:
+            self._fenced = f"partitions {sorted(leases.lost)} were taken over while it stalled"
+            log.error("lease lost: restarting", reason=self._fenced)
+            if self.ctx.stop is not None:
+                self.ctx.stop.set()
+
+    async def _gain(self, partition: int) -> None:
+        """A partition taken over while running: what its last owner had placed and
+        not seen end, then its accepted requests. Its workers' KV state comes from
+        them (a whole state asked of each as it is first heard: _on_heartbeat)."""
+        await self._restore(self.ctx, partition)
+        await self._open_partition(partition)
+
+    async def _open_partition(self, partition: int) -> None:
+        spec = accepted_subscription(partition)
+        assert isinstance(spec.source, Consume)
+        await ensure_consumers(self.ctx.js, [spec.source.consumer])
+        self._partition_subs[partition] = await self.ctx.subscriptions.open_one(self, spec)
+
+    async def _release_leases(self) -> None:
+        if self.leases is None or self._leases_kv is None:
+            return
+        for task in self._lease_tasks:
+            task.cancel()
+        held = self.leases.release()
+        try:  # the others take them at once instead of after a lease time
+            for p in held:
+                await self._leases_kv.delete(part_key(p))
+            await self._leases_kv.delete(member_key(self.settings.instance_id))
+        except Exception:
+            log.exception("could not release its leases; they lapse instead")
+
+    def alive(self) -> tuple[bool, str]:
+        return (False, self._fenced) if self._fenced else (True, "alive")
 
     async def _on_bus_lost(self) -> None:
         self._deaf = True
@@ -145,11 +318,20 @@ class SchedulerService(Service[SchedulerSettings]):
         self._progress_task = asyncio.create_task(self._keep_unacked(), name="in-progress")
         if self.settings.kv_snapshot_interval_s > 0:
             self._snapshot_task = asyncio.create_task(self._store_kv_index(), name="kv-index")
+        if self.leases is not None:
+            for p in sorted(self.leases.owned):
+                await self._open_partition(p)
+            self._lease_tasks.append(asyncio.create_task(self._hold_leases(), name="lease"))
 
     def status(self) -> dict[str, Any]:
-        return self.core.status()
+        status = self.core.status()
+        if self.leases is not None:
+            status["partitions"] = sorted(self.leases.owned)
+        return status
 
-    async def _restore(self, ctx: Context[SchedulerSettings]) -> None:
+    async def _restore(self, ctx: Context[SchedulerSettings], partition: int | None = None) -> None:
+        """Take back the assignments of the workers it books (``partition``: of that
+        partition's only) that never ended."""
         window = self.settings.restore_window_s
         if window <= 0:
             return
@@ -160,6 +342,11 @@ class SchedulerService(Service[SchedulerSettings]):
             try:
                 w = decode(data, WorkAssigned)
             except DecodeError:
+                continue
+            if not self.books(w.worker_id) or (
+                partition is not None
+                and worker_partition(w.worker_id, self.settings.scheduler_partitions) != partition
+            ):
                 continue
             assignments.append((w.request, w.worker_id, w.attempt))
             trace = valid_context(headers)
@@ -198,9 +385,11 @@ class SchedulerService(Service[SchedulerSettings]):
         for data, _ in stored:
             if data:  # an empty value is a deleted key
                 try:
-                    parts.append(decode(data, KvIndexPart))
+                    part = decode(data, KvIndexPart)
                 except DecodeError:
                     continue
+                if self.books(part.worker_id):
+                    parts.append(part)
         began = time.monotonic()
         try:
             resume = kvsnapshot.load(self.core.kv, parts)
@@ -266,6 +455,11 @@ class SchedulerService(Service[SchedulerSettings]):
 
     async def drain(self) -> None:
         await self.ctx.subscriptions.close(drain=True)
+        for sub in self._partition_subs.values():
+            try:
+                await sub.drain()
+            except Exception:
+                pass
         for task in (self._tick_task, self._progress_task, self._snapshot_task):
             if task:
                 task.cancel()
@@ -273,6 +467,7 @@ class SchedulerService(Service[SchedulerSettings]):
         # unacked accepted requests go back to JetStream for the next scheduler
         for msg in self._unacked.values():
             await msg.nak()
+        await self._release_leases()
         if self.settings.kv_snapshot_interval_s > 0:
             try:  # the next start loads what this one knew at its end
                 await asyncio.wait_for(self._write_kv_index(), 5.0)
@@ -315,7 +510,14 @@ class SchedulerService(Service[SchedulerSettings]):
             self.core.on_accepted(event.request, time.monotonic(), time.time(), redelivered, copy)
         )
 
+    async def _on_peer_load(self, load: SchedulerLoad, msg: Msg) -> None:
+        if load.scheduler_id != self.settings.instance_id:
+            self.peers.on_load(load, time.monotonic())
+
     async def _on_heartbeat(self, hb: WorkerHeartbeat, msg: Msg) -> None:
+        if self.leases is not None and hb.worker_id not in self.core.workers:
+            # a worker of a partition taken over: its KV events went unread here
+            self.core.kv.ask_whole_state(hb.worker_id)
         await self._apply(self.core.on_heartbeat(hb, time.monotonic(), time.time()))
 
     async def _on_kv(self, event: KvEvent | KvEventBatch, msg: Msg) -> None:
@@ -357,7 +559,8 @@ class SchedulerService(Service[SchedulerSettings]):
         attempt = getattr(ev, "attempt", 0)  # a rejection names none
         await self._apply(self.core.on_ended(ev.request_id, time.monotonic(), attempt))
         self._traces.pop(ev.request_id, None)
-        await msg.ack()
+        if self.leases is None:
+            await msg.ack()  # partitioned, every instance follows the ends unacked
 
     async def _on_cancel(self, ev: CancelRequest, msg: Msg) -> None:
         if ev.attempt:
@@ -375,6 +578,10 @@ class SchedulerService(Service[SchedulerSettings]):
             try:
                 now = time.monotonic()
                 await self._apply(self.core.tick(now))
+                if self.leases is not None:
+                    me = self.settings.instance_id
+                    serving = self.peers.serving(now, but=me)
+                    await self._apply(self.core.hand_off(serving, now, HAND_OFF_AFTER_S))
                 await self._ask_resyncs(now)
                 if now >= next_load:
                     next_load = now + self.settings.load_interval_s
@@ -383,6 +590,7 @@ class SchedulerService(Service[SchedulerSettings]):
                         models=self.core.load(now),
                         sent_at=time.time(),
                         interval_s=self.settings.load_interval_s,
+                        partitions=sorted(self.leases.owned) if self.leases else [],
                     )
                     await self.ctx.nc.publish(SCHEDULER_LOAD, encode(load))
                 for model, q in self.core.queues.items():
@@ -450,6 +658,8 @@ class SchedulerService(Service[SchedulerSettings]):
             if isinstance(e, Cancel)
             else "superseded"
             if isinstance(e, Supersede)
+            else "handed_off"
+            if isinstance(e, HandOff)
             else e.code
         ).inc()
         for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
@@ -489,6 +699,9 @@ class SchedulerService(Service[SchedulerSettings]):
                 attempt=e.attempt,
             )
             await nc.publish(CANCEL, encode(stop), headers=request_headers(rid))
+            return
+        if isinstance(e, HandOff):
+            await self._hand_off(e)
             return
         trace = self._traces.get(rid)
         if isinstance(e, Assign):
@@ -553,6 +766,24 @@ class SchedulerService(Service[SchedulerSettings]):
             outcome = terminal.__struct_config__.tag
             metrics.REQUESTS.labels(self.name, e.request.model, outcome).inc()
             self._trace_end(e, self._traces.pop(rid, None), outcome)
+
+    async def _hand_off(self, e: HandOff) -> None:
+        rid = e.request.request_id
+        now = time.monotonic()
+        me = self.settings.instance_id
+        partition = self.peers.choose(e.request, now, but=me)
+        if partition is None:  # gone quiet since: the model's own partition
+            partition = self.peers.choose(e.request, now)
+        accepted = RequestAccepted(request=e.request, accepted_at=time.time())
+        await publish_durable(
+            self.ctx.js,
+            accepted_subject(partition),
+            accepted,
+            request_id=rid,
+            msg_id=f"{rid}:to:{partition}",
+            trace=self._traces.pop(rid, None),
+        )
+        log.info("request handed off", request_id=rid, model=e.request.model, partition=partition)
 
     def _trace_assignment(self, e: Assign, trace: dict[str, str] | None, began: float) -> None:
         """The request's wait in the queue and its placement, as two stage spans."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from inferbus.contracts import (
     ACCEPTED,
+    ACCEPTED_PARTITIONS,
     CANARIES,
     CANCEL,
     ENDED,
@@ -13,6 +14,7 @@ from inferbus.contracts import (
     LLMSERVICES,
     PROGRESS,
     SCALING_STATUS,
+    SCHEDULER_LEASES,
     SCHEDULER_LOAD,
     STARTED,
     TENANT_CANCELS,
@@ -25,8 +27,10 @@ from inferbus.contracts import (
     RequestProgress,
     RequestStarted,
     ScalingStatus,
+    SchedulerLoad,
     Terminal,
     WorkerHeartbeat,
+    accepted_subject,
     heartbeat_subject,
     kv_resync_subject,
     kv_subject,
@@ -58,6 +62,29 @@ ENDED_CONSUMER = ConsumerSpec(
     max_deliver=-1,
 )
 
+
+def accepted_consumer(partition: int) -> ConsumerSpec:
+    """A partition's accepted requests, read by the instance holding its lease (one at
+    a time: a shorter ack wait than the unpartitioned one's, so what a dead owner held
+    comes to the next within the 5 s a partition may go unserved)."""
+    return ConsumerSpec(
+        durable=f"scheduler-accepted-{partition}",
+        stream="IB_REQUESTS",
+        filter_subject=accepted_subject(partition),
+        deliver_subject=f"ib.deliver.scheduler-accepted.{partition}",
+        ack_wait_s=4.0,
+    )
+
+
+def accepted_subscription(partition: int) -> Subscription:
+    return Subscription(
+        accepted_subject(partition),
+        RequestAccepted,
+        "_on_accepted",
+        source=Consume(accepted_consumer(partition)),
+    )
+
+
 WIRING = Wiring(
     subscriptions=(
         # LLMServices' records first: a model's TTFT objective before its requests
@@ -68,6 +95,7 @@ WIRING = Wiring(
             "_on_heartbeat",
             # a worker's credentials allow its own subject only: the id must match it
             sender=lambda hb: heartbeat_subject(hb.worker_id),
+            only="books_subject",  # partitioned: its own workers' only, undecoded else
         ),
         Subscription(STARTED, RequestStarted, "_on_started"),
         # copies of migratable requests' chunks: where a continuation picks up
@@ -76,12 +104,31 @@ WIRING = Wiring(
             RequestProgress,
             "_on_progress",
             sender=lambda ev: progress_subject(ev.worker_id),
+            only="books_subject",
         ),
         Subscription(SCALING_STATUS, ScalingStatus, "_on_scaling", bad="drop"),
         Subscription(CANCEL, CancelRequest, "_on_cancel"),
         Subscription(TENANT_CANCELS, CancelRequest, "_on_cancel"),
-        Subscription(ENDED, Terminal, "_on_ended", source=Consume(ENDED_CONSUMER)),
-        Subscription(ACCEPTED, RequestAccepted, "_on_accepted", source=Consume(ACCEPTED_CONSUMER)),
+        Subscription(
+            ENDED, Terminal, "_on_ended", source=Consume(ENDED_CONSUMER), when="unpartitioned"
+        ),
+        Subscription(
+            ACCEPTED,
+            RequestAccepted,
+            "_on_accepted",
+            source=Consume(ACCEPTED_CONSUMER),
+            when="unpartitioned",
+        ),
+        # partitioned: every instance reads every end (from where its restore began),
+        # and each partition's accepted requests are subscribed while its lease is held
+        # (accepted_subscription)
+        Subscription(
+            ENDED,
+            Terminal,
+            "_on_ended",
+            source=Follow("IB_REQUESTS", start_after="ended_resume_seq"),
+            when="partitioned",
+        ),
         # the workers' KV events, replayed from the stream's start, or from where the
         # stored index loaded at start is as of: the index of which worker holds which
         # prefix is rebuilt after a restart
@@ -91,6 +138,11 @@ WIRING = Wiring(
             "_on_kv",
             source=Follow("IB_KV", deliver="all", start_after="kv_resume_seq"),
             sender=lambda ev: kv_subject(ev.worker_id),
+            only="books_subject",
+        ),
+        # partitioned: the other instances' reports, for requests it has no worker for
+        Subscription(
+            SCHEDULER_LOAD, SchedulerLoad, "_on_peer_load", bad="drop", when="partitioned"
         ),
         # canary weights: the latest per model, then every change
         Subscription(
@@ -105,10 +157,12 @@ WIRING = Wiring(
     # (and asks workers for their whole KV state: kv_resync_subject)
     publishes=(
         "ib.work.>",
+        ACCEPTED_PARTITIONS,
         ENDED,
         SCHEDULER_LOAD,
         CANCEL,
         f"$KV.{KV_INDEX}.>",
         kv_resync_subject(">"),
+        f"$KV.{SCHEDULER_LEASES}.>",
     ),
 )

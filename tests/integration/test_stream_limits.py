@@ -107,6 +107,7 @@ async def test_a_store_an_older_version_made_is_provisioned_not_crashed_on(tmp_p
         assert (await js.stream_info("IB_REQUESTS")).config.subjects == [
             "ib.req.submitted",
             "ib.req.accepted",
+            "ib.req.accepted.*",
             "ib.req.ended",
         ]
         assert (await js.stream_info("IB_TENANT_SUBMITS")).config.subjects == ["ib.req.submitted.*"]
