@@ -44,7 +44,8 @@ async def main(args: argparse.Namespace) -> None:
             except pytest.skip.Exception as why:  # not root, or no tmpfs here
                 print(f"disk: skipped ({why})", flush=True)
                 faults.remove("disk")
-        p = Platform(state, workers=args.workers, nats_cluster=args.nats_cluster)
+        extra = ("--schedulers", str(args.schedulers)) if args.schedulers > 1 else ()
+        p = Platform(state, workers=args.workers, nats_cluster=args.nats_cluster, extra=extra)
         results = []
         try:
             for fault in faults:
@@ -76,6 +77,12 @@ if __name__ == "__main__":
     ap.add_argument("--load-s", type=float, default=15.0)
     ap.add_argument("--tokens", type=int, default=20)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument(
+        "--schedulers",
+        type=int,
+        default=1,
+        help="scheduler instances (partitioned); `--faults scheduler-1` kills the second",
+    )
     ap.add_argument(
         "--nats-cluster",
         type=int,

@@ -284,6 +284,10 @@ class WorkAssigned(Event, tag="work.assigned"):
     other ends ``worker_lost``): a worker that finds it was silent longer (stopped, its
     loop stalled) checks with the bus for a stop before it streams on or ends it.
     0: never checks (a scheduler from before this field)."""
+    partition: int | None = None
+    """The scheduler partition that placed it: the worker records its start and end on
+    that partition's subjects (``started_subject``, ``ended_subject``). None: an
+    unpartitioned scheduler's."""
 
 
 class RequestStarted(Event, tag="request.started"):

@@ -20,6 +20,7 @@ __all__ = [
     "DELIVERY_COMMANDS",
     "DELIVERY_LOADS",
     "ENDED",
+    "ENDED_PARTITIONS",
     "FILTER_PREFIX",
     "GATEWAY_REPLY_OWNER",
     "HEADER_MSG_ID",
@@ -42,6 +43,7 @@ __all__ = [
     "SCHEDULER_LEASES",
     "SCHEDULER_LOAD",
     "STARTED",
+    "STARTED_PARTITIONS",
     "STREAMS",
     "SUBMIT",
     "SWAPPED",
@@ -55,6 +57,7 @@ __all__ = [
     "dead_letter_subject",
     "delivery_command_subject",
     "delivery_load_subject",
+    "ended_subject",
     "heartbeat_subject",
     "kv_resync_subject",
     "kv_subject",
@@ -64,6 +67,7 @@ __all__ = [
     "residency_subject",
     "rollout_subject",
     "scale_subject",
+    "started_subject",
     "status_subject",
     "subject_token",
     "swapped_subject",
@@ -93,7 +97,11 @@ ACCEPTED = "ib.req.accepted"
 _ACCEPTED_PARTITION = "ib.req.accepted.{partition}"
 ACCEPTED_PARTITIONS = "ib.req.accepted.*"
 ENDED = "ib.req.ended"
-"""Every terminal event is recorded here as well as sent to the reply subject."""
+"""Every terminal event is recorded here as well as sent to the reply subject; a
+partitioned scheduler's workers record theirs on ``ib.req.ended.<p>``, where only the
+partition's instance reads them (readers of every end read both)."""
+_ENDED_PARTITION = "ib.req.ended.{partition}"
+ENDED_PARTITIONS = "ib.req.ended.*"
 _WORK = "ib.work.{worker_id}"
 _DEAD_LETTER = "ib.dlq.{service}"
 _KV = "ib.kv.{worker_id}"
@@ -109,6 +117,9 @@ _TENANT_CANCEL = "ib.ctl.cancel.{tenant}"
 TENANT_CANCELS = "ib.ctl.cancel.*"
 """A tenant's cancels: honoured only for that tenant's own requests."""
 STARTED = "ib.ctl.started"
+_STARTED_PARTITION = "ib.ctl.started.{partition}"
+STARTED_PARTITIONS = "ib.ctl.started.*"
+"""A partitioned scheduler's workers' starts (``ib.ctl.started.<p>``)."""
 HEARTBEATS = "ib.hb.>"
 """Worker ids are ``<instance>.<nonce>``: a worker's credentials allow it the subjects
 of its own instance only (``ib.hb.<instance>.*``, ``ib.kv.<instance>.*``)."""
@@ -245,6 +256,15 @@ def accepted_subject(partition: int | None) -> str:
     return ACCEPTED if partition is None else _ACCEPTED_PARTITION.format(partition=partition)
 
 
+def ended_subject(partition: int | None) -> str:
+    """Where a worker records an end: its assignment's partition's, or ENDED."""
+    return ENDED if partition is None else _ENDED_PARTITION.format(partition=partition)
+
+
+def started_subject(partition: int | None) -> str:
+    return STARTED if partition is None else _STARTED_PARTITION.format(partition=partition)
+
+
 def worker_partition(worker_id: str, partitions: int) -> int:
     """The scheduler partition that books a worker: from its id alone, so a scheduler
     tells from a heartbeat's or KV event's subject whether to read it at all."""
@@ -343,7 +363,7 @@ class StreamSpec(msgspec.Struct, kw_only=True, frozen=True):
 STREAMS: tuple[StreamSpec, ...] = (
     StreamSpec(
         name="IB_REQUESTS",
-        subjects=(SUBMIT, ACCEPTED, ACCEPTED_PARTITIONS, ENDED),
+        subjects=(SUBMIT, ACCEPTED, ACCEPTED_PARTITIONS, ENDED, ENDED_PARTITIONS),
         max_age_s=24 * 3600,
         store_share=0.27,
         description="submitted, accepted and ended requests: replayable and auditable",

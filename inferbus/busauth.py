@@ -33,6 +33,7 @@ from inferbus.contracts import (
     REPLY_PREFIX,
     RESPONSES,
     SCHEDULER_LEASES,
+    STARTED_PARTITIONS,
     STREAMS,
     TENANT_CANCELS,
     TENANT_SUBMITS,
@@ -138,11 +139,15 @@ KV_INDEX_READ = stream_read(f"KV_{KV_INDEX}")
 """Reading the scheduler's stored KV index (it writes it through its wiring)."""
 SCHEDULER_PARTITIONS = Permissions(
     publish=stream_read(f"KV_{SCHEDULER_LEASES}"),
-    subscribe=("ib.deliver.scheduler-accepted.*",),
+    subscribe=(
+        "ib.deliver.scheduler-accepted.*",
+        "ib.deliver.scheduler-ended.*",
+        STARTED_PARTITIONS,
+    ),
 )
 """A partitioned scheduler: its leases (written through its wiring), and the accepted
-requests of the partitions it holds, subscribed as it takes them
-(services/scheduler/wiring.py, ``accepted_consumer``)."""
+requests, starts and ends of the partitions it holds, subscribed as it takes them
+(services/scheduler/wiring.py, ``partition_subscriptions``)."""
 
 PLATFORM_STREAMS = (
     *(spec.name for spec in STREAMS),

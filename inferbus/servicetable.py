@@ -62,6 +62,9 @@ class ServiceEntry:
     """``inferbus scale`` (up's control subject) may change how many run."""
     count_option: str = ""
     """The ``inferbus up`` option that says how many start (else ``instances``)."""
+    numbered: bool = False
+    """Every instance's name has its index (``worker-0``); else the first is the bare
+    name (``gateway``, as with one) and the others ``gateway-1``, ``gateway-2``..."""
     launch: str = ""
     """``module:function`` that completes the command ``inferbus up`` starts it with,
     beyond the port and instance id every service gets (the worker's engine and
@@ -88,7 +91,7 @@ class ServiceEntry:
         return wiring_permissions(self.wiring_of()) + self.grants
 
     def instance_name(self, index: int) -> str:
-        return f"{self.name}-{index}" if self.scalable else self.name
+        return f"{self.name}-{index}" if self.numbered or index else self.name
 
     def metrics_port(self, base: int, index: int = 0) -> int | None:
         return None if self.port_offset is None else base + self.port_offset + index
@@ -113,17 +116,22 @@ def _entry(name: str, cls: str, **kw: Any) -> ServiceEntry:
 
 SERVICES: tuple[ServiceEntry, ...] = (
     # in the order a request meets them
+    # several gateways share up's --port (SO_REUSEPORT); sanitizers and schedulers
+    # count from their own bases
     _entry("gateway", "Gateway", start_order=9, stop_order=1, port_offset=None,
-           container_port=8000, launch="inferbus.up:launch_gateway",
+           container_port=8000, launch="inferbus.up:launch_gateway", scalable=True,
+           count_option="gateways",
            grants=Permissions(publish=RESPONSES_READ)),
-    _entry("sanitizer", "Sanitizer", start_order=1, stop_order=2, port_offset=1,
+    _entry("sanitizer", "Sanitizer", start_order=1, stop_order=2, port_offset=100,
+           scalable=True, count_option="sanitizers",
            launch="inferbus.up:launch_sanitizer", grants=REPLIES),
-    _entry("scheduler", "Scheduler", start_order=2, stop_order=4, port_offset=2,
+    _entry("scheduler", "Scheduler", start_order=2, stop_order=4, port_offset=200,
+           scalable=True, count_option="schedulers",
            grants=REPLIES + Permissions(publish=KV_INDEX_READ) + SCHEDULER_PARTITIONS),
     # workers at base+10, base+11, ... (one port each); a worker's user may publish its
     # own instance's heartbeats and KV events, and read its own work only
     _entry("worker", "Worker", start_order=3, stop_order=3, port_offset=10, scalable=True,
-           count_option="workers", launch="inferbus.up:launch_worker",
+           count_option="workers", launch="inferbus.up:launch_worker", numbered=True,
            grants=REPLIES + Permissions(publish=REGISTRY_READ)),
     # off by default (`inferbus up --autoscale`); stops with the gateway, so the others'
     # shutdown is not load it reacts to

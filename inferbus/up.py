@@ -112,7 +112,9 @@ def launch_sanitizer(p: Platform, launch: Launch) -> None:
 
 def launch_gateway(p: Platform, launch: Launch) -> None:
     o = p.o
-    launch.argv += ["--http-host", o.host]
+    # every gateway on up's port, started now or scaled to later: the kernel spreads
+    # the connections (up checks the port is free before it starts any)
+    launch.argv += ["--http-host", o.host, "--http-reuse-port", "true"]
     if o.engine == "vllm":  # /tokenize and /detokenize with the model's tokenizer
         launch.argv += ["--tokenizers", f"{p.model}={p.model_path}"]
     if o.api_keys_file is None:
@@ -152,6 +154,8 @@ class Platform:
             "PYTHONUNBUFFERED": "1",
             "INFERBUS_TRACE_SLOW_S": str(o.trace_slow_s),
             "INFERBUS_TRACE_KEEP_RATIO": str(o.trace_keep_ratio),
+            # the schedulers and the sanitizers must agree on it
+            "INFERBUS_SCHEDULER_PARTITIONS": str(o.partitions),
         }
 
     def spec(self, entry: servicetable.ServiceEntry, index: int) -> ProcessSpec:
@@ -333,6 +337,11 @@ class Up:
             return str(exc.args[0])
         if not entry.scalable:
             return f"{entry.name} is not scalable"
+        if entry.name == "scheduler" and self.o.partitions == 1 and cmd.instances > 1:
+            return (
+                "one scheduler books every worker: start inferbus up with "
+                "--scheduler-partitions above 1 to run several"
+            )
         if not 0 <= cmd.instances <= servicetable.MAX_INSTANCES:
             return f"instances must be within 0..{servicetable.MAX_INSTANCES}"
         if self.stopping.is_set():
@@ -661,5 +670,9 @@ def run(o: Options) -> int:
             "tree that does not ignore it: add it to .gitignore, or pass --state-dir"
         )
     o.port = o.port or free_port(o.host)
+    if port_open("127.0.0.1" if o.host in ("0.0.0.0", "::") else o.host, o.port):
+        # the gateways share their port with each other (SO_REUSEPORT): and would with
+        # a stale one left from before, were it not checked here
+        raise ConfigError(f"port {o.port} is in use: pass --port")
     o.nats_port = o.nats_port or free_port()
     return asyncio.run(_run(o))

@@ -54,6 +54,29 @@ class Options:
         help="NATS store and logs.",
     )
     workers: int = flag(1, "--workers", help="Worker processes.")
+    gateways: int = flag(1, "--gateways", help="Gateway processes (they share --port).")
+    sanitizers: int = flag(1, "--sanitizers", help="Sanitizer processes.")
+    schedulers: int = flag(
+        1,
+        "--schedulers",
+        help="Scheduler processes: more than one share the fleet in partitions "
+        "(--scheduler-partitions).",
+    )
+    scheduler_partitions: int = flag(
+        0,
+        "--scheduler-partitions",
+        help="Partitions of the fleet the schedulers share (0: one with one "
+        "scheduler, four per scheduler with more). More than 1 lets "
+        "`inferbus scale scheduler` add instances.",
+    )
+
+    @property
+    def partitions(self) -> int:
+        """The schedulers' partitions this platform runs with."""
+        if self.scheduler_partitions > 0:
+            return self.scheduler_partitions
+        return 1 if self.schedulers <= 1 else 4 * self.schedulers
+
     metrics_port_base: int = flag(
         9100, "--metrics-port-base", help="The services' /metrics ports start here."
     )

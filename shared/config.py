@@ -55,6 +55,9 @@ class ServiceSettings(msgspec.Struct, kw_only=True):
     http_idle_timeout_s: float = 30.0
     """An HTTP connection that sends no request (or only part of its headers) for this
     long is closed, from its first byte on: idle and slow-header connections go."""
+    http_reuse_port: bool = False
+    """Share the HTTP port with other processes that set it too (SO_REUSEPORT: the
+    kernel spreads connections over them): several gateways on one port."""
     http_max_connections: int = 4096
     """Open HTTP connections past this are closed as they arrive."""
     drain_timeout_s: float = 30.0

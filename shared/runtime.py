@@ -205,7 +205,7 @@ class Runtime:
         await runner.setup()
         assert runner.server is not None
         cap_connections(runner.server, ledger, service.name)
-        site = web.TCPSite(runner, s.http_host, s.http_port)
+        site = web.TCPSite(runner, s.http_host, s.http_port, reuse_port=s.http_reuse_port or None)
         await site.start()
         self.http_port = runner.addresses[0][1]
         return runner

@@ -6,12 +6,14 @@ from inferbus.contracts import (
     ACCEPTED,
     ACCEPTED_PARTITIONS,
     ENDED,
+    ENDED_PARTITIONS,
     HEARTBEATS,
     LLMSERVICES,
     SCALE_DECISIONS,
     SCALING_STATUS,
     SCHEDULER_LOAD,
     STARTED,
+    STARTED_PARTITIONS,
     LLMServiceSettings,
     RequestAccepted,
     RequestStarted,
@@ -29,6 +31,7 @@ WIRING = Wiring(
         # events other services answer for (they dead-letter bad ones): skipped here
         Subscription(HEARTBEATS, WorkerHeartbeat, "_on_heartbeat", bad="drop"),
         Subscription(STARTED, RequestStarted, "_on_started", bad="drop"),
+        Subscription(STARTED_PARTITIONS, RequestStarted, "_on_started", bad="drop"),
         Subscription(SCHEDULER_LOAD, SchedulerLoad, "_on_load", bad="drop"),
         # the request stream from now on, read without holding anything back
         Subscription(
@@ -43,6 +46,9 @@ WIRING = Wiring(
             bad="drop",
         ),
         Subscription(ENDED, Terminal, "_on_ended", source=Follow("IB_REQUESTS"), bad="drop"),
+        Subscription(
+            ENDED_PARTITIONS, Terminal, "_on_ended", source=Follow("IB_REQUESTS"), bad="drop"
+        ),
     ),
     publishes=(SCALE_DECISIONS, SCALING_STATUS, SUPERVISORS),
 )

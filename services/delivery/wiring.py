@@ -7,6 +7,7 @@ from inferbus.contracts import (
     DELIVERY_COMMANDS,
     DELIVERY_LOADS,
     ENDED,
+    ENDED_PARTITIONS,
     HEARTBEATS,
     MODEL_REGISTRY,
     ROLLOUTS,
@@ -44,6 +45,10 @@ WIRING = Wiring(
         Subscription(HEARTBEATS, WorkerHeartbeat, "_on_heartbeat", bad="drop"),
         # request ends from now on (each names the version that served it)
         Subscription(ENDED, Terminal, "_on_ended", source=Follow("IB_REQUESTS"), bad="drop"),
+        # a partitioned scheduler's workers' (INFERBUS_SCHEDULER_PARTITIONS)
+        Subscription(
+            ENDED_PARTITIONS, Terminal, "_on_ended", source=Follow("IB_REQUESTS"), bad="drop"
+        ),
         Subscription(
             DELIVERY_COMMANDS,
             DeployRequest | RollbackRequest,

@@ -179,6 +179,8 @@ class GatewayService(Service[GatewaySettings]):
         self.access = AccessControl(load_keys(settings.api_keys_file, settings.api_keys))
         self.gates = Gates(self.access, self.registry, self.load)
         self._pending: dict[str, asyncio.Queue[Any]] = {}
+        self._submitted = 0
+        """Requests this instance put on the bus (several gateways share a port)."""
         self._none_pending = asyncio.Event()
         """Set when the last request in flight ends: a drain waits for it."""
         self._draining = False
@@ -231,6 +233,7 @@ class GatewayService(Service[GatewaySettings]):
         return {
             "gateway_id": self.gateway_id,
             "inflight": len(self._pending),
+            "submitted": self._submitted,
             "models": self.registry.models(time.monotonic()),
             "auth": "open" if self.access.open else "api-keys",
         }
@@ -774,6 +777,7 @@ class GatewayService(Service[GatewaySettings]):
         rid = event.request_id
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._pending[rid] = queue
+        self._submitted += 1
         try:
             ack = await publish_durable(
                 self.ctx.js, SUBMIT, event, request_id=rid, msg_id=rid, trace=trace.headers

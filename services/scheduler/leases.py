@@ -117,17 +117,30 @@ class Leases:
     def step(self, now: float) -> list[LeaseOp]:
         ops: list[LeaseOp] = [Put(member_key(self.me), self.me)]
         ops += [Renew(p, rev) for p, rev in sorted(self.owned.items())]
+        # its own from before a restart (the same instance id: a supervisor's restart):
+        # no one else writes its name, so they are taken back at once
+        left = self._left_by_me()
+        ops += [Claim(p, rev) for p, rev in sorted(left.items())]
         if now - self.started_at < self.ttl_s:
             return ops  # still hearing who else is alive
-        room = self.share(now) - len(self.owned)
-        free = [
-            p for p in range(self.partitions) if p not in self.owned and not self.holder(p, now)
-        ]
+        room = self.share(now) - len(self.owned) - len(left)
+        free = [p for p in self.free(now) if p not in left]
         free.sort(key=lambda p: zlib.crc32(f"{self.me}/{p}".encode()))
         for p in free[: max(0, room)]:
             k = self._keys.get(part_key(p))
             ops.append(Claim(p, k.revision if k is not None else 0))
         return ops
+
+    def _left_by_me(self) -> dict[int, int]:
+        """Partitions whose lease names this instance but it does not hold: its own,
+        from before it restarted (each with the revision to take it back on)."""
+        out = {}
+        for key, k in self._keys.items():
+            if key.startswith(PART) and k.value == self.me:
+                p = int(key[len(PART) :])
+                if p not in self.owned and p not in self.lost and p < self.partitions:
+                    out[p] = k.revision
+        return out
 
     def claimed(self, partition: int, revision: int, now: float) -> None:
         """A claim or renewal written at ``revision``."""

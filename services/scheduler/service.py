@@ -13,6 +13,7 @@ from nats.js.errors import BucketNotFoundError, KeyValueError, NotFoundError
 from inferbus.contracts import (
     CANCEL,
     ENDED,
+    ENDED_PARTITIONS,
     HEADER_MSG_ID,
     KV_INDEX,
     SCHEDULER_LEASES,
@@ -35,6 +36,7 @@ from inferbus.contracts import (
     WorkAssigned,
     WorkerHeartbeat,
     accepted_subject,
+    ended_subject,
     kv_resync_subject,
     tenant_of_subject,
     tenant_request_id,
@@ -72,7 +74,7 @@ from .core import (
     Supersede,
 )
 from .leases import Claim, Leases, Put, Renew, member_key, part_key
-from .wiring import ACCEPTED_CONSUMER, WIRING, accepted_subscription
+from .wiring import ACCEPTED_CONSUMER, WIRING, partition_subscriptions
 
 log = logs.get("inferbus.scheduler")
 
@@ -163,7 +165,7 @@ class SchedulerService(Service[SchedulerSettings]):
         """Partitioned: the partitions it holds (services/scheduler/leases.py)."""
         self._leases_kv: Any = None
         self._lease_tasks: list[asyncio.Task[None]] = []
-        self._partition_subs: dict[int, Any] = {}
+        self._partition_subs: dict[int, list[Any]] = {}
         self.ended_resume_seq = 0
         """Partitioned: the IB_REQUESTS position its restore began at; ends are read on
         from there."""
@@ -282,10 +284,11 @@ class SchedulerService(Service[SchedulerSettings]):
         await self._open_partition(partition)
 
     async def _open_partition(self, partition: int) -> None:
-        spec = accepted_subscription(partition)
-        assert isinstance(spec.source, Consume)
-        await ensure_consumers(self.ctx.js, [spec.source.consumer])
-        self._partition_subs[partition] = await self.ctx.subscriptions.open_one(self, spec)
+        subs = self._partition_subs.setdefault(partition, [])
+        for spec in partition_subscriptions(partition):
+            if isinstance(spec.source, Consume):
+                await ensure_consumers(self.ctx.js, [spec.source.consumer])
+            subs.append(await self.ctx.subscriptions.open_one(self, spec))
 
     async def _release_leases(self) -> None:
         if self.leases is None or self._leases_kv is None:
@@ -337,6 +340,9 @@ class SchedulerService(Service[SchedulerSettings]):
             return
         work = await replay(ctx.js, "IB_WORK", "ib.work.>", window)
         ended_raw = await replay(ctx.js, "IB_REQUESTS", ENDED, window)
+        if self.leases is not None:  # and where its partitions' workers record theirs
+            ends = ENDED_PARTITIONS if partition is None else ended_subject(partition)
+            ended_raw += await replay(ctx.js, "IB_REQUESTS", ends, window)
         assignments = []
         for data, headers in work:
             try:
@@ -455,11 +461,12 @@ class SchedulerService(Service[SchedulerSettings]):
 
     async def drain(self) -> None:
         await self.ctx.subscriptions.close(drain=True)
-        for sub in self._partition_subs.values():
-            try:
-                await sub.drain()
-            except Exception:
-                pass
+        for subs in self._partition_subs.values():
+            for sub in reversed(subs):  # accepted requests first
+                try:
+                    await sub.drain()
+                except Exception:
+                    pass
         for task in (self._tick_task, self._progress_task, self._snapshot_task):
             if task:
                 task.cancel()
@@ -560,7 +567,13 @@ class SchedulerService(Service[SchedulerSettings]):
         await self._apply(self.core.on_ended(ev.request_id, time.monotonic(), attempt))
         self._traces.pop(ev.request_id, None)
         if self.leases is None:
-            await msg.ack()  # partitioned, every instance follows the ends unacked
+            await msg.ack()  # partitioned, every instance follows these unacked
+
+    async def _on_partition_ended(self, ev: Terminal, msg: Msg) -> None:
+        attempt = getattr(ev, "attempt", 0)
+        await self._apply(self.core.on_ended(ev.request_id, time.monotonic(), attempt))
+        self._traces.pop(ev.request_id, None)
+        await msg.ack()
 
     async def _on_cancel(self, ev: CancelRequest, msg: Msg) -> None:
         if ev.attempt:
@@ -716,6 +729,11 @@ class SchedulerService(Service[SchedulerSettings]):
                 migratable=e.migratable,
                 resume=e.resume,
                 lease_s=e.lease_s,
+                partition=(
+                    worker_partition(e.worker_id, self.settings.scheduler_partitions)
+                    if self.leases is not None
+                    else None
+                ),
             )
             # recorded first: a fast request may have ended (and been decided) by the
             # time the publish is acknowledged

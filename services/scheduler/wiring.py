@@ -31,10 +31,12 @@ from inferbus.contracts import (
     Terminal,
     WorkerHeartbeat,
     accepted_subject,
+    ended_subject,
     heartbeat_subject,
     kv_resync_subject,
     kv_subject,
     progress_subject,
+    started_subject,
 )
 from inferbus.shared.subscriptions import (
     Consume,
@@ -76,12 +78,34 @@ def accepted_consumer(partition: int) -> ConsumerSpec:
     )
 
 
-def accepted_subscription(partition: int) -> Subscription:
-    return Subscription(
-        accepted_subject(partition),
-        RequestAccepted,
-        "_on_accepted",
-        source=Consume(accepted_consumer(partition)),
+def ended_consumer(partition: int) -> ConsumerSpec:
+    """The ends its workers record for a partition (as ENDED_CONSUMER, one partition's)."""
+    return ConsumerSpec(
+        durable=f"scheduler-ended-{partition}",
+        stream="IB_REQUESTS",
+        filter_subject=ended_subject(partition),
+        deliver_subject=f"ib.deliver.scheduler-ended.{partition}",
+        max_deliver=-1,
+    )
+
+
+def partition_subscriptions(partition: int) -> tuple[Subscription, ...]:
+    """What the instance holding a partition reads of it: its workers' starts and
+    ends, then its accepted requests (subscribed when the lease is taken)."""
+    return (
+        Subscription(started_subject(partition), RequestStarted, "_on_started"),
+        Subscription(
+            ended_subject(partition),
+            Terminal,
+            "_on_partition_ended",
+            source=Consume(ended_consumer(partition)),
+        ),
+        Subscription(
+            accepted_subject(partition),
+            RequestAccepted,
+            "_on_accepted",
+            source=Consume(accepted_consumer(partition)),
+        ),
     )
 
 
@@ -119,9 +143,10 @@ WIRING = Wiring(
             source=Consume(ACCEPTED_CONSUMER),
             when="unpartitioned",
         ),
-        # partitioned: every instance reads every end (from where its restore began),
-        # and each partition's accepted requests are subscribed while its lease is held
-        # (accepted_subscription)
+        # partitioned: each held partition's starts, ends and accepted requests are read
+        # while its lease is held (partition_subscriptions); the ends recorded here (a
+        # worker from before partitions, the sanitizer's rejections) by every instance,
+        # from where its restore began
         Subscription(
             ENDED,
             Terminal,

@@ -19,8 +19,6 @@ from nats.aio.msg import Msg
 
 from inferbus.contracts import (
     CANCEL,
-    ENDED,
-    STARTED,
     CancelRequest,
     FailureCode,
     KvEvent,
@@ -30,9 +28,11 @@ from inferbus.contracts import (
     Terminal,
     WorkAssigned,
     WorkerState,
+    ended_subject,
     heartbeat_subject,
     kv_subject,
     progress_subject,
+    started_subject,
     subject_token,
     tenant_of_subject,
     tenant_request_id,
@@ -510,7 +510,7 @@ class WorkerService(Service[WorkerSettings]):
                 started = stream.started(time.monotonic())
                 if started is not None:
                     self._streaming[rid] = stream.migratable
-                    await nc.publish(STARTED, encode(started))
+                    await nc.publish(started_subject(assignment.partition), encode(started))
                     metrics.TTFT.labels(self.name, model).observe(
                         time.monotonic() - stream.started_at
                     )
@@ -578,7 +578,10 @@ class WorkerService(Service[WorkerSettings]):
         metrics.ITL.add((self.name, model), itl)
         ended = time.monotonic()
         try:  # recorded first: told only if no one else ended it (record_end)
-            if await record_end(js, ENDED, terminal, request_id=rid, msg_id=stream.end_record_id):
+            ended_on = ended_subject(assignment.partition)
+            if await record_end(
+                js, ended_on, terminal, request_id=rid, msg_id=stream.end_record_id
+            ):
                 if req.client_reply_to and req.client_reply_to != reply:
                     self._end_through_filter(reply, req.client_reply_to, rid, terminal, stream)
                 else:

@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from nats.aio.client import Client as NATS
-from testkit.faults import Platform, _http_one, _nats_one
+from testkit.faults import Platform, http_one, nats_one
 
 from inferbus.client import Client
 from inferbus.contracts import SCALE_DECISIONS, ScaleDecision
@@ -65,7 +65,7 @@ async def test_a_load_ramp_adds_workers_and_they_drain_when_it_stops(tmp_path: P
 
         async def loop() -> None:
             while time.monotonic() < stop_at:
-                outcomes.append(await _nats_one(client, 20, 30.0))
+                outcomes.append(await nats_one(client, 20, 30.0))
 
         # twelve clients back to back: three times what one worker's slots take
         load = [asyncio.create_task(loop()) for _ in range(12)]
@@ -132,7 +132,7 @@ async def test_a_model_at_zero_serves_its_next_requests_after_a_wait(tmp_path: P
             async with http.get("/v1/models") as r:  # listed while at zero
                 assert "sim-model" in {m["id"] for m in (await r.json())["data"]}
             nats_out, http_out = await asyncio.gather(
-                _nats_one(client, 5, 60.0), _http_one(http, 5, 60.0)
+                nats_one(client, 5, 60.0), http_one(http, 5, 60.0)
             )
         assert (nats_out.kind, http_out.kind) == ("ok", "ok"), (nats_out, http_out)
         woke = [d for d in decisions if d.previous == 0 and d.desired > 0]

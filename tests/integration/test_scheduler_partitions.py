@@ -12,7 +12,14 @@ import pytest
 from testkit.procs import ServiceProcess, start_all
 
 from inferbus.client import Client
-from inferbus.contracts import ENDED, SCHEDULER_LEASES, Terminal, WorkAssigned, worker_partition
+from inferbus.contracts import (
+    ENDED,
+    ENDED_PARTITIONS,
+    SCHEDULER_LEASES,
+    Terminal,
+    WorkAssigned,
+    worker_partition,
+)
 from inferbus.shared.codec import decode
 from inferbus.shared.natsserver import NatsServer
 
@@ -102,6 +109,7 @@ async def watch(c: Client) -> tuple[collections.Counter[str], dict[str, list[str
         placed[w.request.request_id].append(w.worker_id)
 
     await c.nc.subscribe(ENDED, cb=on_ended)
+    await c.nc.subscribe(ENDED_PARTITIONS, cb=on_ended)  # the workers' own
     await c.nc.subscribe("ib.work.>", cb=on_work)
     await c.nc.flush()
     return ended, placed

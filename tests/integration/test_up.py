@@ -247,13 +247,22 @@ def test_up_scales_workers_and_restarts_what_dies_nats_included(tmp_path: Path):
         assert _chat(port)
 
         refused = subprocess.run(
-            [*INFERBUS, "scale", "gateway", "2", "--nats-url", nats_url],
+            [*INFERBUS, "scale", "delivery", "2", "--nats-url", nats_url],
             capture_output=True,
             text=True,
             timeout=30,
             env=_operator_env(state),
         )
         assert refused.returncode != 0 and "not scalable" in refused.stderr
+        # one scheduler books every worker: a second needs partitions (issue 40)
+        refused = subprocess.run(
+            [*INFERBUS, "scale", "scheduler", "2", "--nats-url", nats_url],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=_operator_env(state),
+        )
+        assert refused.returncode != 0 and "--scheduler-partitions" in refused.stderr
     finally:
         up.send_signal(signal.SIGINT)
         rest, _ = up.communicate(timeout=90)

@@ -36,7 +36,16 @@ from pathlib import Path
 import aiohttp
 
 from inferbus.client import Client, RequestError
-from inferbus.contracts import ENDED, REPLY_PREFIX, STARTED, RequestStarted, Terminal
+from inferbus.contracts import (
+    ENDED,
+    ENDED_PARTITIONS,
+    REPLY_PREFIX,
+    SCHEDULER_LEASES,
+    STARTED,
+    STARTED_PARTITIONS,
+    RequestStarted,
+    Terminal,
+)
 from inferbus.contracts.control import SupervisorQuery, SupervisorState, supervisor_subject
 from inferbus.services.worker.sim import VOCAB, token_id
 from inferbus.shared.bus import connect
@@ -77,6 +86,9 @@ class FaultResult:
     duplicates: int = 0
     duplicate_detail: list[str] = field(default_factory=list)
     recover_s: float | None = None
+    takeover_s: float | None = None
+    """A scheduler instance's fault (several, partitioned): from the kill until no
+    partition's lease names it any more."""
     moved: set[str] = field(default_factory=set)
     """Requests that continued on another worker."""
     killed_at: float = 0.0
@@ -115,6 +127,7 @@ class FaultResult:
             "gap_p50": pct(0.5),
             "gap_p99": pct(0.99),
             "recover_s": None if self.recover_s is None else round(self.recover_s, 2),
+            "takeover_s": None if self.takeover_s is None else round(self.takeover_s, 2),
         }
 
 
@@ -284,8 +297,10 @@ class Watch:
 
     async def open(self, p: Platform) -> None:
         self.nc = await connect(p.nats_url, "faults-watch", load_credentials(p.operator))
-        await self.nc.subscribe(STARTED, cb=self._on_started)
-        await self.nc.subscribe(ENDED, cb=self._on_ended)
+        for started in (STARTED, STARTED_PARTITIONS):  # a partitioned scheduler's too
+            await self.nc.subscribe(started, cb=self._on_started)
+        for ended in (ENDED, ENDED_PARTITIONS):
+            await self.nc.subscribe(ended, cb=self._on_ended)
         await self.nc.subscribe(f"{REPLY_PREFIX}.>", cb=self._on_reply)
 
     async def _on_reply(self, msg) -> None:
@@ -352,7 +367,7 @@ def sim_text(prompt: str, tokens: int) -> str:
     return "".join(VOCAB[token_id(h, i)] + " " for i in range(tokens))
 
 
-async def _nats_one(client: Client, tokens: int, timeout: float) -> Outcome:
+async def nats_one(client: Client, tokens: int, timeout: float) -> Outcome:
     rid = uuid.uuid4().hex
     sent = time.monotonic()
     gap, last = 0.0, 0.0
@@ -378,7 +393,7 @@ async def _nats_one(client: Client, tokens: int, timeout: float) -> Outcome:
         return Outcome(rid, sent, time.monotonic(), "retryable", repr(exc))
 
 
-async def _http_one(http: aiohttp.ClientSession, tokens: int, timeout: float) -> Outcome:
+async def http_one(http: aiohttp.ClientSession, tokens: int, timeout: float) -> Outcome:
     rid = uuid.uuid4().hex
     sent = time.monotonic()
     body = {
@@ -496,11 +511,11 @@ async def run_fault(
                 await asyncio.sleep(0.2)  # as a client backs off
 
     loops = [
-        asyncio.create_task(loop(lambda: _nats_one(client, tokens, timeout_s)))
+        asyncio.create_task(loop(lambda: nats_one(client, tokens, timeout_s)))
         for _ in range(nats_clients)
     ]
     loops += [
-        asyncio.create_task(loop(lambda: _http_one(http, tokens, timeout_s)))
+        asyncio.create_task(loop(lambda: http_one(http, tokens, timeout_s)))
         for _ in range(http_clients)
     ]
     await asyncio.sleep(kill_after_s)
@@ -516,6 +531,11 @@ async def run_fault(
         result.killed_at = time.monotonic()
         os.kill(pid, signal.SIGSTOP if hang else signal.SIGKILL)
     killed_at = result.killed_at
+    takeover = (
+        asyncio.create_task(_takeover(p, fault, killed_at))
+        if fault.startswith("scheduler-")
+        else None
+    )
     try:
         await asyncio.gather(*loops)
     finally:
@@ -527,6 +547,8 @@ async def run_fault(
     result.duplicate_detail = watch.duplicates([o.request_id for o in result.outcomes])
     result.duplicates = len(result.duplicate_detail)
     result.moved = set(watch.moved)
+    if takeover is not None:
+        result.takeover_s = await takeover
     after = [o.ended_at for o in result.outcomes if o.kind == "ok" and o.sent_at > killed_at]
     result.recover_s = min(after) - killed_at if after else None
     await http.close()
@@ -537,6 +559,57 @@ async def run_fault(
     await watch.close()
     await p.wait_running(tuple(running))  # whole again before the next fault
     return result
+
+
+async def statuses(p: Platform, service: str) -> dict[str, dict]:
+    """Each running instance's status (its ``$SRV`` stats' data), by instance id."""
+    from inferbus.top.collect import discover
+
+    nc = await connect(p.nats_url, "faults-stats", load_credentials(p.operator))
+    try:
+        replies = await discover(nc, 1.0)
+    finally:
+        await nc.close()
+    out: dict[str, dict] = {}
+    for reply in replies:
+        if reply.get("name") != f"inferbus-{service}":
+            continue
+        for endpoint in reply.get("endpoints") or []:
+            data = endpoint.get("data")
+            if isinstance(data, dict) and "instance" in data:
+                out[data["instance"]] = data
+    return out
+
+
+async def _takeover(p: Platform, instance: str, killed_at: float) -> float | None:
+    """How long until every partition the killed scheduler instance held is held
+    again: its lease written since (by another instance, or by the instance restarted
+    under the same name, which takes its own back)."""
+    nc = await connect(p.nats_url, "faults-leases", load_credentials(p.operator))
+    try:
+        kv = await nc.jetstream().key_value(SCHEDULER_LEASES)
+
+        async def leases() -> dict[str, tuple[bytes, int]]:
+            out = {}
+            for key in await kv.keys():
+                if key.startswith("part."):
+                    entry = await kv.get(key)
+                    out[key] = (entry.value or b"", entry.revision or 0)
+            return out
+
+        held = {k: rev for k, (v, rev) in (await leases()).items() if v == instance.encode()}
+        while time.monotonic() - killed_at < 30:
+            try:
+                now_held = await leases()
+            except Exception:  # a key deleted as it was read: look again
+                await asyncio.sleep(0.05)
+                continue
+            if all(now_held.get(k, (b"", rev))[1] > rev for k, rev in held.items()):
+                return time.monotonic() - killed_at
+            await asyncio.sleep(0.05)
+        return None
+    finally:
+        await nc.close()
 
 
 def table(results: list[FaultResult]) -> str:
@@ -552,6 +625,7 @@ def table(results: list[FaultResult]) -> str:
         "gap_p50",
         "gap_p99",
         "recover_s",
+        "takeover_s",
     ]
     lines = ["  ".join(f"{c:>10}" for c in cols)]
     for r in results:

@@ -70,7 +70,7 @@ def test_creds_stack_keeps_passwords_and_adds_replicas(tmp_path):
     assert {"svc-worker-0", "svc-worker-1", "svc-worker-2"} <= set(users)
 
 
-@pytest.mark.parametrize("bad", ["worker=0", "nosuch=2", "gateway=2", "worker"])
+@pytest.mark.parametrize("bad", ["worker=0", "nosuch=2", "autoscaler=2", "worker"])
 def test_creds_stack_refuses_bad_replicas(tmp_path, bad):
     result = CliRunner().invoke(main, ["creds", "stack", str(tmp_path), "--replicas", bad])
     assert result.exit_code == 2

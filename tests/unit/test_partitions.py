@@ -117,6 +117,23 @@ def test_released_leases_are_taken_at_once():
     assert set(b.owned) == {0, 1, 2, 3}
 
 
+def test_an_instance_restarted_under_its_name_takes_its_own_back_at_once():
+    """A supervisor restarts a killed scheduler with the same instance id in about a
+    second: it must not wait out its old leases (nor a settling period) to serve."""
+    bucket = Bucket()
+    a, b = fleet(2, 4, bucket)
+    t = rounds(bucket, [a, b], 0.0, 5.0)
+    mine = set(a.owned)
+    again = Leases("s0", 4, ttl_s=3.0, started_at=t + 1.0)  # a's successor
+    bucket.watchers.append(again)
+    for key, (value, rev) in bucket.values.items():  # what its watch delivers first
+        again.seen(key, value, rev, t + 1.0)
+    bucket.run(again, t + 1.0)
+    assert set(again.owned) == mine
+    bucket.run(b, t + 1.5)
+    assert set(b.owned).isdisjoint(mine)
+
+
 def test_an_instance_that_stalled_past_its_lease_finds_it_lost():
     bucket = Bucket()
     a, b = fleet(2, 2, bucket)

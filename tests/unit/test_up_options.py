@@ -88,6 +88,26 @@ def test_each_service_is_launched_as_the_table_says(tmp_path):
     assert worker[worker.index("--instance-id") + 1] == "worker-1"
     assert worker[worker.index("--engine") + 1] == "sim"
     assert "--models" in argv("autoscaler") and "--shared-dir" in argv("kvspill")
-    assert argv("gateway")[-2:] == ["--http-host", "0.0.0.0"]
+    gateway = argv("gateway", 1)
+    assert gateway[gateway.index("--http-host") + 1] == "0.0.0.0"
+    # every gateway shares up's port, the first and any scaled to later
+    assert gateway[gateway.index("--http-reuse-port") + 1] == "true"
+    assert gateway[gateway.index("--instance-id") + 1] == "gateway-1"
+    assert gateway[gateway.index("--http-port") + 1] == str(p.o.port)
+    assert argv("sanitizer", 1)[argv("sanitizer", 1).index("--instance-id") + 1] == "sanitizer-1"
     assert argv("sanitizer")[-1] == "--max-prompt-chars=9"
     assert "--engine" not in argv("scheduler")
+
+
+def test_several_schedulers_share_partitions_every_service_is_told_of(tmp_path):
+    from inferbus import servicetable
+    from inferbus.up import Platform
+
+    assert parsed("--engine", "sim").partitions == 1  # one scheduler: unpartitioned
+    assert parsed("--engine", "sim", "--schedulers", "3").partitions == 12
+    o = parsed("--engine", "sim", "--schedulers", "2", "--scheduler-partitions", "5")
+    assert o.partitions == 5
+    p = Platform(o, "nats://127.0.0.1:4222", "sim-model", "sim-model", [])
+    assert p.env["INFERBUS_SCHEDULER_PARTITIONS"] == "5"  # the sanitizers' too
+    names = [servicetable.get("scheduler").instance_name(i) for i in range(3)]
+    assert names == ["scheduler", "scheduler-1", "scheduler-2"]
