@@ -324,6 +324,7 @@ class SchedulerCore:
         w.interval_s = hb.interval_s
         w.foreign = {rid for rid in hb.inflight if rid not in w.assigned and rid not in self._ended}
         w.spill_weight = restore_worth(hb.prefill_s_per_token, hb.kv_restore_s_per_token)
+        w.rates.reported = 1.0 / hb.prefill_s_per_token if hb.prefill_s_per_token > 0 else None
         if joined:
             self._regroup()
         else:

@@ -272,3 +272,22 @@ def test_the_gateway_s_view_of_several_schedulers_keeps_the_longest_wait():
         view.on_load(SchedulerLoad(scheduler_id=sid, models={"m": ModelLoad(wait_s=wait)}), 0.0)
     m = view.model("m", 0.1)
     assert m is not None and m.wait_s == 3.0
+
+
+def test_a_worker_s_own_prefill_rate_outweighs_starts_spread_by_decoding():
+    """Regression (issue 40's note, a CI run of 50fafa1): on a CPU engine the gaps
+    between starts, widened by other streams' decode steps, read about 16 tokens/s,
+    and 14 of vLLM's 16 benchmark requests were refused ``overloaded`` though each
+    prefilled in 27 ms. The rate the worker measures itself (its heartbeat's
+    ``prefill_s_per_token``) now bounds the estimate from below."""
+    core, now = backed_up(32_000, rate=1_000.0)  # 32 s ahead by the gaps
+    [refused] = core.on_accepted(req("before", 100), now)
+    assert isinstance(refused, Fail) and refused.code == "overloaded"
+    own = msgspec.structs.replace(hb(), prefill_s_per_token=1 / 100_000)  # 100k tokens/s
+    core.on_heartbeat(own, now)
+    assert assigned(core.on_accepted(req("after", 100), now)) == ["after"]  # 0.32 s ahead
+    assert math.isclose(core.load(now)["m"].wait_s, 0.32, abs_tol=0.05)
+    rates = WorkerRates()
+    assert rates.prefill_rate() is None
+    rates.reported = 500.0
+    assert rates.prefill_rate() == 500.0  # said, before any start was seen
