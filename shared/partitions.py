@@ -58,7 +58,10 @@ class PartitionView:
         if not rooms:
             if but:
                 return None
-            everyone = [str(p) for p in range(self.partitions)]
+            # the partitions some instance holds (a mismatched setting reads no others),
+            # else all
+            seen = {p for _, (load, _) in self._fresh(now) for p in load.partitions}
+            everyone = [str(p) for p in sorted(seen or range(self.partitions))]
             return int(max(everyone, key=lambda p: _rank(request.model, p)))
         best = max(room for room, _, _ in rooms)
         key = prefix_key(request)

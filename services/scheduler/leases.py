@@ -24,6 +24,10 @@ MEMBER = "member."
 PART = "part."
 
 
+FENCE = 0.8
+"""Of a lease time without a renewal, when an instance gives the lease up itself."""
+
+
 def part_key(partition: int) -> str:
     return f"{PART}{partition}"
 
@@ -77,6 +81,8 @@ class Leases:
     """Partitions it held and found taken (it stalled past ``ttl_s``): its books on them
     are stale, and only a restart makes them right (the adapter exits)."""
     _keys: dict[str, _Key] = field(default_factory=dict)
+    _renewed: dict[int, float] = field(default_factory=dict)
+    """When each held lease was last written (acknowledged)."""
 
     def seen(self, key: str, value: str, revision: int, now: float) -> None:
         """A change to the bucket (``value`` empty: deleted or purged)."""
@@ -115,6 +121,12 @@ class Leases:
         return len(self.owned) < self.share(now) and bool(self.free(now))
 
     def step(self, now: float) -> list[LeaseOp]:
+        # a lease it could not renew for most of a lease time (a renewal timed out, the
+        # process stalled) may be another's by the time it would notice: let it go now,
+        # before the others can take it, rather than serve on beside them
+        for p in [p for p in self.owned if now - self._renewed.get(p, now) >= FENCE * self.ttl_s]:
+            del self.owned[p]
+            self.lost.add(p)
         ops: list[LeaseOp] = [Put(member_key(self.me), self.me)]
         ops += [Renew(p, rev) for p, rev in sorted(self.owned.items())]
         # its own from before a restart (the same instance id: a supervisor's restart):
@@ -145,6 +157,7 @@ class Leases:
     def claimed(self, partition: int, revision: int, now: float) -> None:
         """A claim or renewal written at ``revision``."""
         self.owned[partition] = revision
+        self._renewed[partition] = now
         self._keys[part_key(partition)] = _Key(self.me, revision, now)
 
     def refused(self, partition: int) -> None:
@@ -152,8 +165,9 @@ class Leases:
         if self.owned.pop(partition, None) is not None:
             self.lost.add(partition)
 
-    def release(self) -> list[int]:
-        """Partitions to give back on a drain (their keys deleted by the adapter)."""
-        out = sorted(self.owned)
+    def release(self) -> list[tuple[int, int]]:
+        """Partitions to give back on a drain, each with the revision to delete its key
+        on (a lease taken since is not deleted)."""
+        out = sorted(self.owned.items())
         self.owned.clear()
         return out

@@ -8,7 +8,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import BucketNotFoundError, KeyValueError, NotFoundError
+from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from inferbus.contracts import (
     CANCEL,
@@ -16,7 +16,6 @@ from inferbus.contracts import (
     ENDED_PARTITIONS,
     HEADER_MSG_ID,
     KV_INDEX,
-    SCHEDULER_LEASES,
     SCHEDULER_LOAD,
     CanaryWeights,
     CancelRequest,
@@ -36,7 +35,6 @@ from inferbus.contracts import (
     WorkAssigned,
     WorkerHeartbeat,
     accepted_subject,
-    ended_subject,
     kv_resync_subject,
     tenant_of_subject,
     tenant_request_id,
@@ -73,8 +71,9 @@ from .core import (
     SchedulerPolicy,
     Supersede,
 )
-from .leases import Claim, Leases, Put, Renew, member_key, part_key
-from .wiring import ACCEPTED_CONSUMER, WIRING, partition_subscriptions
+from .holder import LeaseHolder
+from .leases import Leases
+from .wiring import ACCEPTED_CONSUMER, WIRING, accepted_consumer, partition_subscriptions
 
 log = logs.get("inferbus.scheduler")
 
@@ -163,9 +162,15 @@ class SchedulerService(Service[SchedulerSettings]):
             else None
         )
         """Partitioned: the partitions it holds (services/scheduler/leases.py)."""
-        self._leases_kv: Any = None
-        self._lease_tasks: list[asyncio.Task[None]] = []
+        self.holder = (
+            LeaseHolder(self.ctx.js, self.leases, self._gain, self._fence)
+            if self.leases is not None
+            else None
+        )
         self._partition_subs: dict[int, list[Any]] = {}
+        self._gained: set[int] = set()
+        """Partitions taken over while running: a worker of theirs first heard is asked
+        for its whole KV state."""
         self.ended_resume_seq = 0
         """Partitioned: the IB_REQUESTS position its restore began at; ends are read on
         from there."""
@@ -178,8 +183,8 @@ class SchedulerService(Service[SchedulerSettings]):
     async def start(self) -> None:
         self.ctx.connection.disconnected.append(self._on_bus_lost)
         self.ctx.connection.reconnected.append(self._on_bus_back)
-        if self.leases is not None:
-            await self._take_leases()
+        if self.holder is not None:
+            await self.holder.join()
             stream = await self.ctx.js.stream_info("IB_REQUESTS")
             self.ended_resume_seq = stream.state.last_seq
         await self._restore(self.ctx)
@@ -197,111 +202,33 @@ class SchedulerService(Service[SchedulerSettings]):
         """``ib.hb.<worker>``, ``ib.kv.<worker>``, ``ib.progress.<worker>``: its own?"""
         return self.leases is None or self.books(subject.split(".", 2)[2])
 
-    async def _take_leases(self) -> None:
-        """Join the lease bucket, hear who else is there for one lease time, then claim
-        a share of the partitions (leases.py), before restoring what they hold."""
-        assert self.leases is not None
-        js = self.ctx.js
-        try:
-            self._leases_kv = await js.key_value(SCHEDULER_LEASES)
-        except BucketNotFoundError:
-            self._leases_kv = await js.create_key_value(
-                KeyValueConfig(
-                    bucket=SCHEDULER_LEASES, history=1, storage=StorageType.FILE, max_bytes=1 << 20
-                )
-            )
-        watcher = await self._leases_kv.watchall()
-        self._lease_tasks.append(asyncio.create_task(self._watch_leases(watcher), name="leases"))
-        self.leases.started_at = time.monotonic()
-        while time.monotonic() - self.leases.started_at < self.leases.ttl_s:
-            await self._lease_round(gain=False)
-            await asyncio.sleep(self.leases.ttl_s / 3)
-        for _ in range(20):  # a claim lost to another's, heard of late: the next free one
-            await self._lease_round(gain=False)
-            if not self.leases.wanted(time.monotonic()):
-                break
-            await asyncio.sleep(0.05)
-        log.info(
-            "partitions held",
-            partitions=sorted(self.leases.owned),
-            of=self.leases.partitions,
-            instances=len(self.leases.members(time.monotonic())),
-        )
+    def _fence(self, why: str) -> None:
+        """A lease of its own was lost: its books of that partition are stale, and only
+        a restart makes them right (``alive`` says so, and the process exits 1)."""
+        self._fenced = why
+        if self.ctx.stop is not None:
+            self.ctx.stop.set()
 
-    async def _watch_leases(self, watcher: Any) -> None:
-        assert self.leases is not None
-        async for entry in watcher:
-            if entry is None:
-                continue  # the end of the values there were when it began
-            value = b"" if entry.operation in ("DEL", "PURGE") else (entry.value or b"")
-            self.leases.seen(entry.key, value.decode(), entry.revision, time.monotonic())
-
-    async def _hold_leases(self) -> None:
-        assert self.leases is not None
-        while True:
-            await asyncio.sleep(self.leases.ttl_s / 3)
-            try:
-                await self._lease_round(gain=True)
-            except Exception:
-                log.exception("lease round failed")
-
-    async def _lease_round(self, gain: bool) -> None:
-        """Carry out one step of the leases; open what was newly gained (``gain``: at
-        start the restore does that); stop if a lease was lost to another."""
-        leases, kv = self.leases, self._leases_kv
-        assert leases is not None and kv is not None
-        for op in leases.step(time.monotonic()):
-            try:
-                if isinstance(op, Put):
-                    await kv.put(op.key, op.value.encode())
-                    continue
-                key = part_key(op.partition)
-                me = self.settings.instance_id.encode()
-                if isinstance(op, Claim) and not op.revision:
-                    revision = await kv.create(key, me)
-                else:
-                    revision = await kv.update(key, me, last=op.revision)
-            except KeyValueError:  # another instance wrote it first
-                if isinstance(op, Renew):
-                    leases.refused(op.partition)
-                continue
-            leases.claimed(op.partition, revision, time.monotonic())
-            if isinstance(op, Claim):
-                log.info("partition taken", partition=op.partition)
-                if gain:
-                    await self._gain(op.partition)
-        if leases.lost and not self._fenced:
-            self._fenced = f"partitions {sorted(leases.lost)} were taken over while it stalled"
-            log.error("lease lost: restarting", reason=self._fenced)
-            if self.ctx.stop is not None:
-                self.ctx.stop.set()
-
-    async def _gain(self, partition: int) -> None:
-        """A partition taken over while running: what its last owner had placed and
-        not seen end, then its accepted requests. Its workers' KV state comes from
-        them (a whole state asked of each as it is first heard: _on_heartbeat)."""
-        await self._restore(self.ctx, partition)
-        await self._open_partition(partition)
+    async def _gain(self, partitions: set[int]) -> None:
+        """Partitions taken over while running: what their last owners had placed and
+        not seen end (one replay for the batch), then their requests. Their workers'
+        KV state is asked of each worker: what their events said went unread here."""
+        await self._restore(self.ctx, partitions)
+        for wid in list(self.core.workers):
+            if worker_partition(wid, self.settings.scheduler_partitions) in partitions:
+                self.core.kv.resyncs.add(wid)
+        self._gained |= partitions
+        for p in sorted(partitions):
+            await self._open_partition(p)
 
     async def _open_partition(self, partition: int) -> None:
-        subs = self._partition_subs.setdefault(partition, [])
+        if partition in self._partition_subs:
+            return
+        subs = self._partition_subs[partition] = []
         for spec in partition_subscriptions(partition):
             if isinstance(spec.source, Consume):
                 await ensure_consumers(self.ctx.js, [spec.source.consumer])
             subs.append(await self.ctx.subscriptions.open_one(self, spec))
-
-    async def _release_leases(self) -> None:
-        if self.leases is None or self._leases_kv is None:
-            return
-        for task in self._lease_tasks:
-            task.cancel()
-        held = self.leases.release()
-        try:  # the others take them at once instead of after a lease time
-            for p in held:
-                await self._leases_kv.delete(part_key(p))
-            await self._leases_kv.delete(member_key(self.settings.instance_id))
-        except Exception:
-            log.exception("could not release its leases; they lapse instead")
 
     def alive(self) -> tuple[bool, str]:
         return (False, self._fenced) if self._fenced else (True, "alive")
@@ -321,10 +248,10 @@ class SchedulerService(Service[SchedulerSettings]):
         self._progress_task = asyncio.create_task(self._keep_unacked(), name="in-progress")
         if self.settings.kv_snapshot_interval_s > 0:
             self._snapshot_task = asyncio.create_task(self._store_kv_index(), name="kv-index")
-        if self.leases is not None:
-            for p in sorted(self.leases.owned):
+        if self.holder is not None and self.leases is not None:
+            for p in sorted(self.leases.owned):  # what the start restored
                 await self._open_partition(p)
-            self._lease_tasks.append(asyncio.create_task(self._hold_leases(), name="lease"))
+            self.holder.serve()
 
     def status(self) -> dict[str, Any]:
         status = self.core.status()
@@ -332,30 +259,37 @@ class SchedulerService(Service[SchedulerSettings]):
             status["partitions"] = sorted(self.leases.owned)
         return status
 
-    async def _restore(self, ctx: Context[SchedulerSettings], partition: int | None = None) -> None:
-        """Take back the assignments of the workers it books (``partition``: of that
-        partition's only) that never ended."""
+    async def _restore(
+        self, ctx: Context[SchedulerSettings], partitions: set[int] | None = None
+    ) -> None:
+        """Take back the assignments of the workers it books (``partitions``: of those
+        partitions' only) that never ended: each request's latest attempt, wherever
+        its earlier ones ran (a stream moved across partitions is its new worker's)."""
         window = self.settings.restore_window_s
         if window <= 0:
             return
         work = await replay(ctx.js, "IB_WORK", "ib.work.>", window)
         ended_raw = await replay(ctx.js, "IB_REQUESTS", ENDED, window)
-        if self.leases is not None:  # and where its partitions' workers record theirs
-            ends = ENDED_PARTITIONS if partition is None else ended_subject(partition)
-            ended_raw += await replay(ctx.js, "IB_REQUESTS", ends, window)
-        assignments = []
+        if self.leases is not None:  # and where the partitions' workers record theirs
+            ended_raw += await replay(ctx.js, "IB_REQUESTS", ENDED_PARTITIONS, window)
+        latest: dict[str, tuple[WorkAssigned, dict[str, str] | None]] = {}
         for data, headers in work:
             try:
                 w = decode(data, WorkAssigned)
             except DecodeError:
                 continue
+            held = latest.get(w.request.request_id)
+            if held is None or w.attempt >= held[0].attempt:
+                latest[w.request.request_id] = (w, valid_context(headers))
+        assignments = []
+        for w, trace in latest.values():
             if not self.books(w.worker_id) or (
-                partition is not None
-                and worker_partition(w.worker_id, self.settings.scheduler_partitions) != partition
+                partitions is not None
+                and worker_partition(w.worker_id, self.settings.scheduler_partitions)
+                not in partitions
             ):
                 continue
             assignments.append((w.request, w.worker_id, w.attempt))
-            trace = valid_context(headers)
             if trace:  # a reassignment or failure of it stays in its trace
                 self._traces[w.request.request_id] = trace
         ended = set()
@@ -474,7 +408,8 @@ class SchedulerService(Service[SchedulerSettings]):
         # unacked accepted requests go back to JetStream for the next scheduler
         for msg in self._unacked.values():
             await msg.nak()
-        await self._release_leases()
+        if self.holder is not None:
+            await self.holder.release()
         if self.settings.kv_snapshot_interval_s > 0:
             try:  # the next start loads what this one knew at its end
                 await asyncio.wait_for(self._write_kv_index(), 5.0)
@@ -523,8 +458,11 @@ class SchedulerService(Service[SchedulerSettings]):
 
     async def _on_heartbeat(self, hb: WorkerHeartbeat, msg: Msg) -> None:
         if self.leases is not None and hb.worker_id not in self.core.workers:
-            # a worker of a partition taken over: its KV events went unread here
-            self.core.kv.ask_whole_state(hb.worker_id)
+            taken_over = worker_partition(hb.worker_id, self.leases.partitions) in self._gained
+            if taken_over:  # its KV events went unread here: whatever was read since
+                self.core.kv.resyncs.add(hb.worker_id)
+            else:  # at start: unless the stored index or IB_KV said something of it
+                self.core.kv.ask_whole_state(hb.worker_id)
         await self._apply(self.core.on_heartbeat(hb, time.monotonic(), time.time()))
 
     async def _on_kv(self, event: KvEvent | KvEventBatch, msg: Msg) -> None:
@@ -645,7 +583,11 @@ class SchedulerService(Service[SchedulerSettings]):
     async def _keep_unacked(self) -> None:
         """Tell JetStream that queued requests are still being handled (no redelivery)."""
         while True:
-            await asyncio.sleep(ACCEPTED_CONSUMER.ack_wait_s / 3)
+            # the shortest ack wait of the consumers it reads accepted requests through
+            wait = ACCEPTED_CONSUMER.ack_wait_s
+            if self.leases is not None:
+                wait = min(wait, accepted_consumer(0).ack_wait_s)
+            await asyncio.sleep(wait / 3)
             for msg in list(self._unacked.values()):
                 try:
                     await msg.in_progress()
@@ -790,15 +732,22 @@ class SchedulerService(Service[SchedulerSettings]):
         now = time.monotonic()
         me = self.settings.instance_id
         partition = self.peers.choose(e.request, now, but=me)
-        if partition is None:  # gone quiet since: the model's own partition
-            partition = self.peers.choose(e.request, now)
+        held = self._unacked.get(rid)
+        if partition is None:  # the other gone quiet since: it comes back here, anew
+            if held is not None:
+                self._unacked.pop(rid)
+                await held.nak()
+            return
         accepted = RequestAccepted(request=e.request, accepted_at=time.time())
+        # the accepted message's own position makes the id: a request handed back and
+        # forth is a new message each time, never deduplicated away
+        via = held.metadata.sequence.stream if held is not None else int(now * 1000)
         await publish_durable(
             self.ctx.js,
             accepted_subject(partition),
             accepted,
             request_id=rid,
-            msg_id=f"{rid}:to:{partition}",
+            msg_id=f"{rid}:to:{partition}:{via}",
             trace=self._traces.pop(rid, None),
         )
         log.info("request handed off", request_id=rid, model=e.request.model, partition=partition)

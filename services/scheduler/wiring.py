@@ -75,6 +75,7 @@ def accepted_consumer(partition: int) -> ConsumerSpec:
         filter_subject=accepted_subject(partition),
         deliver_subject=f"ib.deliver.scheduler-accepted.{partition}",
         ack_wait_s=4.0,
+        max_deliver=-1,  # kept in progress by its holder: never dropped for redeliveries
     )
 
 
@@ -105,6 +106,21 @@ def partition_subscriptions(partition: int) -> tuple[Subscription, ...]:
             RequestAccepted,
             "_on_accepted",
             source=Consume(accepted_consumer(partition)),
+        ),
+        # partition 0's holder also reads ib.req.accepted: what a sanitizer told no
+        # partitions sends, or what was handed back while the scheduler was not
+        # partitioned yet
+        *(
+            (
+                Subscription(
+                    ACCEPTED,
+                    RequestAccepted,
+                    "_on_accepted",
+                    source=Consume(ACCEPTED_CONSUMER),
+                ),
+            )
+            if partition == 0
+            else ()
         ),
     )
 

@@ -110,7 +110,7 @@ def test_released_leases_are_taken_at_once():
     bucket = Bucket()
     a, b = fleet(2, 4, bucket)
     t = rounds(bucket, [a, b], 0.0, 5.0)
-    for p in a.release():
+    for p, _revision in a.release():
         bucket.delete(part_key(p), t)
     bucket.delete("member.s0", t)
     bucket.run(b, t + 0.1)
@@ -145,6 +145,22 @@ def test_an_instance_that_stalled_past_its_lease_finds_it_lost():
     assert not a.owned
     bucket.run(a, t)  # and claims nothing it does not hold
     assert set(b.owned) == {0, 1}
+
+
+def test_a_lease_it_could_not_renew_is_given_up_before_others_may_take_it():
+    """Renewals that time out (not refused: no answer) leave the instance believing
+    it holds the lease while the others see it lapse: it gives it up itself at 80%
+    of a lease time, before any other instance may claim it (at 100%)."""
+    bucket = Bucket()
+    a, b = fleet(2, 2, bucket)
+    t = rounds(bucket, [a, b], 0.0, 5.0)
+    mine = set(a.owned)
+    last = t - 1.0  # its last successful renewal
+    a.step(last + 0.7 * a.ttl_s)  # its writes go unanswered: nothing claimed
+    assert set(a.owned) == mine
+    a.step(last + 0.8 * a.ttl_s)
+    assert not a.owned and a.lost == mine
+    assert all(b.holder(p, last + 0.8 * a.ttl_s) == "s0" for p in mine)  # not free yet
 
 
 def test_a_renewal_on_a_moved_revision_is_refused_and_counted_lost():

@@ -1,0 +1,164 @@
+"""The adapter's half of the partition leases (leases.py decides): the KV bucket, its
+watch, a renewal every third of a lease time that nothing else waits on, and the
+partitions gained while running, handed to the service a batch at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import BucketNotFoundError, KeyValueError
+
+from inferbus.contracts import SCHEDULER_LEASES
+from inferbus.shared import logs
+
+from .leases import Claim, Leases, Put, Renew, member_key, part_key
+
+log = logs.get("inferbus.scheduler")
+
+BUCKET_AGE_S = 60.0
+"""Keys not written for this long go (a dead instance's membership, a partition no
+one took): every live key is rewritten each second."""
+
+
+class LeaseHolder:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        leases: Leases,
+        on_gain: Callable[[set[int]], Awaitable[None]],
+        on_fenced: Callable[[str], None],
+    ) -> None:
+        self.js = js
+        self.leases = leases
+        self._on_gain = on_gain
+        self._on_fenced = on_fenced
+        self._kv: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._gained: set[int] = set()
+        self._gain_due = asyncio.Event()
+        self._serving = False
+        self.fenced = ""
+
+    async def join(self) -> None:
+        """Join the bucket, hear who else is there for one lease time, claim a share of
+        the partitions; from then on the leases are renewed whatever else runs (a
+        restore of minutes must not let them lapse)."""
+        try:
+            self._kv = await self.js.key_value(SCHEDULER_LEASES)
+        except BucketNotFoundError:
+            self._kv = await self.js.create_key_value(
+                KeyValueConfig(
+                    bucket=SCHEDULER_LEASES,
+                    history=1,
+                    ttl=BUCKET_AGE_S,
+                    storage=StorageType.FILE,
+                    max_bytes=1 << 20,
+                )
+            )
+        watcher = await self._kv.watchall()
+        self._tasks.append(asyncio.create_task(self._watch(watcher), name="lease-watch"))
+        leases = self.leases
+        leases.started_at = time.monotonic()
+        while time.monotonic() - leases.started_at < leases.ttl_s:
+            await self._round()
+            await asyncio.sleep(leases.ttl_s / 3)
+        for _ in range(20):  # a claim lost to another's, heard of late: the next free one
+            await self._round()
+            if not leases.wanted(time.monotonic()):
+                break
+            await asyncio.sleep(0.05)
+        self._gained.clear()  # the start's restore covers these
+        self._tasks.append(asyncio.create_task(self._renew(), name="lease-renew"))
+        log.info(
+            "partitions held",
+            partitions=sorted(leases.owned),
+            of=leases.partitions,
+            instances=len(leases.members(time.monotonic())),
+        )
+
+    def serve(self) -> None:
+        """Hand partitions gained from now on (and since ``join``) to ``on_gain``."""
+        self._serving = True
+        self._tasks.append(asyncio.create_task(self._gains(), name="lease-gains"))
+        if self._gained:
+            self._gain_due.set()
+
+    async def _watch(self, watcher: Any) -> None:
+        async for entry in watcher:
+            if entry is None:
+                continue  # the end of the values there were when it began
+            value = b"" if entry.operation in ("DEL", "PURGE") else (entry.value or b"")
+            self.leases.seen(entry.key, value.decode(), entry.revision, time.monotonic())
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(self.leases.ttl_s / 3)
+            try:
+                await self._round()
+            except Exception:
+                log.exception("lease round failed")
+
+    async def _round(self) -> None:
+        """One step of the leases carried out; what was claimed queued for ``on_gain``;
+        a lease lost fences the instance (it exits to be restarted)."""
+        leases, kv = self.leases, self._kv
+        me = leases.me.encode()
+        for op in leases.step(time.monotonic()):
+            try:
+                if isinstance(op, Put):
+                    await kv.put(op.key, op.value.encode())
+                    continue
+                key = part_key(op.partition)
+                if isinstance(op, Claim) and not op.revision:
+                    revision = await kv.create(key, me)
+                else:
+                    revision = await kv.update(key, me, last=op.revision)
+            except KeyValueError:  # another instance wrote it first
+                if isinstance(op, Renew):
+                    leases.refused(op.partition)
+                continue
+            except Exception:  # a timeout: the lease stands until step gives it up
+                log.exception("lease write failed", partition=getattr(op, "partition", None))
+                continue
+            leases.claimed(op.partition, revision, time.monotonic())
+            if isinstance(op, Claim):
+                log.info("partition taken", partition=op.partition)
+                self._gained.add(op.partition)
+                if self._serving:
+                    self._gain_due.set()
+        if leases.lost and not self.fenced:
+            self.fenced = f"partitions {sorted(leases.lost)} were lost while it stalled"
+            log.error("lease lost: restarting", reason=self.fenced)
+            self._on_fenced(self.fenced)
+
+    async def _gains(self) -> None:
+        while True:
+            await self._gain_due.wait()
+            self._gain_due.clear()
+            batch, self._gained = self._gained, set()
+            batch &= set(self.leases.owned)
+            if not batch:
+                continue
+            try:
+                await self._on_gain(batch)
+            except Exception:
+                log.exception("taking partitions over failed", partitions=sorted(batch))
+
+    async def release(self) -> None:
+        """On a drain: the others take its partitions at once instead of after a lease
+        time (a key deleted only at the revision it wrote: never another's lease)."""
+        for task in self._tasks:
+            task.cancel()
+        if self._kv is None:
+            return
+        try:
+            for p, revision in self.leases.release():
+                await self._kv.delete(part_key(p), last=revision)
+            await self._kv.delete(member_key(self.leases.me))
+        except Exception:
+            log.exception("could not release its leases; they lapse instead")
