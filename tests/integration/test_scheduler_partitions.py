@@ -15,12 +15,18 @@ from inferbus.client import Client
 from inferbus.contracts import (
     ENDED,
     ENDED_PARTITIONS,
+    HEARTBEATS,
     SCHEDULER_LEASES,
+    RequestAccepted,
+    RequestSubmitted,
+    SamplingParams,
     Terminal,
     WorkAssigned,
+    WorkerHeartbeat,
+    accepted_subject,
     worker_partition,
 )
-from inferbus.shared.codec import decode
+from inferbus.shared.codec import decode, encode
 from inferbus.shared.natsserver import NatsServer
 
 pytestmark = [pytest.mark.integration]
@@ -215,3 +221,55 @@ def test_worker_partitions_come_from_the_id_alone():
     assert parts == [worker_partition(w, 4) for w in ids]
     assert set(parts) == {0, 1, 2, 3}
     assert all(worker_partition(w, 1) == 0 for w in ids)
+
+
+async def test_a_request_in_a_partition_without_its_model_is_handed_to_one_with_it(platform):
+    """A request accepted onto a partition that has no worker for its model (a stale
+    report, a sanitizer's fallback) is handed after a second to a partition whose
+    workers serve it, and runs there once."""
+    url, _, _ = platform
+    c = await Client.connect(url)
+    try:
+        ended, placed = await watch(c)
+        js = c.nc.jetstream()
+        small = [
+            w
+            for w in (await heartbeats(c))
+            if w.startswith("sp-small")  # the one worker of SMALL
+        ]
+        assert len(small) == 1
+        home = worker_partition(small[0], int(PARTITIONS))
+        stray = (home + 1) % int(PARTITIONS)
+        inbox = c.nc.new_inbox()
+        replies = await c.nc.subscribe(inbox)
+        request = RequestSubmitted(
+            request_id="sp-handoff",
+            model=SMALL,
+            reply_to=inbox,
+            prompt="hand me on",
+            sampling=SamplingParams(max_tokens=5),
+            created_at=time.time(),
+        )
+        await js.publish(
+            accepted_subject(stray),
+            encode(RequestAccepted(request=request, accepted_at=time.time())),
+        )
+        await until(lambda: ended["sp-handoff"] >= 1, timeout=20)
+        assert ended["sp-handoff"] == 1
+        assert placed["sp-handoff"] == [small[0]]  # run once, on SMALL's worker
+        await replies.unsubscribe()
+    finally:
+        await c.close()
+
+
+async def heartbeats(c: Client) -> set[str]:
+    """The workers heard from in a second and a half."""
+    seen: set[str] = set()
+
+    async def on_hb(msg):
+        seen.add(decode(msg.data, WorkerHeartbeat).worker_id)
+
+    sub = await c.nc.subscribe(HEARTBEATS, cb=on_hb)
+    await asyncio.sleep(1.5)
+    await sub.unsubscribe()
+    return seen

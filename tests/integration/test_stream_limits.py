@@ -109,6 +109,7 @@ async def test_a_store_an_older_version_made_is_provisioned_not_crashed_on(tmp_p
             "ib.req.accepted",
             "ib.req.accepted.*",
             "ib.req.ended",
+            "ib.req.ended.*",
         ]
         assert (await js.stream_info("IB_TENANT_SUBMITS")).config.subjects == ["ib.req.submitted.*"]
         await ensure_streams(js, update=False)  # a service's start: nothing to mend
