@@ -16,7 +16,7 @@ from nats.js.errors import BucketNotFoundError, KeyValueError
 from inferbus.contracts import SCHEDULER_LEASES
 from inferbus.shared import logs
 
-from .leases import Claim, Leases, Put, Renew, member_key, part_key
+from .leases import RENEWALS, Claim, Leases, Put, Renew, member_key, part_key
 
 log = logs.get("inferbus.scheduler")
 
@@ -43,6 +43,9 @@ class LeaseHolder:
         self._gain_due = asyncio.Event()
         self._serving = False
         self.fenced = ""
+        self.initial: set[int] = set()
+        """What it held when it joined: the start restores and opens these; the rest
+        it gains goes through ``on_gain``."""
 
     async def join(self) -> None:
         """Join the bucket, hear who else is there for one lease time, claim a share of
@@ -73,6 +76,7 @@ class LeaseHolder:
                 break
             await asyncio.sleep(0.05)
         self._gained.clear()  # the start's restore covers these
+        self.initial = set(leases.owned)
         self._tasks.append(asyncio.create_task(self._renew(), name="lease-renew"))
         log.info(
             "partitions held",
@@ -88,12 +92,25 @@ class LeaseHolder:
         if self._gained:
             self._gain_due.set()
 
+    def stop_gaining(self) -> None:
+        """On a drain: renew what it holds until ``release``, take nothing more."""
+        self.leases.claiming = False
+        self._serving = False
+        for task in self._tasks:
+            if task.get_name() == "lease-gains":
+                task.cancel()
+
     async def _watch(self, watcher: Any) -> None:
         async for entry in watcher:
             if entry is None:
                 continue  # the end of the values there were when it began
             value = b"" if entry.operation in ("DEL", "PURGE") else (entry.value or b"")
-            self.leases.seen(entry.key, value.decode(), entry.revision, time.monotonic())
+            try:
+                self.leases.seen(entry.key, value.decode(), entry.revision, time.monotonic())
+            except Exception:
+                log.exception("lease change not understood", key=entry.key)
+                continue
+            self._check_lost()  # at once, not at the next round
 
     async def _renew(self) -> None:
         while True:
@@ -108,16 +125,19 @@ class LeaseHolder:
         a lease lost fences the instance (it exits to be restarted)."""
         leases, kv = self.leases, self._kv
         me = leases.me.encode()
+        patience = leases.ttl_s / RENEWALS  # a write answered later is a round missed
         for op in leases.step(time.monotonic()):
+            sent = time.monotonic()
             try:
                 if isinstance(op, Put):
-                    await kv.put(op.key, op.value.encode())
+                    await asyncio.wait_for(kv.put(op.key, op.value.encode()), patience)
                     continue
                 key = part_key(op.partition)
                 if isinstance(op, Claim) and not op.revision:
-                    revision = await kv.create(key, me)
+                    write = kv.create(key, me)
                 else:
-                    revision = await kv.update(key, me, last=op.revision)
+                    write = kv.update(key, me, last=op.revision)
+                revision = await asyncio.wait_for(write, patience)
             except KeyValueError:  # another instance wrote it first
                 if isinstance(op, Renew):
                     leases.refused(op.partition)
@@ -125,12 +145,16 @@ class LeaseHolder:
             except Exception:  # a timeout: the lease stands until step gives it up
                 log.exception("lease write failed", partition=getattr(op, "partition", None))
                 continue
-            leases.claimed(op.partition, revision, time.monotonic())
+            leases.claimed(op.partition, revision, sent)
             if isinstance(op, Claim):
                 log.info("partition taken", partition=op.partition)
                 self._gained.add(op.partition)
                 if self._serving:
                     self._gain_due.set()
+        self._check_lost()
+
+    def _check_lost(self) -> None:
+        leases = self.leases
         if leases.lost and not self.fenced:
             self.fenced = f"partitions {sorted(leases.lost)} were lost while it stalled"
             log.error("lease lost: restarting", reason=self.fenced)
@@ -156,9 +180,9 @@ class LeaseHolder:
             task.cancel()
         if self._kv is None:
             return
-        try:
-            for p, revision in self.leases.release():
-                await self._kv.delete(part_key(p), last=revision)
-            await self._kv.delete(member_key(self.leases.me))
-        except Exception:
-            log.exception("could not release its leases; they lapse instead")
+        keys = [(part_key(p), revision) for p, revision in self.leases.release()]
+        for key, last in [*keys, (member_key(self.leases.me), None)]:
+            try:
+                await asyncio.wait_for(self._kv.delete(key, last=last), 2.0)
+            except Exception:  # taken since, or no answer: it lapses instead
+                log.warning("lease not released", key=key)

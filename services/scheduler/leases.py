@@ -24,8 +24,8 @@ MEMBER = "member."
 PART = "part."
 
 
-FENCE = 0.8
-"""Of a lease time without a renewal, when an instance gives the lease up itself."""
+RENEWALS = 3
+"""Renewals a lease time (``step`` runs every ``ttl_s / RENEWALS``)."""
 
 
 def part_key(partition: int) -> str:
@@ -82,10 +82,14 @@ class Leases:
     are stale, and only a restart makes them right (the adapter exits)."""
     _keys: dict[str, _Key] = field(default_factory=dict)
     _renewed: dict[int, float] = field(default_factory=dict)
-    """When each held lease was last written (acknowledged)."""
+    """When the last write of each held lease that was acknowledged was sent."""
+    claiming: bool = True
+    """False once it drains: it renews what it holds, takes nothing more."""
 
     def seen(self, key: str, value: str, revision: int, now: float) -> None:
         """A change to the bucket (``value`` empty: deleted or purged)."""
+        if key.startswith(PART) and not key[len(PART) :].isdigit():
+            return  # not a lease this code writes
         self._keys[key] = _Key(value, revision, now)
         if key.startswith(PART):
             p = int(key[len(PART) :])
@@ -121,16 +125,19 @@ class Leases:
         return len(self.owned) < self.share(now) and bool(self.free(now))
 
     def step(self, now: float) -> list[LeaseOp]:
-        # a lease it could not renew for most of a lease time (a renewal timed out, the
-        # process stalled) may be another's by the time it would notice: let it go now,
-        # before the others can take it, rather than serve on beside them
-        for p in [p for p in self.owned if now - self._renewed.get(p, now) >= FENCE * self.ttl_s]:
+        # the others may take a lease a lease time after they saw its last write, which
+        # was sent no earlier than ``_renewed``: one whose next renewal (a round from now)
+        # could come too late is let go now, rather than served on beside another
+        last_safe = self.ttl_s - self.ttl_s / RENEWALS
+        for p in [p for p in self.owned if now - self._renewed.get(p, now) >= last_safe]:
             del self.owned[p]
             self.lost.add(p)
         ops: list[LeaseOp] = [Put(member_key(self.me), self.me)]
         ops += [Renew(p, rev) for p, rev in sorted(self.owned.items())]
         # its own from before a restart (the same instance id: a supervisor's restart):
         # no one else writes its name, so they are taken back at once
+        if not self.claiming:
+            return ops
         left = self._left_by_me()
         ops += [Claim(p, rev) for p, rev in sorted(left.items())]
         if now - self.started_at < self.ttl_s:
@@ -154,11 +161,11 @@ class Leases:
                     out[p] = k.revision
         return out
 
-    def claimed(self, partition: int, revision: int, now: float) -> None:
-        """A claim or renewal written at ``revision``."""
+    def claimed(self, partition: int, revision: int, sent: float) -> None:
+        """A claim or renewal written at ``revision``, sent at ``sent``."""
         self.owned[partition] = revision
-        self._renewed[partition] = now
-        self._keys[part_key(partition)] = _Key(self.me, revision, now)
+        self._renewed[partition] = sent
+        self._keys[part_key(partition)] = _Key(self.me, revision, sent)
 
     def refused(self, partition: int) -> None:
         """A renewal the bucket refused: another instance holds the lease now."""

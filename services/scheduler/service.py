@@ -187,7 +187,9 @@ class SchedulerService(Service[SchedulerSettings]):
             await self.holder.join()
             stream = await self.ctx.js.stream_info("IB_REQUESTS")
             self.ended_resume_seq = stream.state.last_seq
-        await self._restore(self.ctx)
+        # partitioned: what it held when it joined (what it claims later is restored
+        # as it is gained, before it is read)
+        await self._restore(self.ctx, self.holder.initial if self.holder is not None else None)
         await self._load_kv_index()
 
     # -- partitions ------------------------------------------------------------------
@@ -248,8 +250,8 @@ class SchedulerService(Service[SchedulerSettings]):
         self._progress_task = asyncio.create_task(self._keep_unacked(), name="in-progress")
         if self.settings.kv_snapshot_interval_s > 0:
             self._snapshot_task = asyncio.create_task(self._store_kv_index(), name="kv-index")
-        if self.holder is not None and self.leases is not None:
-            for p in sorted(self.leases.owned):  # what the start restored
+        if self.holder is not None:
+            for p in sorted(self.holder.initial):  # what the start restored
                 await self._open_partition(p)
             self.holder.serve()
 
@@ -394,8 +396,10 @@ class SchedulerService(Service[SchedulerSettings]):
             self._kv_keys.discard(gone)
 
     async def drain(self) -> None:
+        if self.holder is not None:  # renews what it holds until the end, takes no more
+            self.holder.stop_gaining()
         await self.ctx.subscriptions.close(drain=True)
-        for subs in self._partition_subs.values():
+        for subs in list(self._partition_subs.values()):
             for sub in reversed(subs):  # accepted requests first
                 try:
                     await sub.drain()

@@ -149,18 +149,30 @@ def test_an_instance_that_stalled_past_its_lease_finds_it_lost():
 
 def test_a_lease_it_could_not_renew_is_given_up_before_others_may_take_it():
     """Renewals that time out (not refused: no answer) leave the instance believing
-    it holds the lease while the others see it lapse: it gives it up itself at 80%
-    of a lease time, before any other instance may claim it (at 100%)."""
+    it holds the lease while the others see it lapse a lease time after its last
+    write: it gives it up itself at the last round whose successor could come too
+    late (two thirds of a lease time), before any other instance may claim it."""
     bucket = Bucket()
     a, b = fleet(2, 2, bucket)
     t = rounds(bucket, [a, b], 0.0, 5.0)
     mine = set(a.owned)
-    last = t - 1.0  # its last successful renewal
-    a.step(last + 0.7 * a.ttl_s)  # its writes go unanswered: nothing claimed
+    last = t - 1.0  # its last acknowledged renewal was sent then
+    a.step(last + 1.9)  # its writes go unanswered: nothing claimed
     assert set(a.owned) == mine
-    a.step(last + 0.8 * a.ttl_s)
+    a.step(last + 2.0)
     assert not a.owned and a.lost == mine
-    assert all(b.holder(p, last + 0.8 * a.ttl_s) == "s0" for p in mine)  # not free yet
+    assert all(b.holder(p, last + 2.0) == "s0" for p in mine)  # not free yet
+
+
+def test_a_draining_instance_renews_but_takes_nothing():
+    bucket = Bucket()
+    a, b = fleet(2, 4, bucket)
+    t = rounds(bucket, [a, b], 0.0, 5.0)
+    a.claiming = False
+    for p, _revision in b.release():  # a peer drains first
+        bucket.delete(part_key(p), t)
+    bucket.run(a, t + 0.1)
+    assert len(a.owned) == 2  # its own renewed, the peer's left for a third
 
 
 def test_a_renewal_on_a_moved_revision_is_refused_and_counted_lost():
