@@ -505,17 +505,18 @@ class SchedulerService(Service[SchedulerSettings]):
         self.core.on_progress(ev.worker_id, ev.chunk, time.monotonic(), ev.finish_reason)
 
     async def _on_ended(self, ev: Terminal, msg: Msg) -> None:
-        attempt = getattr(ev, "attempt", 0)  # a rejection names none
-        await self._apply(self.core.on_ended(ev.request_id, time.monotonic(), attempt))
-        self._traces.pop(ev.request_id, None)
+        await self._ended(ev)
         if self.leases is None:
             await msg.ack()  # partitioned, every instance follows these unacked
 
     async def _on_partition_ended(self, ev: Terminal, msg: Msg) -> None:
-        attempt = getattr(ev, "attempt", 0)
+        await self._ended(ev)
+        await msg.ack()
+
+    async def _ended(self, ev: Terminal) -> None:
+        attempt = getattr(ev, "attempt", 0)  # a rejection names none
         await self._apply(self.core.on_ended(ev.request_id, time.monotonic(), attempt))
         self._traces.pop(ev.request_id, None)
-        await msg.ack()
 
     async def _on_cancel(self, ev: CancelRequest, msg: Msg) -> None:
         if ev.attempt:

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 from testkit.faults import (
     FAULTS,
+    FaultResult,
     Platform,
     http_one,
     nats_one,
@@ -26,6 +27,16 @@ from inferbus.client import Client
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
+def stranded_nothing(result: FaultResult) -> None:
+    """Every request sent ended once, served or retryable; served again after the kill."""
+    print("\n" + table([result]))
+    assert result.count("hung") == 0, result.hung()
+    assert result.duplicates == 0, result.duplicate_detail
+    assert result.count("error") == 0, [o for o in result.outcomes if o.kind == "error"]
+    assert result.recover_s is not None, "nothing was served after the kill"
+    assert result.count("ok") > len(result.outcomes) / 2
+
+
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory: pytest.TempPathFactory):
     p = Platform(tmp_path_factory.mktemp("faults") / "state")
@@ -36,12 +47,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory):
 @pytest.mark.parametrize("fault", FAULTS)
 async def test_a_killed_process_strands_no_request(platform: Platform, fault: str):
     result = await run_fault(platform, fault, load_s=7.0)
-    print("\n" + table([result]))
-    assert result.count("hung") == 0, result.hung()
-    assert result.duplicates == 0, result.duplicate_detail
-    assert result.count("error") == 0, [o for o in result.outcomes if o.kind == "error"]
-    assert result.recover_s is not None, "nothing was served after the kill"
-    assert result.count("ok") > len(result.outcomes) / 2
+    stranded_nothing(result)
     if fault.startswith("worker"):
         # its streams moved to the other worker (issue 38): every request served in
         # full, each NATS one with the text of an uninterrupted run
@@ -92,12 +98,7 @@ async def test_a_killed_instance_of_several_strands_no_request(scaled: Platform,
     or served twice; a scheduler instance's partitions are taken within 5 s (the
     issue's bound)."""
     result = await run_fault(scaled, fault, load_s=7.0)
-    print("\n" + table([result]))
-    assert result.count("hung") == 0, result.hung()
-    assert result.duplicates == 0, result.duplicate_detail
-    assert result.count("error") == 0, [o for o in result.outcomes if o.kind == "error"]
-    assert result.recover_s is not None, "nothing was served after the kill"
-    assert result.count("ok") > len(result.outcomes) / 2
+    stranded_nothing(result)
     if fault.startswith("scheduler"):
         assert result.takeover_s is not None and result.takeover_s < 5.0, result.row()
 
