@@ -6,10 +6,14 @@ import os
 import random
 import socket
 
+from inferbus import servicetable
+
 LOW, HIGH = 20000, 32000
 """Below the kernel's ephemeral range (32768 and up), where free_port's ports come from."""
-SPAN = 100
-"""What one platform takes from its base: five services, then up to 90 workers."""
+OFFSETS = sorted({e.port_offset for e in servicetable.SERVICES if e.port_offset is not None})
+SPAN = max(OFFSETS) + servicetable.MAX_INSTANCES
+"""What one platform takes from its base: every service's offset (sanitizers from
++100, schedulers from +200) and its instances."""
 BANDS = 4
 """One band per test process (tests/conftest.py starts at most four)."""
 
@@ -23,7 +27,7 @@ def metrics_port_base() -> int:
     bases = list(range(LOW + band * width, LOW + (band + 1) * width - SPAN + 1, SPAN))
     random.shuffle(bases)
     for base in bases:
-        if all(_free(base + i) for i in range(16)):
+        if all(_free(base + offset + i) for offset in OFFSETS for i in range(4)):
             return base
     raise RuntimeError(f"no free ports in {LOW + band * width}..{LOW + (band + 1) * width}")
 
