@@ -2,7 +2,7 @@
 check of tool messages, and rebuff's heuristic detector, in one run.
 
     pip install --no-deps rebuff==0.1.1     # only its pure-Python heuristic is used
-    python bench/agent_injection.py [--split dev|final] [--show-misses] [--rebuff N]
+    python bench/agent_injection.py [--split dev|final] [--show-misses] [--rebuff N] [--pages]
 
 Corpus: bench/corpora/agent_data.jsonl.gz (README there): BIPIA's emails, tables and
 code answers, clean and with one instruction inserted at the start, middle or end,
@@ -17,13 +17,17 @@ the sanitizer's checks of user text (``findings``) on the same texts. rebuff cou
 text as an injection at its default threshold (heuristic score 0.75); it takes 20-40 s
 a text of a few KB (it compares every substring with its keyword list), so it runs on
 the first ``N`` texts of each family only (``--rebuff N``; 0, the default, skips it).
-The last line is JSON.
+``--pages`` adds pages an agent fetches as clean data of their own (``pages``): the long
+descriptions (READMEs, changelogs) of the installed Python packages, in 1,500-character
+pieces, full of orders to a human reader ("install", "delete the cache", "set your API
+key"). The last line is JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import importlib.metadata
 import importlib.util
 import json
 import statistics
@@ -61,6 +65,17 @@ def rows(split: str) -> list[dict[str, Any]]:
         return [r for line in f if (r := json.loads(line))["split"] == split]
 
 
+def package_pages() -> list[dict[str, Any]]:
+    """The installed packages' descriptions in 1,500-character pieces, as clean rows."""
+    out = []
+    for dist in sorted(importlib.metadata.distributions(), key=lambda d: d.metadata["Name"]):
+        body = dist.metadata.get_payload() or ""  # type: ignore[attr-defined]
+        for i in range(0, min(len(body), 30_000), 1500):
+            if len(piece := body[i : i + 1500]) > 300:
+                out.append({"family": "pages", "text": piece, "injected": False})
+    return out
+
+
 def us_per_kb(check: Callable[[str], object], texts: list[str], rounds: int = 3) -> float:
     size = sum(len(t.encode()) for t in texts) / 1024
     best = []
@@ -77,10 +92,11 @@ def main() -> None:
     ap.add_argument("--split", choices=["dev", "final"], default="dev")
     ap.add_argument("--show-misses", action="store_true")
     ap.add_argument("--rebuff", type=int, default=0, metavar="N")
+    ap.add_argument("--pages", action="store_true", help="add package READMEs as clean data")
     args = ap.parse_args()
     if args.show_misses and args.split == "final":
         sys.exit("the final split is read as aggregates only")
-    data = rows(args.split)
+    data = rows(args.split) + (package_pages() if args.pages else [])
     rebuff = rebuff_heuristic() if args.rebuff else None
     detectors: dict[str, Callable[[str], bool]] = {
         "inferbus": lambda t: bool(data_check(t)),
@@ -123,9 +139,13 @@ def main() -> None:
             "clean_flagged": round(hits[name]["clean"] / total["clean"], 4),
             "recall_by_family": {f: round(hits[name][f] / total[f], 3) for f in families},
         }
-    for f in [*families, "clean"]:
+        if total["pages"]:
+            result["detectors"][name]["pages_flagged"] = round(
+                hits[name]["pages"] / total["pages"], 4
+            )
+    for f in [*families, "clean", *(["pages"] if total["pages"] else [])]:
         print(f"{f:20s}" + "".join(f"{hits[n][f]:>10d}/{total[f]:<7d}" for n in detectors))
-    texts = [r["text"] for r in data]
+    texts = [r["text"] for r in data if r["family"] != "pages"]
     cost = {
         "user_text_checks": us_per_kb(findings, texts),
         "data_checks": us_per_kb(data_check, texts),
@@ -138,6 +158,7 @@ def main() -> None:
         print(
             f"{name}: recall {d['recall']} ({d['recall_without_bare']} without bare goals), "
             f"clean flagged {d['clean_flagged']}"
+            + (f", pages flagged {d['pages_flagged']}" if "pages_flagged" in d else "")
         )
     print("µs per KB: " + ", ".join(f"{k} {v}" for k, v in result["us_per_kb"].items()))
     print(json.dumps(result))

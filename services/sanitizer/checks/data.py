@@ -5,7 +5,8 @@ Data may ask its human reader for things ("please send the invoice by Friday"), 
 imperative is not enough. A finding needs either a sign that no ordinary document
 gives (the model addressed by name, a claim to speak for the user or the system, a
 forged conversation turn, a demand to keep it from the user, text hidden from a human
-reader, instructions to ignore instructions, misspelt too), or two of the weaker
+reader, instructions to ignore instructions, misspelt too, an order only an assistant
+is given: orders.py), or two of the weaker
 signs together, one of them of a task taken over (a task switch: "before you answer,
 do this first", "your new task is"; a to-do aimed at the reader; urgency aimed at
 "you"), the other of that or of a request (an imperative sentence, words on the
@@ -20,8 +21,7 @@ import re
 from collections.abc import Iterator
 
 from .finding import Finding
-
-KIND = "indirect_injection"
+from .orders import ACT_VERBS, KIND, model_tasks
 
 _I = re.IGNORECASE
 _MODEL = (
@@ -43,7 +43,7 @@ _STRONG: tuple[tuple[str, re.Pattern[str]], ...] = (
         re.compile(
             rf"\b(?:dear|hey|hi|hello|attention|note\s+(?:to|for)|message\s+(?:to|for)|"
             rf"instructions?\s+(?:to|for)|to)\s+(?:the\s+|any\s+|all\s+|my\s+|our\s+)?{_MODEL}s?\b"
-            rf"\s*(?:[:,!.\-\u2014]|reading|processing|that|who|which)"
+            rf"\s*(?:[:,!\u2014]|[.\-](?!\w)|reading|processing|that|who|which)"
             rf"|\b(?:if|when|while)\s+you\s+are\s+(?:an?\s+)?{_MODEL}\b"
             rf"|\b{_MODEL}s?\s+(?:reading|processing|summari[sz]ing|parsing|reviewing)\s+"
             rf"(?:this|these)\b",
@@ -64,8 +64,10 @@ _STRONG: tuple[tuple[str, re.Pattern[str]], ...] = (
             rf"me\s+to\s+(?:tell|ask)\s+you)\b"
             rf"|\bon\s+behalf\s+of\s+(?:the|your)\s+user\b"
             rf"|\bi\s+am\s+(?:the\s+|your\s+)(?:user|owner|developer|administrator|admin)\b"
-            rf"|[\[(<]\s*(?:system|admin|developer)(?:[\s_-]?{_NOTE})?\s*[\])>]"
-            rf"|#{{2,}}\s*[\[(]?\s*(?:system|admin|developer)\b"
+            rf"|[\[<]\s*(?:system|admin|developer)(?:[\s_-]?{_NOTE})?\s*[\]>]"
+            rf"|\(\s*(?:system|admin|developer)[\s_-]?{_NOTE}\s*\)"
+            rf"|#{{2,}}\s*(?:[\[(]\s*(?:system|admin|developer)\b|(?:system|admin|developer)"
+            rf"[\s_-]*(?:{_NOTE}|mode)\b)"
             rf"|\b(?:system|admin|developer)[\s_-]{_NOTE}\s*[:\])>]"
             rf"|<\s*/?\s*(?:information|instructions?|important|system|admin|inst|"
             rf"additional_instructions)\s*>"
@@ -108,7 +110,9 @@ _STRONG: tuple[tuple[str, re.Pattern[str]], ...] = (
         # text a person reading the page does not see
         "data.hidden-text",
         re.compile(
-            r"<!--(?:(?!-->).){0,400}?\b(?:you|your|assistant|ai|model|agent|please|must)\b"
+            r"<!--(?:(?!-->).){0,400}?\b(?:assistant|ai|model|agent|llm|please|"
+            r"ignore\s+(?:the|all|any|previous|prior|above|your|this)|"
+            r"you\s+(?:must|should|need\s+to|have\s+to|will|are\s+to))\b"
             r"(?:(?!-->).){0,400}?-->"
             r"|[\U000e0020-\U000e007f]{4,}"
             r"|style\s*=\s*[\"'][^\"']*(?:display\s*:\s*none|font-size\s*:\s*0|"
@@ -118,14 +122,7 @@ _STRONG: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
 )
 
-_ACT = (
-    r"(?:send|forward|e-?mail|mail|transfer|wire|pay|post|upload|share|leak|copy|bcc|cc|"
-    r"submit|invite|add|delete|remove|create|schedule|book|change|reset|update|grant|"
-    r"give|write|reply|respond|tell|say|include|insert|append|visit|click|open|download|"
-    r"install|run|execute|call|text|message|purchase|buy|order|cancel|approve|sign|"
-    r"publish|print|output|repeat|answer|translate|summari[sz]e|recommend|list|provide|"
-    r"concatenate|read|fetch|retrieve|find|search|move|rename|disable|enable|unsubscribe)"
-)
+_ACT = f"(?:{ACT_VERBS})"
 
 # two different ones are enough
 _WEAK: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -133,10 +130,12 @@ _WEAK: tuple[tuple[str, re.Pattern[str]], ...] = (
         "data.task-switch",
         re.compile(
             r"\bbefore\s+(?:you\s+)?(?:can\s+|do\s+|start\s+to\s+|go\s+on\s+to\s+)?"
-            r"(?:solve|complete|finish|answer|respond|reply|continue|proceed|summari[sz]e|"
-            r"do|start|carry\s+out|work\s+on|get\s+to)\b"
-            r"|\b(?:your|the)\s+(?:new|real|actual|next|first|updated|true|only|main|primary|"
-            r"current)\s+(?:task|goal|instructions?|objective|job|priority|mission|assignment)s?"
+            r"(?:solve|complete|finish|answer|respond|reply|summari[sz]e|carry\s+out|"
+            r"work\s+on|get\s+to|do\s+(?:anything|what|the\s+task|as)|start\s+(?:the|your|on)|"
+            r"(?:continue|proceed)\s+with\s+(?:the|your|my|this|that))\b"
+            r"|\b(?:your\s+(?:new|real|actual|next|first|updated|true|only|main|primary|current)"
+            r"|the\s+(?:new|real|actual|updated|true))\s+"
+            r"(?:task|goal|instructions?|objective|job|priority|mission|assignment)s?"
             r"\s+(?:is|are|will\s+be|now)\b"
             r"|\b(?:do|complete|perform|carry\s+out|execute)\s+the\s+following\s+"
             r"(?:first|instead|now|task|steps?|actions?|instructions?)\b"
@@ -145,7 +144,9 @@ _WEAK: tuple[tuple[str, re.Pattern[str]], ...] = (
             r"|\b(?:after|once)\s+(?:you\s+(?:have\s+)?(?:done|completed|finished)|that|this)\s*,?"
             r"\s*(?:you\s+)?(?:can|may|should)\s+(?:solve|complete|continue|answer|go\s+back|"
             r"return|proceed)\b"
-            r"|(?:^|[.!?\n]\s*)(?:\w+\s+){1,12}instead\s*[.!]",
+            r"|(?:^|[.!?\n]\s*)(?!(?:it|this|that|these|those|there|here|the|a|an|we|i|you|they|"
+            r"he|she|its|our|my|your|their|his|her|one|which|what|but|and|or|so)\b)"
+            r"(?:\w+\s+){1,12}instead\s*[.!]",
             _I,
         ),
     ),
@@ -175,10 +176,12 @@ _WEAK: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "data.urgency",
         re.compile(
-            r"\b(?:immediately|right\s+away|right\s+now|asap|without\s+delay|"
-            r"(?:it\s+is\s+|this\s+is\s+)?(?:very\s+|extremely\s+)?(?:critical|crucial|"
-            r"imperative|vital|essential|mandatory)\s+(?:that|to)\s+you|you\s+must\s+"
-            r"(?:first|now|immediately|absolutely))\b",
+            r"(?:^|[.!?\n]\s*)(?:immediately|right\s+away|asap|without\s+delay)\b"
+            r"|\b(?:do|act|complete|perform|execute|handle)\s+(?:(?:this|it|so|that)\s+)?"
+            r"(?:immediately|right\s+away|right\s+now|asap|without\s+delay)\b"
+            r"|\b(?:it\s+is\s+|this\s+is\s+)?(?:very\s+|extremely\s+)?(?:critical|crucial|"
+            r"imperative|vital|essential|mandatory)\s+(?:that|to)\s+you\b"
+            r"|\byou\s+must\s+(?:now|immediately|absolutely)\b",
             _I,
         ),
     ),
@@ -247,6 +250,7 @@ def data_findings(text: str, user_text: str = "") -> list[Finding]:
         if (m := pattern.search(text))
     ]
     found += _ignore_orders(text)
+    found += model_tasks(text)
     weak = [
         Finding(rule, KIND, m.start(), m.end())
         for rule, pattern in _WEAK
