@@ -26,10 +26,12 @@ import time
 from pathlib import Path
 
 import aiohttp
+import nats
 import psutil
-from platform_up import new_tenant, start_up
+from platform_up import nats_auth, new_tenant, start_up
 
 from inferbus.client import Client
+from inferbus.top.collect import discover
 
 MODEL = "sim-model"
 
@@ -45,6 +47,26 @@ def kind(proc: psutil.Process) -> str:
         if f"inferbus.services.{name}" in cmd:
             return name
     return "other"
+
+
+async def chunk_messages(nats_url: str) -> dict[str, dict[str, int]]:
+    """Chunks the workers and sanitizers sent and the messages they took, summed by
+    service (their ``$SRV`` stats): what gathering chunks a reader saved."""
+    nc = await nats.connect(nats_url, **nats_auth())
+    try:
+        replies = await discover(nc, 1.0)
+    finally:
+        await nc.close()
+    out: dict[str, dict[str, int]] = {}
+    for reply in replies:
+        service = str(reply.get("name", "")).removeprefix("inferbus-")
+        for endpoint in reply.get("endpoints") or []:
+            data = endpoint.get("data")
+            if isinstance(data, dict) and "chunks_sent" in data:
+                sums = out.setdefault(service, {"chunks": 0, "messages": 0})
+                sums["chunks"] += data["chunks_sent"]
+                sums["messages"] += data["chunk_messages"]
+    return out
 
 
 def cpu_by_kind(root: psutil.Process) -> dict[str, float]:
@@ -120,6 +142,7 @@ async def measure(args: argparse.Namespace) -> dict:
             c0, n0, t0 = cpu_by_kind(root), counted[0], time.monotonic()
             await asyncio.sleep(args.window_s)
             c1, n1, t1 = cpu_by_kind(root), counted[0], time.monotonic()
+            sent = await chunk_messages(nats_url)
             stop.set()
             for task in loops:
                 task.cancel()
@@ -139,6 +162,9 @@ async def measure(args: argparse.Namespace) -> dict:
         "tokens_per_s": round(tokens / (t1 - t0), 1),
         "cpu_s_per_1k_tokens": {k: round(v, 4) for k, v in sorted(per_k.items())},
         "total_cpu_s_per_1k_tokens": round(sum(per_k.values()), 4),
+        "chunks_per_message": {
+            k: round(v["chunks"] / v["messages"], 2) for k, v in sent.items() if v["messages"]
+        },
     }
 
 
@@ -156,6 +182,8 @@ def main() -> None:
     for k, v in r["cpu_s_per_1k_tokens"].items():
         print(f"  {k:12s} {v:.4f} CPU s per 1,000 tokens")
     print(f"  {'all':12s} {r['total_cpu_s_per_1k_tokens']:.4f}")
+    for k, v in r["chunks_per_message"].items():
+        print(f"  {k} sent {v} chunks a message")
     print(json.dumps({"bench": "token_path", **r}))
 
 

@@ -30,6 +30,8 @@ __all__ = [
     "CanaryWeights",
     "CancelRequest",
     "ChatMessage",
+    "ChunkBatch",
+    "ChunkTo",
     "DeadLetter",
     "DecidedRequest",
     "Event",
@@ -44,6 +46,9 @@ __all__ = [
     "KvResync",
     "KvSpillNamespace",
     "ModelLoad",
+    "Progress",
+    "ProgressBatch",
+    "ReplyDelivery",
     "ReplyEvent",
     "RequestAccepted",
     "RequestCancelled",
@@ -312,6 +317,15 @@ class RequestProgress(Event, tag="request.progress"):
     finish_reason: str = ""
     """The engine's finish reason when this chunk is the stream's last (its ids may end
     with the end-of-sequence token): a continuation then only ends it."""
+
+
+class ProgressBatch(Event, tag="request.progress.batch"):
+    """Copies of chunks of several of a worker's migratable requests in one message on
+    its ``ib.progress.<worker_id>`` (those of one engine step), each before the
+    readers' copies of the same chunks."""
+
+    worker_id: str
+    progress: list[RequestProgress] = []
 
 
 HANDOVER_FRESH_S = 1.0
@@ -701,8 +715,30 @@ class KvEventBatch(Event, tag="kv.batch"):
     events: list[KvEvent] = []
 
 
+class ChunkTo(msgspec.Struct, kw_only=True):
+    """A chunk in a ``ChunkBatch`` and the subject it would have had alone."""
+
+    subject: str
+    chunk: TokenChunk
+
+
+class ChunkBatch(Event, tag="chunk.batch"):
+    """Token chunks of several streams for one of the platform's own readers, in one
+    message on ``<reader>.batch`` (``batch_subject``): what one engine step (or one
+    filtered batch) produced for a sanitizer's filter or a gateway. Each message costs
+    its sender, the bus and its reader about as much as the tokens in it, so chunks of
+    streams stepping together travel together. Ends never come in one: a stream's end
+    follows its last chunks on the chunk's own subject. Never sent to a tenant or a
+    client's inbox."""
+
+    chunks: list[ChunkTo] = []
+
+
 Terminal = RequestFinished | RequestFailed | RequestCancelled | RequestRejected
 ReplyEvent = TokenChunk | RequestFinished | RequestFailed | RequestCancelled | RequestRejected
+ReplyDelivery = ReplyEvent | ChunkBatch
+Progress = RequestProgress | ProgressBatch
+"""What a platform reader of replies (a sanitizer's filter, a gateway) is sent."""
 TERMINAL_TYPES = (RequestFinished, RequestFailed, RequestCancelled, RequestRejected)
 
 ALL_EVENTS: tuple[type[Event], ...] = (
@@ -712,6 +748,7 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     WorkAssigned,
     RequestStarted,
     RequestProgress,
+    ProgressBatch,
     TokenChunk,
     RequestFinished,
     RequestFailed,
@@ -725,6 +762,7 @@ ALL_EVENTS: tuple[type[Event], ...] = (
     KvEventBatch,
     KvResync,
     SchedulerLoad,
+    ChunkBatch,
     CanaryWeights,
     TenantPolicy,
     TraceDecided,

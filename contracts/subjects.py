@@ -15,6 +15,7 @@ import msgspec
 __all__ = [
     "ACCEPTED",
     "ACCEPTED_PARTITIONS",
+    "BATCH_TOKEN",
     "CANARIES",
     "CANCEL",
     "DELIVERY_COMMANDS",
@@ -53,6 +54,7 @@ __all__ = [
     "TRACE_DECIDED",
     "StreamSpec",
     "accepted_subject",
+    "batch_subject",
     "canary_subject",
     "dead_letter_subject",
     "delivery_command_subject",
@@ -140,6 +142,9 @@ GATEWAY_REPLY_OWNER = "gw"
 FILTER_PREFIX = "ib.filter"
 """Output streams pass through a sanitizer instance at
 ``ib.filter.<instance>.<client reply subject>``."""
+BATCH_TOKEN = "batch"
+"""The last token of a platform reader's batch subject (``batch_subject``); no request
+id a gateway makes and no client subject is this word."""
 _STATUS = "ib.svc.{service}.status"
 
 _CANARY = "ib.cfg.canary.{model}"
@@ -294,6 +299,25 @@ def kv_resync_subject(worker_id: str) -> str:
 
 def dead_letter_subject(service: str) -> str:
     return _DEAD_LETTER.format(service=service)
+
+
+def batch_subject(subject: str) -> str | None:
+    """Where a chunk for ``subject`` may go in a ``ChunkBatch``: the batch subject of
+    the platform reader behind it (``ib.filter.<instance>.batch`` for a sanitizer's
+    filter, ``ib.reply.gw.<gateway>.batch`` for a gateway); None for any other reader
+    (a tenant's or a client's inbox reads events one by one)."""
+    parts = subject.split(".", 3)
+    if len(parts) == 4 and f"{parts[0]}.{parts[1]}" == FILTER_PREFIX:
+        return f"{FILTER_PREFIX}.{parts[2]}.{BATCH_TOKEN}" if parts[3] != BATCH_TOKEN else None
+    tokens = subject.split(".")
+    if (
+        len(tokens) == 5
+        and f"{tokens[0]}.{tokens[1]}" == REPLY_PREFIX
+        and tokens[2] == GATEWAY_REPLY_OWNER
+        and tokens[4] != BATCH_TOKEN
+    ):
+        return f"{REPLY_PREFIX}.{GATEWAY_REPLY_OWNER}.{tokens[3]}.{BATCH_TOKEN}"
+    return None
 
 
 def reply_subject(owner: str, request_id: str) -> str:

@@ -60,6 +60,9 @@ class ServiceSettings(msgspec.Struct, kw_only=True):
     kernel spreads connections over them): several gateways on one port."""
     http_max_connections: int = 4096
     """Open HTTP connections past this are closed as they arrive."""
+    chunk_batching: bool = True
+    """Token chunks of streams stepping together go to a sanitizer or a gateway in one
+    message (``ChunkBatch``); off while one of them runs a version from before it."""
     drain_timeout_s: float = 30.0
     """On SIGTERM, how long it may take to finish its work in flight before it exits."""
     # tail sampling of traces (tracing is on when an OTLP endpoint is configured)

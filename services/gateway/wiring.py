@@ -11,7 +11,7 @@ from inferbus.contracts import (
     SCALING_STATUS,
     SCHEDULER_LOAD,
     SUBMIT,
-    ReplyEvent,
+    ReplyDelivery,
     ScalingStatus,
     SchedulerLoad,
     WorkerHeartbeat,
@@ -25,7 +25,7 @@ WIRING = Wiring(
         # a stream's chunks must never be dropped for a slow reader
         Subscription(
             f"{REPLY_PREFIX}.{GATEWAY_REPLY_OWNER}.{{gateway_id}}.>",
-            ReplyEvent,
+            ReplyDelivery,
             "_on_reply",
             source=Listen(pending_msgs_limit=1_000_000),
             counted=False,

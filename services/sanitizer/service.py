@@ -16,8 +16,10 @@ from inferbus.contracts import (
     FILTER_PREFIX,
     SUBMIT,
     CancelRequest,
+    ChunkBatch,
     FailureCode,
     LLMServiceSettings,
+    ReplyDelivery,
     ReplyEvent,
     RequestAccepted,
     RequestFailed,
@@ -25,6 +27,7 @@ from inferbus.contracts import (
     RequestSubmitted,
     SchedulerLoad,
     TenantPolicy,
+    TokenChunk,
     accepted_subject,
     subject_token,
     tenant_of_subject,
@@ -38,6 +41,7 @@ from inferbus.shared.bus import (
     record_end,
     request_headers,
 )
+from inferbus.shared.chunksender import ChunkSender
 from inferbus.shared.codec import DecodeError, decode, encode
 from inferbus.shared.config import ServiceSettings
 from inferbus.shared.errors import ConfigError
@@ -189,6 +193,7 @@ class SanitizerService(Service[SanitizerSettings]):
         self._counts = {"accepted": 0, "rejected": 0, "invalid": 0, "blocked": 0, "flagged": 0}
         self.filter_id = subject_token(settings.instance_id)
         self._filter_prefix = f"{FILTER_PREFIX}.{self.filter_id}."
+        self._chunks = ChunkSender(ctx.nc, batching=settings.chunk_batching)
         self._streams: dict[str, FilteredStream] = {}
         self._filter_traces: dict[str, _FilterTrace] = {}
         """Traced output streams, by client subject."""
@@ -223,12 +228,25 @@ class SanitizerService(Service[SanitizerSettings]):
             "filtering": len(self._streams),
             "input_policy": self.rules.policies.default,
             "tokenizers": self.tokenizers.loaded(),
+            **self._chunks.stats(),
         }
 
     # -- output: the PII filter -----------------------------------------------------------
 
-    async def _on_output(self, event: ReplyEvent, msg: Msg) -> None:
-        client = msg.subject[len(self._filter_prefix) :]
+    async def _on_output(self, event: ReplyDelivery, msg: Msg) -> None:
+        """A stream's chunk or end, or a batch of chunks of several streams: each
+        filtered, and what comes out sent before the next message is read (a
+        stream's end never overtakes its chunks)."""
+        if isinstance(event, ChunkBatch):
+            prefix = len(self._filter_prefix)
+            for item in event.chunks:
+                if item.subject.startswith(self._filter_prefix):
+                    await self._filter(item.chunk, item.subject[prefix:], None)
+        else:
+            await self._filter(event, msg.subject[len(self._filter_prefix) :], msg.reply)
+        await self._chunks.flush()
+
+    async def _filter(self, event: ReplyEvent, client: str, reply: str | None) -> None:
         rid = event.request_id
         stream = self._streams.get(client)
         if stream is None:  # accepted by this instance before a restart: filter from here
@@ -251,7 +269,11 @@ class SanitizerService(Service[SanitizerSettings]):
         if stream.lost and over:
             log.warning("output chunks lost before the filter", request_id=rid, lost=stream.lost)
         for ev in out:
-            await self.ctx.nc.publish(client, encode(ev), headers=headers)
+            if isinstance(ev, TokenChunk):
+                await self._chunks.send(client, ev, headers)
+            else:
+                await self._chunks.flush()
+                await self.ctx.nc.publish(client, encode(ev), headers=headers)
         if stream.to_cancel:  # a refused tool call: the worker need not go on
             stream.to_cancel = False
             log.warning("tool call refused", request_id=rid)
@@ -262,8 +284,8 @@ class SanitizerService(Service[SanitizerSettings]):
             )
         if over:
             self._streams.pop(client, None)
-            if msg.reply:  # the worker asked: the end is passed on, no backup end needed
-                await self.ctx.nc.publish(msg.reply, b"", headers=headers)
+            if reply:  # the worker asked: the end is passed on, no backup end needed
+                await self.ctx.nc.publish(reply, b"", headers=headers)
 
     async def _sweep(self) -> None:
         while True:

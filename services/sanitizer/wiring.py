@@ -14,7 +14,7 @@ from inferbus.contracts import (
     TENANT_POLICIES,
     TENANT_SUBMITS,
     LLMServiceSettings,
-    ReplyEvent,
+    ReplyDelivery,
     SchedulerLoad,
     TenantPolicy,
 )
@@ -51,7 +51,7 @@ WIRING = Wiring(
         # the output filter first: an accepted request's tokens may come back at once
         Subscription(
             f"{FILTER_PREFIX}.{{instance}}.>",
-            ReplyEvent,
+            ReplyDelivery,
             "_on_output",
             source=Listen(pending_msgs_limit=1_000_000),
             counted=False,

@@ -24,10 +24,11 @@ from inferbus.contracts import (
     KvIndexPart,
     KvResync,
     LLMServiceSettings,
+    Progress,
+    ProgressBatch,
     RequestAccepted,
     RequestCancelled,
     RequestFailed,
-    RequestProgress,
     RequestStarted,
     ScalingStatus,
     SchedulerLoad,
@@ -501,8 +502,11 @@ class SchedulerService(Service[SchedulerSettings]):
             model = f.request.model if f is not None else ""
             metrics.MIGRATION_GAP.labels(model).observe(gap)
 
-    async def _on_progress(self, ev: RequestProgress, msg: Msg) -> None:
-        self.core.on_progress(ev.worker_id, ev.chunk, time.monotonic(), ev.finish_reason)
+    async def _on_progress(self, ev: Progress, msg: Msg) -> None:
+        now = time.monotonic()
+        for copy in ev.progress if isinstance(ev, ProgressBatch) else (ev,):
+            if copy.worker_id == ev.worker_id:  # a worker copies its own requests only
+                self.core.on_progress(copy.worker_id, copy.chunk, now, copy.finish_reason)
 
     async def _on_ended(self, ev: Terminal, msg: Msg) -> None:
         await self._ended(ev)

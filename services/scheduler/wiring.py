@@ -23,8 +23,8 @@ from inferbus.contracts import (
     KvEvent,
     KvEventBatch,
     LLMServiceSettings,
+    Progress,
     RequestAccepted,
-    RequestProgress,
     RequestStarted,
     ScalingStatus,
     SchedulerLoad,
@@ -141,7 +141,7 @@ WIRING = Wiring(
         # copies of migratable requests' chunks: where a continuation picks up
         Subscription(
             PROGRESS,
-            RequestProgress,
+            Progress,
             "_on_progress",
             sender=lambda ev: progress_subject(ev.worker_id),
             only="books_subject",

@@ -39,6 +39,7 @@ from inferbus.contracts import (
 )
 from inferbus.shared import logs, metrics, modelstore
 from inferbus.shared.bus import record_end, request_headers, round_trip
+from inferbus.shared.chunksender import ChunkSender
 from inferbus.shared.codec import encode
 from inferbus.shared.config import ServiceSettings, group
 from inferbus.shared.cpus import parse_cpus, pin_threads
@@ -224,6 +225,7 @@ class WorkerService(Service[WorkerSettings]):
         self._hb_task: asyncio.Task[None] | None = None
         self._notes: set[asyncio.Future[None]] = set()
         """Backup ends on their way to clients."""
+        self._chunks = ChunkSender(ctx.nc, batching=settings.chunk_batching)
         self._stats_seen = (0, 0)
 
     def subject_fields(self) -> dict[str, str]:
@@ -428,6 +430,7 @@ class WorkerService(Service[WorkerSettings]):
             "loading": self.loading,
             "state": self.state,
             "inflight": len(self._tasks),
+            **self._chunks.stats(),
             "running": stats.running,
             "waiting": stats.waiting,
             "kv_cache_usage": stats.kv_cache_usage,
@@ -516,7 +519,7 @@ class WorkerService(Service[WorkerSettings]):
                     )
                     replayed = stream.replay()
                     if replayed is not None:
-                        await nc.publish(reply, encode(replayed))
+                        await self._chunks.send(reply, replayed)
                 chunk = stream.chunk(out)
                 if chunk is not None:
                     gate = self._frozen.get(rid)
@@ -528,9 +531,9 @@ class WorkerService(Service[WorkerSettings]):
                             chunk=chunk,
                             finish_reason=out.choice_finish_reason or "",
                         )
-                        await nc.publish(progress, encode(copy))
+                        self._chunks.copy_ahead(progress, copy)
                         self._voice.spoke(time.monotonic(), lease)
-                    await nc.publish(reply, encode(chunk))
+                    await self._chunks.send(reply, chunk)
                     now = time.monotonic()
                     if last_chunk_at:  # each token of the chunk waited its share
                         n = max(1, chunk.tokens)
@@ -579,6 +582,7 @@ class WorkerService(Service[WorkerSettings]):
         ended = time.monotonic()
         try:  # recorded first: told only if no one else ended it (record_end)
             ended_on = ended_subject(assignment.partition)
+            await self._chunks.flush()  # the end follows the stream's last chunks
             if await record_end(
                 js, ended_on, terminal, request_id=rid, msg_id=stream.end_record_id
             ):
@@ -768,6 +772,7 @@ class WorkerService(Service[WorkerSettings]):
         if self._hb_task:
             self._hb_task.cancel()
         self.state = "stopped"
+        await self._chunks.flush()
         await self.send_heartbeat()
         await round_trip(self.ctx.nc)
         if self._retiring is not None:
@@ -807,6 +812,7 @@ class WorkerService(Service[WorkerSettings]):
             task.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks.values()), timeout=2.0)
+        await self._chunks.flush()
         await self.send_heartbeat()  # still "failed"
         await round_trip(self.ctx.nc)
         try:

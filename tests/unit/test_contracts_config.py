@@ -18,6 +18,8 @@ from inferbus.contracts import (
     CanaryWeights,
     CancelRequest,
     ChatMessage,
+    ChunkBatch,
+    ChunkTo,
     DeadLetter,
     DecidedRequest,
     KvAllCleared,
@@ -26,6 +28,7 @@ from inferbus.contracts import (
     KvEventBatch,
     KvResync,
     ModelLoad,
+    ProgressBatch,
     ReplyEvent,
     RequestAccepted,
     RequestCancelled,
@@ -96,6 +99,19 @@ SAMPLES = {
     RequestProgress: RequestProgress(
         worker_id="w1", chunk=TokenChunk(request_id="r1", seq=0, text="a", token_ids=[5])
     ),
+    ProgressBatch: ProgressBatch(
+        worker_id="w1",
+        progress=[
+            RequestProgress(
+                worker_id="w1", chunk=TokenChunk(request_id="r1", seq=1, text="b", token_ids=[6])
+            ),
+            RequestProgress(
+                worker_id="w1",
+                chunk=TokenChunk(request_id="r2", seq=0, text="c", token_ids=[2]),
+                finish_reason="stop",
+            ),
+        ],
+    ),
     TokenChunk: TokenChunk(request_id="r1", seq=4, text="tok ", token_ids=[1, 2], attempt=2),
     RequestFinished: RequestFinished(
         request_id="r1",
@@ -150,6 +166,17 @@ SAMPLES = {
             KvBlocksRemoved(worker_id="w1", block_hashes=[7], seq=2),
             KvAllCleared(worker_id="w1", seq=3),
         ],
+    ),
+    ChunkBatch: ChunkBatch(
+        chunks=[
+            ChunkTo(
+                subject="ib.reply.gw.g1.r1",
+                chunk=TokenChunk(request_id="r1", seq=0, text="Hi", token_ids=[5]),
+            ),
+            ChunkTo(
+                subject="ib.reply.gw.g1.r2", chunk=TokenChunk(request_id="r2", seq=3, text="!")
+            ),
+        ]
     ),
     CanaryWeights: CanaryWeights(model="m", weights={"m-v2": 0.1}),
     TenantPolicy: TenantPolicy(tenant="acme", priority="batch", models=["m"], mask_pii=True),
