@@ -15,6 +15,7 @@ from nats.js.errors import BucketNotFoundError, KeyValueError
 
 from inferbus.contracts import SCHEDULER_LEASES
 from inferbus.shared import logs
+from inferbus.shared.errors import ConfigError
 
 from .leases import RENEWALS, Claim, Leases, Put, Renew, member_key, part_key
 
@@ -70,6 +71,14 @@ class LeaseHolder:
         while time.monotonic() - leases.started_at < leases.ttl_s:
             await self._round()
             await asyncio.sleep(leases.ttl_s / 3)
+        if others := leases.disagreeing(time.monotonic()):
+            await self.release()  # its membership goes now, not a lease time later
+            counts = ", ".join(f"{name}: {n}" for name, n in sorted(others.items()))
+            raise ConfigError(
+                f"scheduler_partitions is {leases.partitions} here but other running "
+                f"instances count otherwise ({counts}): every instance must run the same "
+                "count (INFERBUS_SCHEDULER_PARTITIONS); stop them all to change it"
+            )
         for _ in range(20):  # a claim lost to another's, heard of late: the next free one
             await self._round()
             if not leases.wanted(time.monotonic()):

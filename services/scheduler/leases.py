@@ -7,6 +7,11 @@ when this instance last saw it change, on its own clock: no two hosts' clocks ar
 compared. A lease not renewed for ``ttl_s`` is free; an instance releases its leases
 when it drains, and the others take them at once.
 
+Every instance announces its partition count with its membership, and none claims
+while a live instance counts otherwise: two counts map workers to partitions
+differently, and two instances would book the same worker. One joining with another
+count than the live ones' is refused (``disagreeing``).
+
 Each instance owns at most its share, ``ceil(partitions / live instances)``, and
 claims free partitions up to it: in the order of a rendezvous hash of (instance,
 partition), so instances starting together mostly want different partitions. It
@@ -105,6 +110,16 @@ class Leases:
         }
         return alive | {self.me}
 
+    def disagreeing(self, now: float) -> dict[str, int]:
+        """Live instances that announce another partition count, with theirs."""
+        out = {}
+        for key, k in self._keys.items():
+            name = key[len(MEMBER) :]
+            if key.startswith(MEMBER) and name != self.me and now - k.changed_at < self.ttl_s:
+                if k.value.isdigit() and int(k.value) != self.partitions:
+                    out[name] = int(k.value)
+        return out
+
     def share(self, now: float) -> int:
         return math.ceil(self.partitions / len(self.members(now)))
 
@@ -132,11 +147,11 @@ class Leases:
         for p in [p for p in self.owned if now - self._renewed.get(p, now) >= last_safe]:
             del self.owned[p]
             self.lost.add(p)
-        ops: list[LeaseOp] = [Put(member_key(self.me), self.me)]
+        ops: list[LeaseOp] = [Put(member_key(self.me), str(self.partitions))]
         ops += [Renew(p, rev) for p, rev in sorted(self.owned.items())]
         # its own from before a restart (the same instance id: a supervisor's restart):
         # no one else writes its name, so they are taken back at once
-        if not self.claiming:
+        if not self.claiming or self.disagreeing(now):
             return ops
         left = self._left_by_me()
         ops += [Claim(p, rev) for p, rev in sorted(left.items())]

@@ -273,3 +273,35 @@ async def heartbeats(c: Client) -> set[str]:
     await asyncio.sleep(1.5)
     await sub.unsubscribe()
     return seen
+
+
+async def test_an_instance_with_another_partition_count_is_refused(platform):
+    """Its count would map workers to partitions otherwise: it exits with the reason,
+    and the running instances keep their partitions and serve."""
+    url, logs, schedulers = platform
+    odd = ServiceProcess(
+        "scheduler",
+        url,
+        logs,
+        "--scheduler-partitions",
+        "8",
+        "--lease-ttl-s",
+        "1.5",
+        name="sp-scheduler-odd",
+    ).start()
+    c = await Client.connect(url)
+    try:
+        held = await owners(c)
+        deadline = time.monotonic() + 20
+        while odd.proc is not None and odd.proc.poll() is None:
+            assert time.monotonic() < deadline, "the odd instance was not refused"
+            await asyncio.sleep(0.2)
+        assert odd.proc is not None and odd.proc.returncode != 0
+        assert "scheduler_partitions is 8 here" in odd.logs()
+        assert await owners(c) == held
+        assert set(held.values()) == {s.name for s in schedulers}
+        result = await c.generate(BIG, "still served", max_tokens=5, timeout=30)
+        assert result.outcome.finish_reason == "length"
+    finally:
+        await c.close()
+        odd.stop()

@@ -106,6 +106,25 @@ def test_a_dead_instance_s_partitions_are_taken_within_a_lease_time():
     assert set(b.owned) == {0, 1, 2, 3}
 
 
+def test_an_instance_counting_partitions_otherwise_claims_nothing():
+    """Two counts map workers to partitions differently: a worker would be booked by
+    two instances. The newcomer hears the others' count and takes nothing (its start
+    is refused: holder.join); the others claim nothing while it is alive."""
+    bucket = Bucket()
+    a, b = fleet(2, 4, bucket)
+    t = rounds(bucket, [a, b], 0.0, 5.0)
+    held = {p: bucket.owners()[p] for p in range(4)}
+    odd = Leases("s9", 8, ttl_s=3.0, started_at=t)
+    bucket.watchers.append(odd)
+    for key, (value, rev) in bucket.values.items():
+        odd.seen(key, value, rev, t)
+    t = rounds(bucket, [a, b, odd], t, t + 5.0)
+    assert odd.disagreeing(t) == {"s0": 4, "s1": 4}
+    assert not odd.owned and bucket.owners() == held
+    assert a.disagreeing(t) == {"s9": 8}  # a and b keep serving what they hold
+    assert set(a.owned) | set(b.owned) == {0, 1, 2, 3}
+
+
 def test_released_leases_are_taken_at_once():
     bucket = Bucket()
     a, b = fleet(2, 4, bucket)
