@@ -7,8 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nats
+
 from inferbus.shared.buscreds import CREDS_ENV, credentials_from_env
 from inferbus.shared.natsserver import free_port, free_ports
+from inferbus.top.collect import discover
 
 
 def nats_auth(creds_file: str = "") -> dict[str, str]:
@@ -81,3 +84,23 @@ def start_up(
         if line.startswith("inferbus up failed"):
             break
     raise RuntimeError(f"inferbus up failed; see {state / 'logs'}")
+
+
+async def chunk_messages(nats_url: str) -> dict[str, dict[str, int]]:
+    """Chunks the workers and sanitizers sent and the messages they took, summed by
+    service (their ``$SRV`` stats): what gathering chunks a reader saved."""
+    nc = await nats.connect(nats_url, **nats_auth())
+    try:
+        replies = await discover(nc, 1.0)
+    finally:
+        await nc.close()
+    out: dict[str, dict[str, int]] = {}
+    for reply in replies:
+        service = str(reply.get("name", "")).removeprefix("inferbus-")
+        for endpoint in reply.get("endpoints") or []:
+            data = endpoint.get("data")
+            if isinstance(data, dict) and "chunks_sent" in data:
+                sums = out.setdefault(service, {"chunks": 0, "messages": 0})
+                sums["chunks"] += data["chunks_sent"]
+                sums["messages"] += data["chunk_messages"]
+    return out

@@ -26,12 +26,10 @@ import time
 from pathlib import Path
 
 import aiohttp
-import nats
 import psutil
-from platform_up import nats_auth, new_tenant, start_up
+from platform_up import chunk_messages, new_tenant, start_up
 
 from inferbus.client import Client
-from inferbus.top.collect import discover
 
 MODEL = "sim-model"
 
@@ -47,26 +45,6 @@ def kind(proc: psutil.Process) -> str:
         if f"inferbus.services.{name}" in cmd:
             return name
     return "other"
-
-
-async def chunk_messages(nats_url: str) -> dict[str, dict[str, int]]:
-    """Chunks the workers and sanitizers sent and the messages they took, summed by
-    service (their ``$SRV`` stats): what gathering chunks a reader saved."""
-    nc = await nats.connect(nats_url, **nats_auth())
-    try:
-        replies = await discover(nc, 1.0)
-    finally:
-        await nc.close()
-    out: dict[str, dict[str, int]] = {}
-    for reply in replies:
-        service = str(reply.get("name", "")).removeprefix("inferbus-")
-        for endpoint in reply.get("endpoints") or []:
-            data = endpoint.get("data")
-            if isinstance(data, dict) and "chunks_sent" in data:
-                sums = out.setdefault(service, {"chunks": 0, "messages": 0})
-                sums["chunks"] += data["chunks_sent"]
-                sums["messages"] += data["chunk_messages"]
-    return out
 
 
 def cpu_by_kind(root: psutil.Process) -> dict[str, float]:

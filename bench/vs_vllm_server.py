@@ -49,7 +49,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from platform_up import start_up
+from platform_up import chunk_messages, start_up
 
 from inferbus.shared.natsserver import free_port
 
@@ -485,6 +485,10 @@ def main() -> None:
                                 proc.pid, base, name, a.model, a, a.num_prompts, nats_url, NATS_SEED
                             )
                         )
+                        for service, v in asyncio.run(chunk_messages(nats_url)).items():
+                            if v["messages"]:  # what gathering chunks a reader saved
+                                per = v["chunks"] / v["messages"]
+                                print(f"inferbus {service}: {per:.1f} chunks a message")
                     finally:
                         stop(proc)
 
