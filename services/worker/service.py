@@ -599,6 +599,10 @@ class WorkerService(Service[WorkerSettings]):
         """The engine's outputs for the version that serves the request now (named on
         ``stream`` for its end). Waits while a swap holds new requests back."""
         await self._serving.wait()
+        name = served_name(assignment)
+        held = self.holding.resolve(name)
+        if held is not None:  # the end names the version even when it is all there is
+            stream.served_model = held.ref
         ended = nothing_left(assignment)
         if ended:  # the earlier attempt sent its last token: only the end is left
             req = assignment.request
@@ -611,11 +615,8 @@ class WorkerService(Service[WorkerSettings]):
                 choice_finish_reason=ended,
             )
             return
-        name = served_name(assignment)
-        held = self.holding.resolve(name)
         if held is None:
             raise EngineError(FailureCode.MODEL_NOT_FOUND, f"this worker does not serve {name!r}")
-        stream.served_model = held.ref
         adapter = "" if held is self.holding.model else held.ref
         model = self.holding.model
         request = engine_request(

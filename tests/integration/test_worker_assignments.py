@@ -15,6 +15,7 @@ from inferbus.contracts import (
     RequestFailed,
     RequestFinished,
     RequestSubmitted,
+    Resume,
     SamplingParams,
     TokenChunk,
     WorkAssigned,
@@ -167,3 +168,25 @@ async def test_a_filtered_end_is_backed_up_only_when_the_filter_did_not_pass_it_
     for case in ("swallows", "absent"):
         [backup] = cases[case].ends
         assert isinstance(backup, RequestFailed) and backup.code == "stream_interrupted", case
+
+
+async def test_a_continuation_with_only_its_end_left_names_the_model_that_served(client):
+    # found in CI (a canary rolled back on the real engine): a stream lost after its
+    # last chunk was ended by the next worker with an empty served_model, which a
+    # rollout reads to tell versions apart
+    worker_id = await worker_for(client.nc, MODEL)
+    replies = Replies()
+    reply_to = client.nc.new_inbox()
+    sub = await client.nc.subscribe(reply_to, cb=replies.on_msg)
+    work = assigned("only-end", MODEL, worker_id, reply_to, max_tokens=3)
+    last = TokenChunk(request_id="only-end", seq=2, text="c", token_ids=[7])
+    work.attempt = 2
+    work.resume = Resume(
+        from_attempt=1, output_ids=[5, 6, 7], next_seq=3, last_chunk=last, finish_reason="length"
+    )
+    await client.js.publish(work_subject(worker_id), encode(work))
+    await asyncio.wait_for(replies.ended.wait(), 10)
+    await sub.unsubscribe()
+    (end,) = replies.ends
+    assert isinstance(end, RequestFinished) and end.finish_reason == "length"
+    assert end.served_model.startswith(MODEL), end
