@@ -430,6 +430,24 @@ class SchedulerCore:
                 unmovable=unmovable(request) if self.policy.migrate else "migration is off",
             )
 
+    def let_go(self, worker_ids: Collection[str]) -> list[str]:
+        """Workers another scheduler instance books from now on (a partition given to
+        it), forgotten with the requests they run and without an effect: those run on
+        and end there, and the new owner takes them back from the assignments on record,
+        as after a takeover (``restore``). Returns the request ids let go."""
+        gone: list[str] = []
+        for wid in worker_ids:
+            w = self.workers.pop(wid, None)
+            self.kv.drop_worker(wid)
+            self._stopped_on.pop(wid, None)
+            if w is None:
+                continue
+            for rid in w.assigned:
+                if self.inflight.pop(rid, None) is not None:
+                    gone.append(rid)
+        self._regroup()
+        return gone
+
     def set_canary(self, model: str, weights: dict[str, float]) -> None:
         """Route these shares of ``model``'s requests to other model names (a new
         version); the rest stays. Weights outside 0..1 or summing over 1 are refused."""

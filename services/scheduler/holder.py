@@ -17,7 +17,7 @@ from inferbus.contracts import SCHEDULER_LEASES
 from inferbus.shared import logs
 from inferbus.shared.errors import ConfigError
 
-from .leases import RENEWALS, Claim, Leases, Put, Renew, member_key, part_key
+from .leases import RENEWALS, Claim, Leases, Put, Release, Renew, member_key, part_key
 
 log = logs.get("inferbus.scheduler")
 
@@ -33,10 +33,12 @@ class LeaseHolder:
         leases: Leases,
         on_gain: Callable[[set[int]], Awaitable[None]],
         on_fenced: Callable[[str], None],
+        on_release: Callable[[int], Awaitable[None]],
     ) -> None:
         self.js = js
         self.leases = leases
         self._on_gain = on_gain
+        self._on_release = on_release
         self._on_fenced = on_fenced
         self._kv: Any = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -142,6 +144,11 @@ class LeaseHolder:
                     await asyncio.wait_for(kv.put(op.key, op.value.encode()), patience)
                     continue
                 key = part_key(op.partition)
+                if isinstance(op, Release):  # beside the renewals, which must not wait
+                    self._gained.discard(op.partition)
+                    task = asyncio.create_task(self._release(op), name="lease-release")
+                    self._tasks.append(task)
+                    continue
                 if isinstance(op, Claim) and not op.revision:
                     write = kv.create(key, me)
                 else:
@@ -168,6 +175,17 @@ class LeaseHolder:
             self.fenced = f"partitions {sorted(leases.lost)} were lost while it stalled"
             log.error("lease lost: restarting", reason=self.fenced)
             self._on_fenced(self.fenced)
+
+    async def _release(self, op: Release) -> None:
+        """A partition given to an instance holding fewer: let go of here first (its
+        workers, requests and subscriptions), then its key deleted for the other to
+        claim (on the revision it wrote: never another's lease)."""
+        try:
+            await self._on_release(op.partition)
+            await asyncio.wait_for(self._kv.delete(part_key(op.partition), last=op.revision), 2.0)
+            log.info("partition released", partition=op.partition)
+        except Exception:  # not deleted: it lapses a lease time later instead
+            log.exception("partition not released", partition=op.partition)
 
     async def _gains(self) -> None:
         while True:

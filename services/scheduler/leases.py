@@ -12,6 +12,13 @@ while a live instance counts otherwise: two counts map workers to partitions
 differently, and two instances would book the same worker. One joining with another
 count than the live ones' is refused (``disagreeing``).
 
+An instance added while the others run is given partitions: the one holding the
+most (the first by name among equals) releases one when a member that has been alive
+a lease time holds two fewer, one partition every two lease times, the one it wants
+least by the rendezvous hash below; the service lets go of the partition's workers
+and requests first (``Release``), and the newcomer claims it as a free one. A
+partition it released is not its to claim again for two lease times.
+
 Each instance owns at most its share, ``ceil(partitions / live instances)``, and
 claims free partitions up to it: in the order of a rendezvous hash of (instance,
 partition), so instances starting together mostly want different partitions. It
@@ -64,7 +71,16 @@ class Renew:
     revision: int
 
 
-LeaseOp = Put | Claim | Renew
+@dataclass(frozen=True)
+class Release:
+    """Give a held partition up while running, to an instance holding fewer: the
+    service lets go of it, then its key is deleted on ``revision``."""
+
+    partition: int
+    revision: int
+
+
+LeaseOp = Put | Claim | Renew | Release
 
 
 @dataclass
@@ -90,12 +106,23 @@ class Leases:
     """When the last write of each held lease that was acknowledged was sent."""
     claiming: bool = True
     """False once it drains: it renews what it holds, takes nothing more."""
+    _joined: dict[str, float] = field(default_factory=dict)
+    """When each live member was first seen (a newcomer is given partitions only once
+    it has heard the others for a lease time, and claims)."""
+    _released: dict[int, float] = field(default_factory=dict)
+    """Partitions it released while running, and when."""
 
     def seen(self, key: str, value: str, revision: int, now: float) -> None:
         """A change to the bucket (``value`` empty: deleted or purged)."""
         if key.startswith(PART) and not key[len(PART) :].isdigit():
             return  # not a lease this code writes
         self._keys[key] = _Key(value, revision, now)
+        if key.startswith(MEMBER):
+            name = key[len(MEMBER) :]
+            if value:
+                self._joined.setdefault(name, now)
+            else:
+                self._joined.pop(name, None)
         if key.startswith(PART):
             p = int(key[len(PART) :])
             if p in self.owned and revision > self.owned[p] and value != self.me:
@@ -148,31 +175,76 @@ class Leases:
             del self.owned[p]
             self.lost.add(p)
         ops: list[LeaseOp] = [Put(member_key(self.me), str(self.partitions))]
+        given = self._to_give(now)
+        if given is not None:  # released, not renewed
+            revision = self.owned.pop(given)
+            self._renewed.pop(given, None)
+            self._released[given] = now
         ops += [Renew(p, rev) for p, rev in sorted(self.owned.items())]
+        if given is not None:
+            ops.append(Release(given, revision))
         # its own from before a restart (the same instance id: a supervisor's restart):
         # no one else writes its name, so they are taken back at once
         if not self.claiming or self.disagreeing(now):
             return ops
-        left = self._left_by_me()
+        left = self._left_by_me(now)
         ops += [Claim(p, rev) for p, rev in sorted(left.items())]
         if now - self.started_at < self.ttl_s:
             return ops  # still hearing who else is alive
         room = self.share(now) - len(self.owned) - len(left)
-        free = [p for p in self.free(now) if p not in left]
+        free = [
+            p
+            for p in self.free(now)
+            if p not in left and now - self._released.get(p, -math.inf) >= 2 * self.ttl_s
+        ]
         free.sort(key=lambda p: zlib.crc32(f"{self.me}/{p}".encode()))
         for p in free[: max(0, room)]:
             k = self._keys.get(part_key(p))
             ops.append(Claim(p, k.revision if k is not None else 0))
         return ops
 
-    def _left_by_me(self) -> dict[int, int]:
+    def _to_give(self, now: float) -> int | None:
+        """A partition to release to a member holding two fewer (None: balanced, a
+        release of its own in the last two lease times, or it is not the one to give)."""
+        if (
+            not self.claiming
+            or now - self.started_at < self.ttl_s
+            or not self.owned
+            or self.disagreeing(now)
+            or any(now - t < 2 * self.ttl_s for t in self._released.values())
+            or self.free(now)  # one on its way to someone already
+        ):
+            return None
+        members = self.members(now)
+        held = {m: 0 for m in members}
+        for p in range(self.partitions):
+            owner = self.me if p in self.owned else self.holder(p, now)
+            if owner in held:
+                held[owner] += 1
+        settled = [
+            m for m in members if m != self.me and now - self._joined.get(m, now) >= self.ttl_s
+        ]
+        if not settled or held[self.me] - min(held[m] for m in settled) < 2:
+            return None
+        most = max(held.values())
+        if held[self.me] < most or min(m for m in members if held[m] == most) != self.me:
+            return None  # the first by name among those holding the most gives
+        return max(self.owned, key=lambda p: zlib.crc32(f"{self.me}/{p}".encode()))
+
+    def _left_by_me(self, now: float) -> dict[int, int]:
         """Partitions whose lease names this instance but it does not hold: its own,
-        from before it restarted (each with the revision to take it back on)."""
+        from before it restarted (each with the revision to take it back on); not one
+        it released (its key is being deleted)."""
         out = {}
         for key, k in self._keys.items():
             if key.startswith(PART) and k.value == self.me:
                 p = int(key[len(PART) :])
-                if p not in self.owned and p not in self.lost and p < self.partitions:
+                if (
+                    p not in self.owned
+                    and p not in self.lost
+                    and p < self.partitions
+                    and now - self._released.get(p, -math.inf) >= 2 * self.ttl_s
+                ):
                     out[p] = k.revision
         return out
 

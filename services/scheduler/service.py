@@ -164,7 +164,7 @@ class SchedulerService(Service[SchedulerSettings]):
         )
         """Partitioned: the partitions it holds (services/scheduler/leases.py)."""
         self.holder = (
-            LeaseHolder(self.ctx.js, self.leases, self._gain, self._fence)
+            LeaseHolder(self.ctx.js, self.leases, self._gain, self._fence, self._let_go)
             if self.leases is not None
             else None
         )
@@ -223,6 +223,26 @@ class SchedulerService(Service[SchedulerSettings]):
         self._gained |= partitions
         for p in sorted(partitions):
             await self._open_partition(p)
+
+    async def _let_go(self, partition: int) -> None:
+        """A partition given to an instance holding fewer (``leases.py``): it books
+        none of its workers any more (``books``: already), reads its subjects no more,
+        forgets its workers and their requests without ending them, and lets its
+        assignments in flight reach IB_WORK, where the new owner's restore reads them.
+        What it queued from the partition stays its own, placed or handed off."""
+        for sub in reversed(self._partition_subs.pop(partition, [])):
+            try:
+                await sub.drain()
+            except Exception:  # gone with the connection
+                pass
+        partitions = self.settings.scheduler_partitions
+        workers = [w for w in self.core.workers if worker_partition(w, partitions) == partition]
+        gone = self.core.let_go(workers)
+        for rid in gone:
+            self._traces.pop(rid, None)
+        self._gained.discard(partition)
+        await self._work.wait(2.0)
+        log.info("partition let go", partition=partition, workers=len(workers), requests=len(gone))
 
     async def _open_partition(self, partition: int) -> None:
         if partition in self._partition_subs:

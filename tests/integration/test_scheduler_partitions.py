@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import time
 
 import pytest
+from nats.js.errors import KeyDeletedError, KeyNotFoundError, NoKeysError
 from testkit.procs import ServiceProcess, start_all
 
 from inferbus.client import Client
@@ -93,11 +95,19 @@ def platform(tmp_path):
 
 
 async def owners(c: Client) -> dict[int, str]:
+    """Who holds each partition now (a key may be deleted as it is read: a release)."""
     kv = await c.nc.jetstream().key_value(SCHEDULER_LEASES)
     out: dict[int, str] = {}
-    for key in await kv.keys():
+    try:
+        keys = await kv.keys()
+    except NoKeysError:  # nats-py's watch may come back empty for a moment
+        return out
+    for key in keys:
         if key.startswith("part."):
-            entry = await kv.get(key)
+            try:
+                entry = await kv.get(key)
+            except (KeyNotFoundError, KeyDeletedError):  # deleted since keys(): a release
+                continue
             if entry.value:
                 out[int(key.split(".")[1])] = entry.value.decode()
     return out
@@ -305,3 +315,65 @@ async def test_an_instance_with_another_partition_count_is_refused(platform):
     finally:
         await c.close()
         odd.stop()
+
+
+async def test_an_instance_added_under_load_is_given_partitions(platform):
+    """A third instance joins two that hold all four partitions while requests run: it
+    is given a partition within seconds (released by one of the two, its requests let
+    go of there and taken back by the newcomer), and every request ends once, placed
+    once."""
+    url, logs, schedulers = platform
+    c = await Client.connect(url)
+    added = scheduler(url, logs, "sp-scheduler-2")
+    try:
+        ended, placed = await watch(c)
+        jobs = [
+            asyncio.create_task(
+                c.generate(
+                    BIG if i % 4 else SMALL,
+                    f"job {i}",
+                    max_tokens=150,  # 3 s: running still when the partition moves
+                    request_id=f"sa-{i}",
+                    timeout=60,
+                )
+            )
+            for i in range(24)
+        ]
+        await asyncio.sleep(0.5)
+        joined_at = time.monotonic()
+        added.start()
+        while added.name not in (await owners(c)).values():
+            assert time.monotonic() - joined_at < 15, "the added instance got no partition"
+            assert added.proc is not None and added.proc.poll() is None, added.logs()
+            await asyncio.sleep(0.1)
+        given_s = time.monotonic() - joined_at
+        later = [
+            asyncio.create_task(
+                c.generate(BIG, f"later {i}", max_tokens=5, request_id=f"sb-{i}", timeout=60)
+            )
+            for i in range(10)
+        ]
+        results = await asyncio.wait_for(asyncio.gather(*jobs, *later), 90)
+        assert all(r.outcome.finish_reason == "length" for r in results)
+        held = await owners(c)
+        assert sorted(held) == [0, 1, 2, 3]
+        assert sorted(collections.Counter(held.values()).values()) == [1, 1, 2]
+        ids = {f"sa-{i}" for i in range(24)} | {f"sb-{i}" for i in range(10)}
+        await until(lambda: ids <= set(ended))
+        assert all(ended[k] == 1 for k in ids), ended  # one terminal event each
+        assert all(len(placed[k]) == 1 for k in ids), placed  # never run twice
+        released = "".join(s.log_path.read_text() for s in schedulers)
+        assert '"event": "partition released"' in released
+        # what ran on the partition's workers when it moved (none when the partition
+        # has no worker: four workers hash into four partitions unevenly)
+        let_go = [
+            json.loads(line)
+            for s in schedulers
+            for line in s.log_path.read_text().splitlines()
+            if '"event": "partition let go"' in line
+        ]
+        print(f"let go: {[(x['partition'], x['workers'], x['requests']) for x in let_go]}")
+        print(f"given a partition {given_s:.1f} s after its start")
+    finally:
+        await c.close()
+        added.stop()

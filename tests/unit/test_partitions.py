@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from inferbus.contracts import ModelLoad, RequestSubmitted, SchedulerLoad, WorkerHeartbeat
 from inferbus.services.scheduler.core import HandOff, SchedulerCore
-from inferbus.services.scheduler.leases import Claim, Leases, Put, Renew, part_key
+from inferbus.services.scheduler.leases import Claim, Leases, Put, Release, Renew, part_key
 from inferbus.shared.partitions import PartitionView
 
 
@@ -21,6 +21,7 @@ class Bucket:
     values: dict[str, tuple[str, int]] = field(default_factory=dict)
     revision: int = 0
     watchers: list[Leases] = field(default_factory=list)
+    released: list[tuple[str, int, float]] = field(default_factory=list)
 
     def write(self, key: str, value: str, now: float, last: int | None = None) -> int | None:
         held = self.values.get(key)
@@ -40,6 +41,10 @@ class Bucket:
         for op in leases.step(now):
             if isinstance(op, Put):
                 self.write(op.key, op.value, now)
+                continue
+            if isinstance(op, Release):  # the service let go of it first
+                self.write(part_key(op.partition), "", now, last=op.revision)
+                self.released.append((leases.me, op.partition, now))
                 continue
             assert isinstance(op, Claim | Renew)
             rev = self.write(part_key(op.partition), leases.me, now, last=op.revision)
@@ -123,6 +128,39 @@ def test_an_instance_counting_partitions_otherwise_claims_nothing():
     assert not odd.owned and bucket.owners() == held
     assert a.disagreeing(t) == {"s9": 8}  # a and b keep serving what they hold
     assert set(a.owned) | set(b.owned) == {0, 1, 2, 3}
+
+
+def test_an_instance_added_while_others_run_is_given_partitions():
+    """Two hold four partitions; a third joins: once it has heard the others for a
+    lease time, the first of the two releases one and the newcomer claims it; one
+    release, never a partition held twice or left free longer than a round."""
+    bucket = Bucket()
+    a, b = fleet(2, 4, bucket)
+    t = rounds(bucket, [a, b], 0.0, 5.0)
+    c = Leases("s2", 4, ttl_s=3.0, started_at=t)
+    bucket.watchers.append(c)
+    for key, (value, rev) in bucket.values.items():
+        c.seen(key, value, rev, t)
+    seen_free = 0
+    while t < 30.0:
+        for x in (a, b, c):
+            bucket.run(x, t)
+        held = [p for x in (a, b, c) for p in x.owned]
+        assert len(held) == len(set(held))  # one owner a partition
+        seen_free = seen_free + 1 if len(held) < 4 else 0
+        assert seen_free <= 1  # a released partition is claimed within a round
+        t += 1.0
+    assert sorted(len(x.owned) for x in (a, b, c)) == [1, 1, 2]
+    assert len(bucket.released) == 1 and bucket.released[0][0] == "s0"
+    assert bucket.released[0][2] >= 5.0 + c.ttl_s  # not before it heard the others
+
+
+def test_a_balanced_tier_releases_nothing():
+    bucket = Bucket()
+    leases = fleet(3, 8, bucket)
+    rounds(bucket, leases, 0.0, 40.0)
+    assert sorted(len(x.owned) for x in leases) == [2, 3, 3]
+    assert bucket.released == []
 
 
 def test_released_leases_are_taken_at_once():
@@ -271,6 +309,23 @@ def test_requests_for_a_model_served_elsewhere_are_handed_off_after_a_wait():
     assert [e.request.request_id for e in out if isinstance(e, HandOff)] == ["r0", "r1", "r2"]
     assert not any(core.knows(f"r{i}") for i in range(3))  # no longer this one's
     assert core.knows("h")  # its own model: placed here
+
+
+def test_workers_let_go_are_forgotten_with_their_requests_and_nothing_ends():
+    """A partition given away: its workers' requests run on there, the new owner's to
+    end; this core must neither fail nor move them when it hears no more of them."""
+    core = SchedulerCore()
+    core.on_heartbeat(heartbeat("w1", "m"), 0.0, 0.0)
+    core.on_heartbeat(heartbeat("w2", "m"), 0.0, 0.0)
+    placed = [e for i in range(4) for e in core.on_accepted(request(f"r{i}"), 0.0, 0.0)]
+    on_w1 = {e.request.request_id for e in placed if getattr(e, "worker_id", "") == "w1"}
+    assert on_w1 and len(placed) == 4
+    assert set(core.let_go(["w1"])) == on_w1
+    assert "w1" not in core.workers and not any(core.knows(r) for r in on_w1)
+    core.on_heartbeat(heartbeat("w2", "m"), 9.0, 9.0)
+    effects = core.tick(10.0)  # long after w1's last heartbeat here
+    assert all(e.request.request_id not in on_w1 for e in effects)
+    assert core.on_ended(sorted(on_w1)[0], 10.0) == []  # its end, read here, changes nothing
 
 
 def test_a_retry_is_not_handed_off():
