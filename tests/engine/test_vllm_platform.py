@@ -52,7 +52,8 @@ from inferbus.contracts import (
     KvBlocksStored,
     KvEventBatch,
     KvSpillNamespace,
-    RequestProgress,
+    Progress,
+    ProgressBatch,
     Terminal,
     WorkAssigned,
     status_subject,
@@ -403,10 +404,11 @@ class FirstCopies:
     async def instance(self, request_id: str) -> str:
         while True:
             msg = await self.copies.next_msg(timeout=120)
-            copy = decode_or_none(msg.data, RequestProgress)
-            if copy is not None and copy.chunk.request_id == request_id:
-                assert not copy.finish_reason
-                return copy.worker_id.split(".")[0]
+            event = decode_or_none(msg.data, Progress)  # a batch: streams stepping together
+            for copy in event.progress if isinstance(event, ProgressBatch) else [event]:
+                if copy is not None and copy.chunk.request_id == request_id:
+                    assert not copy.finish_reason
+                    return copy.worker_id.split(".")[0]
 
     async def close(self) -> None:
         await self.nc.close()

@@ -17,7 +17,8 @@ from inferbus.contracts import (
     GATEWAY_REPLY_OWNER,
     REPLY_PREFIX,
     CancelRequest,
-    ReplyEvent,
+    ChunkBatch,
+    ReplyDelivery,
     RequestCancelled,
     RequestFinished,
     Terminal,
@@ -179,11 +180,12 @@ async def test_http_client_disconnect_cancels_the_request(platform, client):
     chunks = []  # what the worker sends to the gateway, whatever its id
 
     async def seen(msg):
-        ev = decode(msg.data, ReplyEvent)
-        if isinstance(ev, TokenChunk):
-            chunks.append(ev.seq)
+        ev = decode(msg.data, ReplyDelivery)  # a batch holds other streams' chunks too
+        for chunk in [c.chunk for c in ev.chunks] if isinstance(ev, ChunkBatch) else [ev]:
+            if isinstance(chunk, TokenChunk) and chunk.request_id == rid:
+                chunks.append(chunk.seq)
 
-    await client.nc.subscribe(f"{REPLY_PREFIX}.{GATEWAY_REPLY_OWNER}.*.{rid}", cb=seen)
+    await client.nc.subscribe(f"{REPLY_PREFIX}.{GATEWAY_REPLY_OWNER}.*.*", cb=seen)
     await client.nc.flush()
     async with aiohttp.ClientSession(gateway_url(platform)) as http:
         async with http.post(
