@@ -75,7 +75,9 @@ def start_up(
         env={**os.environ, "NATS_URL": "", **(env or {})},
     )
     assert proc.stdout
+    said: list[str] = []
     for line in proc.stdout:
+        said.append(line)
         if line.startswith("try:"):
             operator = state / "auth" / "creds" / "operator.json"
             if operator.exists():  # a closed bus: this process and its children are the operator
@@ -83,7 +85,14 @@ def start_up(
             return proc, f"nats://127.0.0.1:{nats_port}", f"http://127.0.0.1:{port}"
         if line.startswith("inferbus up failed"):
             break
-    raise RuntimeError(f"inferbus up failed; see {state / 'logs'}")
+    proc.terminate()
+    proc.wait(60)
+    # the caller's temporary state folder goes with its logs: say what they said
+    for log in sorted((state / "logs").glob("*.log")):
+        said.append(
+            f"--- {log.name}\n" + "".join(log.read_text(errors="replace").splitlines(True)[-15:])
+        )
+    raise RuntimeError("inferbus up failed:\n" + "".join(said[-60:]))
 
 
 async def chunk_messages(nats_url: str) -> dict[str, dict[str, int]]:

@@ -9,6 +9,7 @@ stream passes through on its way to the client.
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Mapping
 from typing import Literal, cast
 
@@ -534,6 +535,36 @@ END_GRACE_S = 5.0
 """How long after a request's deadline its end may still be on the way: the platform
 ends a request at its deadline (the scheduler's queue, the worker's stream), so an end
 not here by then was lost (a bus outage drops core NATS messages)."""
+
+
+class PassedEnds:
+    """The client subjects whose stream's end this instance passed on, kept a while: a
+    worker whose question "did the end go on?" got no answer (the answer lost on the
+    way back, a bus node killed) asks again, and is answered without the client
+    hearing a second end."""
+
+    def __init__(self, keep_s: float) -> None:
+        self.keep_s = keep_s
+        self._at: dict[str, float] = {}
+        self._order: deque[tuple[float, str]] = deque()
+
+    def __contains__(self, client: str) -> bool:
+        return client in self._at
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+    def passed(self, client: str, now: float) -> None:
+        self._at[client] = now
+        self._order.append((now, client))
+        while self._order and now - self._order[0][0] >= self.keep_s:
+            at, old = self._order.popleft()
+            if self._at.get(old) == at:  # not passed again since
+                del self._at[old]
+
+    def forget(self, client: str) -> None:
+        """A new stream on ``client``: its end is yet to come."""
+        self._at.pop(client, None)
 
 
 class FilteredStream:

@@ -56,6 +56,7 @@ from .core import (
     InputLimits,
     InputRules,
     InputVerdict,
+    PassedEnds,
     given_pii,
     json_output,
     model_settings,
@@ -102,6 +103,9 @@ class SanitizerSettings(ServiceSettings, kw_only=True):
     """PII in a tool call's arguments: mask it as in text, or refuse the call (the
     request ends output_blocked and the worker is told to stop) when the request's own
     messages never gave that value; an API key's or tenant's policy wins."""
+    passed_end_memory_s: float = 60.0
+    """How long a stream's end, once passed on, is remembered: a worker asking again
+    whether it went on (it heard no answer) is answered, the client told once."""
     filter_idle_s: float = 900.0
     """A filtered stream silent this long is forgotten (its worker and scheduler died);
     one past its request's deadline sooner (its end was lost on the way)."""
@@ -195,6 +199,7 @@ class SanitizerService(Service[SanitizerSettings]):
         self._filter_prefix = f"{FILTER_PREFIX}.{self.filter_id}."
         self._chunks = ChunkSender(ctx.nc, batching=settings.chunk_batching)
         self._streams: dict[str, FilteredStream] = {}
+        self._passed = PassedEnds(settings.passed_end_memory_s)
         self._filter_traces: dict[str, _FilterTrace] = {}
         """Traced output streams, by client subject."""
         self._sweeper: asyncio.Task[None] | None = None
@@ -248,6 +253,10 @@ class SanitizerService(Service[SanitizerSettings]):
 
     async def _filter(self, event: ReplyEvent, client: str, reply: str | None) -> None:
         rid = event.request_id
+        if client in self._passed:  # ended: a late chunk, or the worker asking again
+            if reply:
+                await self.ctx.nc.publish(reply, b"", headers=request_headers(rid))
+            return
         stream = self._streams.get(client)
         if stream is None:  # accepted by this instance before a restart: filter from here
             stream = self._streams[client] = FilteredStream(rid, client, time.monotonic())
@@ -284,6 +293,7 @@ class SanitizerService(Service[SanitizerSettings]):
             )
         if over:
             self._streams.pop(client, None)
+            self._passed.passed(client, time.monotonic())
             if reply:  # the worker asked: the end is passed on, no backup end needed
                 await self.ctx.nc.publish(reply, b"", headers=headers)
 
@@ -427,6 +437,7 @@ class SanitizerService(Service[SanitizerSettings]):
                 # the output comes back through this instance's filter, then to the client
                 request = through_filter(request, self._filter_prefix)
                 client = request.client_reply_to
+                self._passed.forget(client)
                 # keyed by the client's subject: another request reusing the id (or a
                 # redelivery of this one) never shares or resets this stream
                 self._streams.setdefault(

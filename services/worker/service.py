@@ -637,21 +637,34 @@ class WorkerService(Service[WorkerSettings]):
         once it has passed the end on to ``client``. No answer within
         ``filter_backup_s`` (that sanitizer restarted and lost the stream), or no
         sanitizer listening: the client is told ``stream_interrupted`` directly, or it
-        would wait for its timeout. Only then: a backup sent after every end reached
-        clients as a second terminal event (issue 42 item 6)."""
+        would wait for its timeout (asked again meanwhile: an answer can be lost). Only
+        then: a backup sent after every end reached clients as a second terminal event
+        (issue 42 item 6)."""
         nc = self.ctx.nc
         headers = request_headers(rid)
+        payload = encode(terminal)
+        loop = asyncio.get_running_loop()
 
         async def end() -> None:
-            try:
-                await nc.request(
-                    via, encode(terminal), timeout=self.settings.filter_backup_s, headers=headers
-                )
-                return
-            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
-                log.warning("the output filter did not pass the end on", request_id=rid)
-            except Exception:  # the connection is closing: nothing more can go out
-                return
+            # asked up to three times: an answer lost on the way back (a bus node killed)
+            # is asked for again, and the sanitizer answers a repeat without passing
+            # the end on twice; no one listening is asked again for a moment only
+            backup_s = self.settings.filter_backup_s
+            deadline = loop.time() + backup_s
+            absent_until = loop.time() + min(1.0, backup_s)
+            while (left := deadline - loop.time()) > 0:
+                try:
+                    await nc.request(via, payload, timeout=min(left, backup_s / 3), headers=headers)
+                    return
+                except nats.errors.TimeoutError:
+                    continue
+                except nats.errors.NoRespondersError:
+                    if loop.time() >= absent_until:
+                        break
+                    await asyncio.sleep(0.1)
+                except Exception:  # the connection is closing: nothing more can go out
+                    return
+            log.warning("the output filter did not pass the end on", request_id=rid)
             try:
                 await nc.publish(client, encode(stream.backup_end()), headers=headers)
             except Exception:

@@ -4,15 +4,26 @@ reaches the client masked (HTTP and NATS, streamed or not), a blocked prompt get
 
 from __future__ import annotations
 
+import asyncio
 import json
+import secrets
 
 import aiohttp
 import pytest
 from testkit.simplatform import MODEL
 
 from inferbus.client import RequestError
-from inferbus.contracts import ACCEPTED, RequestAccepted, WorkAssigned
-from inferbus.shared.codec import decode
+from inferbus.contracts import (
+    ACCEPTED,
+    FILTER_PREFIX,
+    ReplyEvent,
+    RequestAccepted,
+    RequestFinished,
+    TokenChunk,
+    Usage,
+    WorkAssigned,
+)
+from inferbus.shared.codec import decode, encode
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
 
@@ -146,3 +157,33 @@ async def test_flag_policy_lets_the_request_through_with_its_findings(client):
             break
     assert [f.rule for f in ev.findings] == ["prompt.ignore-instructions"]
     await accepted.unsubscribe()
+
+
+async def test_an_end_asked_for_again_reaches_the_client_once(client):
+    """A worker that heard no answer to "did the end go on?" (the answer lost when a bus
+    node died: the fault suite, once in CI) asks again: the sanitizer answers the repeat
+    and the client hears one end, not the end and then the worker's backup."""
+    nc = client.nc
+    inbox = nc.new_inbox()
+    heard: list[object] = []
+
+    async def on(msg) -> None:
+        heard.append(decode(msg.data, ReplyEvent))
+
+    sub = await nc.subscribe(inbox, cb=on)
+    via = f"{FILTER_PREFIX}.sanitizer.{inbox}"  # the test platform's one sanitizer
+    rid = f"asked-again-{secrets.token_hex(3)}"
+    try:
+        await nc.publish(via, encode(TokenChunk(request_id=rid, seq=0, text="hi ")))
+        end = encode(RequestFinished(request_id=rid, finish_reason="stop", usage=Usage(), chunks=1))
+        for _ in range(2):
+            await nc.request(via, end, timeout=5)  # each asking answered
+        await nc.publish(via, encode(TokenChunk(request_id=rid, seq=1, text="late ")))
+        await nc.flush()
+        await asyncio.sleep(0.3)
+    finally:
+        await sub.unsubscribe()
+    ends = [e for e in heard if not isinstance(e, TokenChunk)]
+    assert len(ends) == 1 and isinstance(ends[0], RequestFinished), heard
+    assert isinstance(heard[-1], RequestFinished)  # a chunk after the end is dropped
+    assert "".join(e.text for e in heard if isinstance(e, TokenChunk)) == "hi "

@@ -163,7 +163,7 @@ def test_shape_errors_come_before_size_errors():
 # -- the output filter ------------------------------------------------------------------
 
 from inferbus.contracts import RequestFailed, RequestFinished, TokenChunk, Usage  # noqa: E402
-from inferbus.services.sanitizer.core import END_GRACE_S, FilteredStream  # noqa: E402
+from inferbus.services.sanitizer.core import END_GRACE_S, FilteredStream, PassedEnds  # noqa: E402
 
 
 def chunk(seq: int, text: str, attempt: int = 1) -> TokenChunk:
@@ -381,3 +381,19 @@ def test_a_bad_token_prompt_is_refused(fields):
     req = RequestSubmitted(request_id="r1", model="m", reply_to="ib.reply.t.r1", **fields)
     v = InputRules().decide(req, None, "x")
     assert v.rejection is not None and v.rejection.code == "invalid_request"
+
+
+def test_an_end_passed_on_is_remembered_for_a_while_then_forgotten():
+    ends = PassedEnds(keep_s=60.0)
+    ends.passed("ib.reply.a", now=0.0)
+    ends.passed("ib.reply.b", now=30.0)
+    assert "ib.reply.a" in ends and "ib.reply.b" in ends
+    ends.passed("ib.reply.c", now=61.0)  # a is a minute old: gone; b stays
+    assert "ib.reply.a" not in ends and "ib.reply.b" in ends and len(ends) == 2
+    ends.passed("ib.reply.b", now=80.0)  # passed again: kept from then on
+    ends.passed("ib.reply.d", now=100.0)
+    assert "ib.reply.b" in ends
+    ends.forget("ib.reply.d")  # a new stream on that subject: its end is yet to come
+    assert "ib.reply.d" not in ends
+    ends.passed("ib.reply.e", now=200.0)
+    assert len(ends) == 1
