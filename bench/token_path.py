@@ -2,7 +2,7 @@
 GPU produces tokens (issue 40's last part: the token path).
 
     python bench/token_path.py [--streams 100] [--decode-s 0.02] [--tokens 200] \\
-        [--window-s 10] [--path http|nats]
+        [--window-s 10] [--path http|nats] [--census]
 
 ``inferbus up --engine sim`` with two workers, each engine step ``--decode-s`` (one
 token per stream per step: 50 tokens a second a stream at 0.02), serves
@@ -14,6 +14,11 @@ the tokens the clients received in that window. Printed: tokens a second, CPU
 seconds per 1,000 tokens for each kind of process (gateway, sanitizer, worker,
 scheduler, nats-server, the rest) and in all; the last line is one JSON object.
 The clients run in this process, which is not counted.
+
+``--census``: also count every message on the bus in the window by its kind of
+subject (ids folded to ``*``), per 1,000 tokens: which hops a token and a request
+cost. The census's own subscription doubles nats-server's deliveries, so read CPU
+from a run without it.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ import time
 from pathlib import Path
 
 import aiohttp
+import nats
 import psutil
-from platform_up import chunk_messages, new_tenant, start_up
+from platform_up import chunk_messages, nats_auth, new_tenant, start_up
 
 from inferbus.client import Client
 
@@ -45,6 +51,29 @@ def kind(proc: psutil.Process) -> str:
         if f"inferbus.services.{name}" in cmd:
             return name
     return "other"
+
+
+def subject_kind(subject: str) -> str:
+    """A subject with its ids folded: ``ib.progress.worker-0.3bb7fa`` →
+    ``ib.progress.*.*``; an inbox by its owner, a JetStream ack by its consumer."""
+    parts = subject.split(".")
+    if parts[0] == "_INBOX":
+        return ".".join(parts[:2]) if parts[1].startswith("svc-") else "_INBOX (clients)"
+    if parts[:2] == ["$JS", "ACK"]:
+        return ".".join(parts[:4])
+    return ".".join(p if not any(c.isdigit() for c in p) else "*" for p in parts[:5])
+
+
+async def census(nats_url: str, counts: dict[str, int]) -> nats.NATS:
+    """Counts every message on the bus into ``counts`` by ``subject_kind``."""
+    nc = await nats.connect(nats_url, **nats_auth())
+
+    async def on(msg) -> None:
+        k = subject_kind(msg.subject)
+        counts[k] = counts.get(k, 0) + 1
+
+    await nc.subscribe(">", cb=on, pending_msgs_limit=1_000_000)
+    return nc
 
 
 def cpu_by_kind(root: psutil.Process) -> dict[str, float]:
@@ -117,9 +146,13 @@ async def measure(args: argparse.Namespace) -> dict:
 
             loops = [asyncio.create_task(loop()) for _ in range(args.streams)]
             await asyncio.sleep(args.warmup_s)
+            counts: dict[str, int] = {}
+            watch = await census(nats_url, counts) if args.census else None
             c0, n0, t0 = cpu_by_kind(root), counted[0], time.monotonic()
             await asyncio.sleep(args.window_s)
             c1, n1, t1 = cpu_by_kind(root), counted[0], time.monotonic()
+            if watch is not None:
+                await watch.close()
             sent = await chunk_messages(nats_url)
             stop.set()
             for task in loops:
@@ -143,6 +176,11 @@ async def measure(args: argparse.Namespace) -> dict:
         "chunks_per_message": {
             k: round(v["chunks"] / v["messages"], 2) for k, v in sent.items() if v["messages"]
         },
+        "messages_per_1k_tokens": {
+            k: round(v / tokens * 1000, 1)
+            for k, v in sorted(counts.items(), key=lambda kv: -kv[1])
+            if tokens
+        },
     }
 
 
@@ -154,6 +192,7 @@ def main() -> None:
     p.add_argument("--warmup-s", type=float, default=5.0)
     p.add_argument("--window-s", type=float, default=10.0)
     p.add_argument("--path", choices=("http", "nats"), default="http")
+    p.add_argument("--census", action="store_true", help="count the bus's messages by subject")
     args = p.parse_args()
     r = asyncio.run(measure(args))
     print(f"{r['path']}: {r['tokens_per_s']} tokens/s over {r['streams']} streams")
@@ -162,6 +201,10 @@ def main() -> None:
     print(f"  {'all':12s} {r['total_cpu_s_per_1k_tokens']:.4f}")
     for k, v in r["chunks_per_message"].items():
         print(f"  {k} sent {v} chunks a message")
+    if r["messages_per_1k_tokens"]:
+        print("messages on the bus per 1,000 tokens, by subject:")
+        for k, v in r["messages_per_1k_tokens"].items():
+            print(f"  {v:8.1f}  {k}")
     print(json.dumps({"bench": "token_path", **r}))
 
 
