@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
+from typing import TypeVar
 
 from inferbus.contracts import (
     HANDOVER_FRESH_S,
@@ -24,6 +25,7 @@ from inferbus.contracts import (
     RequestSubmitted,
     Resume,
     TokenChunk,
+    WorkAssigned,
     WorkerHeartbeat,
 )
 
@@ -1160,6 +1162,25 @@ class SchedulerCore:
         if not item.request.prefix_hashes:
             # until the engine's events say so (text blocks: never), remember them here
             self.kv.on_routed(w.worker_id, blocks)
+
+
+_Extra = TypeVar("_Extra")
+
+
+def latest_attempts(
+    work: Iterable[tuple[WorkAssigned, _Extra]], mine: Callable[[str], bool]
+) -> list[tuple[WorkAssigned, _Extra]]:
+    """What a scheduler takes back of ``work`` (assignments as stored, each with what
+    the caller keeps beside it): each request's latest attempt, and only where its
+    worker is ``mine``. The latest is chosen over every worker first: a stream moved to
+    another partition's worker is that partition's, and its older attempt here is
+    never taken back (it would be booked twice, and run twice if its worker is lost)."""
+    latest: dict[str, tuple[WorkAssigned, _Extra]] = {}
+    for w, extra in work:
+        held = latest.get(w.request.request_id)
+        if held is None or w.attempt >= held[0].attempt:
+            latest[w.request.request_id] = (w, extra)
+    return [(w, extra) for w, extra in latest.values() if mine(w.worker_id)]
 
 
 def _identity(request: RequestSubmitted) -> tuple[str, float]:

@@ -71,6 +71,7 @@ from .core import (
     SchedulerCore,
     SchedulerPolicy,
     Supersede,
+    latest_attempts,
 )
 from .holder import LeaseHolder
 from .leases import Leases
@@ -295,23 +296,21 @@ class SchedulerService(Service[SchedulerSettings]):
         ended_raw = await replay(ctx.js, "IB_REQUESTS", ENDED, window)
         if self.leases is not None:  # and where the partitions' workers record theirs
             ended_raw += await replay(ctx.js, "IB_REQUESTS", ENDED_PARTITIONS, window)
-        latest: dict[str, tuple[WorkAssigned, dict[str, str] | None]] = {}
+        stored = []
         for data, headers in work:
             try:
-                w = decode(data, WorkAssigned)
+                stored.append((decode(data, WorkAssigned), valid_context(headers)))
             except DecodeError:
                 continue
-            held = latest.get(w.request.request_id)
-            if held is None or w.attempt >= held[0].attempt:
-                latest[w.request.request_id] = (w, valid_context(headers))
+
+        def mine(worker_id: str) -> bool:
+            return self.books(worker_id) and (
+                partitions is None
+                or worker_partition(worker_id, self.settings.scheduler_partitions) in partitions
+            )
+
         assignments = []
-        for w, trace in latest.values():
-            if not self.books(w.worker_id) or (
-                partitions is not None
-                and worker_partition(w.worker_id, self.settings.scheduler_partitions)
-                not in partitions
-            ):
-                continue
+        for w, trace in latest_attempts(stored, mine):
             assignments.append((w.request, w.worker_id, w.attempt))
             if trace:  # a reassignment or failure of it stays in its trace
                 self._traces[w.request.request_id] = trace

@@ -8,8 +8,15 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from inferbus.contracts import ModelLoad, RequestSubmitted, SchedulerLoad, WorkerHeartbeat
-from inferbus.services.scheduler.core import HandOff, SchedulerCore
+from inferbus.contracts import (
+    ModelLoad,
+    RequestSubmitted,
+    SchedulerLoad,
+    WorkAssigned,
+    WorkerHeartbeat,
+    worker_partition,
+)
+from inferbus.services.scheduler.core import HandOff, SchedulerCore, latest_attempts
 from inferbus.services.scheduler.leases import Claim, Leases, Put, Release, Renew, part_key
 from inferbus.shared.partitions import PartitionView
 
@@ -360,3 +367,27 @@ def test_random_fleets_keep_one_owner_per_partition():
         # in the end the live ones hold everything
         assert set(bucket.owners()) == set(range(leases[0].partitions))
         assert set(bucket.owners().values()) <= {x.me for x in alive}
+
+
+def test_a_stream_moved_across_partitions_is_taken_back_by_its_new_partition_only():
+    """A takeover restores each request's latest attempt over every stored assignment:
+    a stream that moved from partition 0's worker to partition 1's (its worker lost,
+    the continuation placed by the other instance) is partition 1's, and partition 0's
+    new holder never books its old attempt again."""
+    workers = {
+        p: next(f"w{i}" for i in range(100) if worker_partition(f"w{i}", 2) == p) for p in (0, 1)
+    }
+    moved = [
+        (WorkAssigned(request=request("moved"), worker_id=workers[0], attempt=1), "t1"),
+        (WorkAssigned(request=request("moved"), worker_id=workers[1], attempt=2), "t2"),
+        (WorkAssigned(request=request("stayed"), worker_id=workers[0], attempt=1), "t3"),
+    ]
+
+    def holder_of(partition: int):
+        return lambda worker_id: worker_partition(worker_id, 2) == partition
+
+    for stored in (moved, moved[::-1]):  # in whatever order the stream replays them
+        zero = latest_attempts(stored, holder_of(0))
+        one = latest_attempts(stored, holder_of(1))
+        assert [(w.request.request_id, w.attempt, t) for w, t in zero] == [("stayed", 1, "t3")]
+        assert [(w.request.request_id, w.attempt, t) for w, t in one] == [("moved", 2, "t2")]
