@@ -54,6 +54,8 @@ from platform_up import chunk_messages, start_up
 from inferbus.shared.natsserver import free_port
 
 ENGINE_FLAGS = {"enforce_eager": True}
+ENGINE = ("VLLM::Worker", "VLLM::EngineCore")
+"""The engine's own processes, the same in both servers."""
 
 
 def wait_http(url: str, timeout: float = 600) -> None:
@@ -163,6 +165,8 @@ def start_vllm(model: str, name: str, a: argparse.Namespace, logs: Path) -> tupl
     ]
     if a.enforce_eager:
         cmd.append("--enforce-eager")
+    if a.stream_interval > 1:
+        cmd += ["--stream-interval", str(a.stream_interval)]
     cmd += ["--tool-call-parser", ENGINE_FLAGS["tool-call-parser"], "--enable-auto-tool-choice"]
     cmd += [
         "--structured-outputs-config",
@@ -193,6 +197,7 @@ def start_inferbus(model: str, a: argparse.Namespace, state: Path) -> tuple[Any,
         f"--worker-arg=--max-model-len={a.max_model_len}",
         f"--worker-arg=--max-num-seqs={a.max_num_seqs}",
         f"--worker-arg=--enforce-eager={str(a.enforce_eager).lower()}",
+        f"--worker-arg=--stream-interval={a.stream_interval}",
         *(f"--worker-arg=--{k}={v}" for k, v in ENGINE_FLAGS.items()),
         # vLLM's random dataset draws the tokenizer's role tags (<|system|>...) into some
         # prompts: blocked as role-tag injections by default, where vLLM's server has no
@@ -413,6 +418,12 @@ def main() -> None:
     p.add_argument(
         "--enforce-eager", type=lambda s: s.lower() in ("1", "true", "yes"), default=True
     )
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="vLLM's --stream-interval for both servers: an output every N tokens a stream",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="chat")
     p.add_argument(
@@ -498,6 +509,7 @@ def main() -> None:
         f"{a.input_len} in / {a.output_len} out tokens, workload {a.workload}"
         + (", ignore_eos" if a.workload == "chat" else ", to the document's end")
         + f"; best of {a.rounds} rounds"
+        + (f"; stream interval {a.stream_interval}" if a.stream_interval > 1 else "")
         + (
             f"; engine on CPUs {a.engine_cpus}, the rest on {a.service_cpus}"
             if all(pinning)
@@ -530,6 +542,17 @@ def main() -> None:
         cpu = best(runs)["cpu_s_per_1k_tokens"]
         parts = ", ".join(f"{k} {v:.3f}" for k, v in cpu.items())
         print(f"{label:<24}{sum(cpu.values()):>7.3f}  {parts}")
+    # issue 40's figure: everything but the engine's own processes, against vLLM's
+    # API server (its one process outside the engine)
+    outside = {
+        label: sum(v for k, v in best(runs)["cpu_s_per_1k_tokens"].items() if k not in ENGINE)
+        for label, runs in results.items()
+    }
+    ref_outside = outside["vLLM server (HTTP)"]
+    print("\noutside the engine's processes (CPU s per 1000 output tokens, ratio to vLLM's):")
+    for label, v in outside.items():
+        print(f"{label:<24}{v:>7.3f}{v / ref_outside if ref_outside else 0:>7.2f}x")
+        summary[label]["outside_engine_cpu_s_per_1k"] = round(v, 4)
     print(
         json.dumps(
             {
@@ -540,6 +563,7 @@ def main() -> None:
                 "input_len": a.input_len,
                 "output_len": a.output_len,
                 "num_prompts": a.num_prompts,
+                "stream_interval": a.stream_interval,
                 "seeds": {"http": a.seed, "nats": a.seed + NATS_SEED, "warm": a.seed + WARM_SEED},
                 "results": summary,
             }

@@ -325,6 +325,7 @@ class VllmEngine:
             # None: the model's own limit (vLLM's default, though it annotates int)
             max_model_len=o.max_model_len or None,  # type: ignore[arg-type]
             max_num_seqs=o.max_num_seqs,
+            stream_interval=o.stream_interval,
             enforce_eager=o.enforce_eager,
             enable_prefix_caching=o.enable_prefix_caching,
             gpu_memory_utilization=o.gpu_memory_utilization,

@@ -214,3 +214,15 @@ def test_a_worker_s_chat_template_replaces_the_tokenizer_s(tmp_path):
     replaced = prompt_token_ids(tok, None, messages, chat_template=template)
     assert len(replaced) > len(own)
     assert tok.decode(replaced).startswith("<s>" + preamble)
+
+
+def test_the_stream_interval_reaches_vllm_and_is_bounded() -> None:
+    """vLLM's own ``--stream-interval`` (an engine output every N tokens a stream),
+    passed on as vLLM's server takes it, so the two compare at equal settings."""
+    from inferbus.services.worker.vllm_engine import VllmEngine
+
+    assert load_settings(WorkerSettings, []).engine_options.stream_interval == 1
+    options = load_settings(WorkerSettings, ["--stream-interval", "4"]).engine_options
+    assert VllmEngine(options).engine_args().stream_interval == 4
+    with pytest.raises(ConfigError):
+        load_settings(WorkerSettings, ["--stream-interval", "0"])
