@@ -152,6 +152,56 @@ async def round_trip(nc: Client, timeout: float = 10.0) -> None:
 _NO_LIMIT_S = 24 * 3600
 
 
+async def ask_until_answered(
+    nc: Client,
+    subject: str,
+    payload: bytes,
+    *,
+    window_s: float,
+    headers: dict[str, str] | None = None,
+    asks: int = 3,
+    absent_s: float = 1.0,
+) -> bool | None:
+    """Ask ``subject`` (a request) until someone answers, within ``window_s``: asked
+    again every ``window_s / asks`` (an answer lost on the way, a bus node killed, is
+    asked for again) while the earlier asks wait on to the end of the window (a slow
+    answer still counts); with no one listening, asked again every 0.1 s for
+    ``absent_s``. True: answered; False: no answer in the window, or no one listened;
+    None: the connection is closing. The one who answers must take a repeat as a
+    repeat."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    deadline, next_ask = start + window_s, start
+    pending: set[asyncio.Future[Any]] = set()
+    try:
+        while (now := loop.time()) < deadline:
+            if now >= next_ask:
+                ask = nc.request(subject, payload, timeout=deadline - now, headers=headers)
+                pending.add(asyncio.ensure_future(ask))
+                next_ask = now + window_s / asks
+            wait_s = max(0.0, min(deadline, next_ask) - loop.time())
+            if not pending:
+                await asyncio.sleep(wait_s)
+                continue
+            done, pending = await asyncio.wait(
+                pending, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in done:
+                exc = task.exception()
+                if exc is None:
+                    return True
+                if isinstance(exc, nats.errors.NoRespondersError):
+                    if loop.time() - start >= absent_s:
+                        return False
+                    next_ask = min(next_ask, loop.time() + 0.1)
+                elif not isinstance(exc, nats.errors.TimeoutError):
+                    return None
+        return False
+    finally:
+        for task in pending:
+            task.cancel()
+
+
 async def wait_accepted(
     nats_url: str,
     creds: BusCredentials,

@@ -538,33 +538,34 @@ not here by then was lost (a bus outage drops core NATS messages)."""
 
 
 class PassedEnds:
-    """The client subjects whose stream's end this instance passed on, kept a while: a
-    worker whose question "did the end go on?" got no answer (the answer lost on the
-    way back, a bus node killed) asks again, and is answered without the client
-    hearing a second end."""
+    """The streams (a client subject and a request id) whose end this instance passed
+    on, kept at least ``keep_s``: a worker whose question "did the end go on?" got no
+    answer (the answer lost on the way back, a bus node killed) asks again, and is
+    answered without the client hearing a second end. ``keep_s`` must outlast the
+    workers' ``filter_backup_s``, the time they go on asking."""
 
     def __init__(self, keep_s: float) -> None:
         self.keep_s = keep_s
-        self._at: dict[str, float] = {}
-        self._order: deque[tuple[float, str]] = deque()
+        self._at: dict[tuple[str, str], float] = {}
+        self._order: deque[tuple[float, tuple[str, str]]] = deque()
 
-    def __contains__(self, client: str) -> bool:
-        return client in self._at
+    def __contains__(self, stream: tuple[str, str]) -> bool:
+        return stream in self._at
 
     def __len__(self) -> int:
         return len(self._at)
 
-    def passed(self, client: str, now: float) -> None:
-        self._at[client] = now
-        self._order.append((now, client))
+    def passed(self, stream: tuple[str, str], now: float) -> None:
+        self._at[stream] = now
+        self._order.append((now, stream))
         while self._order and now - self._order[0][0] >= self.keep_s:
             at, old = self._order.popleft()
             if self._at.get(old) == at:  # not passed again since
                 del self._at[old]
 
-    def forget(self, client: str) -> None:
-        """A new stream on ``client``: its end is yet to come."""
-        self._at.pop(client, None)
+    def forget(self, stream: tuple[str, str]) -> None:
+        """A new stream under that name: its end is yet to come."""
+        self._at.pop(stream, None)
 
 
 class FilteredStream:

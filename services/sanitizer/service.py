@@ -105,7 +105,8 @@ class SanitizerSettings(ServiceSettings, kw_only=True):
     messages never gave that value; an API key's or tenant's policy wins."""
     passed_end_memory_s: float = 60.0
     """How long a stream's end, once passed on, is remembered: a worker asking again
-    whether it went on (it heard no answer) is answered, the client told once."""
+    whether it went on (it heard no answer) is answered, the client told once. Longer
+    than the workers' ``filter_backup_s``, which is how long they go on asking."""
     filter_idle_s: float = 900.0
     """A filtered stream silent this long is forgotten (its worker and scheduler died);
     one past its request's deadline sooner (its end was lost on the way)."""
@@ -253,7 +254,7 @@ class SanitizerService(Service[SanitizerSettings]):
 
     async def _filter(self, event: ReplyEvent, client: str, reply: str | None) -> None:
         rid = event.request_id
-        if client in self._passed:  # ended: a late chunk, or the worker asking again
+        if (client, rid) in self._passed:  # ended: a late chunk, or the worker asking again
             if reply:
                 await self.ctx.nc.publish(reply, b"", headers=request_headers(rid))
             return
@@ -293,7 +294,7 @@ class SanitizerService(Service[SanitizerSettings]):
             )
         if over:
             self._streams.pop(client, None)
-            self._passed.passed(client, time.monotonic())
+            self._passed.passed((client, rid), time.monotonic())
             if reply:  # the worker asked: the end is passed on, no backup end needed
                 await self.ctx.nc.publish(reply, b"", headers=headers)
 
@@ -437,7 +438,7 @@ class SanitizerService(Service[SanitizerSettings]):
                 # the output comes back through this instance's filter, then to the client
                 request = through_filter(request, self._filter_prefix)
                 client = request.client_reply_to
-                self._passed.forget(client)
+                self._passed.forget((client, rid))
                 # keyed by the client's subject: another request reusing the id (or a
                 # redelivery of this one) never shares or resets this stream
                 self._streams.setdefault(

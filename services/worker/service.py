@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
-import nats.errors
 from nats.aio.msg import Msg
 
 from inferbus.contracts import (
@@ -38,7 +37,7 @@ from inferbus.contracts import (
     tenant_request_id,
 )
 from inferbus.shared import logs, metrics, modelstore
-from inferbus.shared.bus import record_end, request_headers, round_trip
+from inferbus.shared.bus import ask_until_answered, record_end, request_headers, round_trip
 from inferbus.shared.chunksender import ChunkSender
 from inferbus.shared.codec import encode
 from inferbus.shared.config import ServiceSettings, group
@@ -637,33 +636,19 @@ class WorkerService(Service[WorkerSettings]):
         once it has passed the end on to ``client``. No answer within
         ``filter_backup_s`` (that sanitizer restarted and lost the stream), or no
         sanitizer listening: the client is told ``stream_interrupted`` directly, or it
-        would wait for its timeout (asked again meanwhile: an answer can be lost). Only
-        then: a backup sent after every end reached clients as a second terminal event
-        (issue 42 item 6)."""
+        would wait for its timeout (asked again meanwhile: an answer can be lost, and a
+        slow one still counts). Only then: a backup sent after every end reached
+        clients as a second terminal event (issue 42 item 6)."""
         nc = self.ctx.nc
         headers = request_headers(rid)
-        payload = encode(terminal)
-        loop = asyncio.get_running_loop()
 
         async def end() -> None:
-            # asked up to three times: an answer lost on the way back (a bus node killed)
-            # is asked for again, and the sanitizer answers a repeat without passing
-            # the end on twice; no one listening is asked again for a moment only
-            backup_s = self.settings.filter_backup_s
-            deadline = loop.time() + backup_s
-            absent_until = loop.time() + min(1.0, backup_s)
-            while (left := deadline - loop.time()) > 0:
-                try:
-                    await nc.request(via, payload, timeout=min(left, backup_s / 3), headers=headers)
-                    return
-                except nats.errors.TimeoutError:
-                    continue
-                except nats.errors.NoRespondersError:
-                    if loop.time() >= absent_until:
-                        break
-                    await asyncio.sleep(0.1)
-                except Exception:  # the connection is closing: nothing more can go out
-                    return
+            # asked again while it waits: the sanitizer takes a repeat as a repeat
+            answered = await ask_until_answered(
+                nc, via, encode(terminal), window_s=self.settings.filter_backup_s, headers=headers
+            )
+            if answered is not False:  # answered, or the connection is closing
+                return
             log.warning("the output filter did not pass the end on", request_id=rid)
             try:
                 await nc.publish(client, encode(stream.backup_end()), headers=headers)

@@ -135,9 +135,11 @@ async def test_a_filtered_end_is_backed_up_only_when_the_filter_did_not_pass_it_
     cases = {
         "answers": Replies(),
         "loses-an-answer": Replies(),
+        "answers-slowly": Replies(),
         "swallows": Replies(),
         "absent": Replies(),
     }
+    late: set[asyncio.Task] = set()
     asked: dict[str, int] = {}
 
     async def filter_answers(msg) -> None:
@@ -161,6 +163,22 @@ async def test_a_filtered_end_is_backed_up_only_when_the_filter_did_not_pass_it_
         elif msg.reply:
             await nc.publish(msg.reply, b"")
 
+    async def filter_answers_slowly(msg) -> None:
+        # a busy sanitizer answers each asking 3.5 s late: past a third of
+        # filter_backup_s (5 s), so a worker that gave up on its first asking would
+        # have sent its backup after the real end
+        ev = decode(msg.data, TokenChunk | RequestFailed | RequestFinished)
+        if isinstance(ev, TokenChunk) or ev.request_id not in asked:
+            await nc.publish(msg.subject.split(".", 3)[3], msg.data)  # the end once
+        if not isinstance(ev, TokenChunk) and msg.reply:
+            asked[ev.request_id] = asked.get(ev.request_id, 0) + 1
+
+            async def answer(reply: str) -> None:
+                await asyncio.sleep(3.5)
+                await nc.publish(reply, b"")
+
+            late.add(asyncio.ensure_future(answer(msg.reply)))
+
     async def filter_swallows_the_end(msg) -> None:
         ev = decode(msg.data, TokenChunk | RequestFailed | RequestFinished)
         if isinstance(ev, TokenChunk):
@@ -176,6 +194,7 @@ async def test_a_filtered_end_is_backed_up_only_when_the_filter_did_not_pass_it_
             cb = {
                 "answers": filter_answers,
                 "loses-an-answer": filter_loses_its_first_answer,
+                "answers-slowly": filter_answers_slowly,
                 "swallows": filter_swallows_the_end,
             }[case]
             subs.append(await nc.subscribe(f"ib.filter.test-{case}.>", cb=cb))
@@ -183,15 +202,17 @@ async def test_a_filtered_end_is_backed_up_only_when_the_filter_did_not_pass_it_
         work.request.client_reply_to = inbox
         await client.js.publish(work_subject(worker_id), encode(work))
     await asyncio.wait_for(cases["absent"].ended.wait(), 3)
-    assert time.monotonic() - began < 3  # no one listens: told at once
+    assert time.monotonic() - began < 3  # no one listens: told within about a second
     await asyncio.wait_for(cases["swallows"].ended.wait(), 10)
     await asyncio.sleep(1.0)
     for sub in subs:
         await sub.unsubscribe()
-    for case in ("answers", "loses-an-answer"):
+    await asyncio.gather(*late)
+    for case in ("answers", "loses-an-answer", "answers-slowly"):
         [finished] = cases[case].ends
         assert isinstance(finished, RequestFinished), case
-    assert list(asked.values()) == [2]
+    assert sorted(asked.values()) == [2, 3]  # a lost answer asked for again; the slow
+    # one asked at 0, 1/3 and 2/3 of filter_backup_s, its first answer taken at 3.5 s
     for case in ("swallows", "absent"):
         [backup] = cases[case].ends
         assert isinstance(backup, RequestFailed) and backup.code == "stream_interrupted", case

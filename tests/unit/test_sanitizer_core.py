@@ -385,15 +385,17 @@ def test_a_bad_token_prompt_is_refused(fields):
 
 def test_an_end_passed_on_is_remembered_for_a_while_then_forgotten():
     ends = PassedEnds(keep_s=60.0)
-    ends.passed("ib.reply.a", now=0.0)
-    ends.passed("ib.reply.b", now=30.0)
-    assert "ib.reply.a" in ends and "ib.reply.b" in ends
-    ends.passed("ib.reply.c", now=61.0)  # a is a minute old: gone; b stays
-    assert "ib.reply.a" not in ends and "ib.reply.b" in ends and len(ends) == 2
-    ends.passed("ib.reply.b", now=80.0)  # passed again: kept from then on
-    ends.passed("ib.reply.d", now=100.0)
-    assert "ib.reply.b" in ends
-    ends.forget("ib.reply.d")  # a new stream on that subject: its end is yet to come
-    assert "ib.reply.d" not in ends
-    ends.passed("ib.reply.e", now=200.0)
+    a, b, c, d, e = (("ib.reply.x", f"r{i}") for i in range(5))
+    ends.passed(a, now=0.0)
+    ends.passed(b, now=30.0)
+    assert a in ends and b in ends
+    assert ("ib.reply.x", "another request") not in ends  # a subject's other streams
+    ends.passed(c, now=61.0)  # a is a minute old: gone; b stays
+    assert a not in ends and b in ends and len(ends) == 2
+    ends.passed(b, now=80.0)  # passed again: kept from then on
+    ends.passed(d, now=100.0)
+    assert b in ends
+    ends.forget(d)  # a new stream under that name: its end is yet to come
+    assert d not in ends
+    ends.passed(e, now=200.0)
     assert len(ends) == 1
