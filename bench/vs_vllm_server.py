@@ -55,7 +55,8 @@ from inferbus.shared.natsserver import free_port
 
 ENGINE_FLAGS = {"enforce_eager": True}
 ENGINE = ("VLLM::Worker", "VLLM::EngineCore")
-"""The engine's own processes, the same in both servers."""
+"""The engine's own processes, the same in both servers (by prefix: ``VLLM::Worker_TP0``
+and ``VLLM::EngineCore_DP0`` under tensor or data parallelism)."""
 
 
 def wait_http(url: str, timeout: float = 600) -> None:
@@ -451,6 +452,8 @@ def main() -> None:
         return {int(c) for c in spec.split(",") if c.strip()}
 
     pinning = (cpus(a.engine_cpus), cpus(a.service_cpus))
+    if a.stream_interval < 1:
+        p.error("--stream-interval is at least 1")
     if any(pinning) and not all(pinning):
         p.error("give both --engine-cpus and --service-cpus, or neither")
 
@@ -545,7 +548,9 @@ def main() -> None:
     # issue 40's figure: everything but the engine's own processes, against vLLM's
     # API server (its one process outside the engine)
     outside = {
-        label: sum(v for k, v in best(runs)["cpu_s_per_1k_tokens"].items() if k not in ENGINE)
+        label: sum(
+            v for k, v in best(runs)["cpu_s_per_1k_tokens"].items() if not k.startswith(ENGINE)
+        )
         for label, runs in results.items()
     }
     ref_outside = outside["vLLM server (HTTP)"]

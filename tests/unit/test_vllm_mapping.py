@@ -219,6 +219,7 @@ def test_a_worker_s_chat_template_replaces_the_tokenizer_s(tmp_path):
 def test_the_stream_interval_reaches_vllm_and_is_bounded() -> None:
     """vLLM's own ``--stream-interval`` (an engine output every N tokens a stream),
     passed on as vLLM's server takes it, so the two compare at equal settings."""
+    pytest.importorskip("vllm")
     from inferbus.services.worker.vllm_engine import VllmEngine
 
     assert load_settings(WorkerSettings, []).engine_options.stream_interval == 1
