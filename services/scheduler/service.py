@@ -299,7 +299,7 @@ class SchedulerService(Service[SchedulerSettings]):
         stored = []
         for data, headers in work:
             try:
-                stored.append((decode(data, WorkAssigned), valid_context(headers)))
+                stored.append((decode(data, WorkAssigned), headers))
             except DecodeError:
                 continue
 
@@ -310,8 +310,9 @@ class SchedulerService(Service[SchedulerSettings]):
             )
 
         assignments = []
-        for w, trace in latest_attempts(stored, mine):
+        for w, headers in latest_attempts(stored, mine):
             assignments.append((w.request, w.worker_id, w.attempt))
+            trace = valid_context(headers)
             if trace:  # a reassignment or failure of it stays in its trace
                 self._traces[w.request.request_id] = trace
         ended = set()
