@@ -152,6 +152,10 @@ async def round_trip(nc: Client, timeout: float = 10.0) -> None:
 _NO_LIMIT_S = 24 * 3600
 
 
+STALL_S = 0.25
+"""A wake this late past its time means the process (or its event loop) was stalled."""
+
+
 async def ask_until_answered(
     nc: Client,
     subject: str,
@@ -168,23 +172,36 @@ async def ask_until_answered(
     answer still counts); with no one listening, asked again every 0.1 s for
     ``absent_s``. True: answered; False: no answer in the window, or no one listened;
     None: the connection is closing. The one who answers must take a repeat as a
-    repeat."""
+    repeat.
+
+    A process stopped while it waits (SIGSTOP, a VM paused) wakes past its window with
+    the answer unread in its socket: the window is wall time it did not see pass, so a
+    wake ``STALL_S`` or more late reads what came and, with no answer, asks once more
+    for one more ask's time before it says False."""
     loop = asyncio.get_running_loop()
+    step = window_s / asks
     start = loop.time()
-    deadline, next_ask = start + window_s, start
+    deadline, next_ask, wake = start + window_s, start, start
     pending: set[asyncio.Future[Any]] = set()
+    late = False
     try:
-        while (now := loop.time()) < deadline:
+        while True:
+            now = loop.time()
+            if now >= deadline:
+                if late or now - wake < STALL_S:
+                    return False
+                late = True  # woke well past its time: it did not see the window pass
+                deadline, next_ask = now + step, now
             if now >= next_ask:
                 ask = nc.request(subject, payload, timeout=deadline - now, headers=headers)
                 pending.add(asyncio.ensure_future(ask))
-                next_ask = now + window_s / asks
-            wait_s = max(0.0, min(deadline, next_ask) - loop.time())
+                next_ask = now + step
+            wake = min(deadline, next_ask)
             if not pending:
-                await asyncio.sleep(wait_s)
+                await asyncio.sleep(max(0.0, wake - loop.time()))
                 continue
             done, pending = await asyncio.wait(
-                pending, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
+                pending, timeout=max(0.0, wake - loop.time()), return_when=asyncio.FIRST_COMPLETED
             )
             for task in done:
                 exc = task.exception()
@@ -196,7 +213,6 @@ async def ask_until_answered(
                     next_ask = min(next_ask, loop.time() + 0.1)
                 elif not isinstance(exc, nats.errors.TimeoutError):
                     return None
-        return False
     finally:
         for task in pending:
             task.cancel()
