@@ -354,8 +354,12 @@ async def _migrate(p: Platform) -> None:
             gap = gap if gap is not None else time.monotonic() - killed_at
         end = stream.outcome
         print(f"\nmigrated over NATS: first token {gap:.2f}s after the kill, {end.timings}")
-        assert end is not None and end.resumed and end.attempt == 2, end
-        assert end.worker_id.split(".")[0] != instance
+        # moved once, to the other worker; or, on a machine too busy for the live one to
+        # be heard within stream_silence_s while the killed one restarts its engine
+        # (two cores, once), moved again: the text below must be the same either way
+        assert end is not None and end.resumed and end.attempt >= 2, end
+        if end.attempt == 2:
+            assert end.worker_id.split(".")[0] != instance
         assert stream.text == reference.text
         assert end.usage.completion_tokens == LONG
         assert end.usage.prompt_tokens == reference.outcome.usage.prompt_tokens

@@ -43,12 +43,15 @@ async def heartbeat_versions(p: Platform, seconds: float = 2.0) -> dict[str, dic
 
 
 async def wait_versions(p: Platform, want: dict[str, str], timeout: float = 30.0) -> None:
+    """Until every worker of the platform is ready and serves ``want``. A worker still
+    starting sends no ready heartbeat: seen nowhere is not serving it (a check of the
+    workers heard from alone let a restarted worker miss the step: CI, once)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         seen = await heartbeat_versions(p, 1.2)
-        if seen and all(v == want for v in seen.values()):
+        if set(seen) == set(p.workers) and all(v == want for v in seen.values()):
             return
-    raise AssertionError(f"workers serve {seen}, want {want} everywhere")
+    raise AssertionError(f"workers serve {seen}, want {want} on each of {p.workers}")
 
 
 @pytest.fixture()

@@ -145,6 +145,7 @@ class Platform:
         engine: str = "sim",
     ) -> None:
         self.state = state
+        self.workers = tuple(f"worker-{i}" for i in range(workers))
         self.port, nats_port = free_ports(2)
         self.nats_url = f"nats://127.0.0.1:{nats_port}"
         """Every node's URL, comma-separated (from up's banner)."""
