@@ -359,6 +359,13 @@ class TokenChunk(Event, tag="token.chunk"):
     """Of a continuation (``attempt`` > 1 on another worker after the first was lost):
     ``seq`` goes on from the earlier attempt's, and the text with it. A reader keeps
     what it has and drops a chunk whose ``seq`` it has seen."""
+    resumed_from: int | None = None
+    """Of a continuation: the ``seq`` it goes on from, the earlier attempts' chunks the
+    scheduler had copies of. A reader that holds more got chunks the scheduler never
+    saw (a worker cut off from the bus sends what it buffered when it is back, after
+    its stream moved): their tokens and the continuation's overlap, cut into chunks
+    otherwise, so the reader takes the continuation as a restart, not a join. None:
+    not a continuation, or from a worker that does not say."""
 
     @property
     def tokens(self) -> int:

@@ -76,6 +76,8 @@ def merge_chunks(a: TokenChunk, b: TokenChunk) -> TokenChunk:
         logprobs=a.logprobs + b.logprobs if b.logprobs else a.logprobs,
         tool_calls=a.tool_calls + b.tool_calls if b.tool_calls else a.tool_calls,
         reasoning=a.reasoning + b.reasoning,
+        resumed=a.resumed,
+        resumed_from=a.resumed_from,
     )
 
 
@@ -132,7 +134,7 @@ class ReplyReader:
             if 0 < attempt < self.attempt:
                 continue  # a lost attempt's straggler, or its worker's late end
             if attempt > self.attempt:
-                if getattr(event, "resumed", False):
+                if getattr(event, "resumed", False) and not self._ahead_of(event):
                     # a continuation: the text goes on
                     self.attempt, self.resumed = attempt, True
                 else:
@@ -164,6 +166,13 @@ class ReplyReader:
             f"the output restarted on attempt {self.attempt} after part of an earlier "
             "attempt's had been sent; submit the request again",
         )
+
+    def _ahead_of(self, continuation: ReplyEvent) -> bool:
+        """Whether this reader holds chunks past where ``continuation`` goes on from:
+        text the scheduler never saw, which the continuation sends again cut otherwise
+        (joined by ``seq``, tokens would repeat or go missing with no gap to see)."""
+        start = getattr(continuation, "resumed_from", None)
+        return start is not None and self.next_seq > start
 
     def _restart(self, attempt: int) -> None:
         self.attempt, self.next_seq, self.received, self.lost, self.passed = (

@@ -95,7 +95,8 @@ def build_request(args: argparse.Namespace, request_id: str, reply_to: str) -> d
 class Replies:
     """The reading rule of docs/nats-api.md on decoded JSON events: keep the newest
     attempt seen; ignore an older attempt's chunks and its end; a ``resumed`` attempt
-    (a stream moved off a lost worker) continues the text. A port of
+    (a stream moved off a lost worker) continues the text, unless the reader has
+    chunks past its ``resumed_from`` (then it is a restart). A port of
     ``inferbus.contracts.ReplyReader``, which tests/unit/test_reply_reader.py holds
     it to, event order by event order."""
 
@@ -116,7 +117,8 @@ class Replies:
             return "skip", False  # a superseded attempt's chunk or end
         restarted = False
         if attempt > self.attempt:
-            if event.get("resumed"):
+            start = event.get("resumed_from")
+            if event.get("resumed") and (start is None or self.next_seq <= start):
                 self.attempt = attempt  # a stream moved to another worker: it goes on
             else:
                 restarted = self.passed > 0

@@ -175,6 +175,12 @@ class RequestStream:
         """A continuation of a stream an earlier attempt began on another worker."""
         return self.assignment.resume is not None
 
+    @property
+    def resumed_from(self) -> int | None:
+        """A continuation's first ``seq`` of its own (what its readers check theirs by)."""
+        resume = self.assignment.resume
+        return resume.next_seq if resume is not None else None
+
     def started(self, now: float) -> RequestStarted | None:
         if self.first_token_at is not None:
             return None
@@ -195,7 +201,10 @@ class RequestStream:
         if resume is None or resume.last_chunk is None:
             return None
         return msgspec.structs.replace(
-            resume.last_chunk, attempt=self.assignment.attempt, resumed=True
+            resume.last_chunk,
+            attempt=self.assignment.attempt,
+            resumed=True,
+            resumed_from=resume.next_seq,
         )
 
     def chunk(self, out: EngineOutput) -> TokenChunk | None:
@@ -223,6 +232,7 @@ class RequestStream:
             tool_calls=out.tool_calls,
             reasoning=out.reasoning,
             resumed=self.resumed,
+            resumed_from=self.resumed_from,
         )
         self.seq += 1
         return chunk

@@ -26,7 +26,12 @@ RID = "r1"
 
 
 def chunk(
-    attempt: int, seq: int, text: str = "", ids: list[int] | None = None, resumed: bool = False
+    attempt: int,
+    seq: int,
+    text: str = "",
+    ids: list[int] | None = None,
+    resumed: bool = False,
+    resumed_from: int | None = None,
 ) -> TokenChunk:
     return TokenChunk(
         request_id=RID,
@@ -35,6 +40,7 @@ def chunk(
         attempt=attempt,
         token_ids=ids if ids is not None else [seq],
         resumed=resumed,
+        resumed_from=resumed_from,
     )
 
 
@@ -187,6 +193,17 @@ def test_a_continuations_end_alone_ends_the_stream_whole():
     assert (text, end, restarted) == ("a1s0 a1s1 ", finished(2, 2, resumed=True), False)
 
 
+def test_a_continuation_from_where_the_reader_is_joins_and_from_behind_it_restarts():
+    at = ReplyReader(RID)
+    at.read(chunk(1, 0))
+    assert not at.read(chunk(2, 0, resumed=True, resumed_from=1)).restarted and at.resumed
+    ahead = ReplyReader(RID)
+    ahead.read(chunk(1, 0))
+    ahead.read(chunk(1, 1))  # the scheduler never had a copy of this one
+    r = ahead.read(chunk(2, 0, resumed=True, resumed_from=1))
+    assert r.restarted and r.interrupts and not ahead.resumed
+
+
 def test_a_restart_after_a_continuation_starts_over():
     reader = ReplyReader(RID)
     reader.read(chunk(1, 0))
@@ -217,9 +234,10 @@ EVENTS: list[ReplyEvent] = [
     finished(1, 2),
     finished(2, 3),
     RequestFailed(request_id=RID, code=FailureCode.WORKER_SHUTDOWN, reason="x", attempt=1),
-    chunk(3, 2, resumed=True),
-    chunk(3, 3, resumed=True),
+    chunk(3, 2, resumed=True, resumed_from=3),
+    chunk(3, 3, resumed=True, resumed_from=3),
     finished(3, 4, resumed=True),
+    chunk(2, 3),  # past where attempt 3 goes on from: read first, attempt 3 restarts
 ]
 
 
@@ -252,6 +270,8 @@ def test_a_merge_keeps_every_field_a_chunk_carries():
         logprobs=[TokenLogprob(token="x", logprob=-1.0)],
         tool_calls=[ToolCallDelta(index=0, id="c", name="f", arguments='{"a')],
         reasoning="think ",
+        resumed=True,
+        resumed_from=0,
     )
     b = TokenChunk(
         request_id="r",
@@ -264,6 +284,7 @@ def test_a_merge_keeps_every_field_a_chunk_carries():
     )
     merged = merge_chunks(a, b)
     for field in TokenChunk.__struct_fields__:
-        if field in ("seq", "request_id", "attempt", "index"):
+        if field in ("seq", "request_id", "attempt", "index", "resumed", "resumed_from"):
+            assert getattr(merged, field) == getattr(a, field), field  # the first's
             continue
         assert getattr(merged, field) == getattr(a, field) + getattr(b, field), field
