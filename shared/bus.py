@@ -174,10 +174,11 @@ async def ask_until_answered(
     None: the connection is closing. The one who answers must take a repeat as a
     repeat.
 
-    A process stopped while it waits (SIGSTOP, a VM paused) wakes past its window with
-    the answer unread in its socket: the window is wall time it did not see pass, so a
-    wake ``STALL_S`` or more late reads what came and, with no answer, asks once more
-    for one more ask's time before it says False."""
+    A process stopped while it waits (SIGSTOP, a VM paused) wakes late, its asks timed
+    out on wall time it did not see pass: an answer that came meanwhile is read, but
+    one may have been lost with its connection (a server cuts a client that stopped
+    reading), so a wake ``STALL_S`` or more past its time with no answer asks once
+    more and waits one more ask's time, at least, before it can say False."""
     loop = asyncio.get_running_loop()
     step = window_s / asks
     start = loop.time()
@@ -187,11 +188,11 @@ async def ask_until_answered(
     try:
         while True:
             now = loop.time()
+            if not late and now - wake >= STALL_S:
+                late = True  # woke well past its time: it did not see that time pass
+                deadline, next_ask = max(deadline, now + step), now
             if now >= deadline:
-                if late or now - wake < STALL_S:
-                    return False
-                late = True  # woke well past its time: it did not see the window pass
-                deadline, next_ask = now + step, now
+                return False
             if now >= next_ask:
                 ask = nc.request(subject, payload, timeout=deadline - now, headers=headers)
                 pending.add(asyncio.ensure_future(ask))

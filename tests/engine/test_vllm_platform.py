@@ -357,6 +357,8 @@ async def _migrate(p: Platform) -> None:
         # moved once, to the other worker; or, on a machine too busy for the live one to
         # be heard within stream_silence_s while the killed one restarts its engine
         # (two cores, once), moved again: the text below must be the same either way
+        # (a worker unheard that long checks for a stop before it streams on, so the
+        # client holds nothing past where the third attempt goes on from)
         assert end is not None and end.resumed and end.attempt >= 2, end
         if end.attempt == 2:
             assert end.worker_id.split(".")[0] != instance

@@ -29,8 +29,10 @@ class Responder:
     """Answers ``SUBJECT`` from its own thread and event loop, so it goes on while the
     asker's loop is stalled; it leaves the first ``ignore`` asks unanswered."""
 
-    def __init__(self, url: str, ignore: int = 0, answer: bool = True) -> None:
-        self.url, self.ignore, self.answer = url, ignore, answer
+    def __init__(
+        self, url: str, ignore: int = 0, answer: bool = True, delay_s: float = 0.0
+    ) -> None:
+        self.url, self.ignore, self.answer, self.delay_s = url, ignore, answer, delay_s
         self.asked = 0
         self.ready = threading.Event()
         self.loop = asyncio.new_event_loop()
@@ -42,6 +44,7 @@ class Responder:
         async def on(msg) -> None:
             self.asked += 1
             if self.answer and self.asked > self.ignore:
+                await asyncio.sleep(self.delay_s)
                 await msg.respond(b"")
 
         await nc.subscribe(SUBJECT, cb=on)
@@ -90,8 +93,18 @@ async def stalled_ask(url: str, window_s: float, stall_s: float) -> tuple[bool |
 def test_an_answer_that_came_while_stalled_counts(nats_url, run):
     with Responder(nats_url) as r:
         answered, took = run(stalled_ask(nats_url, window_s=1.0, stall_s=2.0))
+    # read as the loop wakes (on both loops, before the ask's own timeout): no new ask
     assert answered is True
-    assert r.asked >= 1 and took < 3.0
+    assert r.asked == 1 and took < 2.5
+
+
+def test_a_stall_that_ends_inside_the_window_still_asks_again(nats_url, run):
+    # woken 50 ms before the window ends, the answer before the stall lost, the next one
+    # 0.1 s away: asked only for what is left of the window, it would miss it
+    with Responder(nats_url, ignore=1, delay_s=0.1) as r:
+        answered, took = run(stalled_ask(nats_url, window_s=1.2, stall_s=1.1))
+    assert answered is True
+    assert r.asked == 2 and took < 1.8
 
 
 def test_a_stalled_asker_whose_answer_was_lost_asks_once_more(nats_url, run):
@@ -122,4 +135,5 @@ def test_an_asker_not_stalled_waits_its_window_and_no_longer(nats_url, run):
     with Responder(nats_url, answer=False) as r:
         answered, took = run(ask())
     assert answered is False
-    assert r.asked == 3 and 0.85 < took < 1.3
+    # a loaded machine may wake it late once: then one more ask, one more third
+    assert r.asked in (3, 4) and 0.85 < took < 1.7

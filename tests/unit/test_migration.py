@@ -15,6 +15,7 @@ from inferbus.contracts import (
     RequestFailed,
     RequestFinished,
     RequestSubmitted,
+    Resume,
     SamplingParams,
     StructuredOutput,
     TokenChunk,
@@ -251,18 +252,32 @@ def test_a_continuation_replays_its_last_chunk_then_numbers_on_and_counts_it_all
     assert started is not None and started.resumed and started.migratable
     replay = stream.replay()
     assert replay is not None and (replay.seq, replay.attempt, replay.resumed) == (2, 2, True)
-    assert replay.token_ids == [2]
+    assert replay.token_ids == [2] and replay.resumed_from == 3
     out = EngineOutput(
         text="x ", token_ids=[9, 9], prompt_tokens=4, completion_tokens=2, cached_tokens=4
     )
     c = stream.chunk(out)
-    assert c is not None and (c.seq, c.resumed, c.attempt) == (3, True, 2)
+    assert c is not None and (c.seq, c.resumed, c.attempt, c.resumed_from) == (3, True, 2, 3)
     out.finish_reason = out.choice_finish_reason = "length"
     end = stream.finished(out, 0.2)
     assert end.resumed and end.chunks == 4 and end.attempt == 2
     # the engine saw 1 prompt token + 3 carried: the client's usage counts them as output
     assert (end.usage.prompt_tokens, end.usage.completion_tokens) == (1, 5)
     assert end.usage.cached_prompt_tokens == 1 and end.choices[0].completion_tokens == 5
+
+
+def test_a_continuation_of_a_continuation_says_where_it_goes_on_from_itself():
+    last = TokenChunk(
+        request_id="r", seq=3, text="t3 ", token_ids=[3], attempt=2, resumed=True, resumed_from=1
+    )
+    resume = Resume(from_attempt=2, output_ids=[0, 1, 2, 3], next_seq=4, last_chunk=last)
+    stream = RequestStream(
+        WorkAssigned(request=req(max_tokens=8), worker_id="w3", attempt=3, resume=resume),
+        "w3",
+        0.0,
+    )
+    replay = stream.replay()
+    assert replay is not None and (replay.seq, replay.attempt, replay.resumed_from) == (3, 3, 4)
 
 
 def test_a_first_attempt_neither_replays_nor_says_resumed():
@@ -417,8 +432,8 @@ def test_a_restart_missing_the_start_of_the_text_ends_a_buffering_reader_interru
     reader = ReplyReader("r")
     for seq in range(3):
         reader.read(TokenChunk(request_id="r", seq=seq, text="x ", token_ids=[seq]))
-    # a continuation from seq 1 (its replay is seq 0's copy): behind the reader, a restart
-    # whose text lacks seq 0
+    # a continuation from seq 2 (its replay is seq 1's copy), the reader holding seq 2
+    # already: behind it, a restart, whose text lacks seq 0
     replay = TokenChunk(request_id="r", seq=1, text="x ", attempt=2, resumed=True, resumed_from=2)
     assert reader.read(replay).restarted
     end = RequestFinished(

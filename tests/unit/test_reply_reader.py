@@ -204,6 +204,16 @@ def test_a_continuation_from_where_the_reader_is_joins_and_from_behind_it_restar
     assert r.restarted and r.interrupts and not ahead.resumed
 
 
+def test_a_continuation_from_nothing_copied_restarts_a_reader_with_any_chunk():
+    # the scheduler had no copy at all: no replay, the continuation's first chunk is seq 0
+    empty = ReplyReader(RID)
+    assert not empty.read(chunk(2, 0, resumed=True, resumed_from=0)).restarted
+    assert empty.resumed
+    holding = ReplyReader(RID)
+    holding.read(chunk(1, 0))
+    assert holding.read(chunk(2, 0, resumed=True, resumed_from=0)).restarted
+
+
 def test_a_restart_after_a_continuation_starts_over():
     reader = ReplyReader(RID)
     reader.read(chunk(1, 0))
