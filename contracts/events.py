@@ -406,6 +406,9 @@ class RequestFinished(Event, tag="request.finished"):
     resumed: bool = False
     """The end of a continuation: ``chunks`` and ``usage`` count the earlier
     attempts' chunks and tokens too."""
+    resumed_from: int | None = None
+    """A continuation's: where it went on from, as on its chunks (a reader that sees
+    the end first checks it the same way)."""
 
     def choice_ends(self) -> list[ChoiceEnd]:
         """Each choice's end, with the single choice of an older producer filled in."""

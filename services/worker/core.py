@@ -266,6 +266,7 @@ class RequestStream:
             timings=out.timings or self.timings(now),
             served_model=self.served_model,
             resumed=self.resumed,
+            resumed_from=self.resumed_from,
         )
 
     @property

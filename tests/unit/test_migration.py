@@ -260,7 +260,7 @@ def test_a_continuation_replays_its_last_chunk_then_numbers_on_and_counts_it_all
     assert c is not None and (c.seq, c.resumed, c.attempt, c.resumed_from) == (3, True, 2, 3)
     out.finish_reason = out.choice_finish_reason = "length"
     end = stream.finished(out, 0.2)
-    assert end.resumed and end.chunks == 4 and end.attempt == 2
+    assert end.resumed and end.chunks == 4 and end.attempt == 2 and end.resumed_from == 3
     # the engine saw 1 prompt token + 3 carried: the client's usage counts them as output
     assert (end.usage.prompt_tokens, end.usage.completion_tokens) == (1, 5)
     assert end.usage.cached_prompt_tokens == 1 and end.choices[0].completion_tokens == 5

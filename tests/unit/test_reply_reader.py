@@ -214,6 +214,16 @@ def test_a_continuation_from_nothing_copied_restarts_a_reader_with_any_chunk():
     assert holding.read(chunk(2, 0, resumed=True, resumed_from=0)).restarted
 
 
+def test_a_continuations_end_seen_first_is_checked_as_its_chunks_are():
+    ahead = ReplyReader(RID)
+    ahead.read(chunk(1, 0))
+    ahead.read(chunk(1, 1))
+    end = msgspec.structs.replace(finished(2, 3, resumed=True), resumed_from=1)
+    r = ahead.read(end)
+    assert r.restarted and isinstance(r.end, RequestFailed)
+    assert r.end.code == FailureCode.STREAM_INTERRUPTED  # a restart that lacks the start
+
+
 def test_a_restart_after_a_continuation_starts_over():
     reader = ReplyReader(RID)
     reader.read(chunk(1, 0))
