@@ -30,6 +30,7 @@ import time
 import uuid
 import zlib
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,6 +105,28 @@ class FaultResult:
 
     def count(self, kind: str) -> int:
         return sum(o.kind == kind for o in self.outcomes)
+
+    def failing(self) -> list[str]:
+        """The ids of the requests that hung, failed or ended twice."""
+        bad = [o.request_id for o in self.outcomes if o.kind in ("hung", "error")]
+        return bad + [d.split()[0] for d in self.duplicate_detail]
+
+    def check(self, p: Platform, what: str = "the kill") -> None:
+        """None hung, none ended twice, none failed but retryably, and served again
+        after ``what``; a failure's message carries the failing requests' log lines."""
+        errors = [o for o in self.outcomes if o.kind == "error"]
+        failed = []
+        if self.count("hung"):
+            failed.append(f"hung: {self.hung()}")
+        if self.duplicates:
+            failed.append(f"duplicates: {self.duplicate_detail}")
+        if errors:
+            failed.append(f"errors: {errors}")
+        if self.recover_s is None:
+            failed.append(f"nothing was served after {what}")
+        if failed:
+            logs = p.log_lines(self.failing())
+            raise AssertionError("\n".join(failed) + (f"\nlogs:\n{logs}" if logs else ""))
 
     def gaps(self) -> list[float]:
         """The client-visible gaps of the moved requests, sorted."""
@@ -234,6 +257,24 @@ class Platform:
             await nc.close()
         state = decode(reply.data, SupervisorState)
         return {p.name: p.pid for p in state.processes if p.pid}
+
+    def log_lines(self, request_ids: Iterable[str], limit: int = 80) -> str:
+        """Every service's log lines naming one of ``request_ids``, for a failed check's
+        message: a rare failure in CI is read from them, the state folder goes with the
+        run (three sessions chased such failures with no logs)."""
+        ids = [r for r in request_ids if r]
+        if not ids:
+            return ""
+        found = []
+        for path in sorted((self.state / "logs").glob("*.log")):
+            with path.open(errors="replace") as f:
+                found += [
+                    f"{path.stem}: {line.rstrip()[:400]}"
+                    for line in f
+                    if any(r in line for r in ids)
+                ]
+        more = f"\n... {len(found) - limit} more" if len(found) > limit else ""
+        return "\n".join(found[:limit]) + more
 
     async def wait_running(self, names: tuple[str, ...], timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
