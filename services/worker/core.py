@@ -204,7 +204,7 @@ class RequestStream:
             resume.last_chunk,
             attempt=self.assignment.attempt,
             resumed=True,
-            resumed_from=resume.next_seq,
+            resumed_from=self.resumed_from,
         )
 
     def chunk(self, out: EngineOutput) -> TokenChunk | None:

@@ -199,10 +199,10 @@ class EngineOptions(msgspec.Struct, kw_only=True, frozen=True):
     """Sequences the engine runs at once (vLLM's --max-num-seqs); the scheduler fills up to it."""
     stream_interval: Annotated[int, msgspec.Meta(ge=1)] = 1
     """vLLM's ``--stream-interval``: a stream's output every this many tokens (1: each
-    token as it is made), so chunks come that many tokens apart. vLLM's own server cuts
-    its CPU per token with it where steps are short; the platform's, measured on two
-    busy cores, did not move (bench/README.md, vs_vllm_server.py ``--stream-interval``,
-    which sets both alike). The sim ignores it."""
+    token as it is made), so chunks come that many tokens apart: fewer, bigger chunks
+    cut the CPU a token of vLLM's own server and of the platform's token path
+    (bench/README.md, vs_vllm_server.py ``--stream-interval``, which sets both alike).
+    The sim ignores it."""
     enforce_eager: bool = False
     """vLLM's --enforce-eager: no CUDA graphs or compilation (faster start, slower steps)."""
     enable_prefix_caching: bool = True

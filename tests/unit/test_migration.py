@@ -10,9 +10,7 @@ import msgspec
 import pytest
 
 from inferbus.contracts import (
-    FailureCode,
     ReplyReader,
-    RequestFailed,
     RequestFinished,
     RequestSubmitted,
     Resume,
@@ -426,26 +424,6 @@ def test_a_continuation_behind_what_a_reader_holds_interrupts_it_rather_than_mix
         r = buffered.read(ev)
         text = ("" if r.restarted else text) + "".join(c.text for c in r.chunks)
     assert text == "t0 t1 t2 t3 t4 " and isinstance(r.end, RequestFinished)
-
-
-def test_a_restart_missing_the_start_of_the_text_ends_a_buffering_reader_interrupted():
-    reader = ReplyReader("r")
-    for seq in range(3):
-        reader.read(TokenChunk(request_id="r", seq=seq, text="x ", token_ids=[seq]))
-    # a continuation from seq 2 (its replay is seq 1's copy), the reader holding seq 2
-    # already: behind it, a restart, whose text lacks seq 0
-    replay = TokenChunk(request_id="r", seq=1, text="x ", attempt=2, resumed=True, resumed_from=2)
-    assert reader.read(replay).restarted
-    end = RequestFinished(
-        request_id="r",
-        finish_reason="stop",
-        usage={"prompt_tokens": 1, "completion_tokens": 3},
-        chunks=3,
-        attempt=2,
-        resumed=True,
-    )
-    got = reader.read(end).end
-    assert isinstance(got, RequestFailed) and got.code == FailureCode.STREAM_INTERRUPTED
 
 
 def test_a_streaming_worker_gone_silent_is_lost_before_the_heartbeat_timeout():

@@ -224,6 +224,15 @@ def test_a_continuations_end_seen_first_is_checked_as_its_chunks_are():
     assert r.end.code == FailureCode.STREAM_INTERRUPTED  # a restart that lacks the start
 
 
+def test_a_restart_missing_the_start_of_the_text_ends_a_buffering_reader_interrupted():
+    # a continuation from seq 2 (its replay is seq 1's copy), the reader holding seq 2
+    # already: behind it, a restart, whose text lacks seq 0
+    events = [chunk(1, 0), chunk(1, 1), chunk(1, 2), chunk(2, 1, resumed=True, resumed_from=2)]
+    _, end, restarted = read([*events, finished(2, 3, resumed=True)])
+    assert restarted
+    assert isinstance(end, RequestFailed) and end.code == FailureCode.STREAM_INTERRUPTED
+
+
 def test_a_restart_after_a_continuation_starts_over():
     reader = ReplyReader(RID)
     reader.read(chunk(1, 0))
