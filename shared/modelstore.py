@@ -33,6 +33,7 @@ from inferbus.contracts import (
     subject_token,
 )
 from inferbus.shared.codec import decode, encode
+from inferbus.shared.kvwrite import put_until_stored
 
 _VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _SHAPE_KEYS = (
@@ -212,7 +213,8 @@ async def get_current(js: JetStreamContext, name: str) -> ModelCurrent | None:
 
 
 async def set_current(js: JetStreamContext, current: ModelCurrent) -> None:
-    await (await registry(js, create=True)).put(current_key(current.name), encode(current))
+    kv = await registry(js, create=True)
+    await put_until_stored(kv, current_key(current.name), encode(current))
 
 
 async def list_versions(js: JetStreamContext, name: str = "") -> list[ModelVersion]:

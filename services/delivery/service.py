@@ -27,6 +27,7 @@ from inferbus.shared import logs, metrics, modelstore
 from inferbus.shared.bus import publish_durable
 from inferbus.shared.codec import decode, encode
 from inferbus.shared.config import ServiceSettings
+from inferbus.shared.kvwrite import put_until_stored
 from inferbus.shared.runtime import Context, Service
 
 from .core import DeliveryCore, DeliveryPolicy, Effects, Rollout
@@ -188,7 +189,7 @@ class DeliveryService(Service[DeliverySettings]):
         for model in effects.changed:
             rollout = self.core.rollouts.get(model)
             if rollout is not None:
-                await kv.put(_ROLLOUT_KEY.format(model=model), encode(rollout))
+                await put_until_stored(kv, _ROLLOUT_KEY.format(model=model), encode(rollout))
                 metrics.ROLLOUT_WEIGHT.labels(model, rollout.candidate.version).set(rollout.weight)
 
     async def _record(self, decision: RolloutDecision) -> None:
