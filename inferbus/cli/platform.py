@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from typing import Any
 
 import click
@@ -103,8 +104,14 @@ def serve(ctx: click.Context, service: str) -> None:
     runtime.main(entry.service_class(), entry.settings_class(), ctx.args)
 
 
+SUPERVISOR_PATIENCE_S = 30.0
+"""How long ``ps`` and ``scale`` ask a supervisor that does not answer in time."""
+
+
 def _supervisor_call(nats_url: str, supervisor: str, command: Any) -> Any:
     """Send a command to ``inferbus up``'s supervisor; its state back."""
+    import nats.errors
+
     from inferbus.contracts.control import SupervisorState, supervisor_subject
     from inferbus.shared.bus import CLI_PATIENCE_S, connect
     from inferbus.shared.buscreds import credentials_from_env
@@ -114,8 +121,19 @@ def _supervisor_call(nats_url: str, supervisor: str, command: Any) -> Any:
         nc = await connect(
             nats_url, "inferbus-ctl", credentials_from_env(), give_up_s=CLI_PATIENCE_S
         )
+        # asked again when an answer is slow (a supervisor busy starting workers): both
+        # commands are repeatable, a query and an absolute count
+        deadline = time.monotonic() + SUPERVISOR_PATIENCE_S
         try:
-            reply = await nc.request(supervisor_subject(supervisor), encode(command), timeout=5)
+            while True:
+                try:
+                    reply = await nc.request(
+                        supervisor_subject(supervisor), encode(command), timeout=5
+                    )
+                    break
+                except nats.errors.TimeoutError:
+                    if time.monotonic() >= deadline:
+                        raise
         finally:
             await nc.close()
         return decode(reply.data, SupervisorState)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
 from testkit.faults import Platform, http_one, nats_one
@@ -44,7 +45,14 @@ async def workers(nc: NATS) -> list[str]:
     while the bus reloads its users (each worker the autoscaler adds is a new user) was
     once refused there (nats-server logged "authentication error" for existing users
     during that reload, too)."""
-    reply = await nc.request(supervisor_subject(), encode(SupervisorQuery()), timeout=5)
+    for _ in range(5):  # a supervisor busy starting workers answers late
+        try:
+            reply = await nc.request(supervisor_subject(), encode(SupervisorQuery()), timeout=5)
+            break
+        except nats.errors.TimeoutError:
+            continue
+    else:
+        raise AssertionError("the supervisor did not answer in 25 s")
     state = decode(reply.data, SupervisorState)
     return sorted(p.name for p in state.processes if p.service == "worker")
 

@@ -142,7 +142,7 @@ async def test_a_stored_index_older_than_a_remade_ib_kv_is_not_read_on_from(bus,
         await nc.publish(kv_subject(w), encode(KvEventBatch(worker_id=w, events=[ev])))
     assert (await _routing(nc, 3))["kv_blocks"] == 3
     scheduler.stop()  # stored as of IB_KV's message 3
-    js = nc.jetstream()
+    js = nc.jetstream(timeout=30)
     await js.delete_stream("IB_KV")
     await ensure_streams(js)
     w2 = "worker-1.kvn"

@@ -91,9 +91,10 @@ async def test_a_server_paused_past_the_put_timeout_gets_the_write(tmp_path: Pat
     server = NatsServer(tmp_path / "nats").start()
     try:
         nc = await nats.connect(server.url)
-        js = nc.jetstream(timeout=0.3)
-        kv = await js.create_key_value(KeyValueConfig(bucket="paused", history=8))
-        await kv.put("current.m", b"v1")
+        await (await nc.jetstream().create_key_value(KeyValueConfig(bucket="paused"))).put(
+            "current.m", b"v1"
+        )
+        kv = await nc.jetstream(timeout=0.3).key_value("paused")  # the write under test
         assert server._proc is not None
         os.kill(server._proc.pid, signal.SIGSTOP)  # a stalled server: nothing answers
         try:

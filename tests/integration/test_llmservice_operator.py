@@ -75,7 +75,7 @@ async def test_reconcile_applies_sends_and_reports_each_phase(tmp_path: Path) ->
 async def _reconcile_phases(nats_url: str) -> None:
     model = "op-chat"
     nc = await connect(nats_url, "test-operator")
-    js = nc.jetstream()
+    js = nc.jetstream(timeout=30)  # a loaded runner answered a put in over 5 s
     await ensure_streams(js)
     async with ReplayApiServer(SCENARIOS["create"]) as api:
         kube = KubeApi(client.ApiClient(client.Configuration(host=api.url)))

@@ -76,7 +76,7 @@ class ScriptedPlatform:
 
     async def __aenter__(self) -> ScriptedPlatform:
         self.nc = await nats.connect(self.url)
-        await ensure_streams(self.nc.jetstream())
+        await ensure_streams(self.nc.jetstream(timeout=30))
         self._sub = await self.nc.jetstream().subscribe(SUBMIT, cb=self._on_submit)
         self._beats = asyncio.create_task(self._heartbeats())
         return self

@@ -113,6 +113,20 @@ async def owners(c: Client) -> dict[int, str]:
     return out
 
 
+async def shared_out(c: Client, timeout: float = 30.0) -> dict[int, str]:
+    """The partitions once the two instances hold two each. An instance ready more than
+    a lease's TTL after the other finds all four taken and is handed its share one at a
+    time (a claim that lost a race is made again a moment later): on a loaded machine
+    the first look may see four to none."""
+    deadline = time.monotonic() + timeout
+    while True:
+        held = await owners(c)
+        if sorted(collections.Counter(held.values()).values()) == [2, 2]:
+            return held
+        assert time.monotonic() < deadline, f"the partitions were not shared out: {held}"
+        await asyncio.sleep(0.1)
+
+
 async def watch(c: Client) -> tuple[collections.Counter[str], dict[str, list[str]]]:
     ended: collections.Counter[str] = collections.Counter()
     placed: dict[str, list[str]] = collections.defaultdict(list)
@@ -142,14 +156,8 @@ async def test_two_instances_share_the_partitions_and_place_each_request_once(pl
     url, _, _ = platform
     c = await Client.connect(url)
     try:
-        held = await owners(c)
-        for _ in range(50):  # a claim that lost a race is made again a moment later
-            if len(held) == 4:
-                break
-            await asyncio.sleep(0.1)
-            held = await owners(c)
+        held = await shared_out(c)
         assert sorted(held) == [0, 1, 2, 3]
-        assert sorted(collections.Counter(held.values()).values()) == [2, 2]
         ended, placed = await watch(c)
         jobs = [
             c.generate(
@@ -174,7 +182,7 @@ async def test_killing_an_instance_hands_its_partitions_over(platform):
     c = await Client.connect(url)
     try:
         ended, placed = await watch(c)
-        before = await owners(c)
+        before = await shared_out(c)
         # 24 requests of ~1 s on 16 slots: some run, some wait, when the kill comes
         jobs = [
             asyncio.create_task(
@@ -301,7 +309,7 @@ async def test_an_instance_with_another_partition_count_is_refused(platform):
     ).start()
     c = await Client.connect(url)
     try:
-        held = await owners(c)
+        held = await shared_out(c)
         deadline = time.monotonic() + 20
         while odd.proc is not None and odd.proc.poll() is None:
             assert time.monotonic() < deadline, "the odd instance was not refused"
@@ -326,6 +334,7 @@ async def test_an_instance_added_under_load_is_given_partitions(platform):
     c = await Client.connect(url)
     added = scheduler(url, logs, "sp-scheduler-2")
     try:
+        await shared_out(c)  # two that hold all four
         ended, placed = await watch(c)
         jobs = [
             asyncio.create_task(

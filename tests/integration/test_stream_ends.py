@@ -40,7 +40,7 @@ class SilentPlatform:
         self.nc = await nats.connect(
             self.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2, error_cb=quiet
         )
-        await ensure_streams(self.nc.jetstream())
+        await ensure_streams(self.nc.jetstream(timeout=30))
         self._sub = await self.nc.jetstream().subscribe(SUBMIT, cb=self._on_submit)
         self._beats = asyncio.create_task(self._heartbeats())
         return self

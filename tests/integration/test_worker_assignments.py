@@ -80,14 +80,14 @@ async def test_the_worker_ends_a_request_at_its_deadline_on_its_own(client):
     sub = await client.nc.subscribe(reply_to, cb=replies.on_msg)
     began = time.time()
     work = assigned(
-        "deadline-1", SLOW_MODEL, worker_id, reply_to, max_tokens=2000, deadline=began + 0.8
+        "deadline-1", SLOW_MODEL, worker_id, reply_to, max_tokens=2000, deadline=began + 2.0
     )
     await client.js.publish(work_subject(worker_id), encode(work))
     await asyncio.wait_for(replies.ended.wait(), 10)
     ended = time.time()
     await asyncio.sleep(0.3)  # nothing follows the end
     await sub.unsubscribe()
-    assert 0.7 < ended - began < 3.0
+    assert 1.9 < ended - began < 6.0  # bounds a loaded machine keeps: far under 40 s
     [end] = replies.ends
     assert isinstance(end, RequestFailed) and end.code == FailureCode.DEADLINE_EXCEEDED
     assert end.attempt == 1
@@ -201,8 +201,9 @@ async def test_a_filtered_end_is_backed_up_only_when_the_filter_did_not_pass_it_
         work = assigned(f"filtered-{case}-{began}", MODEL, worker_id, via, max_tokens=4)
         work.request.client_reply_to = inbox
         await client.js.publish(work_subject(worker_id), encode(work))
-    await asyncio.wait_for(cases["absent"].ended.wait(), 3)
-    assert time.monotonic() - began < 3  # no one listens: told within about a second
+    await asyncio.wait_for(cases["absent"].ended.wait(), 10)
+    # no one listens: told within about a second, well before the 5 s backup
+    assert time.monotonic() - began < 4.5
     await asyncio.wait_for(cases["swallows"].ended.wait(), 10)
     await asyncio.sleep(1.0)
     for sub in subs:
@@ -211,8 +212,10 @@ async def test_a_filtered_end_is_backed_up_only_when_the_filter_did_not_pass_it_
     for case in ("answers", "loses-an-answer", "answers-slowly"):
         [finished] = cases[case].ends
         assert isinstance(finished, RequestFinished), case
-    assert sorted(asked.values()) == [2, 3]  # a lost answer asked for again; the slow
-    # one asked at 0, 1/3 and 2/3 of filter_backup_s, its first answer taken at 3.5 s
+    # a lost answer asked for again; the slow one asked at 0, 1/3 and 2/3 of
+    # filter_backup_s, its first answer taken at 3.5 s (a late wake asks once more,
+    # and a loaded machine may ask the slow one twice before that answer)
+    assert len(asked) == 2 and min(asked.values()) >= 2, asked
     for case in ("swallows", "absent"):
         [backup] = cases[case].ends
         assert isinstance(backup, RequestFailed) and backup.code == "stream_interrupted", case

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import nats.errors
 
 from inferbus.client import Client, RequestError
 from inferbus.contracts import (
@@ -251,8 +252,17 @@ class Platform:
 
     async def pids(self) -> dict[str, int]:
         nc = await connect(self.nats_url, "faults-ps", load_credentials(self.operator))
+        deadline = time.monotonic() + 30  # a supervisor busy under load answers late
         try:
-            reply = await nc.request(supervisor_subject(), encode(SupervisorQuery()), timeout=5)
+            while True:
+                try:
+                    reply = await nc.request(
+                        supervisor_subject(), encode(SupervisorQuery()), timeout=5
+                    )
+                    break
+                except nats.errors.TimeoutError:
+                    if time.monotonic() >= deadline:
+                        raise
         finally:
             await nc.close()
         state = decode(reply.data, SupervisorState)

@@ -7,6 +7,8 @@ import asyncio
 import json
 import time
 
+import nats.errors
+
 MODEL = "sim-model"
 """The zero-cost sim worker's model."""
 SLOW_MODEL = "slow-model"
@@ -34,10 +36,15 @@ async def wait_for_status(nc, predicate, timeout: float = 15.0) -> dict:
     """Until the scheduler's state satisfies ``predicate``: the condition itself, not a
     sleep standing in for it."""
     deadline = time.monotonic() + timeout
+    status: dict = {}
     while True:
-        status = await scheduler_status(nc)
-        if predicate(status):
-            return status
+        try:
+            status = await scheduler_status(nc)
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            pass  # a scheduler busy or restarting: not yet
+        else:
+            if predicate(status):
+                return status
         if time.monotonic() > deadline:
             raise AssertionError(f"the scheduler never got there: {status}")
         await asyncio.sleep(0.05)
