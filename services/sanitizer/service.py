@@ -466,9 +466,10 @@ class SanitizerService(Service[SanitizerSettings]):
                     trace=trace,
                 )
             except BaseException as exc:
-                if request.client_reply_to:  # nothing will come through it: JetStream
-                    self._streams.pop(request.client_reply_to, None)  # redelivers the submit
-                    self._filter_traces.pop(request.client_reply_to, None)
+                # the filter's state stays: a publish whose ack was lost may have been
+                # stored, and its stream then comes through here with the settings
+                # above; a redelivered submit finds it (setdefault), and one never
+                # stored is forgotten by the idle sweep
                 if span is not None:
                     span.end(f"publish_failed: {exc!r}")
                 raise
