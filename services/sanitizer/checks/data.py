@@ -6,7 +6,7 @@ imperative is not enough. A finding needs either a sign that no ordinary documen
 gives (the model addressed by name, a claim to speak for the user or the system, a
 forged conversation turn, a demand to keep it from the user, text hidden from a human
 reader, instructions to ignore instructions, misspelt too, an order only an assistant
-is given: orders.py), or two of the weaker
+is given: orders.py; a question or errand foreign to the data: asks.py), or two of the weaker
 signs together, one of them of a task taken over (a task switch: "before you answer,
 do this first", "your new task is"; a to-do aimed at the reader; urgency aimed at
 "you"), the other of that or of a request (an imperative sentence, words on the
@@ -20,6 +20,7 @@ import difflib
 import re
 from collections.abc import Iterator
 
+from .asks import foreign_asks
 from .finding import Finding
 from .orders import ACT_VERBS, KIND, model_tasks
 
@@ -251,6 +252,7 @@ def data_findings(text: str, user_text: str = "") -> list[Finding]:
     ]
     found += _ignore_orders(text)
     found += model_tasks(text)
+    found += foreign_asks(text)
     weak = [
         Finding(rule, KIND, m.start(), m.end())
         for rule, pattern in _WEAK

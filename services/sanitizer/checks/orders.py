@@ -38,7 +38,8 @@ _ORDER = re.compile(
     r"generate|draft|rewrite|convert|encode|spell|express|mention|suggest|promote|advertise|"
     r"claim|state|insist|emphasi[sz]e|highlight|praise|warn|urge|encourage|inform|notify|"
     r"remind|convince|persuade|embed|inject|erase|wipe|revoke|export|transcribe|"
-    r"paraphrase|format|reverse|capitali[sz]e|alternate|swap|shuffle|scramble)\b"
+    r"paraphrase|format|reverse|capitali[sz]e|alternate|swap|shuffle|scramble|augment|"
+    r"substitute|jumble|anagram|group)\b"
     r"(?P<rest>(?:[^.!?\n]|[.!?](?=[^\s\"'\u201d])|[.!?][\"'\u201d](?=\s+[a-z])){0,400})",
     _I,
 )
@@ -49,12 +50,17 @@ _SHAPES_ANSWER = re.compile(
     r"|\bregardless\s+of\s+(?:its|the|their)\s+(?:actual\s+)?contents?\b"
     r"|\b(?:anagram\w*|homophon\w*|(?:alphanumeric|letter|character|symbol)\s+substitut\w*|"
     r"typos|misspell\w*|leetspeak|pig\s+latin|backwards|without\s+(?:any\s+)?spaces|"
-    r"spaces\s+from|every\s+(?:\w+\s+)?(?:letter|word|character|vowel))\b",
+    r"spaces\s+from|every\s+(?:\w+\s+)?(?:letter|word|character|vowel))\b"
+    # the letters of the reader's own reply garbled, or swapped for symbols
+    r"|\b(?:letters|vowels|consonants|characters|words)\b[^.!?\n]{0,40}\byour\s+"
+    r"(?:reply|replies|message)\b"
+    r"|\b(?:letters|vowels|consonants|characters)\s+with\s+(?:the\s+following\s+)?"
+    r"(?:symbols|numbers|digits|emojis?)\b",
     _I,
 )
 # "reply" is a person's too: "please include your order number in your reply"
 _REPLY_SHAPED = re.compile(
-    r"^(?:enhance|modify|integrate|incorporate|add|render|rearrange|rewrite|combine|"
+    r"^(?:enhance|modify|integrate|incorporate|add|render|rearrange|rewrite|combine|augment|"
     r"format|embed|inject|append|insert|use|end|begin|start)$",
     _I,
 )
