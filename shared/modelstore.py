@@ -285,7 +285,7 @@ async def push(
         raise RegistryError(f"store {store!r}: use object or path")
     await obs.put(object_name(manifest, manifest.signature), signature)
     pushed = msgspec.structs.replace(manifest, store=store, location=location)
-    await kv.put(version_key(manifest.name, manifest.version), encode(pushed))
+    await put_until_stored(kv, version_key(manifest.name, manifest.version), encode(pushed))
     return pushed
 
 
