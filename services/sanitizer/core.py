@@ -676,10 +676,29 @@ class FilteredStream:
                 self.to_cancel = False
                 return [*out, refusal], True
         if isinstance(end, RequestFinished):
-            # what the client got, plus what was lost: a gap it can see
-            end = msgspec.structs.replace(end, chunks=self.seq + self.lost)
+            if self.lost:
+                end = self._interrupted(end)
+            else:  # the chunks the client got from here
+                end = msgspec.structs.replace(end, chunks=self.seq)
         out.append(end)
         return out, True
+
+    def _interrupted(self, end: RequestFinished) -> RequestFailed:
+        """The end of a stream some of whose chunks never reached this filter: it cannot
+        vouch for the text, so the client is told to submit it again. A count of what it
+        passed plus what it lost is no gap a client can trust: a filter restarted after
+        the chunks passed through the one before it (which held back the last word, as
+        it may still start a masked value) lost them all, and counted as many as the
+        client had; the client took the finish, its text short by that word (found in
+        test_faults' killed sanitizer)."""
+        return RequestFailed(
+            request_id=self.request_id,
+            code=FailureCode.STREAM_INTERRUPTED,
+            reason=f"{self.lost} of the stream's {end.chunks} chunks never reached the "
+            "output filter (a service on the reply path restarted); submit it again",
+            retryable=True,
+            attempt=max(1, self.attempt),
+        )
 
     def _refusal(self, choice: ChoiceParts) -> RequestFailed | None:
         """The end for a tool call carrying PII the request never gave, under the

@@ -228,20 +228,43 @@ def test_a_stale_attempts_finish_does_not_end_the_live_stream():
     assert over and "4111" not in text and "****1111" in text
 
 
-def test_chunks_lost_before_the_filter_show_in_the_count():
+def test_chunks_lost_before_the_filter_end_the_stream_interrupted():
     s = FilteredStream("r", "c", 0.0)
-    out = []
     for seq in (0, 2):  # chunk 1 never arrived
-        out += s.on_event(chunk(seq, f"word{seq} "), 0.0)[0]
+        s.on_event(chunk(seq, f"word{seq} "), 0.0)
     fin = RequestFinished(
         request_id="r",
         finish_reason="stop",
         chunks=3,
         usage=Usage(prompt_tokens=1, completion_tokens=3),
     )
-    events, _ = s.on_event(fin, 0.0)
-    got = len([e for e in [*out, *events] if isinstance(e, TokenChunk)])
-    assert events[-1].chunks == got + 1  # the client sees one missing
+    events, over = s.on_event(fin, 0.0)
+    end = events[-1]
+    assert over and isinstance(end, RequestFailed)
+    assert end.code == "stream_interrupted" and end.retryable
+
+
+def test_a_filter_restarted_after_the_chunks_passed_does_not_vouch_for_the_text():
+    """The filter before it passed every chunk, holding back the last word, and died;
+    the worker's finish reaches a new one that saw none of them. Ending the stream with
+    a finish counting its own chunks plus those it lost (as many as the client got)
+    would hand the client text short of that word (the fault suite's killed
+    sanitizer)."""
+    before = FilteredStream("r", "c", 0.0)
+    got = []
+    for seq, word in enumerate(("one ", "two ", "three ")):
+        got += before.on_event(chunk(seq, word), 0.0)[0]
+    assert "".join(c.text for c in got) != "one two three "  # a word held back
+    fin = RequestFinished(
+        request_id="r",
+        finish_reason="length",
+        chunks=3,
+        usage=Usage(prompt_tokens=1, completion_tokens=3),
+    )
+    after = FilteredStream("r", "c", 1.0)  # the restarted filter
+    events, over = after.on_event(fin, 1.0)
+    assert over and [type(e) for e in events] == [RequestFailed]
+    assert events[0].code == "stream_interrupted"
 
 
 def test_an_llmservice_sets_its_models_checks_over_the_flags_and_under_an_api_key():
