@@ -333,7 +333,7 @@ HANDOVER_FRESH_S = 1.0
 this recently: the worker holds them still for longer than that, then streams on."""
 
 
-class TokenChunk(Event, tag="token.chunk"):
+class TokenChunk(Event, tag="token.chunk", omit_defaults=True):
     """One or more tokens of output. ``seq`` counts chunks from 0 without gaps."""
 
     request_id: str

@@ -74,6 +74,8 @@ class ChunkSender:
             asyncio.get_running_loop().call_soon(self._flush_soon)
 
     def _flush_soon(self) -> None:
+        if not self._due:  # flushed since it was asked for (the sanitizer's, a message)
+            return
         task = asyncio.ensure_future(self.flush())
         self._flushes.add(task)  # held until done: the loop keeps weak references only
         task.add_done_callback(self._flushes.discard)

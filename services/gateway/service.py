@@ -35,7 +35,6 @@ from inferbus.contracts import (
     FailureCode,
     Reading,
     ReplyDelivery,
-    ReplyEvent,
     ReplyReader,
     RequestFailed,
     RequestFinished,
@@ -813,21 +812,36 @@ class GatewayService(Service[GatewaySettings]):
         own = False
         if timeout_s is not None and timeout_s + _DEADLINE_GRACE_S < limit:
             limit, own = timeout_s + _DEADLINE_GRACE_S, True
-        # one timeout for the whole wait (wait_for made a task a token: 10% of the
-        # gateway's CPU on a stream of tokens)
-        deadline = asyncio.get_running_loop().time() + limit
+        # one timer for the whole wait, its end a sentinel in the queue (wait_for made a
+        # task a token, 10% of the gateway's CPU; a timeout per wait, a timer a token)
+        timer = asyncio.get_running_loop().call_later(limit, queue.put_nowait, _TIMED_OUT)
         reader = ReplyReader(rid)
-        while True:
-            ev: ReplyEvent | None
-            if not queue.empty():
-                ev = queue.get_nowait()
-            else:
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        ev = await queue.get()
-                except TimeoutError:
-                    ev = None
-            if ev is None:
+        try:
+            while True:
+                # under load, pass what piled up on as one chunk: fewer events, same text
+                batch = [queue.get_nowait() if not queue.empty() else await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                timed_out = _TIMED_OUT in batch
+                if timed_out:  # what came before the timer still goes out
+                    batch = [ev for ev in batch if ev is not _TIMED_OUT]
+                if batch:
+                    reading = reader.read_all(batch)
+                    if reading.restarted:
+                        flow.completion_tokens = 0  # the older attempt's text is void
+                    if reading.interrupts and not restartable:  # the text that went out
+                        raise _Ended(error_for(reader.interrupted()), settled=False)
+                    if reading.chunks:
+                        flow.completion_tokens += sum(c.tokens for c in reading.chunks)
+                        trace.on_first_token()
+                    if isinstance(reading.end, RequestFinished):
+                        flow.usage = (flow.usage or 0) + reading.end.usage.total_tokens
+                        trace.on_finished(reading.end)
+                    yield reading
+                    if reading.end is not None:
+                        return
+                if not timed_out:
+                    continue
                 if own:
                     raise _Ended(
                         failure_error(
@@ -840,24 +854,8 @@ class GatewayService(Service[GatewaySettings]):
                     failure_error(FailureCode.TIMEOUT, f"no answer within {limit:g}s"),
                     settled=False,
                 )
-            # under load, pass what piled up on as one chunk: fewer events, same text
-            batch = [ev]
-            while not queue.empty():
-                batch.append(queue.get_nowait())
-            reading = reader.read_all(batch)
-            if reading.restarted:
-                flow.completion_tokens = 0  # the older attempt's text is not the answer
-            if reading.interrupts and not restartable:  # the text that went out is void
-                raise _Ended(error_for(reader.interrupted()), settled=False)
-            if reading.chunks:
-                flow.completion_tokens += sum(c.tokens for c in reading.chunks)
-                trace.on_first_token()
-            if isinstance(reading.end, RequestFinished):
-                flow.usage = (flow.usage or 0) + reading.end.usage.total_tokens
-                trace.on_finished(reading.end)
-            yield reading
-            if reading.end is not None:
-                return
+        finally:
+            timer.cancel()
 
     async def _complete(
         self, rid: str, readings: AsyncIterator[Reading], shapes: Presenter, started: float
@@ -989,6 +987,8 @@ class _Flow:
 
 
 _DEADLINE_GRACE_S = 2.0
+_TIMED_OUT = object()
+"""Put in a request's reply queue when its wait is over."""
 _EVENT_ROOM = 16 * 1024
 """Bytes of a submitted event besides the body's (ids, reply subject, sampling, headers)."""
 
