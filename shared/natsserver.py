@@ -54,6 +54,23 @@ def port_open(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+def server_name_at(host: str, port: int) -> str | None:
+    """The ``server_name`` in the INFO line the NATS server at ``host:port`` greets a
+    client with; None when none answers so."""
+    try:
+        with socket.create_connection((host, port), timeout=1.0) as s:
+            line = s.makefile("rb").readline(65536)
+    except OSError:
+        return None
+    if not line.startswith(b"INFO "):
+        return None
+    try:
+        name = json.loads(line[5:]).get("server_name")
+    except ValueError:
+        return None
+    return name if isinstance(name, str) else None
+
+
 @dataclass(frozen=True)
 class Cluster:
     """One node's place in a cluster of nats-servers (routes on loopback ports)."""
@@ -129,6 +146,9 @@ class NatsServer:
         self.tls = (Path(tls_cert), Path(tls_key)) if tls_cert and tls_key else None
         """Its certificate and key: clients connect with tls:// and verify it."""
         self._proc: subprocess.Popen[bytes] | None = None
+        self._chosen_port = not port  # 0 too: "any free port"
+        self.name = f"ib-{os.getpid()}-{id(self):x}"
+        """Its server name, by which ``start`` knows the server on its port is this one."""
 
     @property
     def url(self) -> str:
@@ -142,6 +162,8 @@ class NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         cmd = [find_binary(), "-js", "-sd", str(self.store_dir), "-a", self.host]
         cmd += ["-p", str(self.port)]
+        if not self.config_file:  # a reload rereads the file, and takes no new name
+            cmd += ["--server_name", self.name]
         if self.monitor_port:
             cmd += ["-m", str(self.monitor_port)]
         if self.config_file:
@@ -184,18 +206,37 @@ class NatsServer:
         return path
 
     def start(self, timeout: float = 10.0) -> NatsServer:
+        """Start it and wait until it listens. A port chosen here may be taken by
+        another process between the choice and the server's start (tests run many
+        servers at once): the server on it then answers with another name, this one
+        exits, and it starts again on another port. Found in CI: a test paused "its"
+        server and talked on to another test's."""
+        for _ in range(5):
+            if self._start_once(timeout):
+                return self
+            self.port = free_port(self.host)
+        raise RuntimeError(f"nats-server found its ports taken five times: {self.command()}")
+
+    def _start_once(self, timeout: float) -> bool:
         cmd = self.command()
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         self._proc = subprocess.Popen(cmd, stdout=out, stderr=out)
+        # with a config file (a cluster's node, a closed bus) the port is all that is
+        # looked at: a reload rereads the file, and a name from a flag would be lost
+        named = "--server_name" in cmd
         deadline = time.monotonic() + timeout
-        while not port_open(self.host, self.port):
+        while not port_open(self.host, self.port) or (
+            named and server_name_at(self.host, self.port) != self.name
+        ):
             if self._proc.poll() is not None:
+                if self._chosen_port and port_open(self.host, self.port):
+                    return False  # another server took the port it was given
                 raise RuntimeError(f"nats-server exited with {self._proc.returncode}: {cmd}")
             if time.monotonic() > deadline:
                 self.stop()
                 raise TimeoutError(f"nats-server did not listen on {self.url}")
             time.sleep(0.05)
-        return self
+        return True
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
