@@ -100,7 +100,8 @@ async def test_a_server_paused_past_the_put_timeout_gets_the_write(tmp_path: Pat
         try:
             write = asyncio.create_task(put_until_stored(kv, "current.m", b"v2", retry_s=0.05))
             # its asks time out meanwhile (whether it was still waiting at 1.5 s is not
-            # asserted: on CI's loaded runner it was once done by then, cause not found)
+            # asserted: on CI's loaded runner it was once done by then, most likely on
+            # another test's server that held this one's port; see NatsServer.start)
             await asyncio.sleep(1.5)
         finally:
             os.kill(server._proc.pid, signal.SIGCONT)
