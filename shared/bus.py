@@ -306,6 +306,21 @@ async def publish_durable(
     return await js.publish(subject, encode(event), headers=headers)
 
 
+async def request_patiently(
+    nc: Client, subject: str, payload: bytes, *, timeout_s: float = 5.0, patience_s: float = 30.0
+) -> Msg:
+    """A request asked again while its answer is slow (a busy supervisor), up to
+    ``patience_s``, then the last timeout raised: for requests that may be repeated
+    (a query, an absolute setting)."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return await nc.request(subject, payload, timeout=timeout_s)
+        except nats.errors.TimeoutError:
+            if time.monotonic() >= deadline:
+                raise
+
+
 END_PATIENCE_S = 60.0
 """How long a request's end waits for JetStream to record it (a NATS server coming
 back) before it is given up: unrecorded, it is not sent. Under IB_REQUESTS's 120 s

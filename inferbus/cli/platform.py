@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from typing import Any
 
 import click
@@ -110,10 +109,8 @@ SUPERVISOR_PATIENCE_S = 30.0
 
 def _supervisor_call(nats_url: str, supervisor: str, command: Any) -> Any:
     """Send a command to ``inferbus up``'s supervisor; its state back."""
-    import nats.errors
-
     from inferbus.contracts.control import SupervisorState, supervisor_subject
-    from inferbus.shared.bus import CLI_PATIENCE_S, connect
+    from inferbus.shared.bus import CLI_PATIENCE_S, connect, request_patiently
     from inferbus.shared.buscreds import credentials_from_env
     from inferbus.shared.codec import decode, encode
 
@@ -121,19 +118,13 @@ def _supervisor_call(nats_url: str, supervisor: str, command: Any) -> Any:
         nc = await connect(
             nats_url, "inferbus-ctl", credentials_from_env(), give_up_s=CLI_PATIENCE_S
         )
-        # asked again when an answer is slow (a supervisor busy starting workers): both
-        # commands are repeatable, a query and an absolute count
-        deadline = time.monotonic() + SUPERVISOR_PATIENCE_S
-        try:
-            while True:
-                try:
-                    reply = await nc.request(
-                        supervisor_subject(supervisor), encode(command), timeout=5
-                    )
-                    break
-                except nats.errors.TimeoutError:
-                    if time.monotonic() >= deadline:
-                        raise
+        try:  # both commands may be repeated: a query and an absolute count
+            reply = await request_patiently(
+                nc,
+                supervisor_subject(supervisor),
+                encode(command),
+                patience_s=SUPERVISOR_PATIENCE_S,
+            )
         finally:
             await nc.close()
         return decode(reply.data, SupervisorState)

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import aiohttp
-import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
 from testkit.faults import Platform, http_one, nats_one
@@ -17,7 +16,7 @@ from testkit.faults import Platform, http_one, nats_one
 from inferbus.client import Client
 from inferbus.contracts import SCALE_DECISIONS, ScaleDecision
 from inferbus.contracts.control import SupervisorQuery, SupervisorState, supervisor_subject
-from inferbus.shared.bus import connect
+from inferbus.shared.bus import connect, request_patiently
 from inferbus.shared.buscreds import load_credentials
 from inferbus.shared.codec import decode, encode
 
@@ -45,14 +44,10 @@ async def workers(nc: NATS) -> list[str]:
     while the bus reloads its users (each worker the autoscaler adds is a new user) was
     once refused there (nats-server logged "authentication error" for existing users
     during that reload, too)."""
-    for _ in range(5):  # a supervisor busy starting workers answers late
-        try:
-            reply = await nc.request(supervisor_subject(), encode(SupervisorQuery()), timeout=5)
-            break
-        except nats.errors.TimeoutError:
-            continue
-    else:
-        raise AssertionError("the supervisor did not answer in 25 s")
+    # a supervisor busy starting workers answers late
+    reply = await request_patiently(
+        nc, supervisor_subject(), encode(SupervisorQuery()), patience_s=25
+    )
     state = decode(reply.data, SupervisorState)
     return sorted(p.name for p in state.processes if p.service == "worker")
 

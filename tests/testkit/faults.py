@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-import nats.errors
 
 from inferbus.client import Client, RequestError
 from inferbus.contracts import (
@@ -50,7 +49,7 @@ from inferbus.contracts import (
 )
 from inferbus.contracts.control import SupervisorQuery, SupervisorState, supervisor_subject
 from inferbus.services.worker.sim import VOCAB, token_id
-from inferbus.shared.bus import connect
+from inferbus.shared.bus import connect, request_patiently
 from inferbus.shared.buscreds import load_credentials
 from inferbus.shared.codec import decode, decode_or_none, encode
 from inferbus.shared.natsserver import free_ports
@@ -252,17 +251,8 @@ class Platform:
 
     async def pids(self) -> dict[str, int]:
         nc = await connect(self.nats_url, "faults-ps", load_credentials(self.operator))
-        deadline = time.monotonic() + 30  # a supervisor busy under load answers late
-        try:
-            while True:
-                try:
-                    reply = await nc.request(
-                        supervisor_subject(), encode(SupervisorQuery()), timeout=5
-                    )
-                    break
-                except nats.errors.TimeoutError:
-                    if time.monotonic() >= deadline:
-                        raise
+        try:  # a supervisor busy under load answers late
+            reply = await request_patiently(nc, supervisor_subject(), encode(SupervisorQuery()))
         finally:
             await nc.close()
         state = decode(reply.data, SupervisorState)
