@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
-from collections.abc import Awaitable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,9 @@ DEFAULT_STORE = 2 << 30
 LIMITS_ENV = "INFERBUS_STREAM_LIMITS"
 """Overrides per stream: ``NAME=SIZE[/AGE],...``, e.g. ``IB_REQUESTS=8GiB/48h,IB_KV=512MiB``
 (sizes in B, KiB, MiB, GiB, TiB; ages in s, m, h, d)."""
+
+PLACEMENT_PATIENCE_S = 60.0
+"""How long a stream waits for JetStream to find nodes for its replicas."""
 
 _UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 _AGES = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -122,7 +128,11 @@ def consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
 
 
 async def ensure_streams(
-    js: JetStreamContext, replicas: int | None = None, *, update: bool = True
+    js: JetStreamContext,
+    replicas: int | None = None,
+    *,
+    update: bool = True,
+    placement_patience_s: float = PLACEMENT_PATIENCE_S,
 ) -> None:
     """Create every missing stream and, for a provisioner (``inferbus up``, the
     Kubernetes operator), bring each to its spec. Only the provisioner that names
@@ -139,14 +149,17 @@ async def ensure_streams(
 
     JetStream reserves each stream's byte limit: where it has no room for the budget
     (a small disk, a small ``max_file_store``), the streams are sized again at half of
-    it, and so on: streams smaller than asked beat a platform that cannot start."""
+    it, and so on: streams smaller than asked beat a platform that cannot start.
+
+    A cluster that has just elected its JetStream leader may not yet count every node
+    as a peer, and refuses a replicated stream's placement meanwhile: each stream is
+    asked again for up to ``placement_patience_s``."""
     store = os.environ.get(STORE_ENV, "")
     budget = size_of(store) if store else DEFAULT_STORE
     while True:
         try:
-            await _ensure(
-                js, stream_limits(os.environ.get(LIMITS_ENV, ""), budget), replicas, update
-            )
+            specs = stream_limits(os.environ.get(LIMITS_ENV, ""), budget)
+            await _ensure(js, specs, replicas, update, placement_patience_s)
             return
         except NoRoomError as exc:
             if budget // 2 < 16 * _SMALLEST:
@@ -159,16 +172,21 @@ async def ensure_streams(
 
 
 async def _ensure(
-    js: JetStreamContext, specs: Sequence[StreamSpec], replicas: int | None, update: bool
+    js: JetStreamContext,
+    specs: Sequence[StreamSpec],
+    replicas: int | None,
+    update: bool,
+    patience_s: float,
 ) -> None:
     for spec in specs:
         try:
             info = await js.stream_info(spec.name)
         except NotFoundError:
             try:
-                await _no_room_said(js.add_stream(stream_config(spec, replicas or 1)), spec)
+                config = stream_config(spec, replicas or 1)
+                await _placed(partial(js.add_stream, config), spec, patience_s)
                 continue
-            except NoRoomError:
+            except (NoRoomError, NoPeersError):
                 raise
             except APIError as exc:
                 if exc.err_code == _OVERLAP:
@@ -178,16 +196,48 @@ async def _ensure(
                         "older inferbus made); bring the streams to their spec once as "
                         "the operator: `inferbus nats provision`"
                     ) from None
-                info = await js.stream_info(spec.name)  # another made it meanwhile
-            except Exception:  # another service created it between the two calls
-                info = await js.stream_info(spec.name)
+                info = await _made_meanwhile(js, spec, exc)
+            except Exception as exc:
+                info = await _made_meanwhile(js, spec, exc)
         if update:
-            kept = replicas or info.config.num_replicas or 1
-            await _no_room_said(js.update_stream(stream_config(spec, kept)), spec)
+            config = stream_config(spec, replicas or info.config.num_replicas or 1)
+            await _placed(partial(js.update_stream, config), spec, patience_s)
+
+
+async def _made_meanwhile(js: JetStreamContext, spec: StreamSpec, refusal: Exception) -> Any:
+    """The stream another service made between our look and our add; else the refusal."""
+    try:
+        return await js.stream_info(spec.name)
+    except NotFoundError:
+        raise refusal from None
 
 
 class NoRoomError(RuntimeError):
     """JetStream has no room for a stream's byte limit."""
+
+
+class NoPeersError(RuntimeError):
+    """JetStream found no nodes to place a stream's replicas on, for as long as asked."""
+
+
+async def _placed(call: Callable[[], Awaitable[Any]], spec: StreamSpec, patience_s: float) -> None:
+    """Make or update a stream, asking again while JetStream says its peers are not
+    there yet (a new cluster, a node restarting)."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            await _no_room_said(call(), spec)
+            return
+        except APIError as exc:
+            if exc.err_code not in _NOT_YET:
+                raise
+            if time.monotonic() >= deadline:
+                raise NoPeersError(
+                    f"stream {spec.name}: JetStream still says {exc.description!r} after "
+                    f"{patience_s:.0f} s; does the cluster have a node for each replica?"
+                ) from None
+            log.info("stream waits for its peers", stream=spec.name, said=exc.description)
+            await asyncio.sleep(0.5)
 
 
 async def _no_room_said(call: Awaitable[Any], spec: StreamSpec) -> None:
@@ -203,6 +253,9 @@ _NO_ROOM = 10047
 """JetStream's "insufficient storage resources available"."""
 _OVERLAP = 10065
 """JetStream's "subjects overlap with an existing stream"."""
+_NOT_YET = frozenset({10005, 10008})
+"""JetStream's "no suitable peers for placement" and "JetStream system temporarily
+unavailable": what a cluster says until its leader has heard from every node."""
 
 
 async def ensure_consumers(js: JetStreamContext, consumers: Sequence[ConsumerSpec]) -> None:

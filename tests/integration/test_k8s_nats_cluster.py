@@ -52,8 +52,19 @@ async def main():
     op = creds("operator")
     nc = await nats.connect("nats://nats:4222", user=op["user"], password=op["password"])
     js = nc.jetstream()
-    info = await js.add_stream(StreamConfig(name="R3CHECK", subjects=["r3check.>"],
-                                            num_replicas=3))
+    # a leader just elected may not yet count every node as a peer: it refuses the
+    # placement until then (err 10005), as the platform's provisioner is told too
+    for _ in range(120):
+        try:
+            info = await js.add_stream(StreamConfig(name="R3CHECK", subjects=["r3check.>"],
+                                                    num_replicas=3))
+            break
+        except nats.js.errors.APIError as exc:
+            if exc.err_code != 10005:
+                raise
+            await asyncio.sleep(0.5)
+    else:
+        sys.exit("the cluster never placed a 3-replica stream")
     out["replicas"] = info.config.num_replicas
     # a new replicated stream answers only once its own leader is elected, which can
     # follow add_stream's reply by a moment on a loaded machine
