@@ -535,6 +535,10 @@ class WorkerHeartbeat(Event, tag="worker.heartbeat"):
     """Requests a draining worker asks the scheduler to move to other workers (its
     long-running streams, after a grace period): each that can move continues
     elsewhere and this worker is told to stop it; the others it runs to the end."""
+    telling: list[str] = []
+    """Requests whose end the worker has recorded on ``ib.req.ended`` and not yet sent
+    to their reader. Should the worker fall silent before it does, the scheduler sends
+    the recorded end itself (a reader never told waits out its timeout)."""
 
 
 class ModelLoad(msgspec.Struct, kw_only=True):

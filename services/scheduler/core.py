@@ -24,12 +24,13 @@ from inferbus.contracts import (
     ModelLoad,
     RequestSubmitted,
     Resume,
+    Terminal,
     TokenChunk,
     WorkAssigned,
     WorkerHeartbeat,
 )
 
-from .effects import Assign, Cancel, Effect, Fail, HandOff, Refuse, Supersede
+from .effects import Assign, Cancel, Effect, Fail, HandOff, Refuse, Retell, Supersede
 from .goodput import Fleet, slo_s
 from .kvindex import KvIndex, prefix_blocks
 from .lanes import ModelQueue, cost_tokens, prompt_tokens
@@ -47,6 +48,7 @@ __all__ = [
     "Inflight",
     "Queued",
     "Refuse",
+    "Retell",
     "SchedulerCore",
     "SchedulerPolicy",
     "Supersede",
@@ -293,6 +295,10 @@ class SchedulerCore:
     ) -> list[Effect]:
         """``wall``: the Unix time matching ``now`` (a handover asked longer ago than
         ``HANDOVER_FRESH_S`` is not acted on: its worker streams on by then)."""
+        known = self.workers.get(hb.worker_id)
+        if known is not None and known.untold:  # said sent by now: no longer ours to tell
+            told = set(hb.inflight).union(hb.telling)
+            known.untold = {r: end for r, end in known.untold.items() if r in told}
         if hb.state in ("stopped", "failed"):
             return self._lose_worker(hb.worker_id, now, hb.state) + self._dispatch(now)
         if hb.worker_id in self._stalled:
@@ -539,10 +545,17 @@ class SchedulerCore:
             w.rates.last_start = max(w.rates.last_start, now)  # the worker was busy
         self._touch(w)
 
-    def on_ended(self, request_id: str, now: float, attempt: int = 0) -> list[Effect]:
+    def on_ended(
+        self, request_id: str, now: float, attempt: int = 0, end: Terminal | None = None
+    ) -> list[Effect]:
         """A request's end (``attempt``: the one it names, 0 for none). The end of an
         attempt older than the one running is a presumed-lost worker's late word: the
-        newer attempt keeps its slot and runs on, as its reader follows it."""
+        newer attempt keeps its slot and runs on, as its reader follows it.
+
+        ``end``, the recorded event, is kept with the worker that ran the request until
+        its heartbeat says the end was sent: a worker stopped between its record and its
+        send (a SIGSTOP, a hung host) would leave the reader waiting, so its loss tells
+        the end instead."""
         running = self.inflight.get(request_id)
         if running is not None and 0 < attempt < running.attempt:
             return []
@@ -557,6 +570,10 @@ class SchedulerCore:
         if f is not None:
             w = self.workers.get(f.worker_id)
             if w is not None:
+                if end is not None:
+                    w.untold[request_id] = (f.request, end)
+                    if len(w.untold) > self.policy.remember_ended:
+                        del w.untold[next(iter(w.untold))]
                 if f.started and now:
                     w.rates.on_end(f.assigned_at, now)
                 self._release(w, f)
@@ -937,7 +954,7 @@ class SchedulerCore:
         self.kv.drop_worker(worker_id)
         if w is None:
             return []
-        effects: list[Effect] = []
+        effects: list[Effect] = [Retell(request=r, end=end) for r, end in w.untold.values()]
         # newest first, each pushed to the front: the oldest ends up first in line
         for rid in sorted(w.assigned, key=lambda r: self.inflight[r].order, reverse=True):
             f = self.inflight.pop(rid)

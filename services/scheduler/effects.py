@@ -1,11 +1,11 @@
 """What the scheduler's core asks its adapter to do: assign, fail, cancel, refuse,
-supersede, hand off."""
+supersede, hand off, tell an end again."""
 
 from __future__ import annotations
 
 import msgspec
 
-from inferbus.contracts import FailureCode, RequestSubmitted, Resume, is_retryable
+from inferbus.contracts import FailureCode, RequestSubmitted, Resume, Terminal, is_retryable
 
 
 class Assign(msgspec.Struct, kw_only=True, frozen=True):
@@ -94,4 +94,13 @@ class HandOff(msgspec.Struct, kw_only=True, frozen=True):
     request: RequestSubmitted
 
 
-Effect = Assign | Fail | Cancel | Refuse | Supersede | HandOff
+class Retell(msgspec.Struct, kw_only=True, frozen=True):
+    """Send ``end``, already recorded on ``ib.req.ended``, to the request's reader: the
+    worker that recorded it fell silent before it said it had sent it. Not recorded
+    again; a reader told twice keeps the first (the sanitizer drops a repeat)."""
+
+    request: RequestSubmitted
+    end: Terminal
+
+
+Effect = Assign | Fail | Cancel | Refuse | Supersede | HandOff | Retell

@@ -68,6 +68,7 @@ from .core import (
     Fail,
     HandOff,
     Refuse,
+    Retell,
     SchedulerCore,
     SchedulerPolicy,
     Supersede,
@@ -539,7 +540,7 @@ class SchedulerService(Service[SchedulerSettings]):
 
     async def _ended(self, ev: Terminal) -> None:
         attempt = getattr(ev, "attempt", 0)  # a rejection names none
-        await self._apply(self.core.on_ended(ev.request_id, time.monotonic(), attempt))
+        await self._apply(self.core.on_ended(ev.request_id, time.monotonic(), attempt, ev))
         self._traces.pop(ev.request_id, None)
 
     async def _on_cancel(self, ev: CancelRequest, msg: Msg) -> None:
@@ -644,6 +645,8 @@ class SchedulerService(Service[SchedulerSettings]):
             if isinstance(e, Supersede)
             else "handed_off"
             if isinstance(e, HandOff)
+            else "retold"
+            if isinstance(e, Retell)
             else e.code
         ).inc()
         for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
@@ -659,7 +662,7 @@ class SchedulerService(Service[SchedulerSettings]):
                     )
                 else:
                     await asyncio.sleep(0.25 * 2**attempt)
-        if isinstance(e, Refuse | Supersede):
+        if isinstance(e, Refuse | Supersede | Retell):
             return  # the held message, if any, is the first request's (or long acked)
         held = self._unacked.pop(rid, None)
         if held is not None:
@@ -686,6 +689,10 @@ class SchedulerService(Service[SchedulerSettings]):
             return
         if isinstance(e, HandOff):
             await self._hand_off(e)
+            return
+        if isinstance(e, Retell):  # recorded by its silent worker, which may never send it
+            await nc.publish(e.request.reply_to, encode(e.end), headers=request_headers(rid))
+            log.warning("request's end sent for its silent worker", request_id=rid)
             return
         trace = self._traces.get(rid)
         if isinstance(e, Assign):

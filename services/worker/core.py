@@ -420,6 +420,7 @@ def heartbeat(
     costs: CostMeter | None = None,
     stalled_s: float = 0.0,
     handover: list[str] | None = None,
+    telling: list[str] | None = None,
 ) -> WorkerHeartbeat:
     return WorkerHeartbeat(
         worker_id=worker_id,
@@ -446,4 +447,5 @@ def heartbeat(
         kv_restore_s_per_token=costs.restore_s_per_token if costs else 0.0,
         stalled_s=stalled_s,
         handover=handover or [],
+        telling=telling or [],
     )

@@ -201,6 +201,8 @@ class WorkerService(Service[WorkerSettings]):
         self._attempts: dict[str, int] = {}
         """The attempt of each request running here (an attempt-scoped cancel names one)."""
         self._superseded: set[str] = set()
+        self._telling: set[str] = set()
+        """Requests whose end is recorded and not yet sent (the heartbeat's ``telling``)."""
         """Running attempts the scheduler gave up on: they stop without a word (their
         end is not the request's; its successor's reader would take it for one)."""
         self._kv_seq = 0
@@ -481,7 +483,7 @@ class WorkerService(Service[WorkerSettings]):
         await asyncio.wait([task], timeout=5.0)
 
     async def _serve(self, assignment: WorkAssigned, parent: Any = None) -> None:
-        nc, js = self.ctx.nc, self.ctx.js
+        nc = self.ctx.nc
         req = assignment.request
         rid, model = req.request_id, req.model
         reply = req.reply_to
@@ -558,15 +560,37 @@ class WorkerService(Service[WorkerSettings]):
             if expiry is not None:
                 expiry.cancel()
             self._expired.discard(rid)
+            self._telling.add(rid)  # before it leaves the heartbeat's inflight
             self._forget(rid, asyncio.current_task())
             try:  # a second cancel (a stop landing now) must not skip the end below
                 await asyncio.shield(outputs.aclose())
             except asyncio.CancelledError:
                 pass
+        filtered = False
+        try:
+            filtered = await self._end(assignment, stream, terminal, parent, received, itl)
+        finally:
+            if not filtered:  # a filtered end is sent by its own task
+                self._telling.discard(rid)
+
+    async def _end(
+        self,
+        assignment: WorkAssigned,
+        stream: RequestStream,
+        terminal: Any,
+        parent: Any,
+        received: float,
+        itl: Any,
+    ) -> bool:
+        """Record the request's end, then send it: whether it went to the output filter
+        (sent by a task of its own)."""
+        nc, js = self.ctx.nc, self.ctx.js
+        req = assignment.request
+        rid, model, reply = req.request_id, req.model, req.reply_to
         if rid in self._superseded:
             self._superseded.discard(rid)
             log.info("attempt superseded", request_id=rid, attempt=assignment.attempt)
-            return
+            return False
         if terminal is None:
             terminal = stream.unfinished()
         if isinstance(terminal, RequestFinished) and not stream.resumed:
@@ -587,8 +611,9 @@ class WorkerService(Service[WorkerSettings]):
             ):
                 if req.client_reply_to and req.client_reply_to != reply:
                     self._end_through_filter(reply, req.client_reply_to, rid, terminal, stream)
-                else:
-                    await nc.publish(reply, encode(terminal), headers=request_headers(rid))
+                    return True
+                await nc.publish(reply, encode(terminal), headers=request_headers(rid))
+            return False
         finally:  # counted and logged even when the record of its end could not be made
             report_end(self.ctx.tracing, self.name, stream, terminal, parent, received, ended)
 
@@ -643,6 +668,12 @@ class WorkerService(Service[WorkerSettings]):
         headers = request_headers(rid)
 
         async def end() -> None:
+            try:
+                await tell()
+            finally:
+                self._telling.discard(rid)
+
+        async def tell() -> None:
             # asked again while it waits: the sanitizer takes a repeat as a repeat
             answered = await ask_until_answered(
                 nc, via, encode(terminal), window_s=self.settings.filter_backup_s, headers=headers
@@ -704,6 +735,7 @@ class WorkerService(Service[WorkerSettings]):
             state=self.state,
             stats=self.engine.stats(),
             inflight=list(self._tasks),
+            telling=list(self._telling),
             interval_s=self.settings.heartbeat_interval_s,
             now=time.time(),
             reason=self.failure,

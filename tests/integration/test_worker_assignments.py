@@ -241,3 +241,49 @@ async def test_a_continuation_with_only_its_end_left_names_the_model_that_served
     (end,) = replies.ends
     assert isinstance(end, RequestFinished) and end.finish_reason == "length"
     assert end.served_model.startswith(MODEL), end
+
+
+async def test_the_heartbeat_lists_an_end_recorded_until_it_is_sent(client):
+    """From its assignment until its end is sent, a request is in every heartbeat of
+    its worker, running (``inflight``) or recorded as ended and not yet sent
+    (``telling``): a worker lost in between has the scheduler send the end for it.
+    Here the filter never answers, so the end is being sent until the worker's
+    backup, ``filter_backup_s`` (5 s) later."""
+    nc = client.nc
+    worker_id = await worker_for(nc, MODEL)
+    rid = f"telling-{time.monotonic()}"
+    beats: list[tuple[float, set[str], set[str]]] = []
+
+    async def on_beat(msg) -> None:
+        hb = decode(msg.data, WorkerHeartbeat)
+        if hb.worker_id == worker_id:
+            beats.append((time.monotonic(), set(hb.inflight), set(hb.telling)))
+
+    async def filter_swallows_the_end(msg) -> None:
+        if isinstance(decode(msg.data, TokenChunk | RequestFailed | RequestFinished), TokenChunk):
+            await nc.publish(msg.subject.split(".", 3)[3], msg.data)
+
+    replies = Replies()
+    inbox = nc.new_inbox()
+    subs = [
+        await nc.subscribe(HEARTBEATS, cb=on_beat),
+        await nc.subscribe(inbox, cb=replies.on_msg),
+        await nc.subscribe("ib.filter.test-telling.>", cb=filter_swallows_the_end),
+    ]
+    work = assigned(rid, MODEL, worker_id, f"ib.filter.test-telling.{inbox}", max_tokens=4)
+    work.request.client_reply_to = inbox
+    await client.js.publish(work_subject(worker_id), encode(work))
+    await asyncio.wait_for(replies.ended.wait(), 15)
+    ended_at = time.monotonic()
+    await asyncio.sleep(2.5)  # heartbeats sent after the end
+    for sub in subs:
+        await sub.unsubscribe()
+    [backup] = replies.ends
+    assert isinstance(backup, RequestFailed) and backup.code == "stream_interrupted"
+    listed = [i for i, (_, running, telling) in enumerate(beats) if rid in running | telling]
+    assert listed, beats
+    during = beats[listed[0] : listed[-1] + 1]
+    assert all(rid in running | telling for _, running, telling in during), during
+    assert any(rid in telling for _, _, telling in during), during  # the 5 s wait
+    assert listed[-1] < len(beats) - 1  # then dropped, once sent
+    assert all(rid not in running | telling for t, running, telling in beats if t > ended_at + 1.5)

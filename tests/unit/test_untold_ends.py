@@ -1,0 +1,89 @@
+"""A worker stopped (SIGSTOP, a hung host) after it recorded a request's end on
+``ib.req.ended`` and before it sent the end to the reader: the scheduler took the
+request for over and moved nothing, and only the stopped worker could send the end,
+so the client waited out its timeout (CI's test_faults[worker-0-hang] once hung one
+HTTP client after all 20 of its chunks). The scheduler keeps each recorded end with its
+worker until a heartbeat says it was sent (gone from ``inflight`` and ``telling``), and
+sends it itself when the worker is lost first."""
+
+from __future__ import annotations
+
+from inferbus.contracts import RequestFinished, RequestSubmitted, Usage, WorkerHeartbeat
+from inferbus.services.scheduler.core import Retell, SchedulerCore, SchedulerPolicy
+
+POLICY = SchedulerPolicy(worker_timeout_s=3.0, queue_timeout_s=10.0, max_attempts=3)
+
+
+def req(rid: str) -> RequestSubmitted:
+    return RequestSubmitted(request_id=rid, model="m", reply_to=f"ib.filter.t.{rid}", prompt="hi")
+
+
+def hb(wid: str, inflight: tuple[str, ...] = (), telling: tuple[str, ...] = ()) -> WorkerHeartbeat:
+    return WorkerHeartbeat(
+        worker_id=wid, models=["m"], engine="sim", inflight=list(inflight), telling=list(telling)
+    )
+
+
+def finished(rid: str) -> RequestFinished:
+    return RequestFinished(
+        request_id=rid,
+        finish_reason="length",
+        usage=Usage(prompt_tokens=1, completion_tokens=20),
+        chunks=20,
+        worker_id="w1",
+        attempt=1,
+    )
+
+
+def ended_on(worker: str, *later: WorkerHeartbeat) -> SchedulerCore:
+    """r1 served by ``worker`` and its end recorded at t=1, then ``later`` heartbeats."""
+    core = SchedulerCore(POLICY)
+    core.on_heartbeat(hb(worker), 0.0)
+    core.on_accepted(req("r1"), 0.1)
+    core.on_heartbeat(hb(worker, inflight=("r1",)), 0.5)
+    core.on_ended("r1", 1.0, 1, finished("r1"))
+    for t, beat in enumerate(later, start=2):
+        core.on_heartbeat(beat, float(t) * 0.5)
+    return core
+
+
+def retold(effects) -> list[Retell]:
+    return [e for e in effects if isinstance(e, Retell)]
+
+
+def test_a_worker_lost_before_it_said_the_end_was_sent_has_it_sent_for_it():
+    core = ended_on("w1", hb("w1", telling=("r1",)))  # recorded, not yet sent
+    (again,) = retold(core.tick(10.0))  # w1 silent past its timeout
+    assert again.request == req("r1")  # to the reader the worker was to tell
+    assert again.end == finished("r1")
+
+
+def test_a_worker_lost_with_no_heartbeat_since_the_end_has_it_sent_for_it():
+    core = ended_on("w1")  # its last word listed the request running
+    assert [e.end.request_id for e in retold(core.tick(10.0))] == ["r1"]
+
+
+def test_an_end_the_worker_said_it_sent_is_not_sent_again():
+    core = ended_on("w1", hb("w1"))  # neither running nor telling: sent
+    assert retold(core.tick(10.0)) == []
+
+
+def test_a_worker_that_stops_in_order_with_the_end_still_to_send_has_it_sent():
+    core = ended_on("w1")
+    stopping = WorkerHeartbeat(
+        worker_id="w1", models=["m"], engine="sim", state="stopped", telling=["r1"]
+    )
+    assert [e.end.request_id for e in retold(core.on_heartbeat(stopping, 2.0))] == ["r1"]
+
+
+def test_another_workers_loss_sends_nothing():
+    core = SchedulerCore(POLICY)
+    core.on_heartbeat(hb("w1"), 0.0)
+    core.on_heartbeat(hb("w2"), 0.0)
+    core.on_accepted(req("r1"), 0.1)
+    (served_by,) = {f.worker_id for f in core.inflight.values()}
+    other = "w2" if served_by == "w1" else "w1"
+    core.on_ended("r1", 1.0, 1, finished("r1"))
+    core.on_heartbeat(hb(served_by, telling=("r1",)), 9.0)  # the server alive and sending
+    assert retold(core.tick(10.0)) == []  # only the other one was lost
+    assert other not in core.workers
