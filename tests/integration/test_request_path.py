@@ -8,7 +8,7 @@ import time
 
 import aiohttp
 import pytest
-from testkit.simplatform import MODEL, SLOW_MODEL
+from testkit.simplatform import MODEL, SLOW_MODEL, wait_for_status
 
 from inferbus.client import RequestError
 from inferbus.contracts import (
@@ -246,12 +246,12 @@ async def test_canary_weights_send_a_models_requests_to_its_new_version(platform
         assert r.exit_code == 0, r.output
 
     await asyncio.to_thread(canary, f"{SLOW_MODEL}=1")
-    try:
-        await asyncio.sleep(0.3)
+    try:  # the weights in force, not a sleep standing in for them (a loaded machine)
+        await wait_for_status(client.nc, lambda s: s["canaries"].get(MODEL))
         r = await client.generate(MODEL, "which version?", max_tokens=3)
         assert r.outcome.worker_id.startswith("slow-worker")  # ran on the new version
     finally:
         await asyncio.to_thread(canary)  # the canary ends
-    await asyncio.sleep(0.3)
+    await wait_for_status(client.nc, lambda s: not s["canaries"].get(MODEL))
     r = await client.generate(MODEL, "and now?", max_tokens=3)
     assert not r.outcome.worker_id.startswith("slow-worker")
