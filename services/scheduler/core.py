@@ -297,8 +297,15 @@ class SchedulerCore:
         ``HANDOVER_FRESH_S`` is not acted on: its worker streams on by then)."""
         known = self.workers.get(hb.worker_id)
         if known is not None and known.untold:  # said sent by now: no longer ours to tell
-            told = set(hb.inflight).union(hb.telling)
-            known.untold = {r: end for r, end in known.untold.items() if r in told}
+            # a heartbeat sent before the request reached the worker lists it nowhere
+            # either, and heartbeats and ends come on different subscriptions: only one
+            # read a heartbeat interval after the end vouches for it
+            listed = set(hb.inflight).union(hb.telling)
+            known.untold = {
+                r: untold
+                for r, untold in known.untold.items()
+                if r in listed or now - untold[2] < known.interval_s
+            }
         if hb.state in ("stopped", "failed"):
             return self._lose_worker(hb.worker_id, now, hb.state) + self._dispatch(now)
         if hb.worker_id in self._stalled:
@@ -571,7 +578,7 @@ class SchedulerCore:
             w = self.workers.get(f.worker_id)
             if w is not None:
                 if end is not None:
-                    w.untold[request_id] = (f.request, end)
+                    w.untold[request_id] = (f.request, end, now)
                     if len(w.untold) > self.policy.remember_ended:
                         del w.untold[next(iter(w.untold))]
                 if f.started and now:
@@ -954,7 +961,7 @@ class SchedulerCore:
         self.kv.drop_worker(worker_id)
         if w is None:
             return []
-        effects: list[Effect] = [Retell(request=r, end=end) for r, end in w.untold.values()]
+        effects: list[Effect] = [Retell(request=r, end=end) for r, end, _ in w.untold.values()]
         # newest first, each pushed to the front: the oldest ends up first in line
         for rid in sorted(w.assigned, key=lambda r: self.inflight[r].order, reverse=True):
             f = self.inflight.pop(rid)

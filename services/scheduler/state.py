@@ -149,9 +149,9 @@ class Worker:
     pending_prefill: int = 0
     """Prompt tokens (less its expected cache hits) of what it holds and has not
     started: the prefill a request placed there waits behind."""
-    untold: dict[str, tuple[RequestSubmitted, Terminal]] = field(default_factory=dict)
-    """Ends it recorded that no heartbeat since has said were sent to their readers:
-    told again should it be lost (``Retell``)."""
+    untold: dict[str, tuple[RequestSubmitted, Terminal, float]] = field(default_factory=dict)
+    """Ends it recorded (with when they were read) that no heartbeat since has said were
+    sent to their readers: told again should it be lost (``Retell``)."""
 
     def can_take(self, tokens: int = 0, seqs: int = 1) -> bool:
         """Room for a request of ``tokens`` running ``seqs`` sequences (its ``n``); an

@@ -9,6 +9,7 @@ import re
 import secrets
 import tempfile
 import time
+from collections import Counter
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -201,10 +202,11 @@ class WorkerService(Service[WorkerSettings]):
         self._attempts: dict[str, int] = {}
         """The attempt of each request running here (an attempt-scoped cancel names one)."""
         self._superseded: set[str] = set()
-        self._telling: set[str] = set()
-        """Requests whose end is recorded and not yet sent (the heartbeat's ``telling``)."""
         """Running attempts the scheduler gave up on: they stop without a word (their
         end is not the request's; its successor's reader would take it for one)."""
+        self._telling: Counter[str] = Counter()
+        """Requests whose end is being recorded or sent (the heartbeat's ``telling``), by
+        how many of their attempts here are at it."""
         self._kv_seq = 0
         """The number of its last KV event (from 1; its id is new at each start)."""
         self._kv_mirror = KvMirror()
@@ -560,18 +562,25 @@ class WorkerService(Service[WorkerSettings]):
             if expiry is not None:
                 expiry.cancel()
             self._expired.discard(rid)
-            self._telling.add(rid)  # before it leaves the heartbeat's inflight
+            self._telling[rid] += 1  # before it leaves the heartbeat's inflight
             self._forget(rid, asyncio.current_task())
             try:  # a second cancel (a stop landing now) must not skip the end below
                 await asyncio.shield(outputs.aclose())
             except asyncio.CancelledError:
                 pass
+            except Exception:  # the end is still the client's
+                log.exception("the engine's outputs did not close", request_id=rid)
         filtered = False
         try:
             filtered = await self._end(assignment, stream, terminal, parent, received, itl)
         finally:
             if not filtered:  # a filtered end is sent by its own task
-                self._telling.discard(rid)
+                self._told(rid)
+
+    def _told(self, rid: str) -> None:
+        self._telling[rid] -= 1
+        if self._telling[rid] <= 0:
+            del self._telling[rid]
 
     async def _end(
         self,
@@ -615,7 +624,10 @@ class WorkerService(Service[WorkerSettings]):
                 await nc.publish(reply, encode(terminal), headers=request_headers(rid))
             return False
         finally:  # counted and logged even when the record of its end could not be made
-            report_end(self.ctx.tracing, self.name, stream, terminal, parent, received, ended)
+            try:
+                report_end(self.ctx.tracing, self.name, stream, terminal, parent, received, ended)
+            except Exception:  # a metric or a span must not cut the end short
+                log.exception("the request's end could not be reported", request_id=rid)
 
     async def _generate(
         self, assignment: WorkAssigned, stream: RequestStream
@@ -671,7 +683,7 @@ class WorkerService(Service[WorkerSettings]):
             try:
                 await tell()
             finally:
-                self._telling.discard(rid)
+                self._told(rid)
 
         async def tell() -> None:
             # asked again while it waits: the sanitizer takes a repeat as a repeat
@@ -735,7 +747,7 @@ class WorkerService(Service[WorkerSettings]):
             state=self.state,
             stats=self.engine.stats(),
             inflight=list(self._tasks),
-            telling=list(self._telling),
+            telling=list(self._telling),  # the ids
             interval_s=self.settings.heartbeat_interval_s,
             now=time.time(),
             reason=self.failure,

@@ -58,8 +58,16 @@ class _Info:
         self.config = config
 
 
-def test_streams_are_made_once_the_cluster_places_them():
-    js = Forming(refusals=3)
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        NO_PEERS,
+        APIError(code=503, err_code=10008, description="JetStream system temporarily unavailable"),
+    ],
+    ids=["no-peers", "unavailable"],
+)
+def test_streams_are_made_once_the_cluster_places_them(refusal):
+    js = Forming(refusals=3, error=refusal)
     asyncio.run(ensure_streams(js, 3, placement_patience_s=30))  # type: ignore[arg-type]
     assert set(js.made) == {spec.name for spec in STREAMS}
     assert {c.num_replicas for c in js.made.values()} == {3}
@@ -79,3 +87,17 @@ def test_other_refusals_are_not_waited_on():
         asyncio.run(ensure_streams(js, 3, placement_patience_s=30))  # type: ignore[arg-type]
     assert refused.value.err_code == 10074  # JetStream's own refusal, not a lookup's
     assert js.asked == 1
+
+
+def test_a_stream_another_service_made_meanwhile_is_taken():
+    js = Forming(refusals=1, error=APIError(code=400, err_code=10058, description="in use"))
+    original = js._place
+
+    async def made_by_another(config: StreamConfig) -> object:
+        assert config.name is not None
+        js.made.setdefault(config.name, config)  # the other service's, just now
+        return await original(config)
+
+    js.add_stream = made_by_another  # type: ignore[method-assign]
+    asyncio.run(ensure_streams(js, update=False, placement_patience_s=30))  # type: ignore[arg-type]
+    assert set(js.made) == {spec.name for spec in STREAMS}

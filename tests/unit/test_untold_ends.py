@@ -35,15 +35,16 @@ def finished(rid: str) -> RequestFinished:
     )
 
 
-def ended_on(worker: str, *later: WorkerHeartbeat) -> SchedulerCore:
-    """r1 served by ``worker`` and its end recorded at t=1, then ``later`` heartbeats."""
+def ended_on(worker: str, *later: tuple[float, WorkerHeartbeat]) -> SchedulerCore:
+    """r1 served by ``worker`` (heartbeats every 1 s) and its end read at t=1, then the
+    ``later`` heartbeats, each with when it is read."""
     core = SchedulerCore(POLICY)
     core.on_heartbeat(hb(worker), 0.0)
     core.on_accepted(req("r1"), 0.1)
     core.on_heartbeat(hb(worker, inflight=("r1",)), 0.5)
     core.on_ended("r1", 1.0, 1, finished("r1"))
-    for t, beat in enumerate(later, start=2):
-        core.on_heartbeat(beat, float(t) * 0.5)
+    for t, beat in later:
+        core.on_heartbeat(beat, t)
     return core
 
 
@@ -52,7 +53,7 @@ def retold(effects) -> list[Retell]:
 
 
 def test_a_worker_lost_before_it_said_the_end_was_sent_has_it_sent_for_it():
-    core = ended_on("w1", hb("w1", telling=("r1",)))  # recorded, not yet sent
+    core = ended_on("w1", (2.1, hb("w1", telling=("r1",))))  # recorded, not yet sent
     (again,) = retold(core.tick(10.0))  # w1 silent past its timeout
     assert again.request == req("r1")  # to the reader the worker was to tell
     assert again.end == finished("r1")
@@ -64,8 +65,15 @@ def test_a_worker_lost_with_no_heartbeat_since_the_end_has_it_sent_for_it():
 
 
 def test_an_end_the_worker_said_it_sent_is_not_sent_again():
-    core = ended_on("w1", hb("w1"))  # neither running nor telling: sent
+    core = ended_on("w1", (2.1, hb("w1")))  # neither running nor telling: sent
     assert retold(core.tick(10.0)) == []
+
+
+def test_a_heartbeat_read_just_after_the_end_does_not_vouch_for_it():
+    # sent before the request reached the worker (an engine error ends it at once),
+    # read after its end: it lists the request nowhere, and says nothing of its end
+    core = ended_on("w1", (1.05, hb("w1")))
+    assert [e.end.request_id for e in retold(core.tick(10.0))] == ["r1"]
 
 
 def test_a_worker_that_stops_in_order_with_the_end_still_to_send_has_it_sent():
