@@ -541,9 +541,18 @@ async def run_fault(
             o.kind == "ok" and o.sent_at > killed_at for o in result.outcomes
         )
 
+    restarting = False
+
     def loading() -> bool:
+        # the wait for a recovery counts from the end of the window or from the
+        # restart, whichever is later: a whole platform's restart waits for the old
+        # processes to end (a scheduler's drain with its bus gone, up to its 30 s
+        # timeout), which once used up the whole wait (CI: "nothing was served")
+        if restarting:
+            return True
         now = time.monotonic()
-        return now < stop_at or (not recovered() and now < stop_at + timeout_s)
+        waited_from = max(stop_at, result.killed_at)
+        return now < stop_at or (not recovered() and now < waited_from + timeout_s)
 
     async def loop(one) -> None:
         while loading():
@@ -565,7 +574,11 @@ async def run_fault(
     hang = fault.endswith(HANG)
     pid = 0
     if fault in WHOLE:
-        await _whole(p, fault, running, result)
+        restarting = True
+        try:
+            await _whole(p, fault, running, result)
+        finally:
+            restarting = False
     else:
         pid = running[fault.removesuffix(HANG)]
         if fault.startswith("worker"):
