@@ -188,16 +188,14 @@ async def _ensure(
                 continue
             except (NoRoomError, NoPeersError):
                 raise
-            except APIError as exc:
-                if exc.err_code == _OVERLAP:
+            except Exception as exc:
+                if isinstance(exc, APIError) and exc.err_code == _OVERLAP:
                     raise ConfigError(
                         f"stream {spec.name} cannot be made: its subjects "
                         f"{list(spec.subjects)} overlap an existing stream's (a store an "
                         "older inferbus made); bring the streams to their spec once as "
                         "the operator: `inferbus nats provision`"
                     ) from None
-                info = await _made_meanwhile(js, spec, exc)
-            except Exception as exc:
                 info = await _made_meanwhile(js, spec, exc)
         if update:
             config = stream_config(spec, replicas or info.config.num_replicas or 1)

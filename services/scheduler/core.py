@@ -37,7 +37,7 @@ from .lanes import ModelQueue, cost_tokens, prompt_tokens
 from .migration import Progress, unmovable
 from .pool import Pool
 from .routing import Fits, Router, make_router
-from .state import Inflight, Queued, SchedulerPolicy, Worker, restore_worth
+from .state import Inflight, Queued, SchedulerPolicy, UntoldEnd, Worker, restore_worth
 
 __all__ = [
     "Assign",
@@ -302,9 +302,9 @@ class SchedulerCore:
             # read a heartbeat interval after the end vouches for it
             listed = set(hb.inflight).union(hb.telling)
             known.untold = {
-                r: untold
-                for r, untold in known.untold.items()
-                if r in listed or now - untold[2] < known.interval_s
+                r: u
+                for r, u in known.untold.items()
+                if r in listed or now - u.read_at < known.interval_s
             }
         if hb.state in ("stopped", "failed"):
             return self._lose_worker(hb.worker_id, now, hb.state) + self._dispatch(now)
@@ -578,7 +578,7 @@ class SchedulerCore:
             w = self.workers.get(f.worker_id)
             if w is not None:
                 if end is not None:
-                    w.untold[request_id] = (f.request, end, now)
+                    w.untold[request_id] = UntoldEnd(f.request, end, now)
                     if len(w.untold) > self.policy.remember_ended:
                         del w.untold[next(iter(w.untold))]
                 if f.started and now:
@@ -961,7 +961,7 @@ class SchedulerCore:
         self.kv.drop_worker(worker_id)
         if w is None:
             return []
-        effects: list[Effect] = [Retell(request=r, end=end) for r, end, _ in w.untold.values()]
+        effects: list[Effect] = [Retell(request=u.request, end=u.end) for u in w.untold.values()]
         # newest first, each pushed to the front: the oldest ends up first in line
         for rid in sorted(w.assigned, key=lambda r: self.inflight[r].order, reverse=True):
             f = self.inflight.pop(rid)

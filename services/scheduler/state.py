@@ -117,6 +117,15 @@ class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
     comes first goes first (the long lane's wait bound still holds); off: short first."""
 
 
+@dataclass(frozen=True, slots=True)
+class UntoldEnd:
+    """A request's end as recorded by its worker, and when the scheduler read it."""
+
+    request: RequestSubmitted
+    end: Terminal
+    read_at: float
+
+
 @dataclass
 class Worker:
     worker_id: str
@@ -149,9 +158,9 @@ class Worker:
     pending_prefill: int = 0
     """Prompt tokens (less its expected cache hits) of what it holds and has not
     started: the prefill a request placed there waits behind."""
-    untold: dict[str, tuple[RequestSubmitted, Terminal, float]] = field(default_factory=dict)
-    """Ends it recorded (with when they were read) that no heartbeat since has said were
-    sent to their readers: told again should it be lost (``Retell``)."""
+    untold: dict[str, UntoldEnd] = field(default_factory=dict)
+    """Ends it recorded that no heartbeat since has said were sent to their readers:
+    told again should it be lost (``Retell``)."""
 
     def can_take(self, tokens: int = 0, seqs: int = 1) -> bool:
         """Room for a request of ``tokens`` running ``seqs`` sequences (its ``n``); an

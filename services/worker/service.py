@@ -747,7 +747,7 @@ class WorkerService(Service[WorkerSettings]):
             state=self.state,
             stats=self.engine.stats(),
             inflight=list(self._tasks),
-            telling=list(self._telling),  # the ids
+            telling=list(self._telling),  # its keys: the request ids
             interval_s=self.settings.heartbeat_interval_s,
             now=time.time(),
             reason=self.failure,
