@@ -94,11 +94,14 @@ async def http_stream(http: aiohttp.ClientSession, tokens: int, counted: list[in
         "stream": True,
         "max_tokens": tokens,
         "messages": [{"role": "user", "content": "tell me a long story"}],
+        "stream_options": {"include_usage": True},
     }
     async with http.post("/v1/chat/completions", json=body) as r:
         async for line in r.content:
-            if line.startswith(b"data: {") and b'"content"' in line:
-                counted[0] += 1
+            # tokens, not events: a worker's chunk_window_s puts several in an event
+            if line.startswith(b'data: {"') and b'"completion_tokens"' in line:
+                usage = json.loads(line[6:]).get("usage") or {}
+                counted[0] += usage.get("completion_tokens", 0)
 
 
 async def nats_stream(client: Client, tokens: int, counted: list[int]) -> None:

@@ -96,6 +96,13 @@ class WorkerSettings(ServiceSettings, kw_only=True):
     """Draining (a scale-down, a rollout, SIGTERM), the streams still running this long
     after it began are handed to other workers where they can move; the rest run to
     the end of the drain. 0: hold every one to its end."""
+    chunk_window_s: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
+    """How long token chunks wait to share a message with others for the same reader,
+    from the first one waiting (a stream's first chunk never waits). 0: the chunks of
+    one engine step share one. Worth a few milliseconds where steps come faster than
+    that (a small model, a CPU): a message carries several steps' chunks and the bus,
+    the sanitizer and the gateway each handle fewer; each chunk is late by at most the
+    window."""
     filter_backup_s: float = 5.0
     """A filtered stream's end goes to the sanitizer as a request: unanswered this long
     (the sanitizer restarted and lost the stream), the client is told
@@ -228,7 +235,9 @@ class WorkerService(Service[WorkerSettings]):
         self._hb_task: asyncio.Task[None] | None = None
         self._notes: set[asyncio.Future[None]] = set()
         """Backup ends on their way to clients."""
-        self._chunks = ChunkSender(ctx.nc, batching=settings.chunk_batching)
+        self._chunks = ChunkSender(
+            ctx.nc, batching=settings.chunk_batching, window_s=settings.chunk_window_s
+        )
         self._stats_seen = (0, 0)
 
     def subject_fields(self) -> dict[str, str]:
@@ -522,9 +531,10 @@ class WorkerService(Service[WorkerSettings]):
                     )
                     replayed = stream.replay()
                     if replayed is not None:
-                        await self._chunks.send(reply, replayed)
+                        await self._chunks.send(reply, replayed, at_once=True)
                 chunk = stream.chunk(out)
                 if chunk is not None:
+                    first = started is not None  # not held for the window: the TTFT
                     gate = self._frozen.get(rid)
                     if gate is not None:  # being handed over: a stop, or the go-ahead
                         await gate.wait()
@@ -534,9 +544,9 @@ class WorkerService(Service[WorkerSettings]):
                             chunk=chunk,
                             finish_reason=out.choice_finish_reason or "",
                         )
-                        self._chunks.copy_ahead(progress, copy)
+                        self._chunks.copy_ahead(progress, copy, at_once=first)
                         self._voice.spoke(time.monotonic(), lease)
-                    await self._chunks.send(reply, chunk)
+                    await self._chunks.send(reply, chunk, at_once=first)
                     now = time.monotonic()
                     if last_chunk_at:  # each token of the chunk waited its share
                         n = max(1, chunk.tokens)

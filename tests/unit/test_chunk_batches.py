@@ -114,3 +114,55 @@ async def test_without_batching_every_chunk_goes_at_once_on_its_own_subject():
     await out.send("ib.reply.gw.g1.r1", chunk("r1", 0))
     await out.send("ib.reply.gw.g1.r2", chunk("r2", 0))
     assert [s for s, _ in bus.sent] == ["ib.reply.gw.g1.r1", "ib.reply.gw.g1.r2"]
+
+
+async def test_a_window_gathers_the_chunks_of_several_turns_in_one_message():
+    bus = Bus()
+    out = ChunkSender(bus, window_s=0.05)  # type: ignore[arg-type]
+    c1 = chunk("r1", 1)
+    out.copy_ahead("ib.progress.w1", RequestProgress(worker_id="w1", chunk=c1))
+    await out.send("ib.reply.gw.g1.r1", c1)
+    await asyncio.sleep(0.01)  # another engine step, within the window
+    await out.send("ib.reply.gw.g1.r2", chunk("r2", 1))
+    await asyncio.sleep(0.01)
+    assert bus.sent == []
+    await asyncio.sleep(0.06)  # the window from the first chunk is over
+    assert [s for s, _ in bus.sent] == ["ib.progress.w1", "ib.reply.gw.g1.batch"]
+    batch = decode(bus.sent[1][1], ReplyDelivery)
+    assert isinstance(batch, ChunkBatch)
+    assert [c.chunk.request_id for c in batch.chunks] == ["r1", "r2"]
+    # the next chunk opens a window of its own
+    await out.send("ib.reply.gw.g1.r1", chunk("r1", 2))
+    await asyncio.sleep(0.01)
+    assert len(bus.sent) == 2
+    await asyncio.sleep(0.06)
+    assert len(bus.sent) == 3
+
+
+async def test_a_stream_s_first_chunk_takes_what_waits_along_at_the_end_of_its_turn():
+    bus = Bus()
+    out = ChunkSender(bus, window_s=10.0)  # type: ignore[arg-type]
+    await out.send("ib.reply.gw.g1.r1", chunk("r1", 3))
+    await out.send("ib.reply.gw.g1.r2", chunk("r2", 0), at_once=True)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert [s for s, _ in bus.sent] == ["ib.reply.gw.g1.batch"]
+    batch = decode(bus.sent[0][1], ReplyDelivery)
+    assert isinstance(batch, ChunkBatch)
+    assert [(c.chunk.request_id, c.chunk.seq) for c in batch.chunks] == [("r1", 3), ("r2", 0)]
+    assert out._timer is None, "the window's flush is still armed after it went"
+
+
+async def test_an_end_flushed_within_a_window_follows_its_chunks_at_once():
+    bus = Bus()
+    out = ChunkSender(bus, window_s=10.0)  # type: ignore[arg-type]
+    await out.send("ib.reply.gw.g1.r1", chunk("r1", 0))
+    await out.flush()  # as the worker does before a stream's end
+    end = RequestFinished(request_id="r1", finish_reason="stop", usage=Usage(), chunks=1)
+    await bus.publish("ib.reply.gw.g1.r1", encode(end))
+    assert [s for s, _ in bus.sent] == ["ib.reply.gw.g1.r1", "ib.reply.gw.g1.r1"]
+    assert isinstance(decode(bus.sent[0][1], ReplyDelivery), TokenChunk)
+    await out.send("ib.reply.gw.g1.r2", chunk("r2", 0))  # a new window after the flush
+    assert out._timer is not None
+    await out.flush()
+    assert out._timer is None and len(bus.sent) == 3
