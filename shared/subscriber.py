@@ -3,6 +3,7 @@ decodes or dead-letters, checks the sender's subject, counts, calls the handler.
 
 from __future__ import annotations
 
+import contextlib
 import typing
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
@@ -13,7 +14,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from inferbus.shared import logs, metrics
-from inferbus.shared.bus import DeadLetterer, replay
+from inferbus.shared.bus import DeadLetterer, replay, round_trip
 from inferbus.shared.codec import DecodeError, decode
 from inferbus.shared.subscriptions import (
     Consume,
@@ -25,6 +26,8 @@ from inferbus.shared.subscriptions import (
 )
 
 log = logs.get("inferbus.subscriber")
+
+LIVE_WAIT_S = 2.0
 
 _DELIVER = {
     "new": DeliverPolicy.NEW,
@@ -77,17 +80,30 @@ class Subscriber:
         """Each open declaration and its NATS subscription, in the order opened."""
 
     async def open(self, owner: object, subscriptions: Collection[Subscription]) -> None:
+        """Open each; when it returns the server has every one (a message published
+        after, from anywhere, reaches it)."""
         for spec in subscriptions:
             handler = resolve(owner, spec.handler)  # a wrong name fails the start, not later
             self._open.append(
                 (spec, await self._subscribe(spec, self._receiver(spec, handler, owner), owner))
             )
+        await self._live()
 
     async def open_one(self, owner: object, spec: Subscription) -> Any:
-        """A subscription opened while the service runs (a partition it took over); the
-        caller closes it (``sub.drain()``), ``close`` does not."""
+        """A subscription opened while the service runs (a partition it took over), live
+        on the server when it returns; the caller closes it (``sub.drain()``), ``close``
+        does not."""
         handler = resolve(owner, spec.handler)
-        return await self._subscribe(spec, self._receiver(spec, handler, owner), owner)
+        sub = await self._subscribe(spec, self._receiver(spec, handler, owner), owner)
+        await self._live()
+        return sub
+
+    async def _live(self) -> None:
+        """Wait until the server has the subscriptions sent so far (``round_trip``). A
+        bus that is down does not hold a start or a takeover up for long: nats-py sends
+        every subscription again when it reconnects."""
+        with contextlib.suppress(TimeoutError):
+            await round_trip(self._nc, LIVE_WAIT_S)
 
     async def close(self, *, keep: Collection[str] = (), drain: bool = False) -> None:
         """Stop reading, the last opened first (``drain``: hand what already arrived to

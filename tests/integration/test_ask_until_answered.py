@@ -18,7 +18,7 @@ import pytest
 import uvloop
 from nats.aio.client import Client
 
-from inferbus.shared.bus import ask_until_answered
+from inferbus.shared.bus import ask_until_answered, round_trip
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +48,7 @@ class Responder:
                 await msg.respond(b"")
 
         await nc.subscribe(SUBJECT, cb=on)
-        await nc.flush()
+        await round_trip(nc)  # live on the server (a bare flush is not a barrier)
         return nc
 
     def __enter__(self) -> Responder:

@@ -20,6 +20,7 @@ from inferbus.contracts import (
     kv_subject,
     status_subject,
 )
+from inferbus.shared.bus import round_trip
 from inferbus.shared.codec import decode, encode
 from inferbus.shared.natsserver import NatsServer
 from inferbus.shared.streams import ensure_streams
@@ -148,7 +149,7 @@ async def test_a_stored_index_older_than_a_remade_ib_kv_is_not_read_on_from(bus,
     w2 = "worker-1.kvn"
     ev = KvBlocksStored(worker_id=w2, block_hashes=[50], block_size=16, seq=1)
     await nc.publish(kv_subject(w2), encode(KvEventBatch(worker_id=w2, events=[ev])))
-    await nc.flush()
+    await round_trip(nc)
     start_all([scheduler])
     routing = await _routing(nc, 1)
     assert routing["kv_blocks"] == 1  # the new stream's event, not the old index

@@ -71,3 +71,32 @@ async def test_nats_py_s_own_flush_timeout_goes_deaf(nats_url: str):
             pytest.skip(f"nats-py {version} no longer goes deaf after a flush timeout")
     finally:
         await nc.close()
+
+
+async def test_a_subscription_round_tripped_hears_the_next_message_from_anywhere(nats_url: str):
+    """``round_trip`` is a barrier: once it returns, the server has the subscription.
+    nats-py's ``flush`` alone is not (its PING overtakes the SUB still in its buffer):
+    one of about 10 subscriptions missed the message another connection published
+    right after (CI's chunk-batch test lost its first message 1 run in 16)."""
+    nc, other = await nats.connect(nats_url), await nats.connect(nats_url)
+    missed = 0
+    try:
+        for i in range(80):
+            got = asyncio.Event()
+
+            async def on(_msg, got=got) -> None:
+                got.set()
+
+            sub = await nc.subscribe(f"rt.live.{i}", cb=on)
+            await round_trip(nc)
+            await other.publish(f"rt.live.{i}", b"x")
+            await round_trip(other)
+            try:
+                await asyncio.wait_for(got.wait(), 3.0)
+            except TimeoutError:
+                missed += 1
+            await sub.unsubscribe()
+    finally:
+        await other.close()
+        await nc.close()
+    assert missed == 0

@@ -23,6 +23,7 @@ from inferbus.contracts import (
     Usage,
     WorkAssigned,
 )
+from inferbus.shared.bus import round_trip
 from inferbus.shared.codec import decode, encode
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("platform")]
@@ -179,7 +180,7 @@ async def test_an_end_asked_for_again_reaches_the_client_once(client):
         for _ in range(2):
             await nc.request(via, end, timeout=5)  # each asking answered
         await nc.publish(via, encode(TokenChunk(request_id=rid, seq=1, text="late ")))
-        await nc.flush()
+        await round_trip(nc)
         await asyncio.sleep(0.3)
     finally:
         await sub.unsubscribe()

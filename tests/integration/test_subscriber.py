@@ -132,7 +132,9 @@ async def test_settings_are_replayed_before_open_returns_then_followed(bus):
     owner = Owner()
     follow = Follow(f"C_{tag}", deliver="last_per_subject", replay=True)
     await subs.open(owner, [Subscription(subject, CancelRequest, "on", source=follow)])
-    assert sorted(ev.request_id for ev, _ in owner.got) == ["a2", "b"]  # before anything else
+    # before anything else; the follower, live when open returns, may hand the latest
+    # records over again (a settings handler takes the same record twice alike)
+    assert sorted({ev.request_id for ev, _ in owner.got}) == ["a2", "b"]
     await js.publish(f"cfg.{tag}.c", encode(CancelRequest(request_id="c")))
     await eventually(lambda: "c" in [ev.request_id for ev, _ in owner.got])
     assert letters == []
