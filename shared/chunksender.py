@@ -95,10 +95,7 @@ class ChunkSender:
             self._timer = asyncio.get_running_loop().call_later(self.window_s, self._flush_soon)
 
     def _flush_soon(self) -> None:
-        self._soon = False
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._soon = False  # an armed window's timer is the flush's to cancel
         if not self._pending and not self._copies:  # flushed since it was asked for
             return
         task = asyncio.ensure_future(self.flush())
