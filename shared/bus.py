@@ -6,7 +6,7 @@ import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import nats.errors
 import nats.js.errors
@@ -443,11 +443,20 @@ class Background:
             await asyncio.wait(list(self._tasks), timeout=timeout)
 
 
+class Stored(NamedTuple):
+    """A message as its stream holds it."""
+
+    data: bytes
+    headers: dict[str, str]
+    at: float
+    """When the stream stored it (Unix seconds)."""
+
+
 async def replay(
     js: JetStreamContext, stream: str, subject: str, since_s: float, timeout: float = 10.0
-) -> list[tuple[bytes, dict[str, str]]]:
-    """The messages (payload, headers) a stream holds on ``subject`` from ``since_s``
-    seconds ago up to now, in order (an ephemeral consumer, read to the stream's end)."""
+) -> list[Stored]:
+    """The messages a stream holds on ``subject`` from ``since_s`` seconds ago up to
+    now, in order (an ephemeral consumer, read to the stream's end)."""
     import datetime
 
     from nats.js.api import ConsumerConfig, DeliverPolicy
@@ -459,7 +468,7 @@ async def replay(
         ordered_consumer=True,
         config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start),
     )
-    out: list[tuple[bytes, dict[str, str]]] = []
+    out: list[Stored] = []
     try:
         info = await sub.consumer_info()
         # a push consumer may have sent everything before this answer: then nothing is
@@ -467,8 +476,10 @@ async def replay(
         if info.num_pending or (info.delivered and info.delivered.consumer_seq):
             while True:  # each message says how many are still to come
                 msg = await sub.next_msg(timeout=timeout)
-                out.append((msg.data, dict(msg.headers or {})))
-                if not msg.metadata.num_pending:
+                meta = msg.metadata
+                at = meta.timestamp.timestamp()
+                out.append(Stored(msg.data, dict(msg.headers or {}), at))
+                if not meta.num_pending:
                     break
     finally:
         await sub.unsubscribe()

@@ -181,7 +181,7 @@ class Subscriber:
             return await self._nc.subscribe(c.deliver_subject, queue=c.durable, cb=cb)
         if isinstance(source, Follow):
             if source.replay:
-                for data, headers in await replay(
+                for data, headers, _ in await replay(
                     self._js, source.stream, subject, since_s=SETTINGS_HISTORY_S
                 ):
                     await cb(Msg(self._nc, subject=subject, data=data, headers=headers))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TypeVar
 
 from inferbus.contracts import (
@@ -37,7 +37,15 @@ from .lanes import ModelQueue, cost_tokens, prompt_tokens
 from .migration import Progress, unmovable
 from .pool import Pool
 from .routing import Fits, Router, make_router
-from .state import Inflight, Queued, SchedulerPolicy, UntoldEnd, Worker, restore_worth
+from .state import (
+    Inflight,
+    Queued,
+    RecordedEnd,
+    SchedulerPolicy,
+    UntoldEnd,
+    Worker,
+    restore_worth,
+)
 
 __all__ = [
     "Assign",
@@ -47,14 +55,22 @@ __all__ = [
     "HandOff",
     "Inflight",
     "Queued",
+    "RecordedEnd",
     "Refuse",
     "Retell",
     "SchedulerCore",
     "SchedulerPolicy",
     "Supersede",
+    "UntoldEnd",
     "Worker",
     "restore_worth",
 ]
+
+
+UNTOLD_SPAN_S = 10.0
+"""An end a frozen worker never sent was recorded at most this long before its last
+record: a live worker sends an end milliseconds after recording it, and its heartbeats
+list what it is still telling (``restore`` keeps ends this recent as untold)."""
 
 
 class SchedulerCore:
@@ -407,27 +423,37 @@ class SchedulerCore:
         )
 
     def restore(
-        self, assignments: list[tuple[RequestSubmitted, str, int]], ended: set[str], now: float
+        self,
+        assignments: list[tuple[RequestSubmitted, str, int]],
+        ended: Mapping[str, RecordedEnd],
+        now: float,
     ) -> None:
         """Take back what a scheduler before a restart had placed and not seen end
         ((request, worker, attempt), oldest first): it holds its slots, and if its worker
         is lost it ends ``worker_lost`` (retryable; whether it had started is unknown,
         so it is never silently run twice), unless the progress its worker sent since
-        covers the whole stream (it began after the restart): then it moves."""
+        covers the whole stream (it began after the restart): then it moves.
+
+        What did end may not have been told: a worker frozen between its record and
+        its send tells it no more, and the scheduler that kept it untold (``on_ended``)
+        is gone. Each worker's latest ends are kept with it as if read now: its next
+        heartbeat clears those it sent, and its loss sends the rest."""
         latest: dict[str, tuple[RequestSubmitted, str, int]] = {}
         for request, worker_id, attempt in assignments:
             latest[request.request_id] = (request, worker_id, attempt)
         for rid in ended:
             self._remember_ended(rid)
+        recorded: dict[str, list[tuple[float, UntoldEnd]]] = {}
         for rid, (request, worker_id, attempt) in latest.items():
-            if rid in ended or self.knows(rid):
+            rec = ended.get(rid)
+            if rec is not None:
+                if getattr(rec.end, "attempt", 0) == attempt:  # its worker's own end
+                    told = UntoldEnd(request, rec.end, now)
+                    recorded.setdefault(worker_id, []).append((rec.at, told))
                 continue
-            w = self.workers.get(worker_id)
-            if w is None:  # known from its heartbeats soon, or lost after worker_timeout_s
-                w = self.workers[worker_id] = Worker(
-                    worker_id=worker_id, models=[], max_num_seqs=0, state="ready", last_seen=now
-                )
-                self._regroup()
+            if self.knows(rid):
+                continue
+            w = self._known_or_placeholder(worker_id, now)
             self._arrivals += 1
             tokens = cost_tokens(request)
             w.assigned.add(rid)
@@ -444,6 +470,25 @@ class SchedulerCore:
                 tokens=tokens,
                 unmovable=unmovable(request) if self.policy.migrate else "migration is off",
             )
+        for worker_id, ends in recorded.items():
+            last = max(at for at, _ in ends)
+            w = self._known_or_placeholder(worker_id, now)
+            for at, told in sorted(ends, key=lambda e: e[0]):
+                if at >= last - UNTOLD_SPAN_S:
+                    w.untold.setdefault(told.request.request_id, told)
+            while len(w.untold) > self.policy.remember_ended:
+                del w.untold[next(iter(w.untold))]
+
+    def _known_or_placeholder(self, worker_id: str, now: float) -> Worker:
+        """A worker named on record: known from its heartbeats soon, or lost after
+        ``worker_timeout_s`` (it serves nothing meanwhile: no models, no slots)."""
+        w = self.workers.get(worker_id)
+        if w is None:
+            w = self.workers[worker_id] = Worker(
+                worker_id=worker_id, models=[], max_num_seqs=0, state="ready", last_seen=now
+            )
+            self._regroup()
+        return w
 
     def let_go(self, worker_ids: Collection[str]) -> list[str]:
         """Workers another scheduler instance books from now on (a partition given to

@@ -67,6 +67,7 @@ from .core import (
     Effect,
     Fail,
     HandOff,
+    RecordedEnd,
     Refuse,
     Retell,
     SchedulerCore,
@@ -289,7 +290,8 @@ class SchedulerService(Service[SchedulerSettings]):
     ) -> None:
         """Take back the assignments of the workers it books (``partitions``: of those
         partitions' only) that never ended: each request's latest attempt, wherever
-        its earlier ones ran (a stream moved across partitions is its new worker's)."""
+        its earlier ones ran (a stream moved across partitions is its new worker's),
+        and those workers' latest recorded ends, which may not have been told."""
         window = self.settings.restore_window_s
         if window <= 0:
             return
@@ -298,7 +300,7 @@ class SchedulerService(Service[SchedulerSettings]):
         if self.leases is not None:  # and where the partitions' workers record theirs
             ended_raw += await replay(ctx.js, "IB_REQUESTS", ENDED_PARTITIONS, window)
         stored = []
-        for data, headers in work:
+        for data, headers, _ in work:
             try:
                 stored.append((decode(data, WorkAssigned), headers))
             except DecodeError:
@@ -316,12 +318,15 @@ class SchedulerService(Service[SchedulerSettings]):
             trace = valid_context(headers)
             if trace:  # a reassignment or failure of it stays in its trace
                 self._traces[w.request.request_id] = trace
-        ended = set()
-        for data, _ in ended_raw:
+        ended: dict[str, RecordedEnd] = {}
+        for data, _, at in ended_raw:
             try:
-                ended.add(decode(data, Terminal).request_id)
+                end = decode(data, Terminal)
             except DecodeError:
                 continue
+            first = ended.get(end.request_id)
+            if first is None or at < first.at:  # the first recorded is the one told
+                ended[end.request_id] = RecordedEnd(end, at)
         for rid in ended:
             self._traces.pop(rid, None)
         self.core.restore(assignments, ended, time.monotonic())
@@ -346,7 +351,7 @@ class SchedulerService(Service[SchedulerSettings]):
             log.exception("could not read the stored KV index; reading IB_KV")
             return
         parts = []
-        for data, _ in stored:
+        for data, _, _ in stored:
             if data:  # an empty value is a deleted key
                 try:
                     part = decode(data, KvIndexPart)

@@ -118,6 +118,14 @@ class SchedulerPolicy(msgspec.Struct, kw_only=True, frozen=True):
 
 
 @dataclass(frozen=True, slots=True)
+class RecordedEnd:
+    """A request's end as its stream holds it, with when it was stored (Unix seconds)."""
+
+    end: Terminal
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class UntoldEnd:
     """A request's end as recorded by its worker, and when the scheduler read it."""
 

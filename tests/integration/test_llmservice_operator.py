@@ -55,7 +55,7 @@ def body(model: str, **changes) -> dict:
 async def records(js, subject: str, kind):
     return [
         decode(d, kind)
-        for d, _ in await replay(
+        for d, _, _ in await replay(
             js, "IB_CONFIG" if kind is LLMServiceSettings else "IB_DELIVERY", subject, since_s=600
         )
     ]

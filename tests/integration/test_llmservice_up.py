@@ -119,7 +119,7 @@ async def test_apply_drives_the_autoscaler_and_the_sanitizer_of_a_running_platfo
         assert await wait_for(lambda: _not(blocked), timeout=10)
         records = [
             decode(d, LLMServiceSettings)
-            for d, _ in await replay(nc.jetstream(), "IB_CONFIG", LLMSERVICES, since_s=600)
+            for d, _, _ in await replay(nc.jetstream(), "IB_CONFIG", LLMSERVICES, since_s=600)
         ]
         assert records[-1].service == "chat" and records[-1].scaling.min_replicas == 2
         assert records[-1].scale_target == "worker" and records[-1].input_policy == "flag"

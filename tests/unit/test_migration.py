@@ -194,7 +194,7 @@ def test_a_continuation_no_worker_takes_soon_ends_worker_lost():
 def test_a_restored_assignment_moves_only_with_all_its_progress():
     # after a scheduler restart the chunks sent before it are unknown: it fails as before
     core = SchedulerCore(POLICY)
-    core.restore([(req(), "w1", 1)], set(), 0.0)
+    core.restore([(req(), "w1", 1)], {}, 0.0)
     core.on_progress("w1", chunk(4, [1]))
     core.on_heartbeat(hb("w2"), 3.0)
     (fail,) = [e for e in ends(core.tick(3.5)) if isinstance(e, Fail)]

@@ -9,11 +9,18 @@ import msgspec
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from inferbus.contracts import RequestSubmitted, SamplingParams, WorkerHeartbeat
+from inferbus.contracts import (
+    RequestFinished,
+    RequestSubmitted,
+    SamplingParams,
+    Usage,
+    WorkerHeartbeat,
+)
 from inferbus.services.scheduler.core import (
     Assign,
     Cancel,
     Fail,
+    RecordedEnd,
     Refuse,
     SchedulerCore,
     SchedulerPolicy,
@@ -897,9 +904,17 @@ def test_work_a_previous_scheduler_placed_takes_slots_until_it_ends():
 def test_a_restarted_scheduler_takes_back_open_assignments():
     core = SchedulerCore(POLICY)  # worker timeout 3 s
     done, running, again = req("done"), req("running"), req("again")
+    done_end = RequestFinished(
+        request_id="done",
+        finish_reason="stop",
+        usage=Usage(prompt_tokens=1, completion_tokens=1),
+        chunks=1,
+        worker_id="w1",
+        attempt=1,
+    )
     core.restore(
         [(done, "w1", 1), (running, "w1", 1), (again, "w1", 1), (again, "w2", 2)],
-        ended={"done"},
+        ended={"done": RecordedEnd(done_end, 100.0)},
         now=0.0,
     )
     assert set(core.inflight) == {"running", "again"}

@@ -8,8 +8,15 @@ sends it itself when the worker is lost first."""
 
 from __future__ import annotations
 
+import msgspec
+
 from inferbus.contracts import RequestFinished, RequestSubmitted, Usage, WorkerHeartbeat
-from inferbus.services.scheduler.core import Retell, SchedulerCore, SchedulerPolicy
+from inferbus.services.scheduler.core import (
+    RecordedEnd,
+    Retell,
+    SchedulerCore,
+    SchedulerPolicy,
+)
 
 POLICY = SchedulerPolicy(worker_timeout_s=3.0, queue_timeout_s=10.0, max_attempts=3)
 
@@ -95,3 +102,59 @@ def test_another_workers_loss_sends_nothing():
     core.on_heartbeat(hb(served_by, telling=("r1",)), 9.0)  # the server alive and sending
     assert retold(core.tick(10.0)) == []  # only the other one was lost
     assert other not in core.workers
+
+
+# A scheduler that read an end and kept it untold is gone (killed, or its partition
+# handed to another instance) while the worker is frozen: its successor knew only
+# "ended" from the record, so the frozen worker's loss told no one and the client
+# waited out its timeout. The successor keeps each worker's latest recorded ends
+# untold, as if read at its restore.
+
+
+def recorded(rid: str, at: float, attempt: int = 1, worker: str = "w1") -> RecordedEnd:
+    end = finished(rid)
+    return RecordedEnd(msgspec.structs.replace(end, attempt=attempt, worker_id=worker), at)
+
+
+def restored(ended: dict[str, RecordedEnd], *assigned: tuple[str, str, int]) -> SchedulerCore:
+    core = SchedulerCore(POLICY)  # worker timeout 3 s
+    core.restore([(req(rid), wid, attempt) for rid, wid, attempt in assigned], ended, 0.0)
+    return core
+
+
+def test_a_restored_scheduler_tells_a_silent_workers_latest_recorded_ends():
+    ended = {
+        "old": recorded("old", 1000.0),  # long before its last: told when it was recorded
+        "r1": recorded("r1", 1995.0),
+        "r2": recorded("r2", 2000.0),
+    }
+    core = restored(ended, ("old", "w1", 1), ("r1", "w1", 1), ("r2", "w1", 1))
+    assert core.inflight == {}  # all ended: nothing is taken back to run
+    assert sorted(e.end.request_id for e in retold(core.tick(3.5))) == ["r1", "r2"]
+
+
+def test_a_heartbeat_after_the_restore_vouches_for_the_ends_it_does_not_list():
+    core = restored({"r1": recorded("r1", 2000.0)}, ("r1", "w1", 1))
+    core.on_heartbeat(hb("w1"), 1.5)  # alive, and r1 neither running nor being told
+    assert retold(core.tick(10.0)) == []  # lost later: r1 was sent
+
+
+def test_a_heartbeat_still_telling_keeps_the_end_to_send():
+    core = restored({"r1": recorded("r1", 2000.0)}, ("r1", "w1", 1))
+    core.on_heartbeat(hb("w1", telling=("r1",)), 1.5)
+    assert [e.end.request_id for e in retold(core.tick(10.0))] == ["r1"]
+
+
+def test_the_end_of_an_attempt_given_up_on_is_not_its_successors():
+    # r1 moved from w1 to w2 (attempt 2); the record is w1's late end of attempt 1:
+    # w2 runs on and tells its own end, and w1 was not asked to tell anything
+    core = restored({"r1": recorded("r1", 2000.0, attempt=1)}, ("r1", "w1", 1), ("r1", "w2", 2))
+    assert retold(core.tick(10.0)) == []
+    own = restored({"r1": recorded("r1", 2000.0, attempt=2, worker="w2")}, ("r1", "w2", 2))
+    assert [e.end.request_id for e in retold(own.tick(10.0))] == ["r1"]
+
+
+def test_the_scheduler_s_own_end_is_not_a_workers_to_tell():
+    # attempt 0: a failure the scheduler recorded (and told, or it retells its own)
+    core = restored({"r1": recorded("r1", 2000.0, attempt=0)}, ("r1", "w1", 1))
+    assert retold(core.tick(10.0)) == []
