@@ -292,8 +292,11 @@ class Runtime:
         await traces.close()  # exports what is still undecided, then flushes
         try:
             await asyncio.wait_for(nc.drain(), 5)
-        except Exception:
-            await nc.close()
+        except Exception:  # the bus is down: nothing left to hand over
+            try:
+                await nc.close()
+            except Exception as exc:  # nats-py writes to the dead socket on its way out
+                self.log.warning("bus connection closed with an error", error=repr(exc))
         self.log.info("stopped", drain_s=round(time.monotonic() - began, 3))
         alive, why = service.alive()
         if not alive:  # its supervisor (or Kubernetes) starts a fresh one

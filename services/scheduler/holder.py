@@ -200,12 +200,13 @@ class LeaseHolder:
             except Exception:
                 log.exception("taking partitions over failed", partitions=sorted(batch))
 
-    async def release(self) -> None:
+    async def release(self, reachable: bool = True) -> None:
         """On a drain: the others take its partitions at once instead of after a lease
-        time (a key deleted only at the revision it wrote: never another's lease)."""
+        time (a key deleted only at the revision it wrote: never another's lease).
+        ``reachable`` false (the bus is down): they lapse instead, with no wait."""
         for task in self._tasks:
             task.cancel()
-        if self._kv is None:
+        if self._kv is None or not reachable:
             return
         keys = [(part_key(p), revision) for p, revision in self.leases.release()]
         for key, last in [*keys, (member_key(self.leases.me), None)]:

@@ -439,9 +439,12 @@ class SchedulerService(Service[SchedulerSettings]):
         # unacked accepted requests go back to JetStream for the next scheduler
         for msg in self._unacked.values():
             await msg.nak()
+        # with the bus down nothing below is heard, each waited out its timeout (15 s
+        # at four partitions): leases lapse, and the next start reads IB_KV instead
+        reachable = self.ctx.nc.is_connected
         if self.holder is not None:
-            await self.holder.release()
-        if self.settings.kv_snapshot_interval_s > 0:
+            await self.holder.release(reachable)
+        if reachable and self.settings.kv_snapshot_interval_s > 0:
             try:  # the next start loads what this one knew at its end
                 await asyncio.wait_for(self._write_kv_index(), 5.0)
             except Exception:
