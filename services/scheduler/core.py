@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from inferbus.contracts import (
@@ -71,6 +71,11 @@ UNTOLD_SPAN_S = 10.0
 """An end a frozen worker never sent was recorded at most this long before its last
 record: a live worker sends an end milliseconds after recording it, and its heartbeats
 list what it is still telling (``restore`` keeps ends this recent as untold)."""
+
+
+def _attempt(end: Terminal) -> int:
+    """The attempt an end names (0: none, as a rejection's or the scheduler's)."""
+    return int(getattr(end, "attempt", 0))
 
 
 class SchedulerCore:
@@ -425,7 +430,7 @@ class SchedulerCore:
     def restore(
         self,
         assignments: list[tuple[RequestSubmitted, str, int]],
-        ended: Mapping[str, RecordedEnd],
+        ended: Mapping[str, Sequence[RecordedEnd]],
         now: float,
     ) -> None:
         """Take back what a scheduler before a restart had placed and not seen end
@@ -436,22 +441,32 @@ class SchedulerCore:
 
         What did end may not have been told: a worker frozen between its record and
         its send tells it no more, and the scheduler that kept it untold (``on_ended``)
-        is gone. Each worker's latest ends are kept with it as if read now: its next
-        heartbeat clears those it sent, and its loss sends the rest."""
+        is gone. Each worker's latest ends are kept with it as if read now: a heartbeat
+        an interval later clears those it sent, and its loss sends the rest.
+        ``ended``: every end on record for a request (a worker's per attempt, the
+        scheduler's or the sanitizer's with attempt 0), with when each was stored."""
         latest: dict[str, tuple[RequestSubmitted, str, int]] = {}
         for request, worker_id, attempt in assignments:
             latest[request.request_id] = (request, worker_id, attempt)
-        for rid in ended:
-            self._remember_ended(rid)
+
+        def over(ends: Sequence[RecordedEnd], attempt: int) -> bool:
+            # an abandoned attempt's late end (recorded under its own id, maybe first)
+            # ends nothing: the latest attempt runs on, as in ``on_ended``
+            return any(not 0 < _attempt(r.end) < attempt for r in ends)
+
+        for rid, ends in ended.items():
+            held = latest.get(rid)
+            if held is None or over(ends, held[2]):
+                self._remember_ended(rid)
         recorded: dict[str, list[tuple[float, UntoldEnd]]] = {}
         for rid, (request, worker_id, attempt) in latest.items():
-            rec = ended.get(rid)
-            if rec is not None:
-                if getattr(rec.end, "attempt", 0) == attempt:  # its worker's own end
-                    told = UntoldEnd(request, rec.end, now)
-                    recorded.setdefault(worker_id, []).append((rec.at, told))
-                continue
-            if self.knows(rid):
+            ends = ended.get(rid, ())
+            own = [r for r in ends if _attempt(r.end) == attempt]
+            if own:  # its worker's own end, which it may not have sent
+                first = min(own, key=lambda r: r.at)
+                told = UntoldEnd(request, first.end, now)
+                recorded.setdefault(worker_id, []).append((first.at, told))
+            if over(ends, attempt) or self.knows(rid):
                 continue
             w = self._known_or_placeholder(worker_id, now)
             self._arrivals += 1
@@ -470,10 +485,10 @@ class SchedulerCore:
                 tokens=tokens,
                 unmovable=unmovable(request) if self.policy.migrate else "migration is off",
             )
-        for worker_id, ends in recorded.items():
-            last = max(at for at, _ in ends)
+        for worker_id, its in recorded.items():
+            last = max(at for at, _ in its)
             w = self._known_or_placeholder(worker_id, now)
-            for at, told in sorted(ends, key=lambda e: e[0]):
+            for at, told in sorted(its, key=lambda e: e[0]):
                 if at >= last - UNTOLD_SPAN_S:
                     w.untold.setdefault(told.request.request_id, told)
             while len(w.untold) > self.policy.remember_ended:

@@ -158,7 +158,11 @@ class LeaseHolder:
                 if isinstance(op, Renew):
                     leases.refused(op.partition)
                 continue
-            except Exception:  # a timeout: the lease stands until step gives it up
+            except TimeoutError:  # the bus slow or down: the lease stands until step
+                # gives it up (no traceback: an outage is no bug, and logs one a second)
+                log.warning("lease write unanswered", partition=getattr(op, "partition", None))
+                continue
+            except Exception:
                 log.exception("lease write failed", partition=getattr(op, "partition", None))
                 continue
             leases.claimed(op.partition, revision, sent)

@@ -318,18 +318,17 @@ class SchedulerService(Service[SchedulerSettings]):
             trace = valid_context(headers)
             if trace:  # a reassignment or failure of it stays in its trace
                 self._traces[w.request.request_id] = trace
-        ended: dict[str, RecordedEnd] = {}
+        ended: dict[str, list[RecordedEnd]] = {}
         for data, _, at in ended_raw:
             try:
                 end = decode(data, Terminal)
             except DecodeError:
                 continue
-            first = ended.get(end.request_id)
-            if first is None or at < first.at:  # the first recorded is the one told
-                ended[end.request_id] = RecordedEnd(end, at)
-        for rid in ended:
-            self._traces.pop(rid, None)
+            ended.setdefault(end.request_id, []).append(RecordedEnd(end, at))
         self.core.restore(assignments, ended, time.monotonic())
+        for rid in ended:
+            if rid not in self.core.inflight:  # an abandoned attempt's end: it runs on
+                self._traces.pop(rid, None)
         log.info(
             "restored",
             assignments=len(assignments),

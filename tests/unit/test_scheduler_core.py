@@ -914,7 +914,7 @@ def test_a_restarted_scheduler_takes_back_open_assignments():
     )
     core.restore(
         [(done, "w1", 1), (running, "w1", 1), (again, "w1", 1), (again, "w2", 2)],
-        ended={"done": RecordedEnd(done_end, 100.0)},
+        ended={"done": [RecordedEnd(done_end, 100.0)]},
         now=0.0,
     )
     assert set(core.inflight) == {"running", "again"}

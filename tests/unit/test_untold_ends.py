@@ -116,9 +116,12 @@ def recorded(rid: str, at: float, attempt: int = 1, worker: str = "w1") -> Recor
     return RecordedEnd(msgspec.structs.replace(end, attempt=attempt, worker_id=worker), at)
 
 
-def restored(ended: dict[str, RecordedEnd], *assigned: tuple[str, str, int]) -> SchedulerCore:
+def restored(
+    ended: dict[str, RecordedEnd | list[RecordedEnd]], *assigned: tuple[str, str, int]
+) -> SchedulerCore:
     core = SchedulerCore(POLICY)  # worker timeout 3 s
-    core.restore([(req(rid), wid, attempt) for rid, wid, attempt in assigned], ended, 0.0)
+    on_record = {rid: e if isinstance(e, list) else [e] for rid, e in ended.items()}
+    core.restore([(req(rid), wid, attempt) for rid, wid, attempt in assigned], on_record, 0.0)
     return core
 
 
@@ -145,11 +148,7 @@ def test_a_heartbeat_still_telling_keeps_the_end_to_send():
     assert [e.end.request_id for e in retold(core.tick(10.0))] == ["r1"]
 
 
-def test_the_end_of_an_attempt_given_up_on_is_not_its_successors():
-    # r1 moved from w1 to w2 (attempt 2); the record is w1's late end of attempt 1:
-    # w2 runs on and tells its own end, and w1 was not asked to tell anything
-    core = restored({"r1": recorded("r1", 2000.0, attempt=1)}, ("r1", "w1", 1), ("r1", "w2", 2))
-    assert retold(core.tick(10.0)) == []
+def test_the_end_of_the_latest_attempt_is_its_workers_to_tell():
     own = restored({"r1": recorded("r1", 2000.0, attempt=2, worker="w2")}, ("r1", "w2", 2))
     assert [e.end.request_id for e in retold(own.tick(10.0))] == ["r1"]
 
@@ -158,3 +157,22 @@ def test_the_scheduler_s_own_end_is_not_a_workers_to_tell():
     # attempt 0: a failure the scheduler recorded (and told, or it retells its own)
     core = restored({"r1": recorded("r1", 2000.0, attempt=0)}, ("r1", "w1", 1))
     assert retold(core.tick(10.0)) == []
+
+
+def test_a_moved_streams_end_is_told_though_its_lost_attempts_was_recorded_first():
+    # w1 was taken for lost and r1 moved to w2 (attempt 2); w1 woke and recorded its
+    # attempt's end under its own id, first; w2 recorded its own and froze
+    ends = [
+        recorded("r1", 1990.0, attempt=1),
+        recorded("r1", 2000.0, attempt=2, worker="w2"),
+    ]
+    core = restored({"r1": ends}, ("r1", "w1", 1), ("r1", "w2", 2))
+    assert core.inflight == {}
+    (again,) = retold(core.tick(10.0))
+    assert again.end.attempt == 2 and again.end.worker_id == "w2"
+
+
+def test_a_lost_attempts_late_end_alone_leaves_the_moved_stream_running():
+    core = restored({"r1": recorded("r1", 2000.0, attempt=1)}, ("r1", "w1", 1), ("r1", "w2", 2))
+    assert core.inflight["r1"].worker_id == "w2" and core.inflight["r1"].attempt == 2
+    assert retold(core.tick(10.0)) == []  # w2's loss ends r1 (worker_lost), told
