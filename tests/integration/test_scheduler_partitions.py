@@ -8,9 +8,11 @@ import asyncio
 import collections
 import json
 import time
+import uuid
 
 import pytest
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, NoKeysError
+from testkit.frozen import frozen_worker
 from testkit.procs import ServiceProcess, start_all
 
 from inferbus.client import Client
@@ -35,6 +37,7 @@ pytestmark = [pytest.mark.integration]
 
 PARTITIONS = "4"
 BIG, SMALL = "part-big", "part-small"
+FROZEN = "part-frozen"
 
 
 def scheduler(url: str, logs, name: str) -> ServiceProcess:
@@ -386,3 +389,44 @@ async def test_an_instance_added_under_load_is_given_partitions(platform):
     finally:
         await c.close()
         added.stop()
+
+
+async def test_a_frozen_workers_recorded_end_is_told_after_its_partition_is_handed_over(
+    platform,
+):
+    # the worker records a request's end and freezes before sending it; the instance
+    # booking it, which kept the end to tell, is killed before it takes the worker for
+    # lost: the instance taking its partition over restores the end as untold
+    url, _, schedulers = platform
+    c = await Client.connect(url)
+    try:
+        held = await shared_out(c)
+        victim = schedulers[0]
+        theirs = {p for p, owner in held.items() if owner == victim.name}
+        worker_id = next(
+            wid
+            for wid in (f"sp-frozen-{uuid.uuid4().hex[:6]}" for _ in range(1000))
+            if worker_partition(wid, int(PARTITIONS)) in theirs
+        )
+        async with frozen_worker(c, worker_id, FROZEN) as recorded:
+            await asyncio.sleep(1.0)  # its instance hears of the worker
+            stream = c.stream(FROZEN, "anyone there?", timeout=40)
+
+            async def read() -> None:
+                async for _ in stream:
+                    pass
+
+            reading = asyncio.ensure_future(read())
+            end = await asyncio.wait_for(recorded, 10)
+            await asyncio.sleep(0.3)  # the instance reads the record
+            victim.kill()  # within its 3 s worker timeout: it told no one
+            began = time.monotonic()
+            await asyncio.wait_for(reading, 25)
+            told_in = time.monotonic() - began
+        assert stream.outcome is not None and stream.outcome.request_id == end.request_id
+        assert stream.outcome.finish_reason == "stop" and stream.outcome.worker_id == worker_id
+        assert told_in < 15, told_in  # a lease, a restore and the worker timeout
+        log = schedulers[1].log_path.read_text()
+        assert '"event": "partition taken"' in log
+    finally:
+        await c.close()

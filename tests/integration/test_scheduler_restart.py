@@ -9,24 +9,12 @@ import time
 import uuid
 
 import pytest
+from testkit.frozen import frozen_worker
 from testkit.procs import ServiceProcess, start_all
 
 from inferbus.client import Client, RequestError
-from inferbus.contracts import (
-    ENDED,
-    RequestFinished,
-    RequestStarted,
-    Terminal,
-    Usage,
-    WorkAssigned,
-    WorkerHeartbeat,
-    ended_subject,
-    heartbeat_subject,
-    started_subject,
-    work_subject,
-)
-from inferbus.shared.bus import record_end
-from inferbus.shared.codec import decode, encode
+from inferbus.contracts import ENDED, Terminal, WorkAssigned
+from inferbus.shared.codec import decode
 from inferbus.shared.natsserver import NatsServer
 
 pytestmark = [pytest.mark.integration]
@@ -150,77 +138,32 @@ async def test_an_end_a_frozen_worker_recorded_is_told_by_the_next_scheduler(fle
     # successor knew the request only as ended, and the client waited out its timeout
     url, logs, scheduler, _ = fleet
     c = await Client.connect(url)
-    nc, js = c.nc, c.js
     worker_id = f"frozen.{uuid.uuid4().hex[:6]}"
-    serving: set[str] = set()
-    silent = asyncio.Event()
-    recorded: asyncio.Future[RequestFinished] = asyncio.get_running_loop().create_future()
-
-    async def heartbeats() -> None:
-        while not silent.is_set():
-            beat = WorkerHeartbeat(
-                worker_id=worker_id,
-                models=[FROZEN_MODEL],
-                engine="stand-in",
-                inflight=sorted(serving),
-                interval_s=0.3,
-                sent_at=time.time(),
-            )
-            await nc.publish(heartbeat_subject(worker_id), encode(beat))
-            await asyncio.sleep(0.3)
-
-    async def on_work(msg) -> None:
-        work = decode(msg.data, WorkAssigned)
-        await msg.ack()
-        rid = work.request.request_id
-        serving.add(rid)
-        started = RequestStarted(request_id=rid, worker_id=worker_id, attempt=work.attempt)
-        await nc.publish(started_subject(work.partition), encode(started))
-        end = RequestFinished(
-            request_id=rid,
-            finish_reason="stop",
-            usage=Usage(prompt_tokens=1, completion_tokens=0),
-            chunks=0,
-            worker_id=worker_id,
-            attempt=work.attempt,
-            served_model=FROZEN_MODEL,
-        )
-        serving.discard(rid)
-        await record_end(
-            js, ended_subject(work.partition), end, request_id=rid, msg_id=f"{rid}:end"
-        )
-        silent.set()  # frozen here: the end recorded, never sent
-        recorded.set_result(end)
-
-    beating = asyncio.ensure_future(heartbeats())
-    sub = await js.subscribe(work_subject(worker_id), cb=on_work, manual_ack=True)
     try:
-        await asyncio.sleep(1.0)  # the scheduler hears of the worker
-        stream = c.stream(FROZEN_MODEL, "anyone there?", timeout=40)
+        async with frozen_worker(c, worker_id, FROZEN_MODEL) as recorded:
+            await asyncio.sleep(1.0)  # the scheduler hears of the worker
+            stream = c.stream(FROZEN_MODEL, "anyone there?", timeout=40)
 
-        async def read() -> None:
-            async for _ in stream:
-                pass
+            async def read() -> None:
+                async for _ in stream:
+                    pass
 
-        reading = asyncio.ensure_future(read())
-        end = await asyncio.wait_for(recorded, 10)
-        await asyncio.sleep(0.3)  # the scheduler reads the record
-        scheduler.kill()  # within its 3 s worker timeout: it told no one
-        began = time.monotonic()
-        replacement = ServiceProcess(
-            "scheduler", url, logs, "--worker-timeout-s", "3", name="rf-scheduler-2"
-        )
-        start_all([replacement])
-        try:
-            await asyncio.wait_for(reading, 25)
-            told_in = time.monotonic() - began
-        finally:
-            replacement.stop()
+            reading = asyncio.ensure_future(read())
+            end = await asyncio.wait_for(recorded, 10)
+            await asyncio.sleep(0.3)  # the scheduler reads the record
+            scheduler.kill()  # within its 3 s worker timeout: it told no one
+            began = time.monotonic()
+            replacement = ServiceProcess(
+                "scheduler", url, logs, "--worker-timeout-s", "3", name="rf-scheduler-2"
+            )
+            start_all([replacement])
+            try:
+                await asyncio.wait_for(reading, 25)
+                told_in = time.monotonic() - began
+            finally:
+                replacement.stop()
         assert stream.outcome is not None and stream.outcome.request_id == end.request_id
         assert stream.outcome.finish_reason == "stop" and stream.outcome.worker_id == worker_id
         assert told_in < 20, told_in  # a start and the worker timeout, not the client's
     finally:
-        silent.set()
-        await sub.unsubscribe()
-        await beating
         await c.close()
