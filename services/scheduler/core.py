@@ -464,7 +464,7 @@ class SchedulerCore:
             own = [r for r in ends if _attempt(r.end) == attempt]
             if own:  # its worker's own end, which it may not have sent
                 first = min(own, key=lambda r: r.at)
-                told = UntoldEnd(request, first.end, now)
+                told = UntoldEnd(request, first.end, now, restored=True)
                 recorded.setdefault(worker_id, []).append((first.at, told))
             if over(ends, attempt) or self.knows(rid):
                 continue
@@ -1021,7 +1021,9 @@ class SchedulerCore:
         self.kv.drop_worker(worker_id)
         if w is None:
             return []
-        effects: list[Effect] = [Retell(request=u.request, end=u.end) for u in w.untold.values()]
+        effects: list[Effect] = [
+            Retell(request=u.request, end=u.end, restored=u.restored) for u in w.untold.values()
+        ]
         # newest first, each pushed to the front: the oldest ends up first in line
         for rid in sorted(w.assigned, key=lambda r: self.inflight[r].order, reverse=True):
             f = self.inflight.pop(rid)

@@ -101,6 +101,10 @@ class Retell(msgspec.Struct, kw_only=True, frozen=True):
 
     request: RequestSubmitted
     end: Terminal
+    restored: bool = False
+    """Kept from the records at a restore or handover, not read live: most were told
+    long ago (a worker gone before the restart repeats its last ends), so they are
+    counted apart (``retold_restored``) and a ``retold`` alert stays meaningful."""
 
 
 Effect = Assign | Fail | Cancel | Refuse | Supersede | HandOff | Retell

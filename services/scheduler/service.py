@@ -84,6 +84,22 @@ log = logs.get("inferbus.scheduler")
 _PUBLISH_ATTEMPTS = 5
 
 
+def _decision(e: Effect) -> str:
+    """``inferbus_scheduler_decisions_total``'s label for an effect."""
+    match e:
+        case Assign():
+            return "assigned"
+        case Cancel():
+            return "cancelled"
+        case Supersede():
+            return "superseded"
+        case HandOff():
+            return "handed_off"
+        case Retell():
+            return "retold_restored" if e.restored else "retold"
+    return e.code
+
+
 class SchedulerSettings(ServiceSettings, kw_only=True):
     """inferbus scheduler: assigns accepted requests to live workers."""
 
@@ -643,19 +659,7 @@ class SchedulerService(Service[SchedulerSettings]):
         release the held message either way: an accepted message kept in progress
         forever would pin its request and a consumer slot."""
         rid = e.request.request_id
-        metrics.SCHEDULER_DECISIONS.labels(
-            "assigned"
-            if isinstance(e, Assign)
-            else "cancelled"
-            if isinstance(e, Cancel)
-            else "superseded"
-            if isinstance(e, Supersede)
-            else "handed_off"
-            if isinstance(e, HandOff)
-            else "retold"
-            if isinstance(e, Retell)
-            else e.code
-        ).inc()
+        metrics.SCHEDULER_DECISIONS.labels(_decision(e)).inc()
         for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
             try:
                 await self._publish(e)

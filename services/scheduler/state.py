@@ -132,6 +132,8 @@ class UntoldEnd:
     request: RequestSubmitted
     end: Terminal
     read_at: float
+    restored: bool = False
+    """Kept from the records at a restore, not read live (``Retell.restored``)."""
 
 
 @dataclass

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+import urllib.request
 import uuid
 
 import pytest
@@ -160,10 +161,13 @@ async def test_an_end_a_frozen_worker_recorded_is_told_by_the_next_scheduler(fle
             try:
                 await asyncio.wait_for(reading, 25)
                 told_in = time.monotonic() - began
+                with urllib.request.urlopen(f"{replacement.base}/metrics", timeout=5) as r:
+                    metrics = r.read().decode()
             finally:
                 replacement.stop()
         assert stream.outcome is not None and stream.outcome.request_id == end.request_id
         assert stream.outcome.finish_reason == "stop" and stream.outcome.worker_id == worker_id
         assert told_in < 20, told_in  # a start and the worker timeout, not the client's
+        assert 'inferbus_scheduler_decisions_total{decision="retold_restored"} 1.0' in metrics
     finally:
         await c.close()

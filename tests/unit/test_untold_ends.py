@@ -64,6 +64,7 @@ def test_a_worker_lost_before_it_said_the_end_was_sent_has_it_sent_for_it():
     (again,) = retold(core.tick(10.0))  # w1 silent past its timeout
     assert again.request == req("r1")  # to the reader the worker was to tell
     assert again.end == finished("r1")
+    assert not again.restored  # read live: counted as `retold`
 
 
 def test_a_worker_lost_with_no_heartbeat_since_the_end_has_it_sent_for_it():
@@ -133,7 +134,9 @@ def test_a_restored_scheduler_tells_a_silent_workers_latest_recorded_ends():
     }
     core = restored(ended, ("old", "w1", 1), ("r1", "w1", 1), ("r2", "w1", 1))
     assert core.inflight == {}  # all ended: nothing is taken back to run
-    assert sorted(e.end.request_id for e in retold(core.tick(3.5))) == ["r1", "r2"]
+    again = retold(core.tick(3.5))
+    assert sorted(e.end.request_id for e in again) == ["r1", "r2"]
+    assert all(e.restored for e in again)  # counted apart: most were told long ago
 
 
 def test_a_heartbeat_after_the_restore_vouches_for_the_ends_it_does_not_list():
