@@ -238,7 +238,11 @@ def test_a_canary_that_turns_slow_is_rolled_back_on_the_real_engine(p, tmp_path)
             canary = await canary_instance(p.nats_url, p.operator, MODEL, "v2")
             stop = asyncio.Event()
             slowed = time.monotonic()
-            slow = asyncio.create_task(throttle((await p.pids())[canary], 1.5, 0.1, stop))
+            # slow, not silent: stopped 1 s of every 1.1 (TTFTs past the 1 s objective),
+            # under the scheduler's 1.5 s stream silence; at 1.5 s of every 1.6 its
+            # streams moved as from a lost worker, and when its buffered chunks reached a
+            # reader before the continuation the reader ended `stream_interrupted` (CI)
+            slow = asyncio.create_task(throttle((await p.pids())[canary], 1.0, 0.1, stop))
             out = await cmd
             back = time.monotonic() - slowed
             stop.set()
