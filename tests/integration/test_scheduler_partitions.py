@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, NoKeysError
-from testkit.frozen import frozen_worker
+from testkit.frozen import asked_and_recorded, frozen_worker
 from testkit.procs import ServiceProcess, start_all
 
 from inferbus.client import Client
@@ -410,15 +410,7 @@ async def test_a_frozen_workers_recorded_end_is_told_after_its_partition_is_hand
         )
         async with frozen_worker(c, worker_id, FROZEN) as recorded:
             await asyncio.sleep(1.0)  # its instance hears of the worker
-            stream = c.stream(FROZEN, "anyone there?", timeout=40)
-
-            async def read() -> None:
-                async for _ in stream:
-                    pass
-
-            reading = asyncio.ensure_future(read())
-            end = await asyncio.wait_for(recorded, 10)
-            await asyncio.sleep(0.3)  # the instance reads the record
+            stream, reading, end = await asked_and_recorded(c, FROZEN, recorded)
             victim.kill()  # within its 3 s worker timeout: it told no one
             began = time.monotonic()
             await asyncio.wait_for(reading, 25)

@@ -10,7 +10,7 @@ import urllib.request
 import uuid
 
 import pytest
-from testkit.frozen import frozen_worker
+from testkit.frozen import asked_and_recorded, frozen_worker
 from testkit.procs import ServiceProcess, start_all
 
 from inferbus.client import Client, RequestError
@@ -143,15 +143,7 @@ async def test_an_end_a_frozen_worker_recorded_is_told_by_the_next_scheduler(fle
     try:
         async with frozen_worker(c, worker_id, FROZEN_MODEL) as recorded:
             await asyncio.sleep(1.0)  # the scheduler hears of the worker
-            stream = c.stream(FROZEN_MODEL, "anyone there?", timeout=40)
-
-            async def read() -> None:
-                async for _ in stream:
-                    pass
-
-            reading = asyncio.ensure_future(read())
-            end = await asyncio.wait_for(recorded, 10)
-            await asyncio.sleep(0.3)  # the scheduler reads the record
+            stream, reading, end = await asked_and_recorded(c, FROZEN_MODEL, recorded)
             scheduler.kill()  # within its 3 s worker timeout: it told no one
             began = time.monotonic()
             replacement = ServiceProcess(

@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from inferbus.client import Client
+from inferbus.client import Client, Stream
 from inferbus.contracts import (
     RequestFinished,
     RequestStarted,
@@ -79,3 +79,21 @@ async def frozen_worker(
         silent.set()
         await sub.unsubscribe()
         await beating
+
+
+async def asked_and_recorded(
+    c: Client, model: str, recorded: asyncio.Future[RequestFinished]
+) -> tuple[Stream, asyncio.Future[None], RequestFinished]:
+    """One streaming request to the frozen worker's ``model``, read to its end in the
+    background (the future returned); returns once the worker recorded the end and a
+    scheduler has had 0.3 s to read the record (and keep it to tell)."""
+    stream = c.stream(model, "anyone there?", timeout=40)
+
+    async def read() -> None:
+        async for _ in stream:
+            pass
+
+    reading = asyncio.ensure_future(read())
+    end = await asyncio.wait_for(recorded, 10)
+    await asyncio.sleep(0.3)
+    return stream, reading, end
